@@ -1,0 +1,225 @@
+"""The ``append`` stage: the guarded, transactional commit of a staged batch.
+
+### Protocol
+
+The Delta log is the linearization point and the source of truth; the metadata row follows it.
+
+1. **Sync** (:func:`sync`): read the Delta versions after the last one the metadata absorbed;
+   for each batch commit found (commit metadata ``{"reconcile": {"op": "batch", ...}}``), roll
+   the metadata forward: compare-and-set ``upper`` from the batch's ``lower`` to its ``upper``,
+   mark the batch ``committed`` in the ledger. This repairs a crash between the Delta commit and
+   the metadata update, whoever comes next.
+2. **Check**: a batch already committed is done (a rerun is a no-op). If the shard's ``upper``
+   passed ``lower``, the batch is outdated: its staged files are deleted, and the append
+   succeeds as a no-op when the winner covered ``[lower, upper)``, else fails harmlessly
+   (:class:`~reconcile.errors.LostRace`). If the shard is new (upper behind the sink's
+   ``as_of`` == ``lower``), its upper is first advanced to ``lower`` (seed 002,
+   ``advance_shard_upper``).
+3. **Verify** the staged parts against the manifest (files, sizes, rows, checksums).
+4. **Commit** all parts as one Delta version with ``txnAppId = reconcile-sink:<sink>``,
+   ``txnVersion = lower`` and the batch in the commit metadata. Delta refuses (skips) a
+   ``txnVersion`` that is not above the last one: at most one commit per ``lower``, ever, and
+   committed ``lower``s strictly increase.
+5. **Sync** again: absorbs our commit (or the commit of whoever won the same ``lower``), then
+   deletes the staged files of this batch and of every outdated batch.
+
+### Invariants
+
+1. At most one batch per ``(shard, lower)`` is committed (Delta's txn guard; the ledger's
+   partial unique index).
+2. Committed ``lower``s strictly increase and each equals the previous batch's ``upper`` (the
+   compare-and-set in :meth:`MetadataStore.absorb_commit` refuses anything else).
+3. Every step is idempotent: a crash at any point is repaired by rerunning ``append`` (or by the
+   next run's ``write``/``append``, which sync first).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from pyspark.sql import SparkSession
+
+from . import shard as storage
+from .config import SinkConfig
+from .errors import DescriptionOutdated, InconsistentState, LostRace, Retryable, StagedBatchInvalid
+from .failpoints import failpoint
+from .log import event
+from .metadata.models import COMMITTED, MINTED, OPEN_STATES, SUPERSEDED, Shard
+from .metadata.store import BatchDescription, MetadataStore
+
+log = logging.getLogger("reconcile.append")
+
+
+@dataclass
+class AppendResult:
+    outcome: str  # committed | recovered | already_committed | covered
+    message: str
+    delta_version: int | None = None
+
+
+def sync(spark: SparkSession, store: MetadataStore, cfg: SinkConfig) -> Shard:
+    """Roll the metadata forward to every batch commit in the Delta log it has not absorbed."""
+    shard = store.get_shard(cfg.name)
+    if not storage.exists(spark, cfg):
+        return shard
+    latest, entries = storage.history_since(spark, cfg, shard.delta_version)
+    for rec in storage.batch_commits(entries):
+        if store.absorb_commit(cfg.name, rec):
+            event(
+                log, "rolled metadata forward to a Delta batch commit", sink=cfg.name,
+                batch=rec.batch_id, lower=rec.lower, upper=rec.upper, delta_version=rec.version,
+            )
+    if entries:
+        store.note_delta_version(cfg.name, latest)
+    return store.get_shard(cfg.name)
+
+
+def gc_staged(spark: SparkSession, store: MetadataStore, cfg: SinkConfig) -> list[str]:
+    """Delete staged files of every batch that can never be appended (seed 002, batch.delete())."""
+    shard = store.get_shard(cfg.name)
+    keep = {b.batch_id for b in store.batches(cfg.name, OPEN_STATES) if b.lower >= shard.upper}
+    deleted = []
+    for batch_id in storage.list_dirs(spark, storage.staging_root(cfg)):
+        if batch_id not in keep:
+            storage.delete_path(spark, storage.staging_path(cfg, batch_id))
+            deleted.append(batch_id)
+    if deleted:
+        event(log, "deleted outdated staged batches", sink=cfg.name, batches=",".join(deleted), upper=shard.upper)
+    return deleted
+
+
+def verify_staged(spark: SparkSession, cfg: SinkConfig, batch_id: str, manifest: dict):
+    """The staged DataFrame, after checking it against its manifest."""
+    path = storage.staging_path(cfg, batch_id)
+    files = storage.list_files(spark, path)
+    expected_files: dict[str, int] = {}
+    for part in manifest["parts"].values():
+        expected_files.update(part["files"])
+    missing = sorted(set(expected_files) - set(files))
+    if missing:
+        raise StagedBatchInvalid(f"staged batch {batch_id} misses file(s) {missing[:3]} under {path}", sink=cfg.name)
+    changed = sorted(k for k, size in expected_files.items() if files[k] != size)
+    unknown = sorted(set(files) - set(expected_files))
+    if changed or unknown:
+        raise StagedBatchInvalid(
+            f"staged batch {batch_id} does not match its manifest: changed {changed[:3]}, unexpected {unknown[:3]}",
+            sink=cfg.name,
+        )
+    staged = storage.read_staged(spark, cfg, batch_id)
+    try:
+        stats = storage.partition_stats(cfg, staged)
+    except Exception as exc:  # unreadable (corrupted) parquet
+        raise StagedBatchInvalid(f"staged batch {batch_id} is unreadable: {str(exc).splitlines()[0][:300]}", sink=cfg.name) from None
+    for p, want in manifest["parts"].items():
+        got = stats.get(int(p), {"rows": 0, "checksum": "0"})
+        if got["rows"] != want["rows"] or got["checksum"] != want["checksum"]:
+            raise StagedBatchInvalid(
+                f"staged partition {p} of batch {batch_id} has {got['rows']} rows/checksum "
+                f"{got['checksum']}, the manifest says {want['rows']}/{want['checksum']}",
+                sink=cfg.name,
+            )
+    return staged
+
+
+def _outdated(
+    spark: SparkSession, store: MetadataStore, cfg: SinkConfig, desc: BatchDescription, shard: Shard, state: dict
+) -> AppendResult:
+    winner = store.committed_batch(cfg.name, desc.lower)
+    who = f"batch {winner.batch_id} of run {winner.run_id}" if winner else "another writer"
+    store.mark_superseded(desc.batch_id, f"outdated: {who} committed lower {desc.lower}; shard upper {shard.upper}")
+    storage.delete_path(spark, storage.staging_path(cfg, desc.batch_id))
+    gc_staged(spark, store, cfg)
+    if shard.upper >= desc.upper:
+        msg = event(
+            log, f"nothing to append: {who} already covered [{desc.lower}, {desc.upper}); "
+            "deleted this batch's staged files", shard_upper=shard.upper, **state,
+        )
+        return AppendResult("covered", msg)
+    event(log, f"append lost the race to {who}", level=logging.WARNING, shard_upper=shard.upper, **state)
+    raise LostRace(
+        f"batch {desc.batch_id} [{desc.lower}, {desc.upper}) is outdated: {who} moved the shard's "
+        f"upper to {shard.upper}; its staged files were deleted, nothing was written",
+        sink=cfg.name,
+        remedy=(
+            f"none needed: the next scheduled run, or clearing this whole DAG run (run "
+            f"{desc.run_id}), appends the rest from {shard.upper} to {desc.upper}."
+        ),
+    )
+
+
+def run_append(spark: SparkSession, store: MetadataStore, cfg: SinkConfig, batch_id: str) -> AppendResult:
+    b = store.get_batch(batch_id)
+    desc = BatchDescription.of(b)
+    state = dict(sink=cfg.name, batch=batch_id, lower=desc.lower, upper=desc.upper, run=desc.run_id)
+    if b.state == COMMITTED:
+        gc_staged(spark, store, cfg)
+        msg = event(log, f"already committed in Delta version {b.delta_version}; nothing to do", **state)
+        return AppendResult("already_committed", msg, b.delta_version)
+
+    storage.ensure_table(spark, cfg)
+    shard = sync(spark, store, cfg)
+    b = store.get_batch(batch_id)
+    if b.state == COMMITTED:  # an earlier attempt committed to Delta and died before the metadata
+        gc_staged(spark, store, cfg)
+        msg = event(
+            log, "recovered: an earlier attempt had committed this batch to Delta; rolled the "
+            "metadata forward", delta_version=b.delta_version, **state,
+        )
+        return AppendResult("recovered", msg, b.delta_version)
+    if b.state == SUPERSEDED or shard.upper > desc.lower:
+        return _outdated(spark, store, cfg, desc, shard, state)
+    if b.state == MINTED:
+        raise StagedBatchInvalid(
+            f"batch {batch_id} was minted but never staged", sink=cfg.name,
+            remedy="clear the run's 'write' task (and 'append' after it).",
+        )
+    if shard.upper < desc.lower:
+        if desc.lower != shard.as_of:
+            raise InconsistentState(
+                f"shard upper {shard.upper} is behind lower {desc.lower}, which is not the sink's as_of {shard.as_of}",
+                sink=cfg.name,
+            )
+        store.compare_and_set_upper(cfg.name, shard.upper, desc.lower)
+        event(log, "advanced a new shard's upper to the sink's as_of", old_upper=shard.upper, **state)
+        failpoint("append.after_advance_as_of")
+
+    import json
+
+    staged = verify_staged(spark, cfg, batch_id, json.loads(b.manifest or "{}"))
+    failpoint("append.before_delta_commit")
+    meta = {
+        "batch_id": batch_id, "lower": desc.lower, "upper": desc.upper, "run_id": desc.run_id,
+        "rows_ok": b.rows_ok, "rows_err": b.rows_err,
+    }
+    commit_error: Exception | None = None
+    try:
+        failpoint("append.inside_delta_commit")
+        storage.commit_batch(spark, cfg, staged, meta)
+    except Retryable:
+        raise
+    except Exception as exc:  # a concurrent Delta commit; decided by the sync below
+        commit_error = exc
+    failpoint("append.after_delta_commit")
+
+    shard = sync(spark, store, cfg)
+    b = store.get_batch(batch_id)
+    if b.state == COMMITTED:
+        storage.delete_path(spark, storage.staging_path(cfg, batch_id))
+        gc_staged(spark, store, cfg)
+        msg = event(
+            log, "appended batch", delta_version=b.delta_version, rows_ok=b.rows_ok,
+            rows_err=b.rows_err, drift_rows=b.drift_rows, shard_upper=shard.upper, **state,
+        )
+        return AppendResult("committed", msg, b.delta_version)
+    if shard.upper > desc.lower:
+        return _outdated(spark, store, cfg, desc, shard, state)
+    if commit_error is not None:
+        raise Retryable(
+            f"Delta commit of batch {batch_id} failed: {str(commit_error).splitlines()[0][:300]}",
+            sink=cfg.name, remedy="the task retries by itself; nothing was committed.",
+        )
+    raise DescriptionOutdated(
+        f"Delta skipped the commit of batch {batch_id} (lower {desc.lower}) but no batch for it is in the log",
+        sink=cfg.name,
+    )

@@ -1,0 +1,73 @@
+"""Typed models of the metadata table: one row per shard, one ledger row per batch description.
+
+The Alembic migrations under ``migrations/versions`` own the schema; these models mirror it
+(and a test checks that they agree).
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from sqlalchemy import BigInteger, Boolean, DateTime, Index, Integer, MetaData, String, Text, text
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+NAMING = {
+    "ix": "ix_%(column_0_label)s",
+    "uq": "uq_%(table_name)s_%(column_0_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+# Ledger states. minted -> staged -> committed; minted/staged -> superseded (never appendable).
+MINTED, STAGED, COMMITTED, SUPERSEDED = "minted", "staged", "committed", "superseded"
+OPEN_STATES = (MINTED, STAGED)
+
+
+class Base(DeclarativeBase):
+    metadata = MetaData(naming_convention=NAMING)
+
+
+class Shard(Base):
+    __tablename__ = "reconcile_shards"
+
+    name: Mapped[str] = mapped_column(String(63), primary_key=True)
+    upper: Mapped[int] = mapped_column(BigInteger)
+    since: Mapped[int] = mapped_column(BigInteger)
+    as_of: Mapped[int] = mapped_column(BigInteger)
+    last_minted_lower: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    read_only: Mapped[bool] = mapped_column(Boolean, default=False)
+    # Last Delta version whose batch commit the metadata has absorbed (-1: none yet).
+    delta_version: Mapped[int] = mapped_column(BigInteger, default=-1)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+
+
+class Batch(Base):
+    __tablename__ = "reconcile_batches"
+
+    batch_id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    shard: Mapped[str] = mapped_column(String(63), index=True)
+    lower: Mapped[int] = mapped_column(BigInteger)
+    upper: Mapped[int] = mapped_column(BigInteger)
+    state: Mapped[str] = mapped_column(String(16))
+    run_id: Mapped[str | None] = mapped_column(String(250), nullable=True)
+    attempt: Mapped[int] = mapped_column(Integer, default=1)
+    delta_version: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    read_version: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    rows_ok: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    rows_err: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    drift_rows: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    manifest: Mapped[str | None] = mapped_column(Text, nullable=True)
+    message: Mapped[str | None] = mapped_column(Text, nullable=True)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+
+    __table_args__ = (
+        # At most one committed batch per (shard, lower), enforced by the database.
+        Index(
+            "uq_reconcile_batches_committed_lower", "shard", "lower", unique=True,
+            sqlite_where=text("state = 'committed'"), postgresql_where=text("state = 'committed'"),
+        ),
+        Index("ix_reconcile_batches_run", "shard", "run_id"),
+    )

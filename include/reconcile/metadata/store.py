@@ -1,0 +1,393 @@
+"""The metadata store: shard frontiers and the batch ledger, behind SQLAlchemy.
+
+Every state change is one short transaction that first locks the shard's row
+(``SELECT ... FOR UPDATE`` on PostgreSQL; ``BEGIN IMMEDIATE`` on SQLite, which locks the whole
+database for writing), so writers of one shard are linearized. Frontier moves are
+compare-and-sets on ``upper``. The database also enforces that at most one batch per
+``(shard, lower)`` is ever in state ``committed`` (a partial unique index).
+
+The Delta log is the source of truth for which batches were committed (see ``append``); this
+store follows it. :meth:`MetadataStore.absorb_commit` rolls the metadata forward to a batch
+commit found in Delta, which is how a crash between the Delta commit and the metadata update is
+repaired by whichever writer comes next.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import uuid
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Iterator
+
+from sqlalchemy import create_engine, event, inspect, select, update
+from sqlalchemy.engine import Engine
+from sqlalchemy.exc import IntegrityError, OperationalError, InterfaceError
+from sqlalchemy.orm import Session
+
+from ..failpoints import failpoint
+from ..errors import BatchNotFound, InconsistentState, MetadataUnavailable, ShardNotFound, UpperMismatch
+from .models import COMMITTED, MINTED, OPEN_STATES, STAGED, SUPERSEDED, Batch, Shard
+
+log = logging.getLogger("reconcile.metadata")
+MIGRATIONS = Path(__file__).parent / "migrations"
+HEAD = "0001"
+
+
+def now() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+@dataclass(frozen=True)
+class BatchDescription:
+    """``(lower, upper)`` plus the identity of the run that minted it."""
+
+    sink: str
+    batch_id: str
+    lower: int
+    upper: int
+    run_id: str | None
+    attempt: int
+
+    def __post_init__(self) -> None:
+        assert self.lower < self.upper, f"invalid batch description {self}: lower >= upper"
+
+    @classmethod
+    def of(cls, b: Batch) -> "BatchDescription":
+        return cls(b.shard, b.batch_id, b.lower, b.upper, b.run_id, b.attempt)
+
+
+@dataclass(frozen=True)
+class CommitRecord:
+    """A batch commit as recorded in a Delta version's commit metadata."""
+
+    version: int
+    batch_id: str
+    lower: int
+    upper: int
+    run_id: str | None = None
+    rows_ok: int | None = None
+    rows_err: int | None = None
+
+
+def make_engine(url: str) -> Engine:
+    if url.startswith("sqlite"):
+        engine = create_engine(url, connect_args={"timeout": 60})
+
+        @event.listens_for(engine, "connect")
+        def _sqlite_connect(dbapi_conn, _record):  # let SQLAlchemy emit BEGIN itself
+            dbapi_conn.isolation_level = None
+            dbapi_conn.execute("PRAGMA journal_mode=WAL")
+
+        @event.listens_for(engine, "begin")
+        def _sqlite_begin(conn):  # take the write lock up front: linearizes writers
+            conn.exec_driver_sql("BEGIN IMMEDIATE")
+
+        return engine
+    return create_engine(url, pool_pre_ping=True)
+
+
+def _alembic_config(connection):
+    from alembic.config import Config
+
+    cfg = Config()
+    cfg.set_main_option("script_location", str(MIGRATIONS))
+    cfg.attributes["connection"] = connection
+    return cfg
+
+
+def upgrade(engine: Engine, revision: str = "head") -> None:
+    from alembic import command
+
+    with engine.begin() as conn:
+        command.upgrade(_alembic_config(conn), revision)
+
+
+def downgrade(engine: Engine, revision: str = "base") -> None:
+    from alembic import command
+
+    with engine.begin() as conn:
+        command.downgrade(_alembic_config(conn), revision)
+
+
+def current_revision(engine: Engine) -> str | None:
+    with engine.connect() as conn:
+        if not inspect(conn).has_table("alembic_version"):
+            return None
+        return conn.exec_driver_sql("SELECT version_num FROM alembic_version").scalar()
+
+
+class MetadataStore:
+    def __init__(self, url: str, *, auto_migrate: bool = True):
+        self.url = url
+        self.engine = make_engine(url)
+        if auto_migrate:
+            self._ensure_schema()
+
+    def _ensure_schema(self) -> None:
+        try:
+            if current_revision(self.engine) == HEAD:
+                return
+            upgrade(self.engine)
+        except (OperationalError, InterfaceError) as exc:
+            if current_revision_safe(self.engine) == HEAD:  # a concurrent process migrated it
+                return
+            raise MetadataUnavailable(f"metadata database {self.safe_url} unreachable: {exc.orig}") from exc
+        except IntegrityError:
+            if current_revision_safe(self.engine) != HEAD:
+                raise
+
+    @property
+    def safe_url(self) -> str:
+        return self.engine.url.render_as_string(hide_password=True)
+
+    def dispose(self) -> None:
+        self.engine.dispose()
+
+    @contextmanager
+    def tx(self) -> Iterator[Session]:
+        try:
+            with Session(self.engine, expire_on_commit=False) as session, session.begin():
+                yield session
+        except (OperationalError, InterfaceError) as exc:
+            raise MetadataUnavailable(
+                f"metadata database {self.safe_url} unreachable or locked: {exc.orig}"
+            ) from exc
+
+    # -- shards -------------------------------------------------------------------------------
+
+    @staticmethod
+    def _lock(session: Session, name: str) -> Shard | None:
+        return session.scalars(select(Shard).where(Shard.name == name).with_for_update()).one_or_none()
+
+    def _locked(self, session: Session, name: str) -> Shard:
+        shard = self._lock(session, name)
+        if shard is None:
+            raise ShardNotFound("no shard row in the metadata table", sink=name)
+        return shard
+
+    def ensure_shard(self, name: str, as_of: int, *, read_only: bool = False) -> Shard:
+        with self.tx() as s:
+            shard = self._lock(s, name)
+            if shard is None:
+                t = now()
+                shard = Shard(
+                    name=name, upper=0, since=0, as_of=as_of, last_minted_lower=None,
+                    read_only=read_only, delta_version=-1, created_at=t, updated_at=t,
+                )
+                s.add(shard)
+                log.info("created shard row", extra={"sink": name, "as_of": as_of})
+            return shard
+
+    def get_shard(self, name: str) -> Shard:
+        with Session(self.engine, expire_on_commit=False) as s:
+            try:
+                shard = s.get(Shard, name)
+            except (OperationalError, InterfaceError) as exc:
+                raise MetadataUnavailable(f"metadata database {self.safe_url} unreachable: {exc.orig}") from exc
+        if shard is None:
+            raise ShardNotFound("no shard row in the metadata table", sink=name)
+        return shard
+
+    def set_read_only(self, name: str, read_only: bool) -> None:
+        with self.tx() as s:
+            shard = self._locked(s, name)
+            shard.read_only = read_only
+            shard.updated_at = now()
+
+    def compare_and_set_upper(self, name: str, expected: int, new: int) -> None:
+        """``UPDATE ... SET upper = new WHERE upper = expected``; raises UpperMismatch."""
+        assert new >= expected
+        with self.tx() as s:
+            res = s.execute(
+                update(Shard).where(Shard.name == name, Shard.upper == expected)
+                .values(upper=new, updated_at=now())
+            )
+            if res.rowcount != 1:
+                current = s.scalar(select(Shard.upper).where(Shard.name == name))
+                raise UpperMismatch(name, expected, current)
+
+    # -- mint ---------------------------------------------------------------------------------
+
+    def mint(
+        self, name: str, as_of: int, run_id: str, attempt: int, desired_frontier: int,
+        *, read_only: bool = False,
+    ) -> tuple[BatchDescription | None, str]:
+        """Mint ``(lower, upper)`` for a run, or return (None, why nothing was minted)."""
+        self.ensure_shard(name, as_of)
+        with self.tx() as s:
+            shard = self._locked(s, name)
+            lower = max(shard.upper, shard.as_of)
+            if read_only or shard.read_only:
+                return None, (
+                    f"read-only: minted nothing (shard upper={shard.upper}, desired "
+                    f"frontier={desired_frontier}); turn read-only off to resume writing"
+                )
+            if desired_frontier <= lower:
+                return None, (
+                    f"nothing to do: desired frontier {desired_frontier} is not ahead of lower "
+                    f"{lower} (shard upper={shard.upper}); this interval is already covered"
+                )
+            mine = s.scalars(
+                select(Batch).where(
+                    Batch.shard == name, Batch.run_id == run_id, Batch.lower == lower,
+                    Batch.state.in_(OPEN_STATES),
+                )
+            ).first()
+            if mine is not None and mine.upper == desired_frontier:
+                return BatchDescription.of(mine), (
+                    f"re-using this run's batch {mine.batch_id} [{mine.lower}, {mine.upper}): "
+                    "the shard's upper has not moved"
+                )
+            batch_id = f"{lower}-{uuid.uuid4().hex[:16]}"
+            t = now()
+            older = s.scalars(
+                select(Batch).where(
+                    Batch.shard == name, Batch.state.in_(OPEN_STATES), Batch.lower <= lower
+                )
+            ).all()
+            for b in older:
+                b.state = SUPERSEDED
+                b.message = f"superseded by batch {batch_id} of run {run_id}"
+                b.updated_at = t
+            batch = Batch(
+                batch_id=batch_id, shard=name, lower=lower, upper=desired_frontier, state=MINTED,
+                run_id=run_id, attempt=attempt, created_at=t, updated_at=t,
+            )
+            s.add(batch)
+            shard.last_minted_lower = lower
+            shard.updated_at = t
+            desc = BatchDescription.of(batch)
+            return desc, f"minted batch {batch_id} [{lower}, {desired_frontier})" + (
+                f", superseding {len(older)} older description(s)" if older else ""
+            )
+
+    # -- ledger -------------------------------------------------------------------------------
+
+    def get_batch(self, batch_id: str) -> Batch:
+        with Session(self.engine, expire_on_commit=False) as s:
+            b = s.get(Batch, batch_id)
+        if b is None:
+            raise BatchNotFound(f"no batch {batch_id!r} in the ledger")
+        return b
+
+    def run_batch(self, name: str, run_id: str) -> Batch | None:
+        """The newest description minted by a run (whatever its state)."""
+        with Session(self.engine, expire_on_commit=False) as s:
+            return s.scalars(
+                select(Batch).where(Batch.shard == name, Batch.run_id == run_id)
+                .order_by(Batch.created_at.desc(), Batch.lower.desc())
+            ).first()
+
+    def batches(self, name: str, states: tuple[str, ...] | None = None) -> list[Batch]:
+        with Session(self.engine, expire_on_commit=False) as s:
+            q = select(Batch).where(Batch.shard == name)
+            if states:
+                q = q.where(Batch.state.in_(states))
+            return list(s.scalars(q.order_by(Batch.lower, Batch.created_at)))
+
+    def committed_batch(self, name: str, lower: int) -> Batch | None:
+        with Session(self.engine, expire_on_commit=False) as s:
+            return s.scalars(
+                select(Batch).where(Batch.shard == name, Batch.lower == lower, Batch.state == COMMITTED)
+            ).first()
+
+    def mark_staged(
+        self, batch_id: str, *, manifest: dict, rows_ok: int, rows_err: int,
+        read_version: int, drift_rows: int,
+    ) -> bool:
+        """Record a staged batch; False if the description was superseded meanwhile."""
+        with self.tx() as s:
+            b = s.get(Batch, batch_id)
+            if b is None:
+                raise BatchNotFound(f"no batch {batch_id!r} in the ledger")
+            self._locked(s, b.shard)
+            s.refresh(b)
+            if b.state not in OPEN_STATES:
+                return False
+            b.state = STAGED
+            b.manifest = json.dumps(manifest, sort_keys=True)
+            b.rows_ok, b.rows_err = rows_ok, rows_err
+            b.read_version, b.drift_rows = read_version, drift_rows
+            b.updated_at = now()
+            return True
+
+    def mark_superseded(self, batch_id: str, message: str) -> None:
+        with self.tx() as s:
+            b = s.get(Batch, batch_id)
+            if b is not None and b.state in OPEN_STATES:
+                b.state = SUPERSEDED
+                b.message = message
+                b.updated_at = now()
+
+    def absorb_commit(self, name: str, rec: CommitRecord) -> bool:
+        """Roll the metadata forward to a batch commit found in the Delta log.
+
+        Returns True if the shard's upper moved. Idempotent: absorbing a commit twice, or one
+        the metadata already reflects, changes nothing.
+        """
+        with self.tx() as s:
+            shard = self._locked(s, name)
+            if rec.version <= shard.delta_version:
+                return False
+            t = now()
+            moved = False
+            if shard.upper == rec.lower or (shard.upper < rec.lower == shard.as_of):
+                shard.upper = rec.upper
+                moved = True
+            elif rec.upper > shard.upper:
+                raise InconsistentState(
+                    f"Delta version {rec.version} holds batch {rec.batch_id} "
+                    f"[{rec.lower}, {rec.upper}) but the shard's upper is {shard.upper}",
+                    sink=name,
+                )
+            shard.delta_version = rec.version
+            shard.updated_at = t
+            b = s.get(Batch, rec.batch_id)
+            if b is None:  # the ledger row was lost; the Delta log is the truth
+                b = Batch(
+                    batch_id=rec.batch_id, shard=name, lower=rec.lower, upper=rec.upper,
+                    run_id=rec.run_id, attempt=1, created_at=t, state=COMMITTED,
+                )
+                s.add(b)
+            b.state = COMMITTED
+            b.delta_version = rec.version
+            if rec.rows_ok is not None:
+                b.rows_ok, b.rows_err = rec.rows_ok, rec.rows_err
+            b.updated_at = t
+            for other in s.scalars(
+                select(Batch).where(
+                    Batch.shard == name, Batch.state.in_(OPEN_STATES), Batch.lower < shard.upper,
+                    Batch.batch_id != rec.batch_id,
+                )
+            ):
+                other.state = SUPERSEDED
+                other.message = f"outdated: batch {rec.batch_id} committed [{rec.lower}, {rec.upper})"
+                other.updated_at = t
+            try:
+                s.flush()
+                failpoint("metadata.inside_absorb")
+            except IntegrityError as exc:
+                raise InconsistentState(
+                    f"a second batch for lower {rec.lower} would be committed ({rec.batch_id})",
+                    sink=name,
+                ) from exc
+            return moved
+
+    def note_delta_version(self, name: str, version: int) -> None:
+        """Remember that Delta versions up to ``version`` hold no unabsorbed batch commit."""
+        with self.tx() as s:
+            shard = self._locked(s, name)
+            if version > shard.delta_version:
+                shard.delta_version = version
+                shard.updated_at = now()
+
+
+def current_revision_safe(engine: Engine) -> str | None:
+    try:
+        return current_revision(engine)
+    except Exception:  # noqa: BLE001 - only used to decide whether to re-raise the original
+        return None

@@ -1,0 +1,60 @@
+"""The ``mint`` stage: one batch description ``(lower, upper)`` per DAG run.
+
+### Rules (DESIGN section 3; seed 002 ``maybe_mint_batch_description``)
+
+- ``lower = max(shard upper, sink as_of)``: a new shard starts at the sink's ``as_of``.
+- ``upper`` = the desired frontier: the run's data-interval end, or, for a run without an
+  interval, its start time (milliseconds since the epoch).
+- Nothing is minted when the shard or the run is read-only, or when the desired frontier is not
+  ahead of ``lower`` (the interval is already covered): the run succeeds and says why.
+- A retried mint of the same run returns the run's existing description while the shard's upper
+  has not moved. Any other open description with a ``lower`` at or below the new one is
+  superseded (its staged files are deleted by the next append's garbage collection).
+
+Minting only touches the metadata table: no Spark, no Delta.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from datetime import datetime
+
+from .config import SinkConfig
+from .log import event
+from .metadata.store import BatchDescription, MetadataStore
+
+log = logging.getLogger("reconcile.mint")
+
+
+@dataclass
+class MintResult:
+    description: BatchDescription | None
+    message: str
+
+
+def to_millis(dt: datetime) -> int:
+    return int(dt.timestamp() * 1000)
+
+
+def desired_frontier(data_interval_end: datetime | None, start: datetime | None) -> int:
+    """The run's desired frontier: its data-interval end, else its start time."""
+    moment = data_interval_end or start
+    if moment is None:
+        raise ValueError("a run needs a data interval end or a start time to mint a batch")
+    return to_millis(moment)
+
+
+def run_mint(
+    store: MetadataStore, cfg: SinkConfig, run_id: str, attempt: int, frontier: int,
+    *, read_only: bool = False,
+) -> MintResult:
+    desc, why = store.mint(cfg.name, cfg.as_of, run_id, attempt, frontier, read_only=read_only or cfg.read_only)
+    shard = store.get_shard(cfg.name)
+    line = event(
+        log, why, sink=cfg.name, run=run_id, attempt=attempt, desired_frontier=frontier,
+        shard_upper=shard.upper, since=shard.since, as_of=cfg.as_of,
+        lower=desc.lower if desc else None, upper=desc.upper if desc else None,
+        batch=desc.batch_id if desc else None,
+    )
+    return MintResult(desc, line)

@@ -1,0 +1,219 @@
+"""The shard's storage: a Delta table of updates, its commit log, and staged batch files.
+
+Layout under the warehouse root (a local folder or any Hadoop-compatible URI)::
+
+    <warehouse>/<sink>/                     Delta table: sink columns, _error, _time, _diff
+    <warehouse>/_staging/<sink>/<batch_id>/ staged correction, _part=<p>/ per hash partition
+
+Every Delta commit the sink makes carries ``userMetadata = {"reconcile": {...}}`` naming the
+operation and, for a batch, its ``batch_id``, ``lower`` and ``upper``. Batch commits also use
+Delta's idempotent writes (``txnAppId = reconcile-sink:<sink>``, ``txnVersion = lower``): Delta
+skips a write whose ``txnVersion`` is not above the last one it recorded, so a batch, or any
+batch with an older ``lower``, can never be committed twice, whatever the metadata says.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from contextlib import contextmanager
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql.types import StructType
+
+from . import settings
+from .config import SinkConfig
+from .errors import ShardSchemaChanged
+from .metadata.store import CommitRecord
+
+log = logging.getLogger("reconcile.shard")
+META_KEY = "reconcile"
+
+
+def table_path(cfg: SinkConfig) -> str:
+    return f"{settings.warehouse()}/{cfg.name}"
+
+
+def staging_root(cfg: SinkConfig) -> str:
+    return f"{settings.warehouse()}/_staging/{cfg.name}"
+
+
+def staging_path(cfg: SinkConfig, batch_id: str) -> str:
+    return f"{staging_root(cfg)}/{batch_id}"
+
+
+def app_id(cfg: SinkConfig) -> str:
+    return f"reconcile-sink:{cfg.name}"
+
+
+def schema(cfg: SinkConfig, *, with_part: bool = False) -> StructType:
+    ddl = cfg.ddl + (", `_part` INT" if with_part else "")
+    return StructType.fromDDL(ddl)
+
+
+@contextmanager
+def commit_metadata(spark: SparkSession, meta: dict):
+    key = "spark.databricks.delta.commitInfo.userMetadata"
+    spark.conf.set(key, json.dumps({META_KEY: meta}, sort_keys=True))
+    try:
+        yield
+    finally:
+        spark.conf.unset(key)
+
+
+def exists(spark: SparkSession, cfg: SinkConfig) -> bool:
+    from delta.tables import DeltaTable
+
+    return DeltaTable.isDeltaTable(spark, table_path(cfg))
+
+
+def ensure_table(spark: SparkSession, cfg: SinkConfig) -> None:
+    """Create the shard's Delta table if missing; refuse one whose schema drifted."""
+    from delta.tables import DeltaTable
+
+    path = table_path(cfg)
+    expected = schema(cfg)
+    if not DeltaTable.isDeltaTable(spark, path):
+        try:
+            with commit_metadata(spark, {"op": "create", "sink": cfg.name}):
+                DeltaTable.createIfNotExists(spark).location(path).addColumns(expected).execute()
+        except Exception as exc:  # a concurrent creator won; re-check below
+            if not DeltaTable.isDeltaTable(spark, path):
+                raise
+            log.info("shard table created concurrently", extra={"sink": cfg.name, "error": str(exc)[:200]})
+    actual = spark.read.format("delta").load(path).schema
+    want = [(f.name.lower(), f.dataType.simpleString()) for f in expected.fields]
+    have = [(f.name.lower(), f.dataType.simpleString()) for f in actual.fields]
+    if want != have:
+        raise ShardSchemaChanged(
+            f"Delta table {path} has columns {have}, the sink expects {want}", sink=cfg.name
+        )
+
+
+def read_updates(spark: SparkSession, cfg: SinkConfig, version: int | None = None) -> DataFrame:
+    reader = spark.read.format("delta")
+    if version is not None:
+        reader = reader.option("versionAsOf", version)
+    return reader.load(table_path(cfg))
+
+
+def latest_version(spark: SparkSession, cfg: SinkConfig) -> int:
+    from delta.tables import DeltaTable
+
+    return int(DeltaTable.forPath(spark, table_path(cfg)).history(1).select("version").first()[0])
+
+
+def history_since(spark: SparkSession, cfg: SinkConfig, after: int) -> tuple[int, list[tuple[int, dict | None]]]:
+    """(latest version, [(version, reconcile metadata or None)] for versions > after, ascending)."""
+    from delta.tables import DeltaTable
+
+    dt = DeltaTable.forPath(spark, table_path(cfg))
+    latest = int(dt.history(1).select("version").first()[0])
+    if latest <= after:
+        return latest, []
+    rows = dt.history(latest - after).select("version", "userMetadata").collect()
+    out = []
+    for r in sorted(rows, key=lambda r: r[0]):
+        if r[0] <= after:
+            continue
+        meta = None
+        if r[1]:
+            try:
+                meta = json.loads(r[1]).get(META_KEY)
+            except (ValueError, AttributeError):
+                meta = None
+        out.append((int(r[0]), meta))
+    return latest, out
+
+
+def batch_commits(entries: list[tuple[int, dict | None]]) -> list[CommitRecord]:
+    return [
+        CommitRecord(
+            version=v, batch_id=m["batch_id"], lower=int(m["lower"]), upper=int(m["upper"]),
+            run_id=m.get("run_id"), rows_ok=m.get("rows_ok"), rows_err=m.get("rows_err"),
+        )
+        for v, m in entries
+        if m and m.get("op") == "batch"
+    ]
+
+
+def commit_batch(spark: SparkSession, cfg: SinkConfig, updates: DataFrame, meta: dict) -> None:
+    """Append one batch as one Delta version, idempotently keyed by its lower."""
+    cols = [f"`{c}`" for c in cfg.column_names] + ["_error", "_time", "_diff"]
+    with commit_metadata(spark, {"op": "batch", "sink": cfg.name, **meta}):
+        (
+            updates.select(*cols)
+            .write.format("delta").mode("append")
+            .option("txnAppId", app_id(cfg))
+            .option("txnVersion", int(meta["lower"]))
+            .save(table_path(cfg))
+        )
+
+
+# -- staged files (Hadoop FileSystem, so the same code works on object storage) -----------------
+
+def _fs(spark: SparkSession, path: str):
+    jvm = spark._jvm
+    p = jvm.org.apache.hadoop.fs.Path(path)
+    return p.getFileSystem(spark._jsc.hadoopConfiguration()), p
+
+
+def list_files(spark: SparkSession, path: str) -> dict[str, int]:
+    """{relative path: size} of the data files below ``path`` (empty if it does not exist)."""
+    fs, root = _fs(spark, path)
+    if not fs.exists(root):
+        return {}
+    base = fs.makeQualified(root).toString().rstrip("/") + "/"
+    it = fs.listFiles(root, True)
+    out = {}
+    while it.hasNext():
+        st = it.next()
+        full = st.getPath().toString()
+        rel = full[len(base):] if full.startswith(base) else full
+        name = rel.rsplit("/", 1)[-1]
+        if name.startswith(("_", ".")):
+            continue
+        out[rel] = int(st.getLen())
+    return out
+
+
+def list_dirs(spark: SparkSession, path: str) -> list[str]:
+    fs, root = _fs(spark, path)
+    if not fs.exists(root):
+        return []
+    return [st.getPath().getName() for st in fs.listStatus(root) if st.isDirectory()]
+
+
+def delete_path(spark: SparkSession, path: str) -> bool:
+    fs, p = _fs(spark, path)
+    return bool(fs.delete(p, True)) if fs.exists(p) else False
+
+
+def write_staged(spark: SparkSession, cfg: SinkConfig, batch_id: str, corr: DataFrame) -> str:
+    path = staging_path(cfg, batch_id)
+    corr.write.mode("overwrite").partitionBy("_part").parquet(path)
+    return path
+
+
+def read_staged(spark: SparkSession, cfg: SinkConfig, batch_id: str) -> DataFrame:
+    return spark.read.schema(schema(cfg, with_part=True)).parquet(staging_path(cfg, batch_id))
+
+
+def partition_stats(cfg: SinkConfig, staged: DataFrame) -> dict[int, dict]:
+    """Per partition: rows, ok/err rows, checksum (sum of a row hash; order-independent)."""
+    h = F.xxhash64(*[F.col(f"`{c}`") for c in cfg.column_names], "_error", "_time", "_diff")
+    rows = (
+        staged.groupBy("_part")
+        .agg(
+            F.count(F.lit(1)).alias("rows"),
+            F.sum(F.when(F.col("_error").isNotNull(), 1).otherwise(0)).alias("err"),
+            F.sum(F.abs("_diff")).alias("weight"),
+            F.sum(h.cast("decimal(38,0)")).cast("string").alias("checksum"),
+        )
+        .collect()
+    )
+    return {
+        int(r["_part"]): {"rows": int(r["rows"]), "err": int(r["err"]), "weight": int(r["weight"]), "checksum": r["checksum"]}
+        for r in rows
+    }

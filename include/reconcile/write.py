@@ -1,0 +1,120 @@
+"""The ``write`` stage: compute a batch's correction and stage it, without appending it.
+
+### Protocol
+
+1. Load the description from the ledger; a description that is no longer open (superseded by
+   a newer mint, or already committed) is skipped, and says so.
+2. Roll the metadata forward to the Delta log (:func:`reconcile.append.sync`): if the shard's
+   upper has passed the description's ``lower``, the description is outdated and is marked so.
+3. Pin the Delta version to read (``read_version``), read persist as of it and the desired
+   collection, compute ``correction(desired, persist, lower, upper)`` (a pure function) hash-
+   partitioned into P partitions, and stage it as Parquet under
+   ``_staging/<sink>/<batch_id>/_part=<p>/``. A retried write overwrites its own staged output.
+4. Read the staged files back once for the manifest (rows, error rows, checksum and the files
+   with their sizes per partition) and record it in the ledger with state ``staged``.
+
+### Drift
+
+If any Delta version after the sink's last own commit was written by someone else, the
+correction repairs it; the batch records how much (``drift_rows``: the sum of absolute diffs of
+``persist now - persist as of the sink's last commit``, computed by Delta time travel).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from pyspark.sql import SparkSession
+from pyspark.sql import functions as F
+
+from . import shard as storage
+from .append import sync
+from .config import SinkConfig
+from .correction import consolidate, correction
+from .failpoints import failpoint
+from .log import event
+from .metadata.models import OPEN_STATES
+from .metadata.store import BatchDescription, MetadataStore
+from .sources import read_desired
+
+log = logging.getLogger("reconcile.write")
+
+
+@dataclass
+class WriteResult:
+    outcome: str  # staged | skipped | outdated
+    message: str
+    rows_ok: int = 0
+    rows_err: int = 0
+    drift_rows: int = 0
+    partitions: dict | None = None
+
+
+def drift_since_own_commit(
+    spark: SparkSession, store: MetadataStore, cfg: SinkConfig, read_version: int, lower: int
+) -> int:
+    """Sum of |diff| changed behind the sink's back below ``lower`` since its last own commit."""
+    own = [b.delta_version for b in store.batches(cfg.name) if b.delta_version is not None]
+    base = max(own) if own else 0
+    _, entries = storage.history_since(spark, cfg, base)
+    if not any(meta is None for v, meta in entries if v <= read_version):
+        return 0
+    now = storage.read_updates(spark, cfg, read_version).where(F.col("_time") < lower)
+    then = storage.read_updates(spark, cfg, base).where(F.col("_time") < lower)
+    diff = consolidate(cfg, now.unionByName(then.withColumn("_diff", -F.col("_diff"))), partitioned=False)
+    total = diff.agg(F.sum(F.abs("_diff"))).first()[0]
+    return int(total or 0)
+
+
+def run_write(spark: SparkSession, store: MetadataStore, cfg: SinkConfig, batch_id: str) -> WriteResult:
+    b = store.get_batch(batch_id)
+    desc = BatchDescription.of(b)
+    state = dict(sink=cfg.name, batch=batch_id, lower=desc.lower, upper=desc.upper, run=desc.run_id)
+    if b.state not in OPEN_STATES:
+        msg = event(log, f"skipping write: batch is {b.state} ({b.message or 'no message'})", **state)
+        return WriteResult("skipped", msg)
+
+    storage.ensure_table(spark, cfg)
+    shard = sync(spark, store, cfg)
+    if shard.upper > desc.lower:
+        store.mark_superseded(batch_id, f"outdated before write: shard upper is {shard.upper}")
+        msg = event(log, "skipping write: the shard's upper passed this batch's lower", shard_upper=shard.upper, **state)
+        return WriteResult("outdated", msg)
+
+    read_version = storage.latest_version(spark, cfg)
+    persist = storage.read_updates(spark, cfg, read_version)
+    desired = read_desired(spark, cfg)
+    corr = correction(cfg, desired, persist, desc.lower, desc.upper)
+    path = storage.write_staged(spark, cfg, batch_id, corr)
+    failpoint("write.after_partition_staged")
+
+    stats = storage.partition_stats(cfg, storage.read_staged(spark, cfg, batch_id))
+    files = storage.list_files(spark, path)
+    parts = {}
+    for p in range(cfg.partitions):
+        prefix = f"_part={p}/"
+        parts[str(p)] = {
+            **stats.get(p, {"rows": 0, "err": 0, "weight": 0, "checksum": "0"}),
+            "files": {k: v for k, v in files.items() if k.startswith(prefix)},
+        }
+    rows_err = sum(s["err"] for s in stats.values())
+    rows_ok = sum(s["rows"] for s in stats.values()) - rows_err
+    drift = drift_since_own_commit(spark, store, cfg, read_version, desc.lower)
+    manifest = {
+        "batch_id": batch_id, "lower": desc.lower, "upper": desc.upper, "partitions": cfg.partitions,
+        "read_version": read_version, "parts": parts,
+    }
+    failpoint("write.after_staged")
+    if not store.mark_staged(
+        batch_id, manifest=manifest, rows_ok=rows_ok, rows_err=rows_err,
+        read_version=read_version, drift_rows=drift,
+    ):
+        storage.delete_path(spark, path)
+        msg = event(log, "staged batch was superseded meanwhile; deleted its files", **state)
+        return WriteResult("outdated", msg)
+    msg = event(
+        log, "staged batch", rows_ok=rows_ok, rows_err=rows_err, drift_rows=drift,
+        read_version=read_version, partitions=cfg.partitions, **state,
+    )
+    return WriteResult("staged", msg, rows_ok, rows_err, drift, parts)
