@@ -7,7 +7,7 @@ Under spark-submit the session's master and jars come from the submit command; l
 
 from __future__ import annotations
 
-import os
+import sys
 
 from . import settings
 
@@ -37,17 +37,20 @@ def submit_conf() -> dict[str, str]:
     else:
         conf["spark.jars.packages"] = settings.DELTA_PACKAGES
     conf.update({k: v for k, v in LOCAL_CONF.items() if k != "spark.driver.memory"})
+    # The driver runs the reconcile package: use the interpreter that has it installed.
+    conf["spark.pyspark.driver.python"] = sys.executable
     return conf
 
 
-def get_session(app_name: str = "reconcile", extra: dict[str, str] | None = None):
+def get_session(app_name: str = "reconcile", extra: dict[str, str] | None = None, *, submitted: bool = False):
+    """The active session, else a new one. ``submitted``: running under spark-submit, whose
+    command line already set master and jars."""
     from pyspark.sql import SparkSession
 
     active = SparkSession.getActiveSession()
     if active is not None:
         return active
     builder = SparkSession.builder.appName(app_name)
-    submitted = "SPARK_SUBMIT_OPTS" in os.environ or os.environ.get("SPARK_ENV_LOADED")
     if not submitted:
         builder = builder.master(settings.spark_master())
         jars = settings.spark_jars()

@@ -1,0 +1,135 @@
+"""One Airflow DAG per sink config: ``mint >> write >> append``.
+
+Built at DAG-parse time from the YAML files only: no Spark, no database, no network here.
+
+- ``mint`` (Python, metadata only) describes the run's batch ``(lower, upper)``; when there is
+  nothing to do (interval covered, read-only) it is *skipped* with the reason, and so are the
+  Spark tasks: the run succeeds.
+- ``write`` and ``append`` are spark-submit jobs (jobs/write_correction.py,
+  jobs/append_batch.py) on the ``spark_default`` connection (``local[*]`` on the embedded
+  default, a Spark master in production).
+- Retries: transient failures retry; a failure the job recorded as final (an outdated batch,
+  bad input) fails at once with its one-line cause and remedy.
+- ``max_active_runs=1``: runs of a sink (and backfills) commit in order.
+"""
+
+from __future__ import annotations
+
+import os
+from datetime import timedelta
+from pathlib import Path
+
+from airflow.exceptions import AirflowException, AirflowFailException, AirflowSkipException
+from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
+from airflow.sdk import DAG, Param, task
+
+from .config import SinkConfig, load_dir
+from .spark import submit_conf
+
+JOBS = Path(os.environ.get("RECONCILE_JOBS_DIR", Path(__file__).resolve().parents[2] / "jobs"))
+
+
+class ReconcileSparkSubmitOperator(SparkSubmitOperator):
+    """spark-submit of one stage job; turns a failure the job recorded as final into a
+    non-retried task failure with the job's one-line message."""
+
+    def __init__(self, *, sink: str, stage: str, **kwargs):
+        script = {"write": "write_correction.py", "append": "append_batch.py"}[stage]
+        super().__init__(
+            application=str(JOBS / script),
+            application_args=["--sink", sink, "--run-id", "{{ run_id }}"],
+            conf=submit_conf(),
+            name=f"reconcile-{sink}-{stage}",
+            conn_id=os.environ.get("RECONCILE_SPARK_CONN_ID", "spark_default"),
+            **kwargs,
+        )
+        self.sink = sink
+        self.stage = stage
+
+    def execute(self, context):
+        try:
+            return super().execute(context)
+        except AirflowException as exc:
+            from .tasks import failure_verdict
+
+            final, message = failure_verdict(self.sink, context["run_id"])
+            if final:
+                raise AirflowFailException(f"{self.stage} failed (not retried): {message}") from exc
+            if message:
+                raise AirflowException(f"{self.stage} failed: {message}") from exc
+            raise
+
+
+def _doc(cfg: SinkConfig) -> str:
+    cols = "\n".join(f"| `{c.name}` | {c.type} | {'yes' if c.nullable else 'no'} |" for c in cfg.columns)
+    return (
+        f"# Sink `{cfg.name}` ({cfg.kind})\n\n{cfg.description}\n\n"
+        f"Config: `{cfg.path}` · partitions: {cfg.partitions} · as_of: {cfg.as_of}\n\n"
+        "Each run mints one batch `(lower, upper)`, stages the correction `desired - persist` "
+        "and commits it with a compare-and-append. Clearing any task or the whole run is safe.\n\n"
+        f"| column | type | nullable |\n|---|---|---|\n{cols}\n"
+    )
+
+
+def build_dag(cfg: SinkConfig) -> DAG:
+    with DAG(
+        dag_id=cfg.name,
+        schedule=cfg.schedule,
+        start_date=cfg.start_date,
+        catchup=cfg.catchup,
+        max_active_runs=1,
+        doc_md=_doc(cfg),
+        tags=["reconcile", cfg.kind],
+        default_args={
+            "retries": cfg.retries,
+            "retry_delay": timedelta(seconds=int(os.environ.get("RECONCILE_RETRY_DELAY_SECONDS", "30"))),
+        },
+        params={"read_only": Param(False, type="boolean", description="mint nothing: a read-only run")},
+    ) as dag:
+
+        @task(task_id="mint")
+        def mint(sink: str = cfg.name, **context) -> dict:
+            from .tasks import mint_for_run
+
+            dag_run = context["dag_run"]
+            result = mint_for_run(
+                sink, context["run_id"], context["ti"].try_number,
+                dag_run.data_interval_end, dag_run.start_date,
+                read_only=bool(context["params"].get("read_only")),
+            )
+            if result.description is None:
+                raise AirflowSkipException(result.message)
+            d = result.description
+            return {"batch_id": d.batch_id, "lower": d.lower, "upper": d.upper}
+
+        write = ReconcileSparkSubmitOperator(task_id="write", sink=cfg.name, stage="write")
+        append = ReconcileSparkSubmitOperator(task_id="append", sink=cfg.name, stage="append")
+        mint() >> write >> append
+    return dag
+
+
+def build_invalid_dag(error) -> DAG:
+    """A visible placeholder for a config file that does not validate."""
+    stem = Path(error.path).stem
+    with DAG(
+        dag_id=f"invalid_sink_config__{''.join(ch if ch.isalnum() or ch == '_' else '_' for ch in stem)}",
+        schedule=None,
+        doc_md=f"# Invalid sink config\n\n`{error}`",
+        tags=["reconcile", "invalid"],
+    ) as dag:
+
+        @task(task_id="explain")
+        def explain(message: str = str(error)) -> None:
+            raise AirflowFailException(message)
+
+        explain()
+    return dag
+
+
+def build_dags(directory=None) -> dict[str, DAG]:
+    configs, errors = load_dir(directory)
+    dags = {cfg.name: build_dag(cfg) for cfg in configs}
+    for err in errors:
+        d = build_invalid_dag(err)
+        dags[d.dag_id] = d
+    return dags

@@ -1,0 +1,99 @@
+"""What each Airflow task does, as plain functions of (sink, run): testable without Airflow.
+
+The DAG's ``mint`` task calls :func:`mint_for_run` in-process (metadata only). ``write`` and
+``append`` are Spark jobs (jobs/*.py, submitted with spark-submit) that call
+:func:`stage_for_run` and :func:`commit_for_run`. A failure is recorded on the run's batch in
+the ledger (``message``, prefixed ``final:`` when retrying cannot help), so the operator can tell
+Airflow whether to retry.
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import datetime
+
+from . import settings
+from .config import SinkConfig, load_sink
+from .errors import Retryable, SinkError
+from .metadata.models import Batch
+from .metadata.store import MetadataStore
+from .mint import MintResult, desired_frontier, run_mint
+
+log = logging.getLogger("reconcile.tasks")
+FINAL = "final: "
+
+
+def open_store() -> MetadataStore:
+    return MetadataStore(settings.metadata_url())
+
+
+def mint_for_run(
+    sink: str, run_id: str, attempt: int, data_interval_end: datetime | None,
+    start: datetime | None, *, read_only: bool = False,
+) -> MintResult:
+    cfg = load_sink(sink)
+    store = open_store()
+    try:
+        return run_mint(store, cfg, run_id, attempt, desired_frontier(data_interval_end, start), read_only=read_only)
+    finally:
+        store.dispose()
+
+
+def _run_stage(stage: str, sink: str, run_id: str, spark=None) -> str:
+    from . import append, write
+    from .spark import get_session
+
+    cfg: SinkConfig = load_sink(sink)
+    store = open_store()
+    batch: Batch | None = None
+    try:
+        batch = store.run_batch(cfg.name, run_id)
+        if batch is None:
+            return f"run {run_id} minted no batch for sink {sink!r}: nothing to {stage}"
+        spark = spark or get_session(f"reconcile-{sink}-{stage}", submitted=True)
+        if stage == "write":
+            return write.run_write(spark, store, cfg, batch.batch_id).message
+        return append.run_append(spark, store, cfg, batch.batch_id).message
+    except SinkError as exc:
+        if batch is not None:
+            note_failure(store, batch.batch_id, exc)
+        raise
+    finally:
+        store.dispose()
+
+
+def stage_for_run(sink: str, run_id: str, spark=None) -> str:
+    return _run_stage("write", sink, run_id, spark)
+
+
+def commit_for_run(sink: str, run_id: str, spark=None) -> str:
+    return _run_stage("append", sink, run_id, spark)
+
+
+def note_failure(store: MetadataStore, batch_id: str, exc: SinkError) -> None:
+    from sqlalchemy import update
+
+    from .metadata.models import Batch as B
+    from .metadata.store import now
+
+    text = str(exc) if isinstance(exc, Retryable) else FINAL + str(exc)
+    try:
+        with store.tx() as s:
+            s.execute(update(B).where(B.batch_id == batch_id).values(message=text[:4000], updated_at=now()))
+    except SinkError:
+        log.warning("could not record the failure in the ledger: %s", text)
+
+
+def failure_verdict(sink: str, run_id: str) -> tuple[bool, str | None]:
+    """(final?, message) of the run's batch after a failed task."""
+    try:
+        store = open_store()
+    except SinkError as exc:
+        return False, str(exc)
+    try:
+        batch = store.run_batch(sink, run_id)
+        if batch is None or not batch.message:
+            return False, None
+        return batch.message.startswith(FINAL), batch.message.removeprefix(FINAL)
+    finally:
+        store.dispose()

@@ -1,0 +1,17 @@
+# Environment of the embedded default (local Spark, local Delta folder, SQLite). Source it:
+#   . scripts/env.sh
+# Every variable can be set beforehand to point elsewhere (production: see docker-compose.yaml).
+_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+export RECONCILE_HOME="${RECONCILE_HOME:-$_root/.reconcile}"
+export AIRFLOW_HOME="${AIRFLOW_HOME:-$RECONCILE_HOME/airflow}"
+export AIRFLOW__CORE__DAGS_FOLDER="${AIRFLOW__CORE__DAGS_FOLDER:-$_root/dags}"
+export AIRFLOW__CORE__PLUGINS_FOLDER="${AIRFLOW__CORE__PLUGINS_FOLDER:-$_root/plugins}"
+export AIRFLOW__CORE__LOAD_EXAMPLES="${AIRFLOW__CORE__LOAD_EXAMPLES:-False}"
+export AIRFLOW__CORE__UNIT_TEST_MODE="${AIRFLOW__CORE__UNIT_TEST_MODE:-False}"
+export AIRFLOW__LOGGING__LOGGING_LEVEL="${AIRFLOW__LOGGING__LOGGING_LEVEL:-INFO}"
+export AIRFLOW_CONN_SPARK_DEFAULT="${AIRFLOW_CONN_SPARK_DEFAULT:-{\"conn_type\": \"spark\", \"host\": \"local[2]\"}}"
+export PATH="$_root/.venv/bin:$PATH"
+export PYSPARK_PYTHON="${PYSPARK_PYTHON:-$_root/.venv/bin/python}"
+export PYTHONPATH="$_root/include${PYTHONPATH:+:$PYTHONPATH}"
+mkdir -p "$RECONCILE_HOME" "$AIRFLOW_HOME"
+unset _root

@@ -1,0 +1,98 @@
+"""Shared fixtures: one local SparkSession per test session, fresh warehouse and metadata per test.
+
+Metadata tests run on SQLite and on PostgreSQL (``RECONCILE_TEST_POSTGRES_URL``, e.g.
+``postgresql+psycopg://postgres:postgres@127.0.0.1:5432/reconcile_test``); each PostgreSQL test
+gets a schema of its own. Under CI (``CI=true``) a missing PostgreSQL is an error, not a skip.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+import uuid
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+_SESSION_TMP = Path(tempfile.mkdtemp(prefix="reconcile-tests-"))
+os.environ.setdefault("RECONCILE_HOME", str(_SESSION_TMP / "home"))
+os.environ["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
+os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+sys.path.insert(0, str(ROOT / "tests"))
+
+PG_URL = os.environ.get("RECONCILE_TEST_POSTGRES_URL")
+
+
+@pytest.fixture(scope="session")
+def spark():
+    from reconcile.spark import get_session
+
+    session = get_session("reconcile-tests", {"spark.sql.shuffle.partitions": "2", "spark.default.parallelism": "2"})
+    yield session
+    session.stop()
+
+
+@pytest.fixture
+def warehouse(tmp_path, monkeypatch):
+    wh = tmp_path / "warehouse"
+    wh.mkdir()
+    monkeypatch.setenv("RECONCILE_WAREHOUSE", str(wh))
+    return wh
+
+
+def _pg_schema_url(base: str, schema: str) -> str:
+    sep = "&" if "?" in base else "?"
+    return f"{base}{sep}options=-csearch_path%3D{schema}"
+
+
+@pytest.fixture
+def pg_url():
+    """A PostgreSQL URL with a fresh schema (dropped afterwards)."""
+    if not PG_URL:
+        if os.environ.get("CI"):
+            pytest.fail("RECONCILE_TEST_POSTGRES_URL is not set under CI: PostgreSQL tests must run")
+        pytest.skip("RECONCILE_TEST_POSTGRES_URL not set")
+    from sqlalchemy import create_engine, text
+
+    schema = f"t_{uuid.uuid4().hex[:12]}"
+    admin = create_engine(PG_URL)
+    with admin.begin() as c:
+        c.execute(text(f"CREATE SCHEMA {schema}"))
+    yield _pg_schema_url(PG_URL, schema)
+    with admin.begin() as c:
+        c.execute(text(f"DROP SCHEMA {schema} CASCADE"))
+    admin.dispose()
+
+
+@pytest.fixture
+def sqlite_url(tmp_path):
+    return f"sqlite:///{tmp_path / 'metadata.db'}"
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def metadata_url(request, tmp_path):
+    if request.param == "sqlite":
+        return request.getfixturevalue("sqlite_url")
+    return request.getfixturevalue("pg_url")
+
+
+@pytest.fixture
+def store(metadata_url, monkeypatch):
+    from reconcile.metadata.store import MetadataStore
+
+    monkeypatch.setenv("RECONCILE_METADATA_URL", metadata_url)
+    s = MetadataStore(metadata_url)
+    yield s
+    s.dispose()
+
+
+@pytest.fixture
+def sqlite_store(sqlite_url, monkeypatch):
+    from reconcile.metadata.store import MetadataStore
+
+    monkeypatch.setenv("RECONCILE_METADATA_URL", sqlite_url)
+    s = MetadataStore(sqlite_url)
+    yield s
+    s.dispose()
