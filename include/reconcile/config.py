@@ -7,6 +7,7 @@ config can inject SQL or a path.
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -149,12 +150,21 @@ class _Reader:
             raise ConfigError(self.path, self._f(extra[0]), f"unknown field; allowed: {sorted(allowed)}")
 
 
+def _expand(raw: str) -> str:
+    """Expand ${VAR} in a path; ${RECONCILE_HOME} defaults to the embedded default's home."""
+    from string import Template
+
+    from . import settings
+
+    return Template(raw).safe_substitute({**os.environ, "RECONCILE_HOME": str(settings.home())})
+
+
 def _source(r: _Reader, name: str, base: Path) -> Source:
     r.unknown({"format", "path", "options"})
     fmt = r.get("format", str, required=True)
     if fmt not in FORMATS:
         raise ConfigError(r.path, r._f("format"), f"{fmt!r} is not one of {list(FORMATS)}")
-    raw = r.get("path", str, required=True)
+    raw = _expand(r.get("path", str, required=True))
     if "\x00" in raw or not raw.strip():
         raise ConfigError(r.path, r._f("path"), "must be a non-empty path or URI")
     if "://" in raw or raw.startswith("/"):

@@ -1,0 +1,204 @@
+"""Operator CLI: ``python -m reconcile <command>`` (also installed as ``reconcile``).
+
+Commands:
+  validate                 check every sink config in RECONCILE_SINKS_DIR
+  db upgrade|downgrade|current
+                           manage the metadata table's schema (Alembic)
+  status SINK              frontiers, read-only flag and the last batches of a shard
+  show SINK [--as-of T] [--log] [--errors] [--limit N]
+                           the shard as of T (default upper - 1), its update log, or its errors
+  read-only SINK on|off    switch a shard's read-only mode
+  dry-run SINK [--frontier T]
+                           compute and report the correction of the next batch; writes nothing
+  demo                     run the demo sink for three intervals through Airflow and print it
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from datetime import datetime, timezone
+
+from . import settings
+from .errors import SinkError
+
+
+def _store():
+    from .metadata.store import MetadataStore
+
+    return MetadataStore(settings.metadata_url())
+
+
+def _ts(ms: int | None) -> str:
+    if ms is None:
+        return "-"
+    return f"{ms} ({datetime.fromtimestamp(ms / 1000, timezone.utc):%Y-%m-%d %H:%M:%S}Z)"
+
+
+def cmd_validate(args) -> int:
+    from .config import load_dir
+
+    configs, errors = load_dir(args.dir)
+    for cfg in configs:
+        print(f"ok      {cfg.name} ({cfg.kind}, {len(cfg.columns)} columns, P={cfg.partitions}) {cfg.path}")
+    for err in errors:
+        print(f"INVALID {err}")
+    return 1 if errors else 0
+
+
+def cmd_db(args) -> int:
+    from .metadata.store import current_revision, downgrade, make_engine, upgrade
+
+    engine = make_engine(settings.metadata_url())
+    if args.action == "upgrade":
+        upgrade(engine)
+    elif args.action == "downgrade":
+        downgrade(engine, args.revision or "base")
+    print(f"metadata schema revision: {current_revision(engine)} at {engine.url.render_as_string(hide_password=True)}")
+    return 0
+
+
+def print_status(store, name: str, limit: int = 10) -> None:
+    shard = store.get_shard(name)
+    print(f"shard {name}: upper={_ts(shard.upper)} since={_ts(shard.since)} as_of={_ts(shard.as_of)} "
+          f"read_only={shard.read_only} delta_version={shard.delta_version}")
+    batches = store.batches(name)[-limit:]
+    if batches:
+        print(f"  {'lower':>15} {'upper':>15} {'state':<10} {'version':>7} {'ok':>6} {'err':>5} {'drift':>6}  run")
+    for b in batches:
+        print(f"  {b.lower:>15} {b.upper:>15} {b.state:<10} {str(b.delta_version if b.delta_version is not None else '-'):>7} "
+              f"{str(b.rows_ok if b.rows_ok is not None else '-'):>6} {str(b.rows_err if b.rows_err is not None else '-'):>5} "
+              f"{str(b.drift_rows if b.drift_rows is not None else '-'):>6}  {b.run_id}")
+
+
+def cmd_status(args) -> int:
+    print_status(_store(), args.sink, args.limit)
+    return 0
+
+
+def show_shard(spark, store, cfg, as_of: int | None, *, log: bool, errors: bool, limit: int) -> None:
+    from pyspark.sql import functions as F
+
+    from . import shard as storage
+    from .correction import as_of as consolidate_as_of
+
+    updates = storage.read_updates(spark, cfg)
+    if log:
+        print(f"update log of {cfg.name} (row, _error, _time, _diff):")
+        updates.orderBy("_time", *cfg.column_names).show(limit, truncate=False)
+        return
+    shard = store.get_shard(cfg.name)
+    t = as_of if as_of is not None else shard.upper - 1
+    if t < shard.since:
+        raise SinkError(f"as of {t} is before the shard's since {shard.since}: not readable exactly", sink=cfg.name)
+    snap = consolidate_as_of(cfg, updates, t)
+    if errors:
+        print(f"errors of {cfg.name} as of {_ts(t)}:")
+        snap.where(F.col("_error").isNotNull()).select("_error", F.col("_diff").alias("count")).show(limit, truncate=False)
+    else:
+        print(f"{cfg.name} as of {_ts(t)} (count = multiplicity):")
+        snap.where(F.col("_error").isNull()).drop("_error").withColumnRenamed("_diff", "count") \
+            .orderBy(*cfg.column_names).show(limit, truncate=False)
+
+
+def cmd_show(args) -> int:
+    from .config import load_sink
+    from .spark import get_session
+
+    cfg = load_sink(args.sink)
+    show_shard(get_session("reconcile-show"), _store(), cfg, args.as_of, log=args.log, errors=args.errors, limit=args.limit)
+    return 0
+
+
+def cmd_read_only(args) -> int:
+    from .config import load_sink
+
+    cfg = load_sink(args.sink)
+    store = _store()
+    store.ensure_shard(cfg.name, cfg.as_of)
+    store.set_read_only(cfg.name, args.state == "on")
+    print(f"shard {cfg.name}: read_only={args.state == 'on'}")
+    return 0
+
+
+def cmd_dry_run(args) -> int:
+    from pyspark.sql import functions as F
+
+    from . import shard as storage
+    from .config import load_sink
+    from .correction import correction
+    from .sources import read_desired
+    from .spark import get_session
+
+    cfg = load_sink(args.sink)
+    store = _store()
+    store.ensure_shard(cfg.name, cfg.as_of)
+    shard = store.get_shard(cfg.name)
+    lower = max(shard.upper, shard.as_of)
+    upper = args.frontier or int(datetime.now(timezone.utc).timestamp() * 1000)
+    if upper <= lower:
+        print(f"dry run: frontier {upper} is not ahead of lower {lower}: a run would mint nothing")
+        return 0
+    spark = get_session("reconcile-dry-run")
+    persist = storage.read_updates(spark, cfg) if storage.exists(spark, cfg) else spark.createDataFrame([], storage.schema(cfg))
+    corr = correction(cfg, read_desired(spark, cfg), persist, lower, upper).cache()
+    print(f"dry run of {cfg.name}: batch [{lower}, {upper}) would write (nothing was written):")
+    corr.groupBy("_part").agg(
+        F.count(F.lit(1)).alias("updates"), F.sum(F.when(F.col("_error").isNotNull(), 1).otherwise(0)).alias("errors"),
+        F.sum(F.when(F.col("_diff") > 0, F.col("_diff")).otherwise(0)).alias("inserts"),
+        F.sum(F.when(F.col("_diff") < 0, -F.col("_diff")).otherwise(0)).alias("retractions"),
+    ).orderBy("_part").show(cfg.partitions, truncate=False)
+    print("sample:")
+    corr.drop("_part").show(args.limit, truncate=False)
+    return 0
+
+
+def cmd_demo(args) -> int:
+    from .demo import run_demo
+
+    return run_demo(intervals=args.intervals)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="reconcile", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="command", required=True)
+    v = sub.add_parser("validate")
+    v.add_argument("--dir", default=None)
+    v.set_defaults(fn=cmd_validate)
+    d = sub.add_parser("db")
+    d.add_argument("action", choices=["upgrade", "downgrade", "current"])
+    d.add_argument("revision", nargs="?")
+    d.set_defaults(fn=cmd_db)
+    s = sub.add_parser("status")
+    s.add_argument("sink")
+    s.add_argument("--limit", type=int, default=10)
+    s.set_defaults(fn=cmd_status)
+    sh = sub.add_parser("show")
+    sh.add_argument("sink")
+    sh.add_argument("--as-of", type=int, default=None)
+    sh.add_argument("--log", action="store_true")
+    sh.add_argument("--errors", action="store_true")
+    sh.add_argument("--limit", type=int, default=50)
+    sh.set_defaults(fn=cmd_show)
+    r = sub.add_parser("read-only")
+    r.add_argument("sink")
+    r.add_argument("state", choices=["on", "off"])
+    r.set_defaults(fn=cmd_read_only)
+    dr = sub.add_parser("dry-run")
+    dr.add_argument("sink")
+    dr.add_argument("--frontier", type=int, default=None)
+    dr.add_argument("--limit", type=int, default=20)
+    dr.set_defaults(fn=cmd_dry_run)
+    dm = sub.add_parser("demo")
+    dm.add_argument("--intervals", type=int, default=3)
+    dm.set_defaults(fn=cmd_demo)
+    args = p.parse_args(argv)
+    try:
+        return args.fn(args)
+    except SinkError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
