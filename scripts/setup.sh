@@ -10,6 +10,7 @@ if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv
 fi
 if [ ! -x .venv/bin/uv ]; then
+  .venv/bin/python -m pip --version >/dev/null 2>&1 || .venv/bin/python -m ensurepip >/dev/null
   .venv/bin/python -m pip install -q --disable-pip-version-check uv
 fi
 .venv/bin/uv pip install -q -p .venv/bin/python -r requirements-lock.txt

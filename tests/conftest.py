@@ -21,6 +21,14 @@ os.environ.setdefault("RECONCILE_HOME", str(_SESSION_TMP / "home"))
 os.environ["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 sys.path.insert(0, str(ROOT / "tests"))
+# Airflow reads its configuration at import: point it at a private home before any import.
+os.environ["AIRFLOW_HOME"] = str(_SESSION_TMP / "airflow")
+os.environ["AIRFLOW__CORE__DAGS_FOLDER"] = str(ROOT / "dags")
+os.environ["AIRFLOW__CORE__PLUGINS_FOLDER"] = str(ROOT / "plugins")
+os.environ["AIRFLOW__CORE__LOAD_EXAMPLES"] = "False"
+os.environ["AIRFLOW_CONN_SPARK_DEFAULT"] = '{"conn_type": "spark", "host": "local[2]"}'
+os.environ["RECONCILE_RETRY_DELAY_SECONDS"] = "1"
+os.environ["PYTHONPATH"] = f"{ROOT / 'include'}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"
 
 PG_URL = os.environ.get("RECONCILE_TEST_POSTGRES_URL")
 
@@ -32,6 +40,19 @@ def spark():
     session = get_session("reconcile-tests", {"spark.sql.shuffle.partitions": "2", "spark.default.parallelism": "2"})
     yield session
     session.stop()
+
+
+@pytest.fixture(scope="session")
+def airflow_db():
+    """Airflow's own database (SQLite in the session's private AIRFLOW_HOME), migrated once."""
+    import subprocess
+
+    Path(os.environ["AIRFLOW_HOME"]).mkdir(parents=True, exist_ok=True)
+    subprocess.run(
+        [str(Path(sys.executable).parent / "airflow"), "db", "migrate"],
+        check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+    )
+    return os.environ["AIRFLOW_HOME"]
 
 
 @pytest.fixture

@@ -1,4 +1,8 @@
-"""The correction ``desired - persist`` against an independent plain-Python model (Counters)."""
+"""The correction ``desired - persist`` against an independent plain-Python model (Counters).
+
+Updates are tuples ``(*row, _error, _time, _diff)``; results are multisets
+``{(*row, _error, _time): diff}``.
+"""
 
 from __future__ import annotations
 
@@ -12,38 +16,34 @@ from reconcile.config import parse
 from reconcile.correction import as_of, correction, partition_of
 from reconcile.sources import read_desired
 
-DDL = "k bigint, v string, _error string, _time bigint, _diff bigint"
-SCHEMA = [{"name": "k", "type": "bigint"}, {"name": "v", "type": "string"}]
+KV = [{"name": "k", "type": "bigint"}, {"name": "v", "type": "string"}]
 
 
-def config(kind: str, partitions: int = 3):
+def config(kind: str, schema=KV, partitions: int = 3):
     section = (
-        {"query": {"sql": "SELECT k, v FROM src"}} if kind == "query" else
+        {"query": {"sql": "SELECT * FROM src"}} if kind == "query" else
         {"changelog": {"source": {"format": "json", "path": "log"}, "time_column": "ts", "diff_column": "diff"}}
     )
-    return parse({"name": f"t_{kind}", "kind": kind, "schema": SCHEMA, "start_date": "1970-01-01",
+    return parse({"name": f"t_{kind}", "kind": kind, "schema": schema, "start_date": "1970-01-01",
                   "partitions": partitions, **section}, "test.yaml")
 
 
 CHANGELOG, QUERY = config("changelog"), config("query")
 
 
-def frame(spark, updates):
-    """An update frame from (k, v, _error, _time, _diff) tuples."""
-    return spark.createDataFrame(list(updates), DDL)
-
-
-def collect(df) -> Counter:
-    return Counter({(r["k"], r["v"], r["_error"], r["_time"]): r["_diff"] for r in df.collect()})
+def frame(spark, updates, cfg=CHANGELOG):
+    """An update frame of cfg's columns from (*row, _error, _time, _diff) tuples."""
+    ddl = ", ".join(f"{c.name} {c.type}" for c in cfg.columns) + ", _error string, _time bigint, _diff bigint"
+    return spark.createDataFrame(list(updates), ddl)
 
 
 def run(spark, cfg, desired, persist, lower, upper) -> Counter:
-    out = correction(cfg, frame(spark, desired), frame(spark, persist), lower, upper).collect()
+    """correction() collected as a multiset; checks it is consolidated and _part in [0, P)."""
     result = Counter()
-    for r in out:
-        key = (r["k"], r["v"], r["_error"], r["_time"])
+    for r in correction(cfg, frame(spark, desired, cfg), frame(spark, persist, cfg), lower, upper).collect():
+        key = tuple(r[c] for c in cfg.column_names) + (r["_error"], r["_time"])
         assert key not in result, f"correction is not consolidated: {key} twice"
-        assert 0 <= r["_part"] < cfg.partitions
+        assert 0 <= r["_part"] < cfg.partitions and r["_diff"] != 0
         result[key] = r["_diff"]
     return result
 
@@ -57,27 +57,22 @@ def consolidated(c: Counter) -> Counter:
 
 def model(kind, desired, persist, lower, upper) -> Counter:
     out: Counter = Counter()
-    if kind == "changelog":
-        for k, v, e, t, d in desired:
-            if t < upper:
-                out[(k, v, e, max(t, lower))] += d
-        for k, v, e, t, d in persist:
-            if t < lower:
-                out[(k, v, e, max(t, lower))] -= d
-    else:
-        for k, v, e, _t, d in desired:
-            out[(k, v, e, upper - 1)] += d
-        for k, v, e, t, d in persist:
-            if t <= lower - 1:
-                out[(k, v, e, upper - 1)] -= d
+    for *row, t, d in desired:
+        if kind == "query":
+            out[(*row, upper - 1)] += d
+        elif t < upper:
+            out[(*row, max(t, lower))] += d
+    for *row, t, d in persist:
+        if t < lower:  # persist as of lower - 1
+            out[(*row, upper - 1 if kind == "query" else lower)] -= d
     return consolidated(out)
 
 
 def model_as_of(updates, t) -> Counter:
     out: Counter = Counter()
-    for k, v, e, time, d in updates:
+    for *row, time, d in updates:
         if time <= t:
-            out[(k, v, e)] += d
+            out[tuple(row)] += d
     return consolidated(out)
 
 
@@ -172,31 +167,43 @@ def test_identical_rows_share_a_partition(spark):
 # --- randomized -------------------------------------------------------------------------------
 
 
-def random_updates(rng: random.Random, n: int, times=True):
+def random_updates(rng: random.Random, n: int, case: int, times=True):
     out = []
     for _ in range(n):
         if rng.random() < 0.15:
-            row = (None, None, rng.choice(["e1", "e2"]))
+            row = (case, None, None, rng.choice(["e1", "e2"]))
         else:
-            row = (rng.randint(0, 3), rng.choice(["a", "b", None]), None)
+            row = (case, rng.randint(0, 3), rng.choice(["a", "b", None]), None)
         out.append(row + (rng.randint(0, 50) if times else None, rng.randint(-2, 3)))
     return out
 
 
+CASED = [{"name": "c", "type": "bigint"}] + KV  # c keeps the cases of one correction call apart
+
+
 def test_correction_matches_model_on_random_cases(spark):
+    """30 random cases, 3 per random description (one Spark job per description)."""
     rng = random.Random(20240601)
-    for case in range(30):
+    nonempty = 0
+    for call in range(10):
         kind = rng.choice(["changelog", "query"])
         lower = rng.randint(0, 49)
         upper = rng.randint(lower + 1, 51)
-        desired = random_updates(rng, rng.randint(0, 12), times=kind == "changelog")
-        # persist often repeats desired rows so that some updates cancel
-        persist = random_updates(rng, rng.randint(0, 6)) + [
-            (k, v, e, rng.randint(0, 50) if t is None else t, d) for k, v, e, t, d in desired if rng.random() < 0.5]
-        cfg = CHANGELOG if kind == "changelog" else QUERY
-        expected = model(kind, desired, persist, lower, upper)
-        assert run(spark, cfg, desired, persist, lower, upper) == expected, (
-            f"case {case}: {kind} [{lower}, {upper}) desired={desired} persist={persist}")
+        cases = []
+        for case in range(3):
+            desired = random_updates(rng, rng.randint(0, 12), case, times=kind == "changelog")
+            # persist often repeats desired rows so that some updates cancel
+            persist = random_updates(rng, rng.randint(0, 6), case) + [
+                (*row, rng.randint(0, 50) if t is None else t, d) for *row, t, d in desired if rng.random() < 0.5]
+            cases.append((desired, persist))
+        got = run(spark, config(kind, CASED), [u for d, _ in cases for u in d], [u for _, p in cases for u in p], lower, upper)
+        for case, (desired, persist) in enumerate(cases):
+            mine = Counter({key: n for key, n in got.items() if key[0] == case})
+            assert mine == model(kind, desired, persist, lower, upper), (
+                f"call {call} case {case}: {kind} [{lower}, {upper}) desired={desired} persist={persist}")
+            nonempty += bool(mine)
+        assert {key[0] for key in got} <= {0, 1, 2}
+    assert nonempty >= 20  # the generator does not produce trivially empty cases
 
 
 # --- as_of ------------------------------------------------------------------------------------
@@ -206,9 +213,9 @@ def test_as_of_matches_model(spark):
     small = [(1, "a", None, 5, 2), (1, "a", None, 9, -2), (2, "b", None, 9, 1), (None, None, "e1", 0, 1)]
     assert model_as_of(small, 5) == Counter({(1, "a", None): 2, (None, None, "e1"): 1})
     assert model_as_of(small, 9) == Counter({(2, "b", None): 1, (None, None, "e1"): 1})
-    log = random_updates(random.Random(7), 60) + small
+    log = [u[1:] for u in random_updates(random.Random(7), 60, case=0)] + small
     df = frame(spark, log)
-    for t in (-1, 0, 5, 9, 25, 50):
+    for t in (-1, 5, 9, 50):
         got = Counter({(r.k, r.v, r._error): r._diff for r in as_of(CHANGELOG, df, t).collect()})
         assert got == model_as_of(log, t), f"as of {t}"
 

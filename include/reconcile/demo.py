@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from datetime import datetime, timedelta, timezone
@@ -16,6 +17,7 @@ from pathlib import Path
 
 from . import settings
 
+LOG_LINE = re.compile(r"^\S+\s+\[\w+\s*\]\s+(.*?)\s+\[[\w.]+\]")
 DAYS = [
     [("alice", 10.0), ("bob", 5.5), ("carol", 7.25)],
     [("alice", 10.0), ("alice", 2.0), ("bob", 6.5), ("carol", 7.25), ("dave", 1.0), (None, 3.0)],
@@ -70,8 +72,9 @@ def run_demo(intervals: int = 3, sink: str = "demo_orders") -> int:
         with open(log_file, "w") as out:
             proc = subprocess.run(["airflow", "dags", "test", sink, day.isoformat()], env=env, stdout=out, stderr=subprocess.STDOUT)
         for line in log_file.read_text().splitlines():
-            if "RECONCILE" in line or "minted batch" in line or "nothing to do" in line:
-                print("  " + line.split("[info", 1)[0].split("] ", 1)[-1][:400])
+            m = LOG_LINE.match(line)
+            if m and ("RECONCILE" in m.group(1) or "| sink=" in m.group(1)):
+                print("  " + m.group(1)[:400])
         if proc.returncode != 0:
             print(f"run failed (exit {proc.returncode}); see {log_file}")
             return proc.returncode
