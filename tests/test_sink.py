@@ -92,7 +92,8 @@ QUERY_RUNS = [
 ]
 
 
-def test_consecutive_runs_follow_the_source(spark, warehouse, tmp_path, store):
+def test_consecutive_runs_follow_the_source(spark, warehouse, tmp_path, sqlite_store):
+    store = sqlite_store
     cfg = make_sink(tmp_path, "orders")
     frontiers: list[int] = []
     for i, (frontier, rows) in enumerate(QUERY_RUNS):
@@ -112,56 +113,67 @@ def test_consecutive_runs_follow_the_source(spark, warehouse, tmp_path, store):
 
     # the error row of run 3 is stored as data, with a readable message
     errors = [u for u in update_log(spark, cfg) if u["_error"] is not None]
-    assert [(u["_time"], u["_diff"]) for u in errors] == [(399, 1), (499, -1)]
+    assert sorted((u["_time"], u["_diff"]) for u in errors) == [(399, 1), (499, -1)]
     assert "column 'k' is null" in errors[0]["_error"] and '"bad"' in errors[0]["_error"]
 
 
-# --- drift, empty corrections ----------------------------------------------------------------
+# --- drift, empty corrections, new shards, reruns ---------------------------------------------
 
 
-def test_drift_behind_the_sinks_back_is_repaired_and_counted(spark, warehouse, tmp_path, sqlite_store):
+def test_drift_is_repaired_and_an_unchanged_source_appends_an_empty_batch(spark, warehouse, tmp_path, sqlite_store):
     store = sqlite_store
     cfg = make_sink(tmp_path, "drifty")
-    rows1 = [{"k": 1, "v": "a"}, {"k": 2, "v": "b"}, {"k": 3, "v": "c"}, {"k": 3, "v": "c"}]
+    rows1 = [{"k": 1, "v": "a"}, {"k": 1, "v": "a"}, {"k": 2, "v": "b"}, {"k": 3, "v": "c"}]
     rows2 = [{"k": 1, "v": "a2"}, {"k": 2, "v": "b"}, {"k": 3, "v": "c"}, {"k": 4, "v": "d"}]
     write_json_rows(tmp_path / "src", rows1)
-    assert committed_run(spark, store, cfg, "run-1", 200).drift_rows == 0
-    write_json_rows(tmp_path / "src", rows2)
-    assert committed_run(spark, store, cfg, "run-2", 300).drift_rows == 0  # no tampering: no drift
+    committed_run(spark, store, cfg, "run-1", 200)
 
-    # tamper with the Delta table using plain Spark/Delta
+    # tamper with the Delta table behind the sink's back, using plain Spark/Delta
     path = storage.table_path(cfg)
     before = update_log(spark, cfg)
     deleted = [u for u in before if u["k"] == 1]
-    assert len(deleted) == 3  # (1,a)+1 at 199; (1,a)-1 and (1,a2)+1 at 299
+    assert [(u["v"], u["_time"], u["_diff"]) for u in deleted] == [("a", 199, 2)]
     DeltaTable.forPath(spark, path).delete("k = 1")
     duplicate = next(u for u in before if u["k"] == 2)  # (2,b)+1 at 199, appended once more
-    foreign = {"k": 7, "v": "zz", "_error": None, "_time": 250, "_diff": 2}
+    foreign = {"k": 7, "v": "zz", "_error": None, "_time": 150, "_diff": 3}
     spark.createDataFrame([duplicate, foreign], storage.schema(cfg)).write.format("delta").mode("append").save(path)
     tampered = sum(abs(u["_diff"]) for u in deleted) + abs(duplicate["_diff"]) + abs(foreign["_diff"])
     assert tampered == 6
 
     _, entries = storage.history_since(spark, cfg, -1)
     assert [meta for _, meta in entries[-2:]] == [None, None], "the tampering commits are foreign"
-    drifted = query_as_of(update_log(spark, cfg), cfg, 299)
-    assert drifted != model_query(rows2, cfg)
-    assert drifted == Counter({(2, "b", None): 2, (3, "c", None): 1, (4, "d", None): 1, (7, "zz", None): 2})
+    assert query_as_of(update_log(spark, cfg), cfg, 199) == Counter(
+        {(2, "b", None): 2, (3, "c", None): 1, (7, "zz", None): 3})
 
-    # the next run, source unchanged, repairs the shard and records how much drift it found
-    batch = committed_run(spark, store, cfg, "run-3", 400)
-    assert batch.drift_rows == tampered
-    assert store.get_batch(batch.batch_id).drift_rows == tampered
+    # the next run (with a changed source) repairs the drift and records how much it found
+    write_json_rows(tmp_path / "src", rows2)
+    repaired = committed_run(spark, store, cfg, "run-2", 300)
+    assert repaired.drift_rows == tampered
     log = update_log(spark, cfg)
-    assert query_as_of(log, cfg, 399) == model_query(rows2, cfg)
-    repair = Counter({(u["k"], u["v"]): u["_diff"] for u in log if u["_time"] == 399})
-    assert repair == Counter({(1, "a2"): 1, (2, "b"): -1, (7, "zz"): -2})
+    assert query_as_of(log, cfg, 299) == model_query(rows2, cfg)
+    correction = Counter({(u["k"], u["v"]): u["_diff"] for u in log if u["_time"] == 299})
+    assert correction == Counter({(1, "a2"): 1, (2, "b"): -1, (7, "zz"): -3, (4, "d"): 1})
+
+    # a run without tampering and with an unchanged source: no drift, no data, the upper advances
+    versions_before = storage.latest_version(spark, cfg)
+    m, w, a = run_batch(spark, store, cfg, "run-3", 400)
+    assert (m.description.lower, m.description.upper) == (300, 400)
+    assert (w.outcome, w.rows_ok, w.rows_err, w.drift_rows) == ("staged", 0, 0, 0)
+    assert a.outcome == "committed", a.message
+    empty = store.get_batch(m.description.batch_id)
+    assert (empty.state, empty.drift_rows, empty.rows_ok) == (COMMITTED, 0, 0)
+    log_after = update_log(spark, cfg)
+    assert [u for u in log_after if 300 <= u["_time"] < 400] == []
+    assert sorted(map(str, log_after)) == sorted(map(str, log))  # no data rows written
+    assert query_as_of(log_after, cfg, 399) == model_query(rows2, cfg)
+    assert storage.latest_version(spark, cfg) > versions_before  # an empty Delta commit records the batch
     assert_ledger(spark, store, cfg, [200, 300, 400])
 
 
-def test_new_shard_starts_at_as_of_and_unchanged_source_appends_empty_batch(spark, warehouse, tmp_path, sqlite_store):
+def test_new_shard_starts_at_as_of_and_reruns_are_no_ops(spark, warehouse, tmp_path, sqlite_store):
     store = sqlite_store
     cfg = make_sink(tmp_path, "fresh", as_of=1000)
-    rows = [{"k": 1, "v": "a"}, {"k": 2, "v": "b"}]
+    rows = [{"k": 1, "v": "a"}, {"k": 1, "v": "a"}, {"k": 2, "v": None}]
     write_json_rows(tmp_path / "src", rows)
 
     for frontier in (500, 1000):  # not ahead of as_of: nothing to mint, and the message says why
@@ -172,26 +184,24 @@ def test_new_shard_starts_at_as_of_and_unchanged_source_appends_empty_batch(spar
     assert store.get_shard(cfg.name).upper == 0
     assert store.batches(cfg.name) == []
 
-    first = committed_run(spark, store, cfg, "run-1", 1500)
-    assert (first.lower, first.upper) == (cfg.as_of, 1500)
-    assert store.get_shard(cfg.name).upper == 1500
+    batch = committed_run(spark, store, cfg, "run-1", 1500)
+    assert (batch.lower, batch.upper) == (cfg.as_of, 1500)
     log = update_log(spark, cfg)
     assert query_as_of(log, cfg, 999) == Counter()
     assert query_as_of(log, cfg, 1499) == model_query(rows, cfg)
+    assert_ledger(spark, store, cfg, [1500])
 
-    # an unchanged source: an empty correction, no data, but the upper advances
-    versions_before = storage.latest_version(spark, cfg)
-    m, w, a = run_batch(spark, store, cfg, "run-2", 2000)
-    assert (m.description.lower, m.description.upper) == (1500, 2000)
-    assert (w.outcome, w.rows_ok, w.rows_err, w.drift_rows) == ("staged", 0, 0, 0)
-    assert a.outcome == "committed", a.message
-    log = update_log(spark, cfg)
-    assert [u for u in log if 1500 <= u["_time"] < 2000] == []
-    assert len(log) == 2
-    assert query_as_of(log, cfg, 1999) == model_query(rows, cfg)
-    assert store.get_batch(m.description.batch_id).state == COMMITTED
-    assert storage.latest_version(spark, cfg) > versions_before  # an empty Delta commit records the batch
-    assert_ledger(spark, store, cfg, [1500, 2000])
+    # rerunning the append (or the write) of a committed batch changes nothing
+    version = storage.latest_version(spark, cfg)
+    again = append.run_append(spark, store, cfg, batch.batch_id)
+    assert again.outcome == "already_committed" and again.delta_version == batch.delta_version
+    rewrite = write.run_write(spark, store, cfg, batch.batch_id)
+    assert rewrite.outcome == "skipped" and "committed" in rewrite.message
+    assert storage.latest_version(spark, cfg) == version
+    assert [m["lower"] for m in batch_commits(spark, cfg)] == [cfg.as_of]
+    assert not storage.list_dirs(spark, storage.staging_root(cfg))
+    assert query_as_of(update_log(spark, cfg), cfg, 1499) == model_query(rows, cfg)
+    assert_ledger(spark, store, cfg, [1500])
 
 
 # --- mint rules (metadata only) ---------------------------------------------------------------
@@ -240,27 +250,7 @@ def test_mint_rules(tmp_path, sqlite_store):
     assert "minted batch" in resumed.message
 
 
-# --- reruns and outdated batches --------------------------------------------------------------
-
-
-def test_rerun_of_a_committed_append_is_a_no_op(spark, warehouse, tmp_path, sqlite_store):
-    store = sqlite_store
-    cfg = make_sink(tmp_path, "rerun")
-    rows = [{"k": 1, "v": "a"}, {"k": 1, "v": "a"}, {"k": 2, "v": None}]
-    write_json_rows(tmp_path / "src", rows)
-    batch = committed_run(spark, store, cfg, "run-1", 200)
-    version = storage.latest_version(spark, cfg)
-
-    again = append.run_append(spark, store, cfg, batch.batch_id)
-    assert again.outcome == "already_committed" and again.delta_version == batch.delta_version
-    rewrite = write.run_write(spark, store, cfg, batch.batch_id)
-    assert rewrite.outcome == "skipped" and "committed" in rewrite.message
-
-    assert storage.latest_version(spark, cfg) == version  # nothing new in Delta
-    assert [m["lower"] for m in batch_commits(spark, cfg)] == [AS_OF]
-    assert not storage.list_files(spark, storage.staging_path(cfg, batch.batch_id))
-    assert query_as_of(update_log(spark, cfg), cfg, 199) == model_query(rows, cfg)
-    assert_ledger(spark, store, cfg, [200])
+# --- outdated batches ------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("older_upper, newer_upper", [(200, 300), (300, 200)], ids=["covered", "lost_race"])
@@ -274,8 +264,22 @@ def test_outdated_batch_is_cleaned_up(spark, warehouse, tmp_path, sqlite_store, 
     older = mint.run_mint(store, cfg, "run-old", 1, older_upper).description
     assert write.run_write(spark, store, cfg, older.batch_id).outcome == "staged"
     assert storage.list_files(spark, storage.staging_path(cfg, older.batch_id))
-    newer = committed_run(spark, store, cfg, "run-new", newer_upper)
-    assert newer.lower == older.lower
+    newer_desc = mint.run_mint(store, cfg, "run-new", 1, newer_upper).description
+    assert newer_desc.lower == older.lower
+    assert store.get_batch(older.batch_id).state == SUPERSEDED
+
+    # appending the older one before the newer one commits: refused, cleaned up, nothing written
+    with pytest.raises(DescriptionOutdated):
+        append.run_append(spark, store, cfg, older.batch_id)
+    assert not storage.list_files(spark, storage.staging_path(cfg, older.batch_id))
+    assert batch_commits(spark, cfg) == []
+    assert store.get_shard(cfg.name).upper < AS_OF
+    assert store.get_batch(newer_desc.batch_id).state == MINTED  # the newer description stays valid
+
+    # the newer one commits; appending the older one again never writes
+    assert write.run_write(spark, store, cfg, newer_desc.batch_id).outcome == "staged"
+    assert append.run_append(spark, store, cfg, newer_desc.batch_id).outcome == "committed"
+    newer = store.get_batch(newer_desc.batch_id)
 
     if newer_upper >= older_upper:
         result = append.run_append(spark, store, cfg, older.batch_id)
@@ -295,8 +299,13 @@ def test_outdated_batch_is_cleaned_up(spark, warehouse, tmp_path, sqlite_store, 
     assert_ledger(spark, store, cfg, [newer_upper])
 
 
-def append_superseded_before_successor(spark, store, tmp_path):
-    """Stage an older description, mint a newer one for the same lower, append the older first."""
+@pytest.mark.xfail(strict=True, reason=(
+    "BUG: append.py _outdated: a batch superseded by a newer description of the same lower "
+    "(nothing committed yet) fails with LostRace 'another writer moved the shard's upper to 0', "
+    "which is false; the message should say it was superseded by the newer batch"))
+def test_superseded_batch_message_names_its_successor(spark, warehouse, tmp_path, sqlite_store):
+    """An older description appended before its successor commits: the message says why."""
+    store = sqlite_store
     cfg = make_sink(tmp_path, "early")
     write_json_rows(tmp_path / "src", [{"k": 1, "v": "a"}])
     older = mint.run_mint(store, cfg, "run-old", 1, 200).description
@@ -304,27 +313,7 @@ def append_superseded_before_successor(spark, store, tmp_path):
     newer = mint.run_mint(store, cfg, "run-new", 1, 300).description
     with pytest.raises(DescriptionOutdated) as info:
         append.run_append(spark, store, cfg, older.batch_id)
-    return cfg, older, newer, info.value
-
-
-def test_superseded_batch_appended_before_its_successor(spark, warehouse, tmp_path, sqlite_store):
-    """An older description appended before the newer one commits: refused, cleaned, nothing written."""
-    store = sqlite_store
-    cfg, older, newer, _ = append_superseded_before_successor(spark, store, tmp_path)
-    assert not storage.list_files(spark, storage.staging_path(cfg, older.batch_id))
-    assert batch_commits(spark, cfg) == []
-    assert store.get_shard(cfg.name).upper < older.upper
-    assert store.get_batch(older.batch_id).state == SUPERSEDED
-    assert store.get_batch(newer.batch_id).state == MINTED  # the newer description is still valid
-
-
-@pytest.mark.xfail(strict=True, reason=(
-    "BUG: append.py _outdated: a batch superseded by a newer description of the same lower "
-    "(nothing committed yet) fails with LostRace 'another writer moved the shard's upper to 0', "
-    "which is false; the message should say it was superseded by the newer batch"))
-def test_superseded_batch_message_names_its_successor(spark, warehouse, tmp_path, sqlite_store):
-    _, _, newer, exc = append_superseded_before_successor(spark, sqlite_store, tmp_path)
-    assert "superseded" in str(exc) and newer.batch_id in str(exc), str(exc)
+    assert "superseded" in str(info.value) and newer.batch_id in str(info.value), str(info.value)
 
 
 # --- a crash between the Delta commit and the metadata update ---------------------------------
@@ -347,9 +336,20 @@ def crash_after_delta_commit(kind, monkeypatch, batch_id):
     return FailPointHit
 
 
-@pytest.mark.parametrize("kind", ["append.after_delta_commit", "metadata.inside_absorb", "absorb_raises"])
-def test_crash_after_delta_commit_is_recovered(spark, warehouse, tmp_path, sqlite_store, monkeypatch, kind):
-    store = sqlite_store
+@pytest.mark.parametrize("kind, metadata", [
+    ("append.after_delta_commit", "sqlite"),
+    ("append.after_delta_commit", "postgres"),
+    ("metadata.inside_absorb", "sqlite"),
+    ("absorb_raises", "sqlite"),
+])
+def test_crash_after_delta_commit_is_recovered(spark, warehouse, tmp_path, monkeypatch, request, kind, metadata):
+    if metadata == "sqlite":
+        store = request.getfixturevalue("sqlite_store")
+    else:  # the same end-to-end run with the metadata table on PostgreSQL
+        url = request.getfixturevalue("pg_url")
+        monkeypatch.setenv("RECONCILE_METADATA_URL", url)
+        store = MetadataStore(url)
+        request.addfinalizer(store.dispose)
     cfg = make_sink(tmp_path, "crashy")
     rows1 = [{"k": 1, "v": "a"}, {"k": 2, "v": "b"}]
     rows2 = [{"k": 1, "v": "a"}, {"k": 3, "v": "c"}, {"k": 3, "v": "c"}]
@@ -372,8 +372,8 @@ def test_crash_after_delta_commit_is_recovered(spark, warehouse, tmp_path, sqlit
     assert store.get_batch(desc.batch_id).state == STAGED
 
     result = append.run_append(spark, store, cfg, desc.batch_id)
-    assert result.outcome in ("recovered", "committed", "already_committed"), result.message
-    assert result.outcome == "recovered" and "earlier attempt" in result.message
+    assert result.outcome == "recovered", result.message
+    assert "earlier attempt had committed this batch" in result.message
     assert store.get_shard(cfg.name).upper == 300
     assert store.get_batch(desc.batch_id).state == COMMITTED
     assert [m["lower"] for m in batch_commits(spark, cfg)] == [AS_OF, 200]  # once, never twice
