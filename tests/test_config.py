@@ -112,7 +112,8 @@ def test_changelog_config_parses_with_defaults(tmp_path):
     start = datetime(2024, 3, 1, 6, tzinfo=timezone.utc)
     assert cfg.start_date == start
     assert cfg.as_of == int(start.timestamp() * 1000)  # as_of defaults to start_date
-    assert (cfg.partitions, cfg.retries, cfg.read_only, cfg.catchup, cfg.vacuum_retention_hours) == (4, 2, False, False, 168)
+    assert (cfg.partitions, cfg.retries, cfg.read_only, cfg.catchup) == (4, 2, False, False)
+    assert cfg.vacuum_retention_hours == 168
     assert cfg.sources == () and cfg.sql is None
 
 
@@ -194,7 +195,7 @@ def test_invalid_yaml_names_file(tmp_path):
     assert "not valid YAML" in str(info.value)
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: load_file embeds PyYAML's multi-line error text in the ConfigError message")
+@pytest.mark.xfail(strict=True, reason="BUG: load_file puts PyYAML's multi-line error text in the message")
 def test_invalid_yaml_message_is_one_line(tmp_path):
     expect_error(tmp_path, "name: x\nkind: [query\n", "<file>")
 

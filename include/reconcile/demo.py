@@ -21,7 +21,7 @@ LOG_LINE = re.compile(r"^\S+\s+\[\w+\s*\]\s+(.*?)\s+\[[\w.]+\]")
 DAYS = [
     [("alice", 10.0), ("bob", 5.5), ("carol", 7.25)],
     [("alice", 10.0), ("alice", 2.0), ("bob", 6.5), ("carol", 7.25), ("dave", 1.0), (None, 3.0)],
-    [("alice", 10.0), ("alice", 2.0), ("bob", 6.5), ("dave", 1.0), ("erin", 4.0)],
+    [("alice", 10.0), ("alice", 2.0), ("bob", 6.5), ("dave", 1.0), ("erin", 4.0), (None, 2.5)],
 ]
 
 

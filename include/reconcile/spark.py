@@ -7,6 +7,7 @@ Under spark-submit the session's master and jars come from the submit command; l
 
 from __future__ import annotations
 
+import os
 import sys
 
 from . import settings
@@ -42,16 +43,17 @@ def submit_conf() -> dict[str, str]:
     return conf
 
 
-def get_session(app_name: str = "reconcile", extra: dict[str, str] | None = None, *, submitted: bool = False):
-    """The active session, else a new one. ``submitted``: running under spark-submit, whose
-    command line already set master and jars."""
+def get_session(app_name: str = "reconcile", extra: dict[str, str] | None = None):
+    """The active session, else a new one. Under spark-submit (which starts the Python driver
+    with PYSPARK_GATEWAY_PORT set) master and jars come from the submit command line; otherwise
+    the embedded default's local settings apply."""
     from pyspark.sql import SparkSession
 
     active = SparkSession.getActiveSession()
     if active is not None:
         return active
     builder = SparkSession.builder.appName(app_name)
-    if not submitted:
+    if "PYSPARK_GATEWAY_PORT" not in os.environ:
         builder = builder.master(settings.spark_master())
         jars = settings.spark_jars()
         if jars:

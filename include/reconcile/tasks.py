@@ -50,7 +50,7 @@ def _run_stage(stage: str, sink: str, run_id: str, spark=None) -> str:
         batch = store.run_batch(cfg.name, run_id)
         if batch is None:
             return f"run {run_id} minted no batch for sink {sink!r}: nothing to {stage}"
-        spark = spark or get_session(f"reconcile-{sink}-{stage}", submitted=True)
+        spark = spark or get_session(f"reconcile-{sink}-{stage}")
         if stage == "write":
             return write.run_write(spark, store, cfg, batch.batch_id).message
         return append.run_append(spark, store, cfg, batch.batch_id).message

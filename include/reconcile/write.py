@@ -105,7 +105,6 @@ def run_write(spark: SparkSession, store: MetadataStore, cfg: SinkConfig, batch_
         "batch_id": batch_id, "lower": desc.lower, "upper": desc.upper, "partitions": cfg.partitions,
         "read_version": read_version, "parts": parts,
     }
-    failpoint("write.after_staged")
     if not store.mark_staged(
         batch_id, manifest=manifest, rows_ok=rows_ok, rows_err=rows_err,
         read_version=read_version, drift_rows=drift,
@@ -113,6 +112,7 @@ def run_write(spark: SparkSession, store: MetadataStore, cfg: SinkConfig, batch_
         storage.delete_path(spark, path)
         msg = event(log, "staged batch was superseded meanwhile; deleted its files", **state)
         return WriteResult("outdated", msg)
+    failpoint("write.after_staged")
     msg = event(
         log, "staged batch", rows_ok=rows_ok, rows_err=rows_err, drift_rows=drift,
         read_version=read_version, partitions=cfg.partitions, **state,
