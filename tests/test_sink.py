@@ -18,7 +18,7 @@ from delta.tables import DeltaTable
 from helpers import make_sink, model_query, normalize_errors, run_batch, write_json_rows
 from reconcile import append, failpoints, mint, write
 from reconcile import shard as storage
-from reconcile.errors import DescriptionOutdated, FailPointHit, LostRace, MetadataUnavailable
+from reconcile.errors import DescriptionOutdated, FailPointHit, LostRace
 from reconcile.metadata.models import COMMITTED, MINTED, STAGED, SUPERSEDED
 from reconcile.metadata.store import MetadataStore
 
@@ -319,28 +319,10 @@ def test_superseded_batch_message_names_its_successor(spark, warehouse, tmp_path
 # --- a crash between the Delta commit and the metadata update ---------------------------------
 
 
-def crash_after_delta_commit(kind, monkeypatch, batch_id):
-    if kind == "absorb_raises":  # the database fails while the metadata is rolled forward
-        real = MetadataStore.absorb_commit
-        state = {"failed": False}
-
-        def absorb_once_broken(self, name, rec):
-            if rec.batch_id == batch_id and not state["failed"]:
-                state["failed"] = True
-                raise MetadataUnavailable("injected: connection lost during absorb", sink=name)
-            return real(self, name, rec)
-
-        monkeypatch.setattr(MetadataStore, "absorb_commit", absorb_once_broken)
-        return MetadataUnavailable
-    failpoints.arm(kind, "raise")
-    return FailPointHit
-
-
 @pytest.mark.parametrize("kind, metadata", [
     ("append.after_delta_commit", "sqlite"),
     ("append.after_delta_commit", "postgres"),
-    ("metadata.inside_absorb", "sqlite"),
-    ("absorb_raises", "sqlite"),
+    ("metadata.inside_absorb", "sqlite"),  # the metadata update itself fails (and rolls back)
 ])
 def test_crash_after_delta_commit_is_recovered(spark, warehouse, tmp_path, monkeypatch, request, kind, metadata):
     if metadata == "sqlite":
@@ -359,9 +341,9 @@ def test_crash_after_delta_commit_is_recovered(spark, warehouse, tmp_path, monke
     write_json_rows(tmp_path / "src", rows2)
     desc = mint.run_mint(store, cfg, "run-2", 1, 300).description
     assert write.run_write(spark, store, cfg, desc.batch_id).outcome == "staged"
+    failpoints.arm(kind, "raise")
     try:
-        error = crash_after_delta_commit(kind, monkeypatch, desc.batch_id)
-        with pytest.raises(error):
+        with pytest.raises(FailPointHit, match=kind):
             append.run_append(spark, store, cfg, desc.batch_id)
     finally:
         failpoints.disarm_all()
@@ -387,54 +369,53 @@ def test_crash_after_delta_commit_is_recovered(spark, warehouse, tmp_path, monke
 # --- a changelog sink -------------------------------------------------------------------------
 
 
-def u(k, v, ts, diff):
+def change(k, v, ts, diff):
     return {"k": k, "v": v, "ts": ts, "diff": diff}
 
 
-CHANGELOG_NEW = [  # (frontier, updates first added to the log by this run)
+CHANGELOG_NEW = [  # (frontier, updates first added to the source log before this run)
     (200, [
-        u(1, "a", 50, 1),                       # before as_of: lands at the first lower
-        u(2, "b", 10, 3), u(2, "b", 90, -1),    # multiplicity, a negative diff, both before as_of
-        u(3, "c", 120, 1), u(3, "c", 150, -1),  # inserted, then deleted
-        u(4, "d", 180, 2),
-        u(5, "e", 150, 1), u(5, "e", 150, 1),   # the same update twice
-        u(6, "f", 250, 1),                      # beyond this run's frontier: waits for the next run
+        change(1, "a", 50, 1),                            # before as_of: lands at the first lower
+        change(2, "b", 10, 3), change(2, "b", 90, -1),    # multiplicity, negative diff, before as_of
+        change(3, "c", 120, 1), change(3, "c", 150, -1),  # inserted, then deleted
+        change(4, "d", 180, 2),
+        change(5, "e", 150, 1), change(5, "e", 150, 1),   # the same update twice
+        change(6, "f", 250, 1),                           # beyond the frontier: waits for the next run
     ]),
     (300, [
-        u(1, "a", 210, -1), u(1, "a2", 210, 1),  # an update at its own time
-        u(2, "b", 260, -2),
-        u(7, "g", 299, 1),                       # just below the frontier
-        u(8, "h", 350, 1),
+        change(1, "a", 210, -1), change(1, "a2", 210, 1),  # an update at its own time
+        change(2, "b", 260, -2),
+        change(7, "g", 299, 1),                            # just below the frontier
+        change(8, "h", 350, 1),
     ]),
     (400, [
-        u(4, "d", 320, -2),
-        u(2, "b", 330, 1),
-        u(9, "i", 150, 1),                       # arrives late, below lower: lands at lower (300)
-        u(7, "g", 399, -1),
+        change(4, "d", 320, -2),
+        change(2, "b", 330, 1),
+        change(9, "i", 150, 1),                            # arrives late, below lower: lands at 300
+        change(7, "g", 399, -1),
     ]),
 ]
 
 
 def changelog_model(runs, t) -> Counter:
-    """Per (k, v, None): the sum of diffs of updates written by these runs, as of t.
+    """Per (k, v, None): the sum of diffs of the updates these runs wrote, as of t.
 
-    An update is written by the first run whose log holds it and whose frontier is above its
+    An update is written by the first run whose source holds it and whose frontier is above its
     time; it lands at ``max(time, that run's lower)``.
     """
-    out: Counter = Counter()
-    seen: list[dict] = []
+    source: list[dict] = []
+    lands_at: dict[int, int] = {}  # index in source -> time in the shard
     lower = AS_OF
     for frontier, new in runs:
-        seen += new
-        for upd in seen:
-            if upd.get("_written") is None and upd["ts"] < frontier:
-                upd["_written"] = max(upd["ts"], lower)
+        source += new
+        for i, upd in enumerate(source):
+            if i not in lands_at and upd["ts"] < frontier:
+                lands_at[i] = max(upd["ts"], lower)
         lower = frontier
-    for upd in seen:
-        if upd.get("_written") is not None and upd["_written"] <= t:
-            out[(upd["k"], upd["v"], None)] += upd["diff"]
-    for upd in seen:
-        upd.pop("_written", None)
+    out: Counter = Counter()
+    for i, time in lands_at.items():
+        if time <= t:
+            out[(source[i]["k"], source[i]["v"], None)] += source[i]["diff"]
     return Counter({k: n for k, n in out.items() if n != 0})
 
 
@@ -455,13 +436,13 @@ def test_changelog_sink_history(spark, warehouse, tmp_path, sqlite_store):
         assert (batch.lower, batch.upper) == ((frontiers[-2] if i else AS_OF), frontier)
 
         log = update_log(spark, cfg)
-        assert all(u_["_error"] is None for u_ in log)
-        assert min(u_["_time"] for u_ in log) == AS_OF  # nothing before the first lower
+        assert all(u["_error"] is None for u in log)
+        assert min(u["_time"] for u in log) == AS_OF  # nothing before the first lower
         runs = CHANGELOG_NEW[: i + 1]
         for t in range(AS_OF - 1, frontier):
             assert as_of(log, cfg, t) == changelog_model(runs, t), f"after run {i}, as of {t}"
         assert_ledger(spark, store, cfg, frontiers)
 
     log = update_log(spark, cfg)
-    assert {(u_["k"], u_["_time"], u_["_diff"]) for u_ in log if u_["k"] in (6, 9)} == {(6, 250, 1), (9, 300, 1)}
-    assert max(u_["_diff"] for u_ in log) >= 2 and min(u_["_diff"] for u_ in log) < 0
+    assert {(u["k"], u["_time"], u["_diff"]) for u in log if u["k"] in (6, 9)} == {(6, 250, 1), (9, 300, 1)}
+    assert max(u["_diff"] for u in log) >= 2 and min(u["_diff"] for u in log) < 0

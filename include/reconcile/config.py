@@ -106,6 +106,14 @@ def to_datetime(value: Any, path: str, fld: str) -> datetime:
     return dt if dt.tzinfo else dt.replace(tzinfo=timezone.utc)
 
 
+def _valid_cron(expr: str) -> bool:
+    if len(expr.split()) != 5:
+        return False
+    from croniter import croniter
+
+    return bool(croniter.is_valid(expr))
+
+
 class _Reader:
     """Typed access to one mapping of a config file, with errors naming file and field."""
 
@@ -223,8 +231,8 @@ def parse(data: Any, path: str, default_name: str | None = None) -> SinkConfig:
     schedule = r.get("schedule", str, "@daily")
     if schedule == "none":
         schedule = None
-    elif not (schedule in SCHEDULE_PRESETS or len(schedule.split()) == 5):
-        raise ConfigError(path, "schedule", f"{schedule!r} is not a cron expression or preset")
+    elif not (schedule in SCHEDULE_PRESETS or _valid_cron(schedule)):
+        raise ConfigError(path, "schedule", f"{schedule!r} is not a valid cron expression or one of {list(SCHEDULE_PRESETS)}")
     start = to_datetime(r.get("start_date", (str, datetime, object), required=True), path, "start_date")
     as_of = to_millis(r.data.get("as_of", start), path, "as_of")
     retries = r.get("retries", int, 2)
@@ -234,6 +242,8 @@ def parse(data: Any, path: str, default_name: str | None = None) -> SinkConfig:
     rr = _Reader(path, retention, "retention")
     rr.unknown({"vacuum_hours"})
     vacuum = rr.get("vacuum_hours", int, 168)
+    if vacuum < 0:
+        raise ConfigError(path, "retention.vacuum_hours", "must not be negative", sink=name)
 
     base = Path(path).resolve().parent
     kw: dict[str, Any] = {}
@@ -276,7 +286,7 @@ def load_file(path: Path | str) -> SinkConfig:
     except FileNotFoundError:
         raise ConfigError(str(path), "<file>", "does not exist") from None
     except yaml.YAMLError as exc:
-        raise ConfigError(str(path), "<file>", f"is not valid YAML: {exc}") from None
+        raise ConfigError(str(path), "<file>", f"is not valid YAML: {' '.join(str(exc).split())}") from None
     return parse(data, str(path), default_name=path.stem)
 
 

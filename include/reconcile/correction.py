@@ -88,6 +88,17 @@ def as_of(cfg: SinkConfig, updates: DataFrame, t: int) -> DataFrame:
     )
 
 
+INTEGRAL = ("tinyint", "smallint", "int", "integer", "bigint")
+
+
+def lossy(src: SCol, val: SCol, typ: str) -> SCol:
+    """True where casting to an integral type dropped a fraction (1.5 -> 1 is an error, not 1)."""
+    if typ not in INTEGRAL:
+        return F.lit(False)
+    exact = src.try_cast("decimal(38,9)")
+    return F.coalesce(exact != val.cast("decimal(38,9)"), F.lit(False))
+
+
 def validate(
     cfg: SinkConfig, raw: DataFrame, diff: SCol, time: SCol | None, extra_problem: SCol | None = None
 ) -> DataFrame:
@@ -101,9 +112,9 @@ def validate(
     casted = []
     for c in cfg.columns:
         src = F.col(_q(c.name))
-        val = src.try_cast(c.type) if hasattr(src, "try_cast") else F.expr(f"try_cast({_q(c.name)} AS {c.type})")
+        val = src.try_cast(c.type)
         casted.append(val.alias(c.name))
-        bad_cast = src.isNotNull() & val.isNull()
+        bad_cast = src.isNotNull() & (val.isNull() | lossy(src, val, c.type))
         problems.append(
             F.when(bad_cast, F.lit(f"column '{c.name}' does not fit {c.type}"))
         )

@@ -13,7 +13,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from .config import SinkConfig, Source
-from .correction import validate
+from .correction import lossy, validate
 from .errors import SourceError
 
 
@@ -70,10 +70,10 @@ def read_desired(spark: SparkSession, cfg: SinkConfig) -> DataFrame:
 
 def validate_changelog(cfg: SinkConfig, df: DataFrame) -> DataFrame:
     """Changelog rows: a null/zero/non-integer diff or a null time makes an error row (diff 1)."""
-    t = F.col(f"`{cfg.time_column}`").try_cast("bigint")
-    d = F.col(f"`{cfg.diff_column}`").try_cast("bigint")
-    bad_diff = d.isNull() | (d == 0)
-    bad_time = t.isNull()
+    traw, draw = F.col(f"`{cfg.time_column}`"), F.col(f"`{cfg.diff_column}`")
+    t, d = traw.try_cast("bigint"), draw.try_cast("bigint")
+    bad_diff = d.isNull() | (d == 0) | lossy(draw, d, "bigint")
+    bad_time = t.isNull() | lossy(traw, t, "bigint")
     problem = F.concat_ws(
         "; ",
         F.when(bad_diff, F.lit(f"diff column '{cfg.diff_column}' is null, zero or not an integer")),
