@@ -204,7 +204,6 @@ def test_invalid_cron_schedule(tmp_path, schedule):
     expect_error(tmp_path, variant(QUERY, schedule=schedule), "schedule")
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: retention.vacuum_hours is not range-checked (negative accepted)")
 def test_negative_vacuum_hours(tmp_path):
     expect_error(tmp_path, variant(QUERY, retention={"vacuum_hours": -1}), "retention.vacuum_hours")
 

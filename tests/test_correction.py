@@ -254,8 +254,6 @@ def test_changelog_source_invalid_rows_become_errors(spark, tmp_path):
     assert any('"abc"' in r._error for r in errors)  # the raw value is kept in the message
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: try_cast truncates fractional numbers (1.5 -> 1) in a bigint column, "
-                   "the time and the diff instead of making error rows")
 def test_changelog_source_fractional_numbers_are_errors(spark, tmp_path):
     _, out = desired_rows(spark, tmp_path, [
         {"k": 1, "v": "a", "ts": 5, "diff": 1.5},   # non-integer diff
