@@ -58,7 +58,7 @@ def run_batch(spark, store, cfg: SinkConfig, run_id: str, frontier: int, *, atte
     if m.description is None:
         return m, None, None
     w = write.run_write(spark, store, cfg, m.description.batch_id)
-    a = append.run_append(spark, store, cfg, m.description.batch_id)
+    a = append.run_append(spark, store, cfg, w.batch_id or m.description.batch_id)
     return m, w, a
 
 

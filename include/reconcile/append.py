@@ -126,6 +126,17 @@ def _outdated(
     spark: SparkSession, store: MetadataStore, cfg: SinkConfig, desc: BatchDescription, shard: Shard, state: dict
 ) -> AppendResult:
     winner = store.committed_batch(cfg.name, desc.lower)
+    if winner is None and shard.upper <= desc.lower:
+        # Nothing committed this lower yet: a newer description of it superseded this one.
+        why = store.get_batch(desc.batch_id).message or "superseded by a newer description"
+        storage.delete_path(spark, storage.staging_path(cfg, desc.batch_id))
+        event(log, f"not appending: {why}", level=logging.WARNING, shard_upper=shard.upper, **state)
+        raise DescriptionOutdated(
+            f"batch {desc.batch_id} [{desc.lower}, {desc.upper}) was {why}; its staged files were "
+            "deleted, nothing was written",
+            sink=cfg.name,
+            remedy="none needed: the superseding run appends this interval; check that run if it failed.",
+        )
     who = f"batch {winner.batch_id} of run {winner.run_id}" if winner else "another writer"
     store.mark_superseded(desc.batch_id, f"outdated: {who} committed lower {desc.lower}; shard upper {shard.upper}")
     storage.delete_path(spark, storage.staging_path(cfg, desc.batch_id))

@@ -34,7 +34,7 @@ from .config import SinkConfig
 from .correction import consolidate, correction
 from .failpoints import failpoint
 from .log import event
-from .metadata.models import OPEN_STATES
+from .metadata.models import COMMITTED, OPEN_STATES
 from .metadata.store import BatchDescription, MetadataStore
 from .sources import read_desired
 
@@ -49,6 +49,7 @@ class WriteResult:
     rows_err: int = 0
     drift_rows: int = 0
     partitions: dict | None = None
+    batch_id: str | None = None  # the staged batch (a re-mint stages a new one for the run)
 
 
 def drift_since_own_commit(
@@ -78,9 +79,21 @@ def run_write(spark: SparkSession, store: MetadataStore, cfg: SinkConfig, batch_
     storage.ensure_table(spark, cfg)
     shard = sync(spark, store, cfg)
     if shard.upper > desc.lower:
+        b = store.get_batch(batch_id)
+        if b.state == COMMITTED:
+            msg = event(log, "skipping write: an earlier attempt already committed this batch (metadata rolled forward)", **state)
+            return WriteResult("skipped", msg)
         store.mark_superseded(batch_id, f"outdated before write: shard upper is {shard.upper}")
-        msg = event(log, "skipping write: the shard's upper passed this batch's lower", shard_upper=shard.upper, **state)
-        return WriteResult("outdated", msg)
+        if desc.upper <= shard.upper or desc.run_id is None:
+            msg = event(log, "skipping write: the shard already covers this batch", shard_upper=shard.upper, **state)
+            return WriteResult("outdated", msg)
+        # The shard moved (another writer, or a crash that was just rolled forward): re-mint
+        # for this run from the new upper, as a retried mint would (DESIGN section 2).
+        fresh, why = store.mint(cfg.name, cfg.as_of, desc.run_id, desc.attempt, desc.upper)
+        event(log, f"re-minted: the shard's upper passed this batch's lower; {why}", shard_upper=shard.upper, **state)
+        if fresh is None:
+            return WriteResult("outdated", why)
+        return run_write(spark, store, cfg, fresh.batch_id)
 
     read_version = storage.latest_version(spark, cfg)
     persist = storage.read_updates(spark, cfg, read_version)
@@ -117,4 +130,4 @@ def run_write(spark: SparkSession, store: MetadataStore, cfg: SinkConfig, batch_
         log, "staged batch", rows_ok=rows_ok, rows_err=rows_err, drift_rows=drift,
         read_version=read_version, partitions=cfg.partitions, **state,
     )
-    return WriteResult("staged", msg, rows_ok, rows_err, drift, parts)
+    return WriteResult("staged", msg, rows_ok, rows_err, drift, parts, batch_id)

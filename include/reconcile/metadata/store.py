@@ -24,6 +24,8 @@ from pathlib import Path
 from typing import Iterator
 
 from sqlalchemy import create_engine, event, inspect, select, update
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import IntegrityError, OperationalError, InterfaceError
 from sqlalchemy.orm import Session
@@ -170,17 +172,23 @@ class MetadataStore:
         return shard
 
     def ensure_shard(self, name: str, as_of: int, *, read_only: bool = False) -> Shard:
+        """Create the shard's row if missing (``INSERT ... ON CONFLICT DO NOTHING``: concurrent
+        first mints of a new shard both succeed and share one row)."""
         with self.tx() as s:
-            shard = self._lock(s, name)
-            if shard is None:
-                t = now()
-                shard = Shard(
-                    name=name, upper=0, since=0, as_of=as_of, last_minted_lower=None,
-                    read_only=read_only, delta_version=-1, created_at=t, updated_at=t,
-                )
-                s.add(shard)
-                log.info("created shard row", extra={"sink": name, "as_of": as_of})
-            return shard
+            t = now()
+            values = dict(
+                name=name, upper=0, since=0, as_of=as_of, last_minted_lower=None,
+                read_only=read_only, delta_version=-1, created_at=t, updated_at=t,
+            )
+            dialect = self.engine.dialect.name
+            if dialect in ("postgresql", "sqlite"):
+                insert = pg_insert if dialect == "postgresql" else sqlite_insert
+                res = s.execute(insert(Shard).values(**values).on_conflict_do_nothing(index_elements=["name"]))
+                if res.rowcount == 1:
+                    log.info("created shard row", extra={"sink": name, "as_of": as_of})
+            elif self._lock(s, name) is None:
+                s.add(Shard(**values))
+            return self._locked(s, name)
 
     def get_shard(self, name: str) -> Shard:
         with Session(self.engine, expire_on_commit=False) as s:
@@ -358,6 +366,13 @@ class MetadataStore:
             if rec.rows_ok is not None:
                 b.rows_ok, b.rows_err = rec.rows_ok, rec.rows_err
             b.updated_at = t
+            try:
+                s.flush()
+            except IntegrityError as exc:
+                raise InconsistentState(
+                    f"a second batch for lower {rec.lower} would be committed ({rec.batch_id})",
+                    sink=name,
+                ) from exc
             for other in s.scalars(
                 select(Batch).where(
                     Batch.shard == name, Batch.state.in_(OPEN_STATES), Batch.lower < shard.upper,
@@ -367,14 +382,8 @@ class MetadataStore:
                 other.state = SUPERSEDED
                 other.message = f"outdated: batch {rec.batch_id} committed [{rec.lower}, {rec.upper})"
                 other.updated_at = t
-            try:
-                s.flush()
-                failpoint("metadata.inside_absorb")
-            except IntegrityError as exc:
-                raise InconsistentState(
-                    f"a second batch for lower {rec.lower} would be committed ({rec.batch_id})",
-                    sink=name,
-                ) from exc
+            s.flush()
+            failpoint("metadata.inside_absorb")
             return moved
 
     def note_delta_version(self, name: str, version: int) -> None:
