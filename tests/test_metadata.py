@@ -129,36 +129,21 @@ def test_compare_and_set_upper(store):
     assert store.get_shard("cas").upper == 300
 
 
-def absorb_twice_for_one_lower(store):
-    """Absorb two Delta commits of different batches for the same lower; return the second's error."""
+def test_partial_unique_index_refuses_a_second_committed_batch_per_lower(store):
     store.ensure_shard("uq", AS_OF)
     first = CommitRecord(version=1, batch_id="100-first", lower=AS_OF, upper=200, run_id="r1")
     assert store.absorb_commit("uq", first) is True
     assert store.get_shard("uq").upper == 200
 
+    # a later Delta version claiming the same lower for another batch: the index refuses it
     second = CommitRecord(version=2, batch_id="100-second", lower=AS_OF, upper=200, run_id="r2")
-    with pytest.raises(Exception) as info:
+    with pytest.raises(errors.InconsistentState) as info:
         store.absorb_commit("uq", second)
-    return info.value
-
-
-def test_partial_unique_index_refuses_a_second_committed_batch_per_lower(store):
-    err = absorb_twice_for_one_lower(store)
-    assert isinstance(err, (errors.InconsistentState, IntegrityError)), repr(err)
+    assert "lower 100" in str(info.value) and "Remedy:" in str(info.value)
     # the refused absorb rolled back completely
     shard = store.get_shard("uq")
     assert (shard.upper, shard.delta_version) == (200, 1)
     assert [(b.batch_id, b.state) for b in store.batches("uq")] == [("100-first", COMMITTED)]
-
-
-@pytest.mark.xfail(strict=True, reason=(
-    "BUG: store.py MetadataStore.absorb_commit: the SELECT of other open batches autoflushes the "
-    "second committed row, so the unique-index IntegrityError escapes as a raw SQLAlchemy error "
-    "before the try/flush that maps it to InconsistentState"))
-def test_second_committed_batch_per_lower_is_inconsistent_state(store):
-    err = absorb_twice_for_one_lower(store)
-    assert isinstance(err, errors.InconsistentState), repr(err)
-    assert "lower 100" in str(err) and "Remedy:" in str(err)
 
 
 def test_unique_index_is_partial_on_committed_state(store):
@@ -249,19 +234,13 @@ def test_concurrent_first_mints_of_a_new_shard(store):
     assert len(ledger) == n and len([b for b in ledger if b.state in OPEN_STATES]) == 1
 
 
-def test_first_mints_that_both_find_no_shard_row(store, monkeypatch, request):
+def test_first_mints_that_both_find_no_shard_row(store, monkeypatch):
     """Force the interleaving: two runs both look for the new shard's row, find none, then create it.
 
     ``SELECT ... FOR UPDATE`` cannot lock a row that does not exist yet, so on PostgreSQL both
-    transactions go on to INSERT; on SQLite ``BEGIN IMMEDIATE`` serializes them (the barrier
-    below then just times out).
+    transactions go on to create it; on SQLite ``BEGIN IMMEDIATE`` serializes them (the barrier
+    below then just times out). Both mints must succeed and share one shard row.
     """
-    if store.engine.dialect.name == "postgresql":
-        request.applymarker(pytest.mark.xfail(strict=True, reason=(
-            "BUG: store.py MetadataStore.ensure_shard: two first mints of a new shard on PostgreSQL "
-            "both find no row (FOR UPDATE locks nothing), both INSERT, and the loser's mint fails "
-            "with a raw IntegrityError on pk_reconcile_shards instead of using the row the winner "
-            "created (or at least raising a typed Retryable)")))
     lock = MetadataStore._lock
     barrier = threading.Barrier(2)
 
