@@ -16,7 +16,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from reconcile import errors
-from reconcile.metadata.models import COMMITTED, MINTED, OPEN_STATES, SUPERSEDED, Base, Batch
+from reconcile.metadata.models import COMMITTED, MINTED, OPEN_STATES, SUPERSEDED, Base, Batch, Shard
 from reconcile.metadata.store import (
     HEAD, CommitRecord, MetadataStore, current_revision, downgrade, make_engine, upgrade,
 )
@@ -234,32 +234,41 @@ def test_concurrent_first_mints_of_a_new_shard(store):
     assert len(ledger) == n and len([b for b in ledger if b.state in OPEN_STATES]) == 1
 
 
-def test_first_mints_that_both_find_no_shard_row(store, monkeypatch):
-    """Force the interleaving: two runs both look for the new shard's row, find none, then create it.
+def test_mint_while_another_process_creates_the_shard_row(store):
+    """Another writer's transaction creates the new shard's row and has not committed yet.
 
-    ``SELECT ... FOR UPDATE`` cannot lock a row that does not exist yet, so on PostgreSQL both
-    transactions go on to create it; on SQLite ``BEGIN IMMEDIATE`` serializes them (the barrier
-    below then just times out). Both mints must succeed and share one shard row.
+    The mint must wait for it and then use that row: a check-then-insert would find no row
+    (the insert is invisible), insert too and fail on the primary key once the other commits.
     """
-    lock = MetadataStore._lock
-    barrier = threading.Barrier(2)
+    other = make_engine(store.url)
+    result: dict = {}
 
-    def lock_then_meet(session, name):
-        row = lock(session, name)
-        if row is None:
-            try:
-                barrier.wait(timeout=2)
-            except threading.BrokenBarrierError:
-                pass
-        return row
+    def mint():
+        try:
+            result["mint"] = store.mint("fresh", AS_OF, "run-late", 1, 500)
+        except Exception as exc:  # noqa: BLE001 - asserted below
+            result["mint"] = exc
 
-    monkeypatch.setattr(MetadataStore, "_lock", staticmethod(lock_then_meet))
-    results = race(2, lambda i: store.mint("fresh", AS_OF, f"run-{i}", 1, 500))
-    failures = [r for _, r in results if isinstance(r, Exception)]
-    assert failures == [], failures
-    ledger = store.batches("fresh")
-    assert len(ledger) == 2 and len([b for b in ledger if b.state in OPEN_STATES]) == 1
-    assert store.get_shard("fresh").as_of == AS_OF
+    try:
+        with Session(other) as s:
+            s.begin()
+            t = datetime.now(timezone.utc)
+            s.add(Shard(name="fresh", upper=0, since=0, as_of=AS_OF, last_minted_lower=None,
+                        read_only=False, delta_version=-1, created_at=t, updated_at=t))
+            s.flush()
+            thread = threading.Thread(target=mint)
+            thread.start()
+            thread.join(timeout=1.5)
+            assert thread.is_alive(), f"the mint did not wait for the uncommitted shard row: {result}"
+            s.commit()
+        thread.join(timeout=60)
+        assert not thread.is_alive()
+    finally:
+        other.dispose()
+    desc, why = result["mint"] if isinstance(result["mint"], tuple) else (result["mint"], None)
+    assert not isinstance(desc, Exception), repr(desc)
+    assert desc is not None and (desc.lower, desc.upper) == (AS_OF, 500), why
+    assert [b.batch_id for b in store.batches("fresh")] == [desc.batch_id]
 
 
 # --- failures ---------------------------------------------------------------------------------

@@ -10,6 +10,9 @@ Commands:
   read-only SINK on|off    switch a shard's read-only mode
   dry-run SINK [--frontier T]
                            compute and report the correction of the next batch; writes nothing
+  check SINK               sync the metadata, then list invariant violations (ledger vs Delta log)
+  chaos [--schedules N] [--seed S] [--steps K] [--first I] [--metadata-url URL]
+                           randomized schedules against the model; prints counts and divergences
   demo                     run the demo sink for three intervals through Airflow and print it
 """
 
@@ -153,6 +156,28 @@ def cmd_dry_run(args) -> int:
     return 0
 
 
+def cmd_check(args) -> int:
+    from . import append, check
+    from .config import load_sink
+    from .spark import get_session
+
+    cfg = load_sink(args.sink)
+    store = _store()
+    spark = get_session("reconcile-check")
+    append.sync(spark, store, cfg)
+    problems = check.violations(spark, store, cfg)
+    for p in problems:
+        print(f"VIOLATION {p}")
+    print(f"{cfg.name}: {len(problems)} invariant violation(s)")
+    return 1 if problems else 0
+
+
+def cmd_chaos(args) -> int:
+    from .chaos import main as chaos_main
+
+    return chaos_main(args.schedules, args.seed, args.steps, args.first, args.metadata_url)
+
+
 def cmd_demo(args) -> int:
     from .demo import run_demo
 
@@ -189,6 +214,16 @@ def main(argv: list[str] | None = None) -> int:
     dr.add_argument("--frontier", type=int, default=None)
     dr.add_argument("--limit", type=int, default=20)
     dr.set_defaults(fn=cmd_dry_run)
+    ck = sub.add_parser("check")
+    ck.add_argument("sink")
+    ck.set_defaults(fn=cmd_check)
+    ch = sub.add_parser("chaos")
+    ch.add_argument("--schedules", type=int, default=10)
+    ch.add_argument("--seed", type=int, default=1)
+    ch.add_argument("--steps", type=int, default=8)
+    ch.add_argument("--first", type=int, default=0)
+    ch.add_argument("--metadata-url", default=None, help="default: a fresh SQLite file")
+    ch.set_defaults(fn=cmd_chaos)
     dm = sub.add_parser("demo")
     dm.add_argument("--intervals", type=int, default=3)
     dm.set_defaults(fn=cmd_demo)

@@ -1,0 +1,281 @@
+"""Randomized schedules: source changes, runs, reruns, tampering, crashes, races, read-only.
+
+A seeded generator drives one query sink through a random sequence of steps and checks, after
+every step, against an independent model (the source rows each committed batch was computed
+from, counted with plain Python):
+
+- the shard as of the last committed ``upper - 1`` equals that batch's source (drift included:
+  a batch repairs whatever was tampered before it);
+- as of every earlier committed ``upper - 1``, the shard equals that batch's source, for the
+  batches committed after the last tampering (tampering rewrites history, by design);
+- the ledger agrees with the Delta log, lowers strictly increase and chain, no lower is
+  committed twice (:mod:`reconcile.check`).
+
+Crashes here are in-process (fail points armed to raise) so that thousands of steps stay cheap;
+killed processes are covered by tests/test_crash.py. Races are 2-3 threads running different
+runs of the sink at once against the same metadata table and Delta table.
+
+    python -m reconcile chaos --schedules 1000 --seed 1        # prints counts and divergences
+    python -m reconcile chaos --schedules 1 --seed 1 --first 417  # reproduce schedule 417
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+import shutil
+import tempfile
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from . import append, check, failpoints, mint, write
+from . import shard as storage
+from .config import SinkConfig, load_file
+from .errors import SinkError
+from .metadata.models import COMMITTED
+from .metadata.store import MetadataStore
+
+log = logging.getLogger("reconcile.chaos")
+KEYS = range(6)
+VALUES = "abc"
+
+
+@dataclass
+class Stats:
+    schedules: int = 0
+    steps: int = 0
+    runs: int = 0
+    crashes: int = 0
+    races: int = 0
+    tampers: int = 0
+    read_only_toggles: int = 0
+    divergences: list[str] = field(default_factory=list)
+
+    def line(self) -> str:
+        return (
+            f"schedules={self.schedules} steps={self.steps} runs={self.runs} crashes={self.crashes} "
+            f"races={self.races} tampers={self.tampers} read_only_toggles={self.read_only_toggles} "
+            f"divergences={len(self.divergences)}"
+        )
+
+
+class Schedule:
+    """One sink, one seeded sequence of steps."""
+
+    def __init__(self, spark, store: MetadataStore, root: Path, seed: int, index: int, stats: Stats):
+        self.spark, self.store, self.stats = spark, store, stats
+        self.rng = random.Random(f"{seed}:{index}")
+        self.tag = f"seed={seed} schedule={index}"
+        self.dir = root / f"s{index}"
+        self.dir.mkdir(parents=True)
+        name = f"chaos_{seed}_{index}"
+        (self.dir / f"{name}.yaml").write_text(yaml.safe_dump({
+            "name": name, "kind": "query", "partitions": self.rng.choice([1, 2, 3]),
+            "schema": [{"name": "k", "type": "bigint", "nullable": False}, {"name": "v", "type": "string"}],
+            "start_date": "1970-01-01", "as_of": 1000,
+            "query": {"sources": {"src": {"format": "json", "path": "src"}}, "sql": "SELECT k, v FROM src"},
+        }))
+        self.cfg: SinkConfig = load_file(self.dir / f"{name}.yaml")
+        self.rows: list[dict] = []
+        self.source_of: dict[str, Counter] = {}  # batch id -> model of the source it was written from
+        self.frontier = 1000
+        self.run_no = 0
+        self.past_runs: list[tuple[str, int]] = []
+        self.tampered_below = 0  # history before this upper may differ (tampered)
+        self.lock = threading.Lock()
+        self.set_source([{"k": k, "v": self.rng.choice(VALUES)} for k in KEYS if self.rng.random() < 0.6])
+
+    # -- the model --------------------------------------------------------------------------
+
+    def set_source(self, rows: list[dict]) -> None:
+        self.rows = rows
+        src = self.dir / "src"
+        src.mkdir(exist_ok=True)
+        with open(src / "part-0.json", "w") as f:
+            f.write(json.dumps({"k": 0, "v": "_schema"}) + "\n" if not rows else "")
+            for r in rows:
+                f.write(json.dumps(r) + "\n")
+        if not rows:  # keep a schema: one row we never count (filtered below)
+            self.rows = [{"k": 0, "v": "_schema"}]
+
+    def model(self) -> Counter:
+        return Counter((r["k"], r["v"], None) for r in self.rows)
+
+    # -- operations -------------------------------------------------------------------------
+
+    def one_run(self, run_id: str, frontier: int, crash: str | None = None) -> None:
+        snapshot = self.model()
+        if crash:
+            failpoints.arm(crash, "raise@1")
+        try:
+            m = mint.run_mint(self.store, self.cfg, run_id, 1, frontier)
+            if m.description is None:
+                return
+            w = write.run_write(self.spark, self.store, self.cfg, m.description.batch_id)
+            if w.batch_id:
+                with self.lock:
+                    self.source_of[w.batch_id] = snapshot
+            batch = self.store.run_batch(self.cfg.name, run_id)
+            append.run_append(self.spark, self.store, self.cfg, batch.batch_id)
+        except SinkError as exc:  # expected: crashes, lost races, superseded descriptions
+            log.info("%s run %s ended with %s", self.tag, run_id, type(exc).__name__)
+        finally:
+            if crash:
+                failpoints.disarm_all()
+
+    def next_run(self) -> tuple[str, int]:
+        self.run_no += 1
+        self.frontier += self.rng.choice([100, 200, 300])
+        run = (f"run-{self.run_no}", self.frontier)
+        self.past_runs.append(run)
+        return run
+
+    def step(self) -> None:
+        op = self.rng.choices(
+            ["change", "run", "crash", "race", "tamper", "read_only", "rerun"],
+            weights=[3, 4, 2, 1, 1, 1, 1],
+        )[0]
+        self.stats.steps += 1
+        if op == "change":
+            rows = [dict(r) for r in self.rows if r["v"] != "_schema" and self.rng.random() < 0.7]
+            for _ in range(self.rng.randint(0, 3)):
+                rows.append({"k": self.rng.choice(KEYS), "v": self.rng.choice(VALUES)})
+            self.set_source(rows)
+        elif op == "run":
+            self.stats.runs += 1
+            self.one_run(*self.next_run())
+        elif op == "crash":
+            self.stats.runs += 1
+            self.stats.crashes += 1
+            run_id, frontier = self.next_run()
+            self.one_run(run_id, frontier, crash=self.rng.choice(failpoints.POINTS))
+            recovery = self.rng.choice(["retry", "rerun", "next_run"])
+            if recovery in ("retry", "rerun"):
+                self.one_run(run_id, frontier)
+        elif op == "race":
+            self.stats.races += 1
+            runs = [self.next_run() for _ in range(self.rng.choice([2, 3]))]
+            if self.rng.random() < 0.5:  # the same frontier: a manual run overlapping a scheduled one
+                runs = [(r, runs[0][1]) for r, _ in runs]
+            self.stats.runs += len(runs)
+            threads = [threading.Thread(target=self.one_run, args=r) for r in runs]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+        elif op == "tamper":
+            self.stats.tampers += 1
+            self.tamper()
+        elif op == "read_only":
+            self.stats.read_only_toggles += 1
+            self.store.ensure_shard(self.cfg.name, self.cfg.as_of)
+            shard = self.store.get_shard(self.cfg.name)
+            self.store.set_read_only(self.cfg.name, not shard.read_only)
+        elif op == "rerun" and self.past_runs:
+            self.stats.runs += 1
+            self.one_run(*self.rng.choice(self.past_runs))
+
+    def tamper(self) -> None:
+        from delta.tables import DeltaTable
+        from pyspark.sql import functions as F
+
+        if not storage.exists(self.spark, self.cfg):
+            return
+        path = storage.table_path(self.cfg)
+        choice = self.rng.choice(["delete", "duplicate", "insert"])
+        k = self.rng.choice(KEYS)
+        if choice == "delete":
+            DeltaTable.forPath(self.spark, path).delete(F.col("k") == k)
+        else:
+            df = storage.read_updates(self.spark, self.cfg)
+            if choice == "duplicate":
+                df = df.where(F.col("k") == k).limit(1)
+            else:
+                df = df.limit(1).withColumn("k", F.lit(100 + k).cast("bigint")).withColumn("v", F.lit("foreign"))
+            df.write.format("delta").mode("append").save(path)
+        self.tampered_below = self.store.get_shard(self.cfg.name).upper
+
+    # -- invariants -------------------------------------------------------------------------
+
+    def as_of(self, t: int) -> Counter:
+        out: Counter = Counter()
+        for r in storage.read_updates(self.spark, self.cfg).collect():
+            if r["_time"] <= t:
+                out[(r["k"], r["v"], r["_error"])] += r["_diff"]
+        return +out
+
+    def check(self, final: bool = False) -> list[str]:
+        if not storage.exists(self.spark, self.cfg):
+            return []
+        append.sync(self.spark, self.store, self.cfg)
+        problems = [v for v in check.violations(self.spark, self.store, self.cfg) if final or "staged files" not in v]
+        committed = self.store.batches(self.cfg.name, (COMMITTED,))
+        for b in committed:
+            if b.upper <= self.tampered_below:
+                continue  # history rewritten behind the sink's back; repaired at a later time
+            want = self.source_of.get(b.batch_id)
+            if want is None:
+                problems.append(f"committed batch {b.batch_id} was never written by this schedule")
+                continue
+            got = self.as_of(b.upper - 1)
+            if got != +want:
+                problems.append(f"as of {b.upper - 1}: shard {dict(got)} != model {dict(+want)}")
+        return [f"{self.tag}: {p}" for p in problems]
+
+    def run(self, steps: int) -> list[str]:
+        for _ in range(steps):
+            self.step()
+            problems = self.check()
+            if problems:
+                return problems
+        # settle: read-only off, one last run; everything must be clean and converged
+        self.store.ensure_shard(self.cfg.name, self.cfg.as_of)
+        self.store.set_read_only(self.cfg.name, False)
+        self.one_run(*self.next_run())
+        return self.check(final=True)
+
+
+def run_schedules(spark, store_url: str | None, count: int, seed: int, steps: int, first: int = 0) -> Stats:
+    import os
+
+    stats = Stats()
+    root = Path(tempfile.mkdtemp(prefix="reconcile-chaos-"))
+    old_wh = os.environ.get("RECONCILE_WAREHOUSE")
+    os.environ["RECONCILE_WAREHOUSE"] = str(root / "warehouse")
+    store = MetadataStore(store_url or f"sqlite:///{root / 'metadata.db'}")
+    try:
+        for i in range(first, first + count):
+            stats.schedules += 1
+            sched = Schedule(spark, store, root, seed, i, stats)
+            problems = sched.run(steps)
+            if problems:
+                stats.divergences.extend(problems)
+                log.error("DIVERGENCE (reproduce: python -m reconcile chaos --seed %s --first %s --schedules 1 --steps %s): %s",
+                          seed, i, steps, problems)
+            shutil.rmtree(sched.dir, ignore_errors=True)
+    finally:
+        store.dispose()
+        if old_wh is None:
+            os.environ.pop("RECONCILE_WAREHOUSE", None)
+        else:
+            os.environ["RECONCILE_WAREHOUSE"] = old_wh
+        shutil.rmtree(root, ignore_errors=True)
+    return stats
+
+
+def main(schedules: int, seed: int, steps: int, first: int, metadata_url: str | None) -> int:
+    from .spark import get_session
+
+    spark = get_session("reconcile-chaos", {"spark.sql.shuffle.partitions": "1"})
+    t0 = time.time()
+    stats = run_schedules(spark, metadata_url, schedules, seed, steps, first)
+    print(f"chaos: {stats.line()} seconds={time.time() - t0:.0f}")
+    for d in stats.divergences:
+        print(f"DIVERGENCE {d}")
+    return 1 if stats.divergences else 0
