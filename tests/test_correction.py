@@ -63,8 +63,8 @@ def model(kind, desired, persist, lower, upper) -> Counter:
         elif t < upper:
             out[(*row, max(t, lower))] += d
     for *row, t, d in persist:
-        if t < lower:  # persist as of lower - 1
-            out[(*row, upper - 1 if kind == "query" else lower)] -= d
+        if t < upper:  # everything the shard holds below upper (foreign updates in [lower, upper) too)
+            out[(*row, upper - 1 if kind == "query" else max(t, lower))] -= d
     return consolidated(out)
 
 
@@ -97,11 +97,13 @@ def test_changelog_correction(spark):
         (2, "b", None, 3, 1),                      # retracted at lower; desired stays at 12
         (7, "g", None, 9, 1),                      # drift: retracted at lower
         (10, "j", None, 8, 3),                     # duplicated in persist: -2 at lower
-        (8, "h", None, 10, 1), (9, "i", None, 19, 5), (None, None, "new", 15, 1),  # >= lower: ignored
+        (8, "h", None, 10, 1), (9, "i", None, 19, 5), (None, None, "new", 15, 1),  # foreign, in [lower, upper)
+        (11, "k", None, 20, 1),                    # at upper: left for a later batch
     ]
     expected = Counter({
         (1, "a", None, 10): 2, (2, "b", None, 12): 2, (2, "b", None, 10): -1, (3, "c", None, 15): -1,
         (None, None, "bad row", 11): 1, (7, "g", None, 10): -1, (10, "j", None, 10): -2,
+        (8, "h", None, 10): -1, (9, "i", None, 19): -5, (None, None, "new", 15): -1,  # repaired at their times
     })
     assert model("changelog", desired, persist, lower, upper) == expected
     assert run(spark, CHANGELOG, desired, persist, lower, upper) == expected
@@ -117,11 +119,12 @@ def test_query_correction_stamped_at_upper_minus_one(spark):
     persist = [
         (2, "b", None, 5, 1),                            # as desired: cancels
         (3, "c", None, 9, 1),                            # as of lower-1: retracted
-        (4, "d", None, 10, 1),                           # at lower: not yet visible, ignored
+        (4, "d", None, 10, 1),                           # foreign, inside [lower, upper): retracted
+        (6, "y", None, 20, 1),                           # at upper: left for a later batch
         (None, None, "e2", 0, 1),                        # a stale error: retracted
         (5, "x", None, 2, 1), (5, "x", None, 8, -1),     # inserted then deleted: absent
     ]
-    expected = Counter({(1, "a", None, 19): 2, (3, "c", None, 19): -1,
+    expected = Counter({(1, "a", None, 19): 2, (3, "c", None, 19): -1, (4, "d", None, 19): -1,
                         (None, None, "e1", 19): 1, (None, None, "e2", 19): -1})
     assert model("query", desired, persist, lower, upper) == expected
     assert run(spark, QUERY, desired, persist, lower, upper) == expected

@@ -176,10 +176,6 @@ def append_foreign_row(spark, cfg, time: int, diff: int = 1) -> None:
     spark.createDataFrame([row], storage.schema(cfg)).write.format("delta").mode("append").save(storage.table_path(cfg))
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "BUG: write.py drift_since_own_commit measures drift from the sink's last own Delta commit, so a "
-    "foreign write that lands between a batch's write (read_version) and its append is in neither "
-    "batch's drift: the next batch repairs it silently with drift_rows == 0"))
 def test_drift_written_between_write_and_append_is_counted(spark, warehouse, tmp_path, sqlite_store):
     store = sqlite_store
     cfg = make_sink(tmp_path, "sneaky")
@@ -197,11 +193,6 @@ def test_drift_written_between_write_and_append_is_counted(spark, warehouse, tmp
     assert repair.drift_rows == 1  # ... and counted
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "BUG: correction.py correction (called by write.py run_write) reads persist only below lower, so "
-    "a foreign update at a time >= the shard's upper (inside the next batch's [lower, upper)) is "
-    "neither repaired nor counted: after the next batch commits, the shard as of upper-1 still holds "
-    "it and differs from the query's result (it is only retracted one batch later, with drift 0)"))
 def test_foreign_update_at_or_after_the_upper_is_repaired(spark, warehouse, tmp_path, sqlite_store):
     store = sqlite_store
     cfg = make_sink(tmp_path, "ahead")

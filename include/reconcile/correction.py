@@ -6,11 +6,16 @@ rows), ``_time`` (BIGINT ms) and ``_diff`` (BIGINT). For a description ``(lower,
 changelog::
 
     correction = consolidate( advance(desired updates with time < upper)
-                            - advance(persist updates with time < lower) ),  advance(t) = max(t, lower)
+                            - advance(persist updates with time < upper) ),  advance(t) = max(t, lower)
 
 query (a snapshot, refreshed at ``upper - 1``)::
 
-    correction = consolidate( snapshot - persist as of (lower - 1) ),  all stamped at upper - 1
+    correction = consolidate( snapshot - persist as of (upper - 1) ),  all stamped at upper - 1
+
+DESIGN.md reads persist below ``lower``: the sink itself never writes at or after the shard's
+upper, so the two agree unless someone wrote updates at times in ``[lower, upper)`` behind the
+sink's back. Reading below ``upper`` repairs those too (at their own times for a change log),
+so after the batch the shard equals desired at every time below ``upper``.
 
 Both sides carry the same hash partition ``_part = pmod(xxhash64(row, _error), P)``, so updates
 that cancel meet in one partition and each partition's correction is computed independently.
@@ -65,10 +70,9 @@ def correction(
         d = desired
     else:
         d = desired.where(F.col("_time") < upper)
-        stamp_d = F.greatest(F.col("_time"), F.lit(lower)).cast("bigint")
-        stamp_p = F.lit(lower).cast("bigint")
+        stamp_d = stamp_p = F.greatest(F.col("_time"), F.lit(lower)).cast("bigint")
     d = d.select(*[F.col(_q(c)) for c in cols], stamp_d.alias("_time"), F.col("_diff").cast("bigint"))
-    p = persist.where(F.col("_time") < lower).select(
+    p = persist.where(F.col("_time") < upper).select(
         *[F.col(_q(c)) for c in cols], stamp_p.alias("_time"), (-F.col("_diff")).cast("bigint").alias("_diff")
     )
     both = d.unionByName(p).withColumn("_part", partition_of(cfg))

@@ -15,9 +15,9 @@
 
 ### Drift
 
-If any Delta version after the sink's last own commit was written by someone else, the
-correction repairs it; the batch records how much (``drift_rows``: the sum of absolute diffs of
-``persist now - persist as of the sink's last commit``, computed by Delta time travel).
+Whatever was written behind the sink's back since the previous batch read the shard is repaired
+by this batch's correction; the batch records how much (``drift_rows``: the sum of absolute
+diffs that the foreign Delta versions changed below ``upper``, computed by Delta time travel).
 """
 
 from __future__ import annotations
@@ -52,20 +52,33 @@ class WriteResult:
     batch_id: str | None = None  # the staged batch (a re-mint stages a new one for the run)
 
 
-def drift_since_own_commit(
-    spark: SparkSession, store: MetadataStore, cfg: SinkConfig, read_version: int, lower: int
-) -> int:
-    """Sum of |diff| changed behind the sink's back below ``lower`` since its last own commit."""
-    own = [b.delta_version for b in store.batches(cfg.name) if b.delta_version is not None]
-    base = max(own) if own else 0
+def foreign_runs(entries: list[tuple[int, dict | None]], up_to: int) -> list[tuple[int, int]]:
+    """Contiguous runs ``(first, last)`` of Delta versions not written by the sink."""
+    runs: list[tuple[int, int]] = []
+    for v, meta in entries:
+        if meta is not None or v > up_to:
+            continue
+        if runs and runs[-1][1] == v - 1:
+            runs[-1] = (runs[-1][0], v)
+        else:
+            runs.append((v, v))
+    return runs
+
+
+def drift_rows(spark: SparkSession, store: MetadataStore, cfg: SinkConfig, read_version: int, upper: int) -> int:
+    """Sum of |diff| written behind the sink's back (below ``upper``) that this batch repairs:
+    the foreign Delta versions after the version the previous committed batch read, up to
+    ``read_version``. Each contiguous run of foreign versions costs two time-travel reads."""
+    seen = [b.read_version for b in store.batches(cfg.name, (COMMITTED,)) if b.read_version is not None]
+    base = max(seen) if seen else -1
     _, entries = storage.history_since(spark, cfg, base)
-    if not any(meta is None for v, meta in entries if v <= read_version):
-        return 0
-    now = storage.read_updates(spark, cfg, read_version).where(F.col("_time") < lower)
-    then = storage.read_updates(spark, cfg, base).where(F.col("_time") < lower)
-    diff = consolidate(cfg, now.unionByName(then.withColumn("_diff", -F.col("_diff"))), partitioned=False)
-    total = diff.agg(F.sum(F.abs("_diff"))).first()[0]
-    return int(total or 0)
+    total = 0
+    for first, last in foreign_runs(entries, read_version):
+        after = storage.read_updates(spark, cfg, last).where(F.col("_time") < upper)
+        before = storage.read_updates(spark, cfg, first - 1).where(F.col("_time") < upper)
+        changed = consolidate(cfg, after.unionByName(before.withColumn("_diff", -F.col("_diff"))), partitioned=False)
+        total += int(changed.agg(F.sum(F.abs("_diff"))).first()[0] or 0)
+    return total
 
 
 def run_write(spark: SparkSession, store: MetadataStore, cfg: SinkConfig, batch_id: str) -> WriteResult:
@@ -113,7 +126,7 @@ def run_write(spark: SparkSession, store: MetadataStore, cfg: SinkConfig, batch_
         }
     rows_err = sum(s["err"] for s in stats.values())
     rows_ok = sum(s["rows"] for s in stats.values()) - rows_err
-    drift = drift_since_own_commit(spark, store, cfg, read_version, desc.lower)
+    drift = drift_rows(spark, store, cfg, read_version, desc.upper)
     manifest = {
         "batch_id": batch_id, "lower": desc.lower, "upper": desc.upper, "partitions": cfg.partitions,
         "read_version": read_version, "parts": parts,
