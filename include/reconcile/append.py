@@ -35,6 +35,7 @@ The Delta log is the linearization point and the source of truth; the metadata r
 
 from __future__ import annotations
 
+import json
 import logging
 from dataclasses import dataclass
 
@@ -42,7 +43,7 @@ from pyspark.sql import SparkSession
 
 from . import shard as storage
 from .config import SinkConfig
-from .errors import DescriptionOutdated, InconsistentState, LostRace, Retryable, StagedBatchInvalid
+from .errors import DescriptionOutdated, InconsistentState, LostRace, Retryable, StagedBatchInvalid, brief
 from .failpoints import failpoint
 from .log import event
 from .metadata.models import COMMITTED, MINTED, OPEN_STATES, SUPERSEDED, Shard
@@ -89,6 +90,15 @@ def gc_staged(spark: SparkSession, store: MetadataStore, cfg: SinkConfig) -> lis
     return deleted
 
 
+def parse_manifest(cfg: SinkConfig, batch_id: str, text: str | None) -> dict:
+    try:
+        manifest = json.loads(text or "")
+        manifest["parts"].items()
+        return manifest
+    except (ValueError, KeyError, TypeError, AttributeError):
+        raise StagedBatchInvalid(f"batch {batch_id} has no readable manifest in the ledger.", sink=cfg.name) from None
+
+
 def verify_staged(spark: SparkSession, cfg: SinkConfig, batch_id: str, manifest: dict):
     """The staged DataFrame, after checking it against its manifest."""
     path = storage.staging_path(cfg, batch_id)
@@ -106,11 +116,11 @@ def verify_staged(spark: SparkSession, cfg: SinkConfig, batch_id: str, manifest:
             f"staged batch {batch_id} does not match its manifest: changed {changed[:3]}, unexpected {unknown[:3]}",
             sink=cfg.name,
         )
-    staged = storage.read_staged(spark, cfg, batch_id)
     try:
+        staged = storage.read_staged(spark, cfg, batch_id)
         stats = storage.partition_stats(cfg, staged)
     except Exception as exc:  # unreadable (corrupted) parquet
-        raise StagedBatchInvalid(f"staged batch {batch_id} is unreadable: {str(exc).splitlines()[0][:300]}", sink=cfg.name) from None
+        raise StagedBatchInvalid(f"staged batch {batch_id} is unreadable: {brief(exc, 300)}", sink=cfg.name) from None
     for p, want in manifest["parts"].items():
         got = stats.get(int(p), {"rows": 0, "checksum": "0"})
         if got["rows"] != want["rows"] or got["checksum"] != want["checksum"]:
@@ -128,7 +138,7 @@ def _outdated(
     winner = store.committed_batch(cfg.name, desc.lower)
     if winner is None and shard.upper <= desc.lower:
         # Nothing committed this lower yet: a newer description of it superseded this one.
-        why = store.get_batch(desc.batch_id).message or "superseded by a newer description"
+        why = store.get_batch(desc.batch_id, cfg.name).message or "superseded by a newer description"
         storage.delete_path(spark, storage.staging_path(cfg, desc.batch_id))
         event(log, f"not appending: {why}", level=logging.WARNING, shard_upper=shard.upper, **state)
         raise DescriptionOutdated(
@@ -160,7 +170,7 @@ def _outdated(
 
 
 def run_append(spark: SparkSession, store: MetadataStore, cfg: SinkConfig, batch_id: str) -> AppendResult:
-    b = store.get_batch(batch_id)
+    b = store.get_batch(batch_id, cfg.name)
     desc = BatchDescription.of(b)
     state = dict(sink=cfg.name, batch=batch_id, lower=desc.lower, upper=desc.upper, run=desc.run_id)
     if b.state == COMMITTED:
@@ -170,7 +180,7 @@ def run_append(spark: SparkSession, store: MetadataStore, cfg: SinkConfig, batch
 
     storage.ensure_table(spark, cfg)
     shard = sync(spark, store, cfg)
-    b = store.get_batch(batch_id)
+    b = store.get_batch(batch_id, cfg.name)
     if b.state == COMMITTED:  # an earlier attempt committed to Delta and died before the metadata
         gc_staged(spark, store, cfg)
         msg = event(
@@ -185,6 +195,7 @@ def run_append(spark: SparkSession, store: MetadataStore, cfg: SinkConfig, batch
             f"batch {batch_id} was minted but never staged", sink=cfg.name,
             remedy="clear the run's 'write' task (and 'append' after it).",
         )
+    staged = verify_staged(spark, cfg, batch_id, parse_manifest(cfg, batch_id, b.manifest))
     if shard.upper < desc.lower:
         if desc.lower != shard.as_of:
             raise InconsistentState(
@@ -195,9 +206,6 @@ def run_append(spark: SparkSession, store: MetadataStore, cfg: SinkConfig, batch
         event(log, "advanced a new shard's upper to the sink's as_of", old_upper=shard.upper, **state)
         failpoint("append.after_advance_as_of")
 
-    import json
-
-    staged = verify_staged(spark, cfg, batch_id, json.loads(b.manifest or "{}"))
     failpoint("append.before_delta_commit")
     meta = {
         "batch_id": batch_id, "lower": desc.lower, "upper": desc.upper, "run_id": desc.run_id,
@@ -214,7 +222,7 @@ def run_append(spark: SparkSession, store: MetadataStore, cfg: SinkConfig, batch
     failpoint("append.after_delta_commit")
 
     shard = sync(spark, store, cfg)
-    b = store.get_batch(batch_id)
+    b = store.get_batch(batch_id, cfg.name)
     if b.state == COMMITTED:
         storage.delete_path(spark, storage.staging_path(cfg, batch_id))
         gc_staged(spark, store, cfg)
@@ -227,7 +235,7 @@ def run_append(spark: SparkSession, store: MetadataStore, cfg: SinkConfig, batch
         return _outdated(spark, store, cfg, desc, shard, state)
     if commit_error is not None:
         raise Retryable(
-            f"Delta commit of batch {batch_id} failed: {str(commit_error).splitlines()[0][:300]}",
+            f"Delta commit of batch {batch_id} failed: {brief(commit_error, 300)}",
             sink=cfg.name, remedy="the task retries by itself; nothing was committed.",
         )
     raise DescriptionOutdated(

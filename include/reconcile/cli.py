@@ -10,6 +10,8 @@ Commands:
   read-only SINK on|off    switch a shard's read-only mode
   dry-run SINK [--frontier T]
                            compute and report the correction of the next batch; writes nothing
+  run SINK [--frontier T] [--run-id ID]
+                           one batch without Airflow (mint, write, append in this process)
   check SINK               sync the metadata, then list invariant violations (ledger vs Delta log)
   chaos [--schedules N] [--seed S] [--steps K] [--first I] [--metadata-url URL]
                            randomized schedules against the model; prints counts and divergences
@@ -156,6 +158,34 @@ def cmd_dry_run(args) -> int:
     return 0
 
 
+def cmd_run(args) -> int:
+    """One batch without Airflow: mint, write and append in this process."""
+    from . import append, mint, write
+    from .config import load_sink
+    from .errors import DescriptionOutdated
+    from .spark import get_session
+
+    cfg = load_sink(args.sink)
+    store = _store()
+    frontier = args.frontier or int(datetime.now(timezone.utc).timestamp() * 1000)
+    run_id = args.run_id or f"cli__{frontier}"
+    m = mint.run_mint(store, cfg, run_id, 1, frontier)
+    print(f"mint: {m.message}")
+    if m.description is None:
+        return 0
+    spark = get_session(f"reconcile-run-{cfg.name}")
+    w = write.run_write(spark, store, cfg, m.description.batch_id)
+    print(f"write: {w.message}")
+    batch = store.run_batch(cfg.name, run_id)
+    try:
+        a = append.run_append(spark, store, cfg, batch.batch_id)
+    except DescriptionOutdated as exc:
+        print(f"append: {exc}")
+        return 3
+    print(f"append: {a.message}")
+    return 0
+
+
 def cmd_check(args) -> int:
     from . import append, check
     from .config import load_sink
@@ -214,6 +244,11 @@ def main(argv: list[str] | None = None) -> int:
     dr.add_argument("--frontier", type=int, default=None)
     dr.add_argument("--limit", type=int, default=20)
     dr.set_defaults(fn=cmd_dry_run)
+    rn = sub.add_parser("run")
+    rn.add_argument("sink")
+    rn.add_argument("--frontier", type=int, default=None, help="desired frontier (ms); default now")
+    rn.add_argument("--run-id", default=None)
+    rn.set_defaults(fn=cmd_run)
     ck = sub.add_parser("check")
     ck.add_argument("sink")
     ck.set_defaults(fn=cmd_check)

@@ -9,6 +9,14 @@ everything else fails the task at once because retrying cannot change the outcom
 from __future__ import annotations
 
 
+def brief(exc: BaseException, limit: int = 300) -> str:
+    """The first non-empty line of an exception's text (Spark's are long and start with '\n')."""
+    for line in str(exc).splitlines():
+        if line.strip():
+            return " ".join(line.split())[:limit]
+    return type(exc).__name__
+
+
 class SinkError(Exception):
     """Base class. ``remedy`` says what the operator should do."""
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from contextlib import contextmanager
 
 from pyspark.sql import DataFrame, SparkSession
@@ -24,7 +25,7 @@ from pyspark.sql.types import StructType
 
 from . import settings
 from .config import SinkConfig
-from .errors import ShardSchemaChanged
+from .errors import Retryable, ShardSchemaChanged, brief
 from .metadata.store import CommitRecord
 
 log = logging.getLogger("reconcile.shard")
@@ -74,14 +75,23 @@ def ensure_table(spark: SparkSession, cfg: SinkConfig) -> None:
 
     path = table_path(cfg)
     expected = schema(cfg)
-    if not DeltaTable.isDeltaTable(spark, path):
+    attempt = 0
+    while not DeltaTable.isDeltaTable(spark, path):
+        # An empty write creates version 0 atomically (put-if-absent of the first commit file);
+        # concurrent creators lose that race with an exception and then find the table.
+        attempt += 1
         try:
             with commit_metadata(spark, {"op": "create", "sink": cfg.name}):
-                DeltaTable.createIfNotExists(spark).location(path).addColumns(expected).execute()
-        except Exception as exc:  # a concurrent creator won; re-check below
-            if not DeltaTable.isDeltaTable(spark, path):
-                raise
-            log.info("shard table created concurrently", extra={"sink": cfg.name, "error": str(exc)[:200]})
+                spark.createDataFrame([], expected).write.format("delta").mode("ignore").save(path)
+        except Exception as exc:
+            if DeltaTable.isDeltaTable(spark, path):
+                break
+            if attempt >= 5:
+                raise Retryable(
+                    f"cannot create the shard's Delta table at {path}: {brief(exc, 300)}.",
+                    sink=cfg.name, remedy="the task retries by itself; if it persists, check the warehouse path.",
+                ) from None
+            time.sleep(0.5 * attempt)
     actual = spark.read.format("delta").load(path).schema
     want = [(f.name.lower(), f.dataType.simpleString()) for f in expected.fields]
     have = [(f.name.lower(), f.dataType.simpleString()) for f in actual.fields]

@@ -14,7 +14,7 @@ from pyspark.sql import functions as F
 
 from .config import SinkConfig, Source
 from .correction import lossy, validate
-from .errors import SourceError
+from .errors import SourceError, brief
 
 
 def read_source(spark: SparkSession, cfg: SinkConfig, src: Source, field: str) -> DataFrame:
@@ -26,7 +26,7 @@ def read_source(spark: SparkSession, cfg: SinkConfig, src: Source, field: str) -
         df = reader.load(src.path)
         df.schema  # noqa: B018 - forces resolution, so a missing path fails here
     except Exception as exc:  # AnalysisException and friends
-        text = str(exc).splitlines()[0][:300]
+        text = brief(exc, 300)
         raise SourceError(f"cannot read source {field} ({src.format} at {src.path}): {text}", sink=cfg.name) from None
     return df
 
@@ -41,16 +41,41 @@ def _require_columns(cfg: SinkConfig, df: DataFrame, needed: list[str], what: st
         )
 
 
+WRITES = ("InsertIntoStatement", "OverwriteByExpression", "AppendData", "ReplaceData", "WriteDelta")
+
+
+def require_query(spark: SparkSession, cfg: SinkConfig) -> None:
+    """Refuse query.sql that is not a plain query *before* running it: ``spark.sql`` executes
+    commands (DELETE, INSERT, DROP, SET ...) at once."""
+    jvm = spark._jvm
+    try:
+        plan = spark._jsparkSession.sessionState().sqlParser().parsePlan(cfg.sql)
+    except Exception as exc:
+        text = brief(exc, 300)
+        raise SourceError(f"query.sql does not run (it does not parse): {text}", sink=cfg.name) from None
+    command = jvm.java.lang.Class.forName("org.apache.spark.sql.catalyst.plans.logical.Command")
+    kind = plan.getClass().getSimpleName()
+    while kind == "UnresolvedWith":  # WITH ... <statement>: look at the statement
+        plan = plan.child()
+        kind = plan.getClass().getSimpleName()
+    if command.isInstance(plan) or kind in WRITES:
+        raise SourceError(
+            f"query.sql must be a query (SELECT/WITH/VALUES), not a command ({kind}); nothing was run.",
+            sink=cfg.name,
+        )
+
+
 def read_desired(spark: SparkSession, cfg: SinkConfig) -> DataFrame:
     """The desired update frame (sink columns, _error, _time, _diff)."""
     if cfg.kind == "query":
         for src in cfg.sources:
             read_source(spark, cfg, src, f"query.sources.{src.name}").createOrReplaceTempView(src.name)
+        require_query(spark, cfg)
         try:
             df = spark.sql(cfg.sql)
             df.schema  # noqa: B018
         except Exception as exc:
-            text = str(exc).splitlines()[0][:400]
+            text = brief(exc, 400)
             raise SourceError(f"query.sql does not run: {text}", sink=cfg.name) from None
         _require_columns(cfg, df, cfg.column_names, "the result of query.sql")
         extra = sorted({c.lower() for c in df.columns} - {c.lower() for c in cfg.column_names})

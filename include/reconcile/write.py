@@ -82,7 +82,7 @@ def drift_rows(spark: SparkSession, store: MetadataStore, cfg: SinkConfig, read_
 
 
 def run_write(spark: SparkSession, store: MetadataStore, cfg: SinkConfig, batch_id: str) -> WriteResult:
-    b = store.get_batch(batch_id)
+    b = store.get_batch(batch_id, cfg.name)
     desc = BatchDescription.of(b)
     state = dict(sink=cfg.name, batch=batch_id, lower=desc.lower, upper=desc.upper, run=desc.run_id)
     if b.state not in OPEN_STATES:
@@ -92,7 +92,7 @@ def run_write(spark: SparkSession, store: MetadataStore, cfg: SinkConfig, batch_
     storage.ensure_table(spark, cfg)
     shard = sync(spark, store, cfg)
     if shard.upper > desc.lower:
-        b = store.get_batch(batch_id)
+        b = store.get_batch(batch_id, cfg.name)
         if b.state == COMMITTED:
             msg = event(log, "skipping write: an earlier attempt already committed this batch (metadata rolled forward)", **state)
             return WriteResult("skipped", msg)

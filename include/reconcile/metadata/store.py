@@ -137,7 +137,7 @@ class MetadataStore:
         except (OperationalError, InterfaceError) as exc:
             if current_revision_safe(self.engine) == HEAD:  # a concurrent process migrated it
                 return
-            raise MetadataUnavailable(f"metadata database {self.safe_url} unreachable: {exc.orig}") from exc
+            raise self._unavailable(exc) from exc
         except IntegrityError:
             if current_revision_safe(self.engine) != HEAD:
                 raise
@@ -149,15 +149,26 @@ class MetadataStore:
     def dispose(self) -> None:
         self.engine.dispose()
 
+    def _unavailable(self, exc: Exception) -> MetadataUnavailable:
+        cause = " ".join(str(getattr(exc, "orig", exc)).split())
+        return MetadataUnavailable(f"metadata database {self.safe_url} unreachable or locked: {cause}.")
+
     @contextmanager
     def tx(self) -> Iterator[Session]:
         try:
             with Session(self.engine, expire_on_commit=False) as session, session.begin():
                 yield session
         except (OperationalError, InterfaceError) as exc:
-            raise MetadataUnavailable(
-                f"metadata database {self.safe_url} unreachable or locked: {exc.orig}"
-            ) from exc
+            raise self._unavailable(exc) from exc
+
+    @contextmanager
+    def read(self) -> Iterator[Session]:
+        """A read-only session; a lost database becomes MetadataUnavailable (retryable)."""
+        try:
+            with Session(self.engine, expire_on_commit=False) as session:
+                yield session
+        except (OperationalError, InterfaceError) as exc:
+            raise self._unavailable(exc) from exc
 
     # -- shards -------------------------------------------------------------------------------
 
@@ -191,11 +202,8 @@ class MetadataStore:
             return self._locked(s, name)
 
     def get_shard(self, name: str) -> Shard:
-        with Session(self.engine, expire_on_commit=False) as s:
-            try:
-                shard = s.get(Shard, name)
-            except (OperationalError, InterfaceError) as exc:
-                raise MetadataUnavailable(f"metadata database {self.safe_url} unreachable: {exc.orig}") from exc
+        with self.read() as s:
+            shard = s.get(Shard, name)
         if shard is None:
             raise ShardNotFound("no shard row in the metadata table", sink=name)
         return shard
@@ -275,30 +283,30 @@ class MetadataStore:
 
     # -- ledger -------------------------------------------------------------------------------
 
-    def get_batch(self, batch_id: str) -> Batch:
-        with Session(self.engine, expire_on_commit=False) as s:
+    def get_batch(self, batch_id: str, sink: str | None = None) -> Batch:
+        with self.read() as s:
             b = s.get(Batch, batch_id)
         if b is None:
-            raise BatchNotFound(f"no batch {batch_id!r} in the ledger")
+            raise BatchNotFound(f"no batch {batch_id!r} in the ledger.", sink=sink)
         return b
 
     def run_batch(self, name: str, run_id: str) -> Batch | None:
         """The newest description minted by a run (whatever its state)."""
-        with Session(self.engine, expire_on_commit=False) as s:
+        with self.read() as s:
             return s.scalars(
                 select(Batch).where(Batch.shard == name, Batch.run_id == run_id)
                 .order_by(Batch.created_at.desc(), Batch.lower.desc())
             ).first()
 
     def batches(self, name: str, states: tuple[str, ...] | None = None) -> list[Batch]:
-        with Session(self.engine, expire_on_commit=False) as s:
+        with self.read() as s:
             q = select(Batch).where(Batch.shard == name)
             if states:
                 q = q.where(Batch.state.in_(states))
             return list(s.scalars(q.order_by(Batch.lower, Batch.created_at)))
 
     def committed_batch(self, name: str, lower: int) -> Batch | None:
-        with Session(self.engine, expire_on_commit=False) as s:
+        with self.read() as s:
             return s.scalars(
                 select(Batch).where(Batch.shard == name, Batch.lower == lower, Batch.state == COMMITTED)
             ).first()

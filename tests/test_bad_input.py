@@ -1,0 +1,699 @@
+"""Bad input: every kind fails with a clear, typed, one-line error and commits nothing.
+
+Each test feeds the sink one kind of bad input and checks three things:
+
+1. the specific exception type (or, for rows that do not fit, error rows that are stored, never
+   dropped, and counted in the ledger);
+2. ``str(exc)`` is one line ``sink '<name>': <cause>. Remedy: <what to clear or fix>`` (a
+   :class:`ConfigError` names the file and the field instead);
+3. nothing was committed: the shard's upper in the metadata did not move, no new Delta version
+   (and no batch commit) was written, and where relevant no staged files remain.
+
+Data is tiny and most sinks use ``as_of = 0`` so that the first batch's ``lower`` equals the new
+shard's upper (0): an append that fails then must leave the upper exactly where it was (with
+``as_of > 0`` the append first advances a brand-new shard's upper to ``as_of``, which covers no
+data; see ``append.run_append``).
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import yaml
+from pyspark.sql import functions as F
+from sqlalchemy import update
+from sqlalchemy.exc import SQLAlchemyError
+
+from helpers import make_sink, run_batch, write_json_rows
+from reconcile import append, mint, tasks, write
+from reconcile import shard as storage
+from reconcile.config import load_file
+from reconcile.correction import validate
+from reconcile.errors import (
+    BatchNotFound,
+    ConfigError,
+    DescriptionOutdated,
+    LostRace,
+    MetadataUnavailable,
+    Retryable,
+    ShardNotFound,
+    ShardSchemaChanged,
+    SourceError,
+    StagedBatchInvalid,
+)
+from reconcile.metadata.models import COMMITTED, MINTED, STAGED, SUPERSEDED, Batch
+from reconcile.metadata.store import MetadataStore
+
+ROWS = [{"k": 1, "v": "a"}, {"k": 2, "v": "b"}, {"k": 3, "v": "c"}, {"k": 4, "v": "d"}]
+BAD_PG_URL = "postgresql+psycopg://nobody:secret@127.0.0.1:1/none"
+
+
+# --- helpers ----------------------------------------------------------------------------------
+
+
+def assert_one_line(exc: BaseException, sink: str) -> str:
+    """``sink '<sink>': <cause> Remedy: <remedy>`` on one line."""
+    text = str(exc)
+    assert "\n" not in text and "\r" not in text, f"message is not one line: {text!r}"
+    assert text.startswith(f"sink {sink!r}: "), text
+    cause, sep, remedy = text.partition(" Remedy: ")
+    assert sep and cause.strip() and remedy.strip(), f"no cause/remedy: {text!r}"
+    return text
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    upper: int | None  # the shard's upper in the metadata (None: no shard row)
+    version: int | None  # the Delta table's latest version (None: no table)
+    commits: tuple  # (lower, upper, batch_id) of every batch commit in the Delta log
+    committed: tuple  # batch ids in state committed in the ledger
+
+
+def snapshot(spark, store, cfg) -> Snapshot:
+    try:
+        upper = store.get_shard(cfg.name).upper
+    except ShardNotFound:
+        upper = None
+    version, commits = None, ()
+    if storage.exists(spark, cfg):
+        version, entries = storage.history_since(spark, cfg, -1)
+        commits = tuple((c.lower, c.upper, c.batch_id) for c in storage.batch_commits(entries))
+    committed = tuple(b.batch_id for b in store.batches(cfg.name, (COMMITTED,)))
+    return Snapshot(upper, version, commits, committed)
+
+
+def assert_nothing_committed(spark, store, cfg, before: Snapshot, *, unstaged: str | None = None) -> None:
+    """The shard's upper, its Delta versions and the committed batches are as ``before``;
+    ``unstaged``: a batch that must have no staged files."""
+    after = snapshot(spark, store, cfg)
+    assert after == before, f"something was committed: {before} -> {after}"
+    if unstaged is not None:
+        assert storage.list_files(spark, storage.staging_path(cfg, unstaged)) == {}
+        assert store.get_batch(unstaged).state != COMMITTED
+
+
+def new_sink(spark, tmp_path: Path, name: str, kind: str = "query", rows=ROWS, **fields):
+    """A sink with as_of 0, its source written and its (empty) Delta table created."""
+    cfg = make_sink(tmp_path, name, kind=kind, as_of=fields.pop("as_of", 0), **fields)
+    if rows is not None:
+        write_json_rows(tmp_path / ("log" if kind == "changelog" else "src"), rows)
+    storage.ensure_table(spark, cfg)
+    return cfg
+
+
+def staged_batch(spark, store, cfg, run_id: str = "run-1", frontier: int = 200):
+    """Mint and stage a batch; returns (description, its staged files {relative path: size})."""
+    desc = mint.run_mint(store, cfg, run_id, 1, frontier).description
+    assert desc is not None
+    w = write.run_write(spark, store, cfg, desc.batch_id)
+    assert w.outcome == "staged", w.message
+    files = storage.list_files(spark, storage.staging_path(cfg, desc.batch_id))
+    assert files, "the batch staged no files"
+    return desc, files
+
+
+def shard_rows(spark, cfg, t: int) -> Counter:
+    """The shard as of t: (k, v, _error) -> multiplicity, read with plain Spark."""
+    out: Counter = Counter()
+    for r in storage.read_updates(spark, cfg).collect():
+        if r["_time"] <= t:
+            out[(r["k"], r["v"], r["_error"])] += r["_diff"]
+    return +out
+
+
+def error_rows(rows: Counter) -> dict[str, int]:
+    return {err: n for (k, v, err), n in rows.items() if err is not None and k is None and v is None}
+
+
+def set_batch(store, batch_id: str, **values) -> None:
+    """Tamper with a ledger row, as an operator (or a bug) might."""
+    with store.tx() as s:
+        s.execute(update(Batch).where(Batch.batch_id == batch_id).values(**values))
+
+
+# --- 1, 2: config files -----------------------------------------------------------------------
+
+
+def _config(tmp_path: Path, **changes) -> Path:
+    data = {
+        "name": "orders", "kind": "query", "start_date": "2024-01-01",
+        "schema": [{"name": "k", "type": "bigint", "nullable": False}, {"name": "v", "type": "string"}],
+        "query": {"sources": {"src": {"format": "json", "path": "src"}}, "sql": "SELECT k, v FROM src"},
+    }
+    for dotted, value in changes.items():
+        node = data
+        *parents, last = dotted.split("__")
+        for p in parents:
+            node = node[int(p)] if isinstance(node, list) else node[p]
+        node[int(last) if isinstance(node, list) else last] = value
+    path = tmp_path / "orders.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
+def test_01_sql_injection_in_a_column_name_is_a_config_error(tmp_path):
+    path = _config(tmp_path, schema__1__name="v` STRING, x INT) --")
+    with pytest.raises(ConfigError) as info:
+        load_file(path)
+    err = info.value
+    assert (err.path, err.field) == (str(path), "schema[1].name")
+    text = str(err)
+    assert "\n" not in text
+    assert str(path) in text and "'schema[1].name'" in text and "not a plain identifier" in text
+    assert "Remedy: fix the named field in the config file; nothing was written." in text
+
+
+@pytest.mark.parametrize("source_name", ["../../etc", "a/b", "..", "src/../../x"])
+def test_02_path_traversal_in_a_source_name_is_a_config_error(tmp_path, source_name):
+    path = _config(tmp_path, query__sources={source_name: {"format": "json", "path": "src"}})
+    with pytest.raises(ConfigError) as info:
+        load_file(path)
+    err = info.value
+    assert (err.path, err.field) == (str(path), f"query.sources.{source_name}")
+    assert "\n" not in str(err) and "plain identifier" in str(err) and "Remedy:" in str(err)
+
+
+# --- 3, 4, 5: the desired collection cannot be read -------------------------------------------
+
+
+def test_03_missing_source_path_is_a_source_error(spark, warehouse, tmp_path, sqlite_store, monkeypatch):
+    store = sqlite_store
+    cfg = new_sink(spark, tmp_path, "nosource", rows=None)  # tmp_path/src never created
+    assert not (tmp_path / "src").exists()
+    desc = mint.run_mint(store, cfg, "run-1", 1, 200).description
+    before = snapshot(spark, store, cfg)
+
+    with pytest.raises(SourceError) as info:
+        write.run_write(spark, store, cfg, desc.batch_id)
+    text = assert_one_line(info.value, "nosource")
+    assert "query.sources.src" in text and str(tmp_path / "src") in text
+    assert "clear the run's 'write' task" in text
+    assert_nothing_committed(spark, store, cfg, before, unstaged=desc.batch_id)
+    assert store.get_batch(desc.batch_id).state == MINTED
+
+    # through the task entry point: the failure is recorded as final, with the same line
+    monkeypatch.setenv("RECONCILE_SINKS_DIR", str(tmp_path))
+    with pytest.raises(SourceError) as again:
+        tasks.stage_for_run("nosource", "run-1", spark)
+    assert tasks.failure_verdict("nosource", "run-1") == (True, str(again.value))
+    assert_nothing_committed(spark, store, cfg, before, unstaged=desc.batch_id)
+
+
+@pytest.mark.parametrize("sql, expect", [
+    ("SELECT k FROM src", "lacks column(s) ['v']"),
+    ("SELECT k, v, k * 2 AS extra FROM src", "column(s) ['extra'] that are not in the sink's schema"),
+], ids=["lacks_column", "extra_column"])
+def test_04_query_result_not_matching_the_schema_is_a_source_error(spark, warehouse, tmp_path, sqlite_store, sql, expect):
+    store = sqlite_store
+    query = {"sources": {"src": {"format": "json", "path": "src"}}, "sql": sql}
+    cfg = new_sink(spark, tmp_path, "mismatch", query=query)
+    desc = mint.run_mint(store, cfg, "run-1", 1, 200).description
+    before = snapshot(spark, store, cfg)
+    with pytest.raises(SourceError) as info:
+        write.run_write(spark, store, cfg, desc.batch_id)
+    text = assert_one_line(info.value, "mismatch")
+    assert expect in text and "query.sql" in text
+    assert_nothing_committed(spark, store, cfg, before, unstaged=desc.batch_id)
+
+
+def test_04b_changelog_source_without_its_diff_column_is_a_source_error(spark, warehouse, tmp_path, sqlite_store):
+    store = sqlite_store
+    cfg = new_sink(spark, tmp_path, "nodiff", kind="changelog", rows=[{"k": 1, "v": "a", "ts": 150}])
+    desc = mint.run_mint(store, cfg, "run-1", 1, 200).description
+    before = snapshot(spark, store, cfg)
+    with pytest.raises(SourceError) as info:
+        write.run_write(spark, store, cfg, desc.batch_id)
+    text = assert_one_line(info.value, "nodiff")
+    assert "changelog.source lacks column(s) ['diff']" in text
+    assert_nothing_committed(spark, store, cfg, before, unstaged=desc.batch_id)
+
+
+@pytest.mark.parametrize("sql", [
+    "SELEC k, v FROM src",  # does not parse
+    "SELECT k, v FROM nowhere",  # unknown table
+    "SELECT k, w AS v FROM src",  # unknown column
+], ids=["parse", "table", "column"])
+def test_05_query_sql_that_does_not_run_is_a_source_error(spark, warehouse, tmp_path, sqlite_store, sql):
+    store = sqlite_store
+    query = {"sources": {"src": {"format": "json", "path": "src"}}, "sql": sql}
+    cfg = new_sink(spark, tmp_path, "badsql", query=query)
+    desc = mint.run_mint(store, cfg, "run-1", 1, 200).description
+    before = snapshot(spark, store, cfg)
+    with pytest.raises(SourceError) as info:
+        write.run_write(spark, store, cfg, desc.batch_id)
+    text = assert_one_line(info.value, "badsql")
+    assert "query.sql does not run" in text
+    assert_nothing_committed(spark, store, cfg, before, unstaged=desc.batch_id)
+
+
+def test_05b_query_sql_that_is_a_command_is_refused_before_it_runs(spark, warehouse, tmp_path, sqlite_store):
+    store = sqlite_store
+    cfg = new_sink(spark, tmp_path, "dml")
+    m, w, a = run_batch(spark, store, cfg, "run-1", 200)
+    assert a.outcome == "committed"
+    evil = make_sink(
+        tmp_path, "dml", as_of=0,
+        query={"sources": {"src": {"format": "json", "path": "src"}},
+               "sql": f"DELETE FROM delta.`{storage.table_path(cfg)}`"},
+    )
+    desc = mint.run_mint(store, evil, "run-2", 1, 300).description
+    before = snapshot(spark, store, evil)
+    with pytest.raises(SourceError) as info:
+        write.run_write(spark, store, evil, desc.batch_id)
+    assert_one_line(info.value, "dml")
+    assert_nothing_committed(spark, store, evil, before, unstaged=desc.batch_id)
+    assert sum(shard_rows(spark, cfg, 199).values()) == len(ROWS)
+
+
+# --- 6, 7, 8, 18: rows that do not fit become error rows: stored, counted, never dropped ------
+
+
+def test_06_values_that_do_not_fit_the_type_become_error_rows(spark, warehouse, tmp_path, sqlite_store):
+    store = sqlite_store
+    rows = [
+        {"k": 1, "v": "ok"},
+        {"k": "abc", "v": "text"},
+        {"k": 1.5, "v": "fraction"},
+        {"k": "9223372036854775808", "v": "overflow"},
+    ]
+    cfg = new_sink(spark, tmp_path, "types", rows=rows)
+    m, w, a = run_batch(spark, store, cfg, "run-1", 200)
+    assert a.outcome == "committed", a.message
+    batch = store.get_batch(m.description.batch_id)
+    assert (batch.rows_ok, batch.rows_err) == (1, 3)
+    assert (w.rows_ok, w.rows_err) == (1, 3)
+
+    shard = shard_rows(spark, cfg, 199)
+    assert shard[(1, "ok", None)] == 1
+    errors = error_rows(shard)
+    assert sorted(errors.values()) == [1, 1, 1], errors  # none dropped, each once
+    assert sum(shard.values()) == len(rows)
+    for raw in ('"abc"', '"1.5"', '"9223372036854775808"'):
+        [msg] = [e for e in errors if raw in e]
+        assert "column 'k' does not fit bigint" in msg
+    assert store.get_shard(cfg.name).upper == 200
+
+    # a fraction read as a double (not a string) is an error too, not truncated to 1
+    df = spark.createDataFrame([(1.5, "x"), (2.0, "y")], "k double, v string")
+    ok, bad = sorted(validate(cfg, df, F.lit(1), None).collect(), key=lambda r: r["_error"] is not None)
+    assert (ok["k"], ok["v"], ok["_error"]) == (2, "y", None)
+    assert (bad["k"], bad["v"]) == (None, None)
+    assert "column 'k' does not fit bigint" in bad["_error"] and "1.5" in bad["_error"]
+
+
+def test_07_nulls_in_a_non_nullable_column_become_error_rows(spark, warehouse, tmp_path, sqlite_store):
+    store = sqlite_store
+    rows = [{"k": None, "v": "null key"}, {"v": "absent key"}, {"k": 3, "v": None}, {"k": 4, "v": "d"}]
+    cfg = new_sink(spark, tmp_path, "nulls", rows=rows)
+    m, w, a = run_batch(spark, store, cfg, "run-1", 200)
+    assert a.outcome == "committed", a.message
+    batch = store.get_batch(m.description.batch_id)
+    assert (batch.rows_ok, batch.rows_err) == (2, 2)
+
+    shard = shard_rows(spark, cfg, 199)
+    assert shard[(3, None, None)] == 1 and shard[(4, "d", None)] == 1  # v is nullable
+    errors = error_rows(shard)
+    assert len(errors) == 2 and sum(errors.values()) == 2
+    assert all("column 'k' is null but not nullable" in e for e in errors)
+    assert any('"null key"' in e for e in errors) and any('"absent key"' in e for e in errors)
+
+
+def change(k, v, ts, diff):
+    return {"k": k, "v": v, "ts": ts, "diff": diff}
+
+
+def test_08_zero_null_and_fractional_diffs_become_error_rows(spark, warehouse, tmp_path, sqlite_store):
+    store = sqlite_store
+    rows = [
+        change(1, "zero", 150, 0),
+        change(2, "null", 150, None),
+        change(3, "fraction", 150, 1.5),
+        change(4, "ok", 150, 2),
+        change(5, "later", 250, 0),  # beyond the frontier: waits for the next batch
+    ]
+    cfg = new_sink(spark, tmp_path, "diffs", kind="changelog", rows=rows)
+    m, w, a = run_batch(spark, store, cfg, "run-1", 200)
+    assert a.outcome == "committed", a.message
+    batch = store.get_batch(m.description.batch_id)
+    assert (batch.rows_ok, batch.rows_err) == (1, 3)
+
+    log = [r.asDict() for r in storage.read_updates(spark, cfg).collect()]
+    assert [(r["k"], r["v"], r["_time"], r["_diff"]) for r in log if r["_error"] is None] == [(4, "ok", 150, 2)]
+    errs = [r for r in log if r["_error"] is not None]
+    assert sorted((r["_time"], r["_diff"]) for r in errs) == [(150, 1)] * 3
+    for v in ("zero", "null", "fraction"):
+        [e] = [r["_error"] for r in errs if f'"{v}"' in r["_error"]]
+        assert "diff column 'diff' is null, zero or not an integer" in e
+
+    # the next batch picks up the late bad row as an error row as well
+    m2, w2, a2 = run_batch(spark, store, cfg, "run-2", 300)
+    assert a2.outcome == "committed" and store.get_batch(m2.description.batch_id).rows_err == 1
+
+
+def test_18_non_integer_times_in_a_changelog_become_error_rows(spark, warehouse, tmp_path, sqlite_store):
+    store = sqlite_store
+    rows = [
+        change(1, "text", "abc", 1),
+        change(2, "fraction", "150.5", 1),
+        change(3, "null", None, 1),
+        change(4, "ok", "120", 1),
+    ]
+    cfg = new_sink(spark, tmp_path, "times", kind="changelog", rows=rows)
+    m, w, a = run_batch(spark, store, cfg, "run-1", 200)
+    assert a.outcome == "committed", a.message
+    batch = store.get_batch(m.description.batch_id)
+    assert (batch.rows_ok, batch.rows_err) == (1, 3)
+
+    log = [r.asDict() for r in storage.read_updates(spark, cfg).collect()]
+    assert [(r["k"], r["v"], r["_time"], r["_diff"]) for r in log if r["_error"] is None] == [(4, "ok", 120, 1)]
+    errs = [r for r in log if r["_error"] is not None]
+    assert len(errs) == 3 and all(r["_diff"] == 1 and 0 <= r["_time"] < 200 for r in errs)
+    for v in ("text", "fraction", "null"):
+        [e] = [r["_error"] for r in errs if f'"{v}"' in r["_error"]]
+        assert "time column 'ts' is null or not an integer" in e
+
+
+# --- 9: a desired frontier that is not ahead of the shard -------------------------------------
+
+
+def test_09_frontier_not_ahead_of_the_upper_mints_nothing(tmp_path, store):
+    cfg = make_sink(tmp_path, "behind", as_of=100)
+    store.ensure_shard(cfg.name, cfg.as_of)
+    store.compare_and_set_upper(cfg.name, 0, 300)  # as if batches up to 300 were committed
+    ledger = [b.batch_id for b in store.batches(cfg.name)]
+
+    for frontier in (50, 100, 299, 300):
+        m = mint.run_mint(store, cfg, f"late-{frontier}", 1, frontier)
+        assert m.description is None
+        assert "nothing to do" in m.message and "already covered" in m.message
+        assert f"desired frontier {frontier} is not ahead of lower 300" in m.message
+        assert "\n" not in m.message and "sink=behind" in m.message
+    assert store.get_shard(cfg.name).upper == 300
+    assert [b.batch_id for b in store.batches(cfg.name)] == ledger == []
+    assert store.run_batch(cfg.name, "late-300") is None
+
+
+# --- 10: the metadata database is unreachable -------------------------------------------------
+
+
+def test_10_unreachable_metadata_database_is_retryable_and_hides_the_password():
+    with pytest.raises(MetadataUnavailable) as info:
+        MetadataStore(BAD_PG_URL)
+    err = info.value
+    assert isinstance(err, Retryable)
+    text = str(err)
+    assert "secret" not in text and "nobody:***@127.0.0.1:1/none" in text
+    assert "unreachable" in text
+    assert "Remedy: check RECONCILE_METADATA_URL" in text and "nothing was committed" in text
+
+
+def test_10b_unreachable_metadata_database_message_is_one_line():
+    with pytest.raises(MetadataUnavailable) as info:
+        MetadataStore(BAD_PG_URL)
+    text = str(info.value)
+    assert "\n" not in text and "\t" not in text, repr(text)
+
+
+def test_10c_unreachable_database_during_a_task_is_metadata_unavailable(tmp_path):
+    store = MetadataStore(BAD_PG_URL, auto_migrate=False)  # the database went away after start
+    try:
+        cfg = make_sink(tmp_path, "gone")
+        with pytest.raises(MetadataUnavailable):  # writes go through tx(): typed
+            mint.run_mint(store, cfg, "run-1", 1, 200)
+        with pytest.raises(MetadataUnavailable):
+            store.get_shard("gone")
+        for read in (lambda: store.get_batch("b"), lambda: store.run_batch("gone", "run-1"),
+                     lambda: store.batches("gone"), lambda: store.committed_batch("gone", 0)):
+            try:
+                read()
+            except MetadataUnavailable as exc:
+                assert "secret" not in str(exc) and "\n" not in str(exc)
+            except SQLAlchemyError as exc:
+                pytest.fail(f"untyped {type(exc).__name__}: {str(exc).splitlines()[0]}")
+    finally:
+        store.dispose()
+
+
+# --- 11: no shard row / no batch -------------------------------------------------------------
+
+
+def test_11_missing_shard_row(spark, warehouse, tmp_path, store, monkeypatch):
+    cfg = make_sink(tmp_path, "ghost")
+    with pytest.raises(ShardNotFound) as info:
+        store.get_shard("ghost")
+    text = assert_one_line(info.value, "ghost")
+    assert "no shard row" in text and "'mint' task first" in text
+    with pytest.raises(ShardNotFound) as info:
+        append.sync(spark, store, cfg)
+    assert_one_line(info.value, "ghost")
+
+    # the Airflow tasks of a run that minted nothing say so, and touch nothing
+    monkeypatch.setenv("RECONCILE_SINKS_DIR", str(tmp_path))
+    assert tasks.commit_for_run("ghost", "run-1") == "run run-1 minted no batch for sink 'ghost': nothing to append"
+    assert tasks.stage_for_run("ghost", "run-1") == "run run-1 minted no batch for sink 'ghost': nothing to write"
+    with pytest.raises(ShardNotFound):
+        store.get_shard("ghost")
+    assert not storage.exists(spark, cfg)
+
+    # a batch id that is not in the ledger
+    with pytest.raises(BatchNotFound) as info:
+        append.run_append(spark, store, cfg, "0-doesnotexist")
+    text = str(info.value)
+    assert "\n" not in text and "'0-doesnotexist'" in text and "Remedy: clear the whole DAG run" in text
+    assert not storage.exists(spark, cfg)
+
+
+def test_11b_missing_batch_names_the_sink(spark, warehouse, tmp_path, sqlite_store):
+    cfg = make_sink(tmp_path, "ghost")
+    with pytest.raises(BatchNotFound) as info:
+        append.run_append(spark, sqlite_store, cfg, "0-doesnotexist")
+    assert_one_line(info.value, "ghost")
+
+
+def test_11c_append_before_write_is_refused(spark, warehouse, tmp_path, sqlite_store):
+    store = sqlite_store
+    cfg = new_sink(spark, tmp_path, "unstaged")
+    desc = mint.run_mint(store, cfg, "run-1", 1, 200).description
+    before = snapshot(spark, store, cfg)
+    with pytest.raises(StagedBatchInvalid) as info:
+        append.run_append(spark, store, cfg, desc.batch_id)
+    text = assert_one_line(info.value, "unstaged")
+    assert "minted but never staged" in text and "clear the run's 'write' task" in text
+    assert_nothing_committed(spark, store, cfg, before, unstaged=desc.batch_id)
+
+
+# --- 12, 13, 14: staged batches that do not match their manifest ------------------------------
+
+
+def test_12_missing_staged_part_then_recovery(spark, warehouse, tmp_path, sqlite_store):
+    store = sqlite_store
+    cfg = new_sink(spark, tmp_path, "lostpart")
+    desc, files = staged_batch(spark, store, cfg)
+    before = snapshot(spark, store, cfg)
+    root = Path(storage.staging_path(cfg, desc.batch_id))
+    victim = sorted(files)[0]
+    content = (root / victim).read_bytes()
+    (root / victim).unlink()
+
+    with pytest.raises(StagedBatchInvalid) as info:
+        append.run_append(spark, store, cfg, desc.batch_id)
+    text = assert_one_line(info.value, "lostpart")
+    assert "misses file(s)" in text and victim in text and desc.batch_id in text
+    assert "clear the run's 'write' task" in text and "then 'append'" in text
+    assert_nothing_committed(spark, store, cfg, before)
+    assert store.get_batch(desc.batch_id).state == STAGED
+
+    # the file is back, but an unexpected extra one is there: refused as well
+    (root / victim).write_bytes(content)
+    extra = root / victim.split("/")[0] / "part-99999-extra.snappy.parquet"
+    extra.write_bytes(content)
+    with pytest.raises(StagedBatchInvalid) as info:
+        append.run_append(spark, store, cfg, desc.batch_id)
+    text = assert_one_line(info.value, "lostpart")
+    assert "does not match its manifest" in text and "unexpected" in text and extra.name in text
+    assert_nothing_committed(spark, store, cfg, before)
+
+    # the remedy: clear 'write' (re-stages), then 'append'
+    assert write.run_write(spark, store, cfg, desc.batch_id).outcome == "staged"
+    assert append.run_append(spark, store, cfg, desc.batch_id).outcome == "committed"
+    assert store.get_shard(cfg.name).upper == 200
+    assert shard_rows(spark, cfg, 199) == Counter({(r["k"], r["v"], None): 1 for r in ROWS})
+    assert not storage.list_dirs(spark, storage.staging_root(cfg))
+
+
+def test_12b_missing_staged_folder_of_an_empty_batch(spark, warehouse, tmp_path, sqlite_store):
+    store = sqlite_store
+    query = {"sources": {"src": {"format": "json", "path": "src"}}, "sql": "SELECT k, v FROM src WHERE false"}
+    cfg = new_sink(spark, tmp_path, "emptylost", query=query)
+    desc = mint.run_mint(store, cfg, "run-1", 1, 200).description
+    w = write.run_write(spark, store, cfg, desc.batch_id)
+    assert (w.outcome, w.rows_ok, w.rows_err) == ("staged", 0, 0)
+    before = snapshot(spark, store, cfg)
+    storage.delete_path(spark, storage.staging_path(cfg, desc.batch_id))
+    with pytest.raises(StagedBatchInvalid) as info:
+        append.run_append(spark, store, cfg, desc.batch_id)
+    assert_one_line(info.value, "emptylost")
+    assert_nothing_committed(spark, store, cfg, before)
+
+
+def test_13_corrupted_staged_part(spark, warehouse, tmp_path, sqlite_store):
+    store = sqlite_store
+    cfg = new_sink(spark, tmp_path, "corrupt")
+    desc, files = staged_batch(spark, store, cfg)
+    before = snapshot(spark, store, cfg)
+    root = Path(storage.staging_path(cfg, desc.batch_id))
+    first, *rest = sorted(files)
+
+    # garbage of the same length: the sizes match, the content does not read
+    (root / first).write_bytes(b"\x00garbage" * (files[first] // 8) + b"x" * (files[first] % 8))
+    assert (root / first).stat().st_size == files[first]
+    with pytest.raises(StagedBatchInvalid) as info:
+        append.run_append(spark, store, cfg, desc.batch_id)
+    text = assert_one_line(info.value, "corrupt")
+    assert f"staged batch {desc.batch_id} is unreadable" in text
+    assert_nothing_committed(spark, store, cfg, before)
+
+    # garbage of another length: refused from the manifest's sizes, before reading
+    (root / first).write_bytes(b"garbage")
+    with pytest.raises(StagedBatchInvalid) as info:
+        append.run_append(spark, store, cfg, desc.batch_id)
+    text = assert_one_line(info.value, "corrupt")
+    assert "does not match its manifest" in text and first in text
+    assert_nothing_committed(spark, store, cfg, before)
+    assert store.get_batch(desc.batch_id).state == STAGED
+
+
+def test_14_manifest_not_matching_its_parts(spark, warehouse, tmp_path, sqlite_store):
+    store = sqlite_store
+    cfg = new_sink(spark, tmp_path, "manifest", partitions=8)  # 4 rows: some partitions are empty
+    desc, files = staged_batch(spark, store, cfg)
+    before = snapshot(spark, store, cfg)
+    original = json.loads(store.get_batch(desc.batch_id).manifest)
+    p, part = next((p, part) for p, part in sorted(original["parts"].items()) if part["rows"])
+
+    for key, value in (("rows", part["rows"] + 1), ("checksum", str(int(part["checksum"]) + 1))):
+        tampered = json.loads(json.dumps(original))
+        tampered["parts"][p][key] = value
+        set_batch(store, desc.batch_id, manifest=json.dumps(tampered))
+        with pytest.raises(StagedBatchInvalid) as info:
+            append.run_append(spark, store, cfg, desc.batch_id)
+        text = assert_one_line(info.value, "manifest")
+        assert f"staged partition {p} of batch {desc.batch_id}" in text and "the manifest says" in text
+        assert str(value) in text
+        assert_nothing_committed(spark, store, cfg, before)
+
+    # a partition that the manifest says is empty, but holds the rows
+    empty = next(q for q, part in sorted(original["parts"].items()) if not part["rows"])
+    tampered = json.loads(json.dumps(original))
+    tampered["parts"][empty]["rows"] = 1
+    set_batch(store, desc.batch_id, manifest=json.dumps(tampered))
+    with pytest.raises(StagedBatchInvalid) as info:
+        append.run_append(spark, store, cfg, desc.batch_id)
+    assert f"staged partition {empty} of batch" in assert_one_line(info.value, "manifest")
+    assert_nothing_committed(spark, store, cfg, before)
+
+    set_batch(store, desc.batch_id, manifest=json.dumps(original))  # restored: it appends
+    assert append.run_append(spark, store, cfg, desc.batch_id).outcome == "committed"
+
+
+@pytest.mark.parametrize("manifest", [None, "{}", "{not json"], ids=["null", "no_parts", "not_json"])
+def test_14b_malformed_manifest_is_staged_batch_invalid(spark, warehouse, tmp_path, sqlite_store, manifest):
+    store = sqlite_store
+    cfg = new_sink(spark, tmp_path, "nomanifest")
+    desc = mint.run_mint(store, cfg, "run-1", 1, 200).description
+    set_batch(store, desc.batch_id, state=STAGED, manifest=manifest)
+    before = snapshot(spark, store, cfg)
+    with pytest.raises(StagedBatchInvalid) as info:
+        append.run_append(spark, store, cfg, desc.batch_id)
+    assert_one_line(info.value, "nomanifest")
+    assert_nothing_committed(spark, store, cfg, before)
+
+
+# --- 15, 16: stale batches and lowers that do not increase -------------------------------------
+
+
+def test_15_stale_staged_batch_of_an_older_lower(spark, warehouse, tmp_path, sqlite_store):
+    store = sqlite_store
+    cfg = new_sink(spark, tmp_path, "stale")
+    a, _ = staged_batch(spark, store, cfg, "run-a", 200)
+    m, w, b = run_batch(spark, store, cfg, "run-b", 300)  # a newer run covers [0, 300)
+    assert b.outcome == "committed" and m.description.lower == a.lower
+    assert store.get_batch(a.batch_id).state == SUPERSEDED
+    before = snapshot(spark, store, cfg)
+    assert before.upper == 300
+
+    result = append.run_append(spark, store, cfg, a.batch_id)
+    assert result.outcome == "covered", result.message
+    assert "already covered" in result.message and "\n" not in result.message
+    assert_nothing_committed(spark, store, cfg, before, unstaged=a.batch_id)
+    assert a.batch_id not in storage.list_dirs(spark, storage.staging_root(cfg))
+    # rewriting the stale batch is a no-op as well
+    assert write.run_write(spark, store, cfg, a.batch_id).outcome == "skipped"
+    assert_nothing_committed(spark, store, cfg, before, unstaged=a.batch_id)
+
+    lowers = [c.lower for c in storage.batch_commits(storage.history_since(spark, cfg, -1)[1])]
+    assert lowers == [0] and len(set(lowers)) == len(lowers)
+    assert shard_rows(spark, cfg, 299) == Counter({(r["k"], r["v"], None): 1 for r in ROWS})
+
+
+def test_16_lower_behind_the_upper_is_never_committed(spark, warehouse, tmp_path, sqlite_store):
+    store = sqlite_store
+    cfg = new_sink(spark, tmp_path, "oldlower", as_of=100)
+    a, _ = staged_batch(spark, store, cfg, "run-a", 400)  # [100, 400), staged
+    m, w, b = run_batch(spark, store, cfg, "run-b", 300)  # [100, 300) commits
+    assert b.outcome == "committed"
+    # a stale writer that never saw the supersession: its ledger row still says 'staged'
+    set_batch(store, a.batch_id, state=STAGED, message=None)
+    before = snapshot(spark, store, cfg)
+    assert before.upper == 300 and [c[0] for c in before.commits] == [100]
+
+    with pytest.raises(LostRace) as info:
+        append.run_append(spark, store, cfg, a.batch_id)
+    assert isinstance(info.value, DescriptionOutdated)
+    text = assert_one_line(info.value, "oldlower")
+    assert "upper to 300" in text and "nothing was written" in text and "run-a" in text
+    assert_nothing_committed(spark, store, cfg, before, unstaged=a.batch_id)
+    assert store.get_batch(a.batch_id).state == SUPERSEDED
+
+    # Delta itself refuses a batch commit whose lower (txnVersion) is not above the last one
+    updates = spark.createDataFrame([{"k": 9, "v": "zz", "_error": None, "_time": 150, "_diff": 1}], storage.schema(cfg))
+    for lower in (50, 100):
+        storage.commit_batch(spark, cfg, updates, {"batch_id": f"fake-{lower}", "lower": lower, "upper": 350, "run_id": "x"})
+        assert_nothing_committed(spark, store, cfg, before)
+    assert append.sync(spark, store, cfg).upper == 300
+    assert (9, "zz", None) not in shard_rows(spark, cfg, 399)
+
+
+# --- 17: the Delta table's schema changed behind the sink's back ------------------------------
+
+
+def test_17_schema_changed_behind_the_sinks_back(spark, warehouse, tmp_path, sqlite_store):
+    store = sqlite_store
+    cfg = new_sink(spark, tmp_path, "altered")
+    desc, _ = staged_batch(spark, store, cfg)
+    good_version = storage.latest_version(spark, cfg)
+    spark.sql(f"ALTER TABLE delta.`{storage.table_path(cfg)}` ADD COLUMNS (extra STRING)")
+    before = snapshot(spark, store, cfg)
+    assert before.version == good_version + 1
+
+    with pytest.raises(ShardSchemaChanged) as info:
+        append.run_append(spark, store, cfg, desc.batch_id)
+    text = assert_one_line(info.value, "altered")
+    assert "'extra'" in text and "RESTORE" in text
+    assert_nothing_committed(spark, store, cfg, before)
+
+    nxt = mint.run_mint(store, cfg, "run-2", 1, 300).description
+    with pytest.raises(ShardSchemaChanged):
+        write.run_write(spark, store, cfg, nxt.batch_id)
+    assert_nothing_committed(spark, store, cfg, before, unstaged=nxt.batch_id)
+
+    # the remedy works: RESTORE to the last version the sink wrote, then the sink goes on
+    spark.sql(f"RESTORE TABLE delta.`{storage.table_path(cfg)}` TO VERSION AS OF {good_version}")
+    m, w, a = run_batch(spark, store, cfg, "run-3", 300)
+    assert a.outcome == "committed", a.message
+    assert store.get_shard(cfg.name).upper == 300
+    assert shard_rows(spark, cfg, 299) == Counter({(r["k"], r["v"], None): 1 for r in ROWS})
