@@ -31,6 +31,10 @@ os.environ["RECONCILE_RETRY_DELAY_SECONDS"] = "1"
 os.environ["PYTHONPATH"] = f"{ROOT / 'include'}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"
 
 PG_URL = os.environ.get("RECONCILE_TEST_POSTGRES_URL")
+# py4j logs while the interpreter shuts down, after pytest closed its streams: keep it quiet.
+import logging  # noqa: E402
+
+logging.getLogger("py4j").setLevel(logging.ERROR)
 
 
 @pytest.fixture(scope="session")
