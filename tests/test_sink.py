@@ -335,17 +335,25 @@ def test_outdated_batch_is_cleaned_up(spark, warehouse, tmp_path, sqlite_store, 
     assert_ledger(spark, store, cfg, [newer_upper])
 
 
-def test_superseded_batch_message_names_its_successor(spark, warehouse, tmp_path, sqlite_store):
-    """An older description appended before its successor commits: the message says why."""
+@pytest.mark.parametrize("older_upper, newer_upper", [(200, 300), (300, 200)], ids=["covered", "narrower"])
+def test_superseded_batch_message_names_its_successor(spark, warehouse, tmp_path, sqlite_store, older_upper, newer_upper):
+    """An older description appended before its successor commits: a successor that covers its
+    interval makes it a no-op; a narrower one makes it fail harmlessly. Either way it says why."""
     store = sqlite_store
     cfg = make_sink(tmp_path, "early")
     write_json_rows(tmp_path / "src", [{"k": 1, "v": "a"}])
-    older = mint.run_mint(store, cfg, "run-old", 1, 200).description
+    older = mint.run_mint(store, cfg, "run-old", 1, older_upper).description
     assert write.run_write(spark, store, cfg, older.batch_id).outcome == "staged"
-    newer = mint.run_mint(store, cfg, "run-new", 1, 300).description
-    with pytest.raises(DescriptionOutdated) as info:
-        append.run_append(spark, store, cfg, older.batch_id)
-    assert "superseded" in str(info.value) and newer.batch_id in str(info.value), str(info.value)
+    newer = mint.run_mint(store, cfg, "run-new", 1, newer_upper).description
+    if newer_upper >= older_upper:
+        result = append.run_append(spark, store, cfg, older.batch_id)
+        assert result.outcome == "superseded" and newer.batch_id in result.message, result
+    else:
+        with pytest.raises(DescriptionOutdated) as info:
+            append.run_append(spark, store, cfg, older.batch_id)
+        assert "superseded" in str(info.value) and newer.batch_id in str(info.value), str(info.value)
+    assert not (warehouse / "_staging" / cfg.name / older.batch_id).exists()
+    assert store.get_shard(cfg.name).upper <= cfg.as_of  # nothing was committed
 
 
 # --- a crash between the Delta commit and the metadata update ---------------------------------

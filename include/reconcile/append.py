@@ -138,8 +138,17 @@ def _outdated(
     winner = store.committed_batch(cfg.name, desc.lower)
     if winner is None and shard.upper <= desc.lower:
         # Nothing committed this lower yet: a newer description of it superseded this one.
-        why = store.get_batch(desc.batch_id, cfg.name).message or "superseded by a newer description"
+        b = store.get_batch(desc.batch_id, cfg.name)
+        why = b.message or "superseded by a newer description"
         storage.delete_path(spark, storage.staging_path(cfg, desc.batch_id))
+        newer = store.superseder(b)
+        if newer is not None and newer.upper >= desc.upper:
+            msg = event(
+                log, f"nothing to append: batch {newer.batch_id} of run {newer.run_id} superseded this one "
+                f"and covers [{desc.lower}, {desc.upper}) (up to {newer.upper}); deleted this batch's staged files",
+                shard_upper=shard.upper, **state,
+            )
+            return AppendResult("superseded", msg)
         event(log, f"not appending: {why}", level=logging.WARNING, shard_upper=shard.upper, **state)
         raise DescriptionOutdated(
             f"batch {desc.batch_id} [{desc.lower}, {desc.upper}) was {why}; its staged files were "

@@ -305,6 +305,16 @@ class MetadataStore:
                 q = q.where(Batch.state.in_(states))
             return list(s.scalars(q.order_by(Batch.lower, Batch.created_at)))
 
+    def superseder(self, b: Batch) -> Batch | None:
+        """The newest description of the same lower minted after ``b`` (whatever its state)."""
+        with self.read() as s:
+            return s.scalars(
+                select(Batch).where(
+                    Batch.shard == b.shard, Batch.lower == b.lower, Batch.batch_id != b.batch_id,
+                    Batch.created_at >= b.created_at,
+                ).order_by(Batch.created_at.desc())
+            ).first()
+
     def committed_batch(self, name: str, lower: int) -> Batch | None:
         with self.read() as s:
             return s.scalars(
