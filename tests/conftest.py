@@ -103,21 +103,21 @@ def metadata_url(request, tmp_path):
     return request.getfixturevalue("pg_url")
 
 
-@pytest.fixture
-def store(metadata_url, monkeypatch):
+def _open_store(url, monkeypatch):
+    """A MetadataStore on ``url``, also made the process's RECONCILE_METADATA_URL."""
     from reconcile.metadata.store import MetadataStore
 
-    monkeypatch.setenv("RECONCILE_METADATA_URL", metadata_url)
-    s = MetadataStore(metadata_url)
+    monkeypatch.setenv("RECONCILE_METADATA_URL", url)
+    s = MetadataStore(url)
     yield s
     s.dispose()
+
+
+@pytest.fixture
+def store(metadata_url, monkeypatch):
+    yield from _open_store(metadata_url, monkeypatch)
 
 
 @pytest.fixture
 def sqlite_store(sqlite_url, monkeypatch):
-    from reconcile.metadata.store import MetadataStore
-
-    monkeypatch.setenv("RECONCILE_METADATA_URL", sqlite_url)
-    s = MetadataStore(sqlite_url)
-    yield s
-    s.dispose()
+    yield from _open_store(sqlite_url, monkeypatch)
