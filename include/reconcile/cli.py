@@ -82,10 +82,7 @@ def cmd_status(args) -> int:
 
 
 def show_shard(spark, store, cfg, as_of: int | None, *, log: bool, errors: bool, limit: int) -> None:
-    from pyspark.sql import functions as F
-
     from . import shard as storage
-    from .correction import as_of as consolidate_as_of
 
     updates = storage.read_updates(spark, cfg)
     if log:
@@ -96,14 +93,13 @@ def show_shard(spark, store, cfg, as_of: int | None, *, log: bool, errors: bool,
     t = as_of if as_of is not None else shard.upper - 1
     if t < shard.since:
         raise SinkError(f"as of {t} is before the shard's since {shard.since}: not readable exactly", sink=cfg.name)
-    snap = consolidate_as_of(cfg, updates, t)
+    ok, errs = storage.read_as_of(spark, cfg, t)
     if errors:
         print(f"errors of {cfg.name} as of {_ts(t)}:")
-        snap.where(F.col("_error").isNotNull()).select("_error", F.col("_diff").alias("count")).show(limit, truncate=False)
+        errs.withColumnRenamed("_count", "count").show(limit, truncate=False)
     else:
         print(f"{cfg.name} as of {_ts(t)} (count = multiplicity):")
-        snap.where(F.col("_error").isNull()).drop("_error").withColumnRenamed("_diff", "count") \
-            .orderBy(*cfg.column_names).show(limit, truncate=False)
+        ok.withColumnRenamed("_count", "count").orderBy(*cfg.column_names).show(limit, truncate=False)
 
 
 def cmd_show(args) -> int:

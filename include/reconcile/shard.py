@@ -108,6 +108,19 @@ def read_updates(spark: SparkSession, cfg: SinkConfig, version: int | None = Non
     return reader.load(table_path(cfg))
 
 
+def read_as_of(spark: SparkSession, cfg: SinkConfig, t: int) -> tuple[DataFrame, DataFrame]:
+    """The shard as of time ``t``, consolidated: (ok rows with ``_count``, errors with ``_count``).
+
+    Exact for ``t >= since`` (the caller checks the shard's since in the metadata table).
+    """
+    from .correction import as_of
+
+    snap = as_of(cfg, read_updates(spark, cfg), t).withColumnRenamed("_diff", "_count")
+    ok = snap.where(F.col("_error").isNull()).drop("_error")
+    errors = snap.where(F.col("_error").isNotNull()).select("_error", "_count")
+    return ok, errors
+
+
 def latest_version(spark: SparkSession, cfg: SinkConfig) -> int:
     from delta.tables import DeltaTable
 
