@@ -203,9 +203,11 @@ class Schedule:
 
     # -- invariants -------------------------------------------------------------------------
 
-    def as_of(self, t: int) -> Counter:
+    @staticmethod
+    def as_of(updates: list, t: int) -> Counter:
+        """Plain-Python model of a read as of ``t`` over the collected update log."""
         out: Counter = Counter()
-        for r in storage.read_updates(self.spark, self.cfg).collect():
+        for r in updates:
             if r["_time"] <= t:
                 out[(r["k"], r["v"], r["_error"])] += r["_diff"]
         return +out
@@ -216,6 +218,7 @@ class Schedule:
         append.sync(self.spark, self.store, self.cfg)
         problems = [v for v in check.violations(self.spark, self.store, self.cfg) if final or "staged files" not in v]
         committed = self.store.batches(self.cfg.name, (COMMITTED,))
+        updates = storage.read_updates(self.spark, self.cfg).select("k", "v", "_error", "_time", "_diff").collect()
         for b in committed:
             if b.upper <= self.tampered_below:
                 continue  # history rewritten behind the sink's back; repaired at a later time
@@ -223,7 +226,7 @@ class Schedule:
             if want is None:
                 problems.append(f"committed batch {b.batch_id} was never written by this schedule")
                 continue
-            got = self.as_of(b.upper - 1)
+            got = self.as_of(updates, b.upper - 1)
             if got != +want:
                 problems.append(f"as of {b.upper - 1}: shard {dict(got)} != model {dict(+want)}")
         return [f"{self.tag}: {p}" for p in problems]

@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# The long randomized-schedule run (issue 3), resumable and split across worker processes.
+#   bash scripts/chaos_soak.sh [SCHEDULES=1000] [SEED=1] [WORKERS=2] [CHUNK=25]
+#   bash scripts/chaos_soak.sh --summary [SEED=1]
+# Each chunk of schedules runs as `python -m reconcile chaos --first I --schedules CHUNK` and
+# keeps its output in chaos-results/seed<S>/first-<I>.txt; finished chunks are skipped, so a
+# stopped soak continues where it was. The summary adds up every finished chunk and lists
+# each divergence with the command that reproduces it.
+set -uo pipefail
+root="$(cd "$(dirname "$0")/.." && pwd)"
+cd "$root"
+summary() {
+  cat "$1"/first-*.txt 2>/dev/null | awk '
+    /^chaos:/ { for (i = 2; i <= NF; i++) { split($i, kv, "="); s[kv[1]] += kv[2] } n++ }
+    /^DIVERGENCE/ { print }
+    END { printf "chunks=%d", n; for (k in s) printf " %s=%d", k, s[k]; print "" }'
+}
+if [ "${1:-}" = "--summary" ]; then summary "chaos-results/seed${2:-1}"; exit 0; fi
+. scripts/env.sh
+total="${1:-1000}" seed="${2:-1}" workers="${3:-2}" chunk="${4:-25}"
+dir="chaos-results/seed${seed}"
+mkdir -p "$dir"
+worker() {
+  local w="$1" first
+  for ((first = w * chunk; first < total; first += workers * chunk)); do
+    f="$dir/first-$first.txt"
+    grep -q '^chaos:' "$f" 2>/dev/null && continue
+    python -m reconcile chaos --seed "$seed" --first "$first" --schedules "$chunk" 2>"$dir/first-$first.log" \
+      | grep -E '^(chaos:|DIVERGENCE)' >"$f.tmp"
+    mv "$f.tmp" "$f"
+  done
+}
+for ((w = 0; w < workers; w++)); do worker "$w" & done
+wait
+summary "$dir"
