@@ -178,6 +178,16 @@ def _outdated(
     )
 
 
+def _upsert_check(spark: SparkSession, cfg: SinkConfig, staged, desc: BatchDescription, state: dict) -> list[str]:
+    """After an upsert commit: every key the batch touched has at most one value, count 1."""
+    from . import upsert
+
+    broken = upsert.violations(cfg, storage.read_updates(spark, cfg), desc.upper - 1, keys=staged)
+    for v in broken:
+        event(log, f"upsert invariant violated after commit: {v}", level=logging.ERROR, **state)
+    return broken
+
+
 def run_append(spark: SparkSession, store: MetadataStore, cfg: SinkConfig, batch_id: str) -> AppendResult:
     b = store.get_batch(batch_id, cfg.name)
     desc = BatchDescription.of(b)
@@ -220,6 +230,8 @@ def run_append(spark: SparkSession, store: MetadataStore, cfg: SinkConfig, batch
         "batch_id": batch_id, "lower": desc.lower, "upper": desc.upper, "run_id": desc.run_id,
         "rows_ok": b.rows_ok, "rows_err": b.rows_err,
     }
+    if b.source_offset is not None or b.late_commands is not None:  # upsert: the feed's progress
+        meta.update(source_offset=b.source_offset, late_commands=b.late_commands)
     commit_error: Exception | None = None
     try:
         failpoint("append.inside_delta_commit")
@@ -233,11 +245,13 @@ def run_append(spark: SparkSession, store: MetadataStore, cfg: SinkConfig, batch
     shard = sync(spark, store, cfg)
     b = store.get_batch(batch_id, cfg.name)
     if b.state == COMMITTED:
+        broken = _upsert_check(spark, cfg, staged, desc, state) if cfg.kind == "upsert" else []
         storage.delete_path(spark, storage.staging_path(cfg, batch_id))
         gc_staged(spark, store, cfg)
+        extra = {"late_commands": b.late_commands, "invariant_violations": len(broken)} if cfg.kind == "upsert" else {}
         msg = event(
             log, "appended batch", delta_version=b.delta_version, rows_ok=b.rows_ok,
-            rows_err=b.rows_err, drift_rows=b.drift_rows, shard_upper=shard.upper, **state,
+            rows_err=b.rows_err, drift_rows=b.drift_rows, shard_upper=shard.upper, **extra, **state,
         )
         return AppendResult("committed", msg, b.delta_version)
     if shard.upper > desc.lower:

@@ -9,6 +9,8 @@ Used by the crash, race and randomized-schedule tests, and by on-call
    uppers, versions) once the metadata is synced.
 3. The shard's upper equals the last committed batch's upper (or is at most as_of when none).
 4. No staged files remain for batches that can never be appended.
+5. Upsert sinks: as of the last committed ``upper - 1`` each key has at most one value and
+   every consolidated count is 1.
 """
 
 from __future__ import annotations
@@ -46,6 +48,10 @@ def violations(spark: SparkSession, store: MetadataStore, cfg: SinkConfig, *, sy
             out.append(f"shard upper {shard.upper} is not the last committed upper {expected_upper}")
         if expected_upper is None and shard.upper > shard.as_of:
             out.append(f"shard upper {shard.upper} moved past as_of {shard.as_of} without a batch")
+    if cfg.kind == "upsert" and commits:
+        from . import upsert
+
+        out += upsert.violations(cfg, storage.read_updates(spark, cfg), commits[-1].upper - 1)
     keep = {b.batch_id for b in store.batches(cfg.name, OPEN_STATES) if b.lower >= shard.upper}
     stale = sorted(set(storage.list_dirs(spark, storage.staging_root(cfg))) - keep)
     if stale:

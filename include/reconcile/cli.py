@@ -127,9 +127,8 @@ def cmd_dry_run(args) -> int:
 
     from . import shard as storage
     from .config import load_sink
-    from .correction import correction
-    from .sources import read_desired
     from .spark import get_session
+    from .write import batch_correction
 
     cfg = load_sink(args.sink)
     store = _store()
@@ -142,8 +141,12 @@ def cmd_dry_run(args) -> int:
         return 0
     spark = get_session("reconcile-dry-run")
     persist = storage.read_updates(spark, cfg) if storage.exists(spark, cfg) else spark.createDataFrame([], storage.schema(cfg))
-    corr = correction(cfg, read_desired(spark, cfg), persist, lower, upper).cache()
+    result = batch_correction(spark, store, cfg, persist, lower, upper)
+    corr = result.updates.cache()
     print(f"dry run of {cfg.name}: batch [{lower}, {upper}) would write (nothing was written):")
+    if result.commands is not None:
+        print(f"upsert feed: {result.commands} command(s) eligible, {result.late_commands} late, "
+              f"feed read up to offset {result.source_offset}")
     corr.groupBy("_part").agg(
         F.count(F.lit(1)).alias("updates"), F.sum(F.when(F.col("_error").isNotNull(), 1).otherwise(0)).alias("errors"),
         F.sum(F.when(F.col("_diff") > 0, F.col("_diff")).otherwise(0)).alias("inserts"),

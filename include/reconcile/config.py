@@ -65,6 +65,11 @@ class SinkConfig:
     source: Source | None = None
     time_column: str | None = None
     diff_column: str | None = None
+    # upsert (source and time_column shared with changelog)
+    key_columns: tuple[str, ...] = ()
+    offset_column: str | None = None
+    delete_column: str | None = None
+    delete_values: tuple[str, ...] = ()
     vacuum_retention_hours: int = 168
     description: str = ""
     extra: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
@@ -72,6 +77,12 @@ class SinkConfig:
     @property
     def column_names(self) -> list[str]:
         return [c.name for c in self.columns]
+
+    @property
+    def value_columns(self) -> list[str]:
+        """Upsert sinks: the schema's columns that are not part of the key."""
+        keys = {k.lower() for k in self.key_columns}
+        return [c.name for c in self.columns if c.name.lower() not in keys]
 
     @property
     def ddl(self) -> str:
@@ -186,6 +197,52 @@ def _source(r: _Reader, name: str, base: Path) -> Source:
     return Source(name, fmt, location, tuple(sorted((k, str(v).lower() if isinstance(v, bool) else str(v)) for k, v in options.items())))
 
 
+def _upsert(u: _Reader, base: Path, columns: list[Column], sink: str) -> dict[str, Any]:
+    """The ``upsert:`` section: a feed of keyed commands (key, value or delete, time, offset)."""
+    u.unknown({"source", "key", "time_column", "offset_column", "delete"})
+    names = {c.name.lower(): c for c in columns}
+    keys = u.get("key", (list, str), required=True)
+    keys = [keys] if isinstance(keys, str) else keys
+    if not keys:
+        raise ConfigError(u.path, "upsert.key", "must name at least one column of the schema", sink=sink)
+    for i, k in enumerate(keys):
+        if not isinstance(k, str) or k.lower() not in names:
+            raise ConfigError(
+                u.path, f"upsert.key[{i}]", f"{k!r} is not a column of the schema ({sorted(names)})", sink=sink
+            )
+    if len({k.lower() for k in keys}) != len(keys):
+        raise ConfigError(u.path, "upsert.key", "lists a column twice", sink=sink)
+    time_col, offset_col = u.name("time_column"), u.name("offset_column")
+    for fld, col in (("time_column", time_col), ("offset_column", offset_col)):
+        if col.lower() in names:
+            raise ConfigError(u.path, f"upsert.{fld}", f"{col!r} is a column of the schema; the command's "
+                              "time and offset are not stored in the shard", sink=sink)
+    if time_col.lower() == offset_col.lower():
+        raise ConfigError(u.path, "upsert.offset_column", "must differ from time_column", sink=sink)
+    kw: dict[str, Any] = dict(
+        source=_source(u.sub("source"), "source", base), key_columns=tuple(names[k.lower()].name for k in keys),
+        time_column=time_col, offset_column=offset_col,
+    )
+    values = [c for c in columns if c.name.lower() not in {k.lower() for k in keys}]
+    if "delete" in u.data:
+        d = u.sub("delete")
+        d.unknown({"column", "values"})
+        dcol = d.name("column")
+        if dcol.lower() in names or dcol.lower() in (time_col.lower(), offset_col.lower()):
+            raise ConfigError(u.path, "upsert.delete.column", f"{dcol!r} must be a column of its own in the feed", sink=sink)
+        dvals = d.get("values", list, required=True)
+        if not dvals or not all(isinstance(v, (str, int)) and not isinstance(v, bool) for v in dvals):
+            raise ConfigError(u.path, "upsert.delete.values", "must list the strings or integers that mark a delete", sink=sink)
+        kw.update(delete_column=dcol, delete_values=tuple(str(v) for v in dvals))
+    elif not values:
+        raise ConfigError(
+            u.path, "upsert.delete",
+            "the schema has no value columns, so a delete cannot be a null value: set delete.column and delete.values",
+            sink=sink,
+        )
+    return kw
+
+
 TOP_FIELDS = {
     "name", "kind", "description", "schema", "partitions", "schedule", "start_date", "as_of",
     "catchup", "retries", "read_only", "query", "changelog", "upsert", "retention",
@@ -269,7 +326,7 @@ def parse(data: Any, path: str, default_name: str | None = None) -> SinkConfig:
             diff_column=c.name("diff_column"),
         )
     else:
-        kw["extra"] = {"upsert": r.get("upsert", dict, required=True)}
+        kw.update(_upsert(r.sub("upsert"), base, columns, name))
 
     return SinkConfig(
         name=name, kind=kind, columns=tuple(columns), partitions=partitions, schedule=schedule,

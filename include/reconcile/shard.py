@@ -155,6 +155,7 @@ def batch_commits(entries: list[tuple[int, dict | None]]) -> list[CommitRecord]:
         CommitRecord(
             version=v, batch_id=m["batch_id"], lower=int(m["lower"]), upper=int(m["upper"]),
             run_id=m.get("run_id"), rows_ok=m.get("rows_ok"), rows_err=m.get("rows_err"),
+            source_offset=m.get("source_offset"), late_commands=m.get("late_commands"),
         )
         for v, m in entries
         if m and m.get("op") == "batch"

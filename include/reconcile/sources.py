@@ -90,7 +90,18 @@ def read_desired(spark: SparkSession, cfg: SinkConfig) -> DataFrame:
         df = read_source(spark, cfg, cfg.source, "changelog.source")
         _require_columns(cfg, df, cfg.column_names + [cfg.time_column, cfg.diff_column], "changelog.source")
         return validate_changelog(cfg, df)
-    raise SourceError(f"kind {cfg.kind!r} is not readable as a desired collection yet", sink=cfg.name)
+    raise SourceError(f"kind {cfg.kind!r} is a command feed, not a desired collection (see read_feed)", sink=cfg.name)
+
+
+def read_feed(spark: SparkSession, cfg: SinkConfig) -> DataFrame:
+    """An upsert sink's command feed, raw (validated per command in :mod:`reconcile.upsert`)."""
+    assert cfg.kind == "upsert" and cfg.source and cfg.time_column and cfg.offset_column
+    df = read_source(spark, cfg, cfg.source, "upsert.source")
+    needed = cfg.column_names + [cfg.time_column, cfg.offset_column]
+    if cfg.delete_column:
+        needed.append(cfg.delete_column)
+    _require_columns(cfg, df, needed, "upsert.source")
+    return df
 
 
 def validate_changelog(cfg: SinkConfig, df: DataFrame) -> DataFrame:

@@ -25,10 +25,11 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from pyspark.sql import SparkSession
+from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from . import shard as storage
+from . import upsert
 from .append import sync
 from .config import SinkConfig
 from .correction import consolidate, correction
@@ -36,7 +37,7 @@ from .failpoints import failpoint
 from .log import event
 from .metadata.models import COMMITTED, OPEN_STATES
 from .metadata.store import BatchDescription, MetadataStore
-from .sources import read_desired
+from .sources import read_desired, read_feed
 
 log = logging.getLogger("reconcile.write")
 
@@ -81,6 +82,38 @@ def drift_rows(spark: SparkSession, store: MetadataStore, cfg: SinkConfig, read_
     return total
 
 
+@dataclass
+class Correction:
+    updates: DataFrame  # update frame plus _part
+    source_offset: int | None = None  # upsert: the feed's highest offset (the next watermark)
+    late_commands: int | None = None  # upsert: commands applied late, at lower
+    commands: int | None = None  # upsert: eligible commands
+
+
+def watermark(store: MetadataStore, cfg: SinkConfig) -> int | None:
+    """Upsert: the highest feed offset any committed batch has read (None: nothing read yet)."""
+    seen = [b.source_offset for b in store.batches(cfg.name, (COMMITTED,)) if b.source_offset is not None]
+    return max(seen) if seen else None
+
+
+def batch_correction(
+    spark: SparkSession, store: MetadataStore, cfg: SinkConfig, persist: DataFrame, lower: int, upper: int
+) -> Correction:
+    """The correction of ``(lower, upper)`` against ``persist``, for any kind of sink."""
+    if cfg.kind != "upsert":
+        return Correction(correction(cfg, read_desired(spark, cfg), persist, lower, upper))
+    feed = read_feed(spark, cfg)
+    wm = watermark(store, cfg)
+    progress = upsert.feed_progress(cfg, feed, lower, upper, wm).first()
+    offsets = [x for x in (wm, progress["max_offset"]) if x is not None]
+    new_wm = max(offsets) if offsets else None
+    cmds = upsert.commands(cfg, feed, lower, upper, wm)
+    return Correction(
+        upsert.upsert_correction(cfg, cmds, persist, lower), new_wm, int(progress["late"] or 0),
+        int(progress["commands"] or 0),
+    )
+
+
 def run_write(spark: SparkSession, store: MetadataStore, cfg: SinkConfig, batch_id: str) -> WriteResult:
     b = store.get_batch(batch_id, cfg.name)
     desc = BatchDescription.of(b)
@@ -110,9 +143,8 @@ def run_write(spark: SparkSession, store: MetadataStore, cfg: SinkConfig, batch_
 
     read_version = storage.latest_version(spark, cfg)
     persist = storage.read_updates(spark, cfg, read_version)
-    desired = read_desired(spark, cfg)
-    corr = correction(cfg, desired, persist, desc.lower, desc.upper)
-    path = storage.write_staged(spark, cfg, batch_id, corr)
+    corr = batch_correction(spark, store, cfg, persist, desc.lower, desc.upper)
+    path = storage.write_staged(spark, cfg, batch_id, corr.updates)
     failpoint("write.after_partition_staged")
 
     stats = storage.partition_stats(cfg, storage.read_staged(spark, cfg, batch_id))
@@ -131,9 +163,17 @@ def run_write(spark: SparkSession, store: MetadataStore, cfg: SinkConfig, batch_
         "batch_id": batch_id, "lower": desc.lower, "upper": desc.upper, "partitions": cfg.partitions,
         "read_version": read_version, "parts": parts,
     }
+    feed = {}
+    if cfg.kind == "upsert":
+        feed = dict(commands=corr.commands, late_commands=corr.late_commands, source_offset=corr.source_offset)
+        manifest.update(feed)
+        if corr.late_commands:
+            event(log, f"{corr.late_commands} late command(s) (time below lower {desc.lower}, arrived after "
+                  "their time's batch) are applied at lower", level=logging.WARNING, **state)
     if not store.mark_staged(
         batch_id, manifest=manifest, rows_ok=rows_ok, rows_err=rows_err,
-        read_version=read_version, drift_rows=drift,
+        read_version=read_version, drift_rows=drift, source_offset=corr.source_offset,
+        late_commands=corr.late_commands,
     ):
         storage.delete_path(spark, path)
         msg = event(log, "staged batch was superseded meanwhile; deleted its files", **state)
@@ -141,6 +181,6 @@ def run_write(spark: SparkSession, store: MetadataStore, cfg: SinkConfig, batch_
     failpoint("write.after_staged")
     msg = event(
         log, "staged batch", rows_ok=rows_ok, rows_err=rows_err, drift_rows=drift,
-        read_version=read_version, partitions=cfg.partitions, **state,
+        read_version=read_version, partitions=cfg.partitions, **feed, **state,
     )
     return WriteResult("staged", msg, rows_ok, rows_err, drift, parts, batch_id)

@@ -58,6 +58,8 @@ class Batch(Base):
     rows_ok: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     rows_err: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     drift_rows: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    source_offset: Mapped[int | None] = mapped_column(BigInteger, nullable=True)  # upsert feed read up to
+    late_commands: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     manifest: Mapped[str | None] = mapped_column(Text, nullable=True)
     message: Mapped[str | None] = mapped_column(Text, nullable=True)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))

@@ -36,7 +36,7 @@ from .models import COMMITTED, MINTED, OPEN_STATES, STAGED, SUPERSEDED, Batch, S
 
 log = logging.getLogger("reconcile.metadata")
 MIGRATIONS = Path(__file__).parent / "migrations"
-HEAD = "0001"
+HEAD = "0002"
 
 
 def now() -> datetime:
@@ -73,6 +73,8 @@ class CommitRecord:
     run_id: str | None = None
     rows_ok: int | None = None
     rows_err: int | None = None
+    source_offset: int | None = None
+    late_commands: int | None = None
 
 
 def make_engine(url: str) -> Engine:
@@ -323,7 +325,8 @@ class MetadataStore:
 
     def mark_staged(
         self, batch_id: str, *, manifest: dict, rows_ok: int, rows_err: int,
-        read_version: int, drift_rows: int,
+        read_version: int, drift_rows: int, source_offset: int | None = None,
+        late_commands: int | None = None,
     ) -> bool:
         """Record a staged batch; False if the description was superseded meanwhile."""
         with self.tx() as s:
@@ -338,6 +341,7 @@ class MetadataStore:
             b.manifest = json.dumps(manifest, sort_keys=True)
             b.rows_ok, b.rows_err = rows_ok, rows_err
             b.read_version, b.drift_rows = read_version, drift_rows
+            b.source_offset, b.late_commands = source_offset, late_commands
             b.updated_at = now()
             return True
 
@@ -383,6 +387,10 @@ class MetadataStore:
             b.delta_version = rec.version
             if rec.rows_ok is not None:
                 b.rows_ok, b.rows_err = rec.rows_ok, rec.rows_err
+            if rec.source_offset is not None:
+                b.source_offset = rec.source_offset
+            if rec.late_commands is not None:
+                b.late_commands = rec.late_commands
             b.updated_at = t
             try:
                 s.flush()

@@ -1,0 +1,199 @@
+"""Upsert sinks: keyed commands turned into the shard's differential collection (pure transforms).
+
+A feed holds commands ``(key, value or delete, time, offset)``. The shard holds one value per
+key (seeds 003/004, DESIGN section 3 "Upsert sources"). For a batch ``(lower, upper)``:
+
+1. **Eligibility.** A command is applied by the first batch whose read of the feed sees it with
+   a time below the batch's upper. Offsets grow with arrival (a CDC log position, a Kafka
+   offset of a one-partition export), so each committed batch records the highest offset of
+   the feed it read (``source_offset``, the *watermark*). The next batch applies commands with
+   ``lower <= time < upper``, plus those with ``time < lower`` whose offset is above the
+   watermark: they arrived after their time's batch was written. Those are **late**: they are
+   applied at ``lower`` (time is advanced, as in the correction formula) and counted in the
+   ledger (``late_commands``), never dropped. Commands at or after ``upper`` wait. The first
+   batch of a shard (no watermark yet) applies everything below its upper, at ``lower`` for
+   times before it. The work of a batch is bounded by the (key, time) pairs it selects.
+2. **Highest offset wins** per ``(key, effective time)``: a replayed command changes nothing.
+3. **Feedback.** For each key that receives a command, whatever the shard holds for it as of
+   ``lower - 1`` (every row with that key, ok or error, with its count) is retracted at the
+   key's first command time; every later command retracts the previous command's value. A
+   delete retracts only. A key that was tampered into two values is repaired by its next
+   command.
+4. **Errors are values.** A value that does not fit the schema (or a null in a non-nullable
+   value column) becomes the key's value as an error row (key columns kept, so the next good
+   command retracts it). A command whose key has a null, or whose time or offset is not an
+   integer, cannot be keyed or placed: it becomes an error row of its own (diff 1) and is
+   reported once (by offset, or by time when the offset is unreadable).
+
+No Python UDFs: one repartition by key serves the per-(key, time) aggregation and the per-key
+window; the feedback read is a consolidation of the shard joined with the touched keys.
+"""
+
+from __future__ import annotations
+
+from pyspark.sql import Column as SCol
+from pyspark.sql import DataFrame, Window
+from pyspark.sql import functions as F
+
+from .config import SinkConfig
+from .correction import as_of, consolidate, lossy, partition_of
+
+INT = "bigint"
+
+
+def _c(name: str) -> SCol:
+    return F.col(f"`{name}`")
+
+
+def _raw_time(cfg: SinkConfig) -> tuple[SCol, SCol]:
+    traw, oraw = _c(cfg.time_column), _c(cfg.offset_column)
+    t = F.when(~lossy(traw, traw.try_cast(INT), INT), traw.try_cast(INT))
+    o = F.when(~lossy(oraw, oraw.try_cast(INT), INT), oraw.try_cast(INT))
+    return t, o
+
+
+def eligibility(cfg: SinkConfig, lower: int, upper: int, watermark: int | None) -> tuple[SCol, SCol]:
+    """(eligible, late) over a raw feed: see the module doc, point 1."""
+    t, o = _raw_time(cfg)
+    if watermark is None:
+        return F.coalesce(t < upper, F.lit(True)), F.lit(False)
+    new = F.coalesce(o > watermark, F.lit(False))
+    eligible = F.when(t.isNull(), new).otherwise((t < upper) & ((t >= lower) | new))
+    late = F.coalesce((t < lower) & new, F.lit(False))
+    return eligible, late
+
+
+def feed_progress(cfg: SinkConfig, feed: DataFrame, lower: int, upper: int, watermark: int | None) -> DataFrame:
+    """One row: the feed's highest offset (the new watermark), commands eligible, late ones."""
+    _, o = _raw_time(cfg)
+    eligible, late = eligibility(cfg, lower, upper, watermark)
+    return feed.agg(
+        F.max(o).alias("max_offset"),
+        F.sum(F.when(eligible, 1).otherwise(0)).cast(INT).alias("commands"),
+        F.sum(F.when(eligible & late, 1).otherwise(0)).cast(INT).alias("late"),
+    )
+
+
+def commands(cfg: SinkConfig, feed: DataFrame, lower: int, upper: int, watermark: int | None) -> DataFrame:
+    """Eligible commands, validated: key and value columns in the sink's types, ``_error``
+    (a problem of the value, or of the command), ``_unkeyed`` (cannot be keyed or placed),
+    ``_del``, ``_time`` (effective: at least ``lower``) and ``_off``."""
+    t, o = _raw_time(cfg)
+    eligible, _ = eligibility(cfg, lower, upper, watermark)
+    types = {c.name: c for c in cfg.columns}
+    keys, values = list(cfg.key_columns), cfg.value_columns
+
+    cast = {n: _c(n).try_cast(types[n].type) for n in keys + values}
+    if cfg.delete_column:
+        is_delete = F.coalesce(_c(cfg.delete_column).cast("string").isin(*cfg.delete_values), F.lit(False))
+    else:
+        is_delete = F.lit(True)
+        for n in values:
+            is_delete = is_delete & _c(n).isNull()
+    value_problems = []
+    for n in values:  # a delete's values do not matter
+        src, val = _c(n), cast[n]
+        value_problems.append(F.when(~is_delete & src.isNotNull() & (val.isNull() | lossy(src, val, types[n].type)),
+                                     F.lit(f"column '{n}' does not fit {types[n].type}")))
+    for n in values:
+        if not types[n].nullable:
+            value_problems.append(F.when(~is_delete & _c(n).isNull(), F.lit(f"column '{n}' is null but not nullable")))
+    key_problems = []
+    for n in keys:
+        src, val = _c(n), cast[n]
+        key_problems.append(F.when(src.isNull(), F.lit(f"key column '{n}' is null")))
+        key_problems.append(F.when(src.isNotNull() & (val.isNull() | lossy(src, val, types[n].type)),
+                                   F.lit(f"key column '{n}' does not fit {types[n].type}")))
+    key_problems.append(F.when(t.isNull(), F.lit(f"time column '{cfg.time_column}' is null or not an integer")))
+    key_problems.append(F.when(o.isNull(), F.lit(f"offset column '{cfg.offset_column}' is null or not an integer")))
+
+    raw_json = F.to_json(F.struct(*[_c(c).cast("string").alias(c) for c in
+                                    cfg.column_names + [cfg.time_column, cfg.offset_column]]))
+    key_msg = F.concat_ws("; ", *key_problems)
+    value_msg = F.concat_ws("; ", *value_problems)
+    unkeyed = key_msg != ""
+    error = F.when(unkeyed, F.concat(F.lit("upsert command cannot be applied: "), key_msg, F.lit(" in "), raw_json)) \
+        .when(value_msg != "", F.concat(value_msg, F.lit(" in "), raw_json))
+    out = feed.where(eligible).select(
+        *[cast[n].alias(n) for n in keys],
+        *[cast[n].alias(n) for n in values],
+        error.alias("_error"),
+        unkeyed.alias("_unkeyed"),
+        is_delete.alias("_del"),
+        F.greatest(F.coalesce(t, F.lit(lower)), F.lit(lower)).cast(INT).alias("_time"),
+        o.alias("_off"),
+    )
+    # An error keeps the key (unless the key itself is bad) and drops the values: they are in the message.
+    return out.select(
+        *[F.when(~F.col("_unkeyed"), _c(n)).alias(n) for n in keys],
+        *[F.when(F.col("_error").isNull(), _c(n)).cast(types[n].type).alias(n) for n in values],
+        "_error", "_unkeyed", F.when(F.col("_error").isNull(), F.col("_del")).otherwise(False).alias("_del"),
+        "_time", "_off",
+    )
+
+
+def upsert_correction(cfg: SinkConfig, cmds: DataFrame, persist: DataFrame, lower: int) -> DataFrame:
+    """The batch's updates (update frame plus ``_part``), consolidated per (row, time)."""
+    keys, values = list(cfg.key_columns), cfg.value_columns
+    cols = cfg.column_names
+    keyed = cmds.where(~F.col("_unkeyed")).repartition(*[_c(k) for k in keys])
+    # 2. Highest offset wins per (key, time); ties (a replay) resolve to one command.
+    payload = F.struct(F.col("_off"), F.col("_del"), F.col("_error"), *[_c(v) for v in values])
+    per_time = keyed.groupBy(*[_c(k) for k in keys], F.col("_time")).agg(F.max(payload).alias("c"))
+    by_key = Window.partitionBy(*[_c(k) for k in keys])
+    ordered = per_time.select(
+        *[_c(k) for k in keys], "_time", "c",
+        F.lag("c").over(by_key.orderBy("_time")).alias("prev"),
+        F.min("_time").over(by_key).alias("_first"),
+    )
+
+    def frame(source: str, diff: int, where: SCol) -> DataFrame:
+        return ordered.where(where).select(
+            *[_c(k) for k in keys], *[F.col(f"{source}.`{v}`").alias(v) for v in values],
+            F.col(f"{source}._error").alias("_error"), "_time", F.lit(diff).cast(INT).alias("_diff"),
+        )
+
+    inserts = frame("c", 1, ~F.col("c._del"))
+    replaced = frame("prev", -1, F.col("prev").isNotNull() & ~F.col("prev._del"))
+
+    # 3. Feedback: everything the shard holds for a touched key as of lower - 1, retracted at
+    # the key's first command.
+    touched = ordered.where(F.col("_time") == F.col("_first")).select(*[_c(k) for k in keys], "_first")
+    held = as_of(cfg, persist, lower - 1)
+    for k in keys:
+        held = held.where(_c(k).isNotNull())
+    retracted = held.join(touched, on=keys, how="inner").select(
+        *[_c(c) for c in cols], "_error", F.col("_first").alias("_time"), (-F.col("_diff")).cast(INT).alias("_diff"),
+    )
+
+    unkeyed = cmds.where(F.col("_unkeyed")).select(
+        *[F.lit(None).cast(c.type).alias(c.name) for c in cfg.columns], "_error", "_time", F.lit(1).cast(INT).alias("_diff"),
+    )
+    order = [*cols, "_error", "_time", "_diff"]
+    both = inserts.select(*order).unionByName(replaced.select(*order)).unionByName(retracted.select(*order)) \
+        .unionByName(unkeyed.select(*order)).withColumn("_part", partition_of(cfg))
+    return consolidate(cfg, both.repartition(cfg.partitions, "_part"))
+
+
+def violations(cfg: SinkConfig, updates: DataFrame, t: int, keys: DataFrame | None = None, limit: int = 10) -> list[str]:
+    """Upsert invariants as of ``t``: each key has at most one value (ok or error), and every
+    consolidated count is 1. ``keys`` restricts the check (e.g. to the keys a batch touched)."""
+    kcols = list(cfg.key_columns)
+    snap = as_of(cfg, updates, t)
+    for k in kcols:
+        snap = snap.where(_c(k).isNotNull())
+    if keys is not None:
+        snap = snap.join(keys.select(*[_c(k) for k in kcols]).distinct(), on=kcols, how="left_semi")
+    snap = snap.cache()
+    try:
+        out = []
+        for r in snap.where(F.col("_diff") != 1).limit(limit).collect():
+            d = r.asDict()
+            out.append(f"row {({c: d[c] for c in cfg.column_names})} has count {d['_diff']} as of {t} (must be 1)")
+        multi = snap.groupBy(*[_c(k) for k in kcols]).agg(F.count(F.lit(1)).alias("n")).where(F.col("n") > 1)
+        for r in multi.limit(limit).collect():
+            d = r.asDict()
+            out.append(f"key {({k: d[k] for k in kcols})} has {d['n']} values as of {t} (must be at most 1)")
+        return out
+    finally:
+        snap.unpersist()

@@ -1,0 +1,207 @@
+"""Upsert sinks against the plain-Python model (tests/upsert_model.py), with real Spark + Delta."""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+
+import pytest
+from helpers import make_sink, run_batch, shard_as_of, write_json_rows
+from upsert_model import UpsertModel
+
+from reconcile import check
+from reconcile import shard as storage
+from reconcile import upsert
+from reconcile.errors import SourceError
+
+UPSERT = {"source": {"format": "json", "path": "feed"}, "key": ["k"], "time_column": "ts", "offset_column": "off"}
+HINT = {"k": 0, "v": "x", "ts": 10**15, "off": -1}  # a schema-only row far in the future, never eligible
+
+
+def upsert_sink(tmp_path, name="ups", **kw):
+    return make_sink(tmp_path, name, "upsert", upsert={**UPSERT, **kw.pop("upsert", {})}, **kw)
+
+
+def cmd(k, v, ts, off, **extra):
+    return {"k": k, "v": v, "ts": ts, "off": off, **extra}
+
+
+def feed_rows(tmp_path, rows):
+    """Write the feed; a schema-only hint row keeps the columns when rows are few or empty."""
+    write_json_rows(tmp_path / "feed", list(rows) + [HINT])
+
+
+def ok_rows(counter: Counter) -> Counter:
+    return Counter({k: n for k, n in counter.items() if k[-1] is None})
+
+
+def check_against(spark, cfg, model, times):
+    for t in times:
+        assert ok_rows(shard_as_of(spark, cfg, t)) == model.as_of(t), f"as of {t}"
+
+
+def test_inserts_updates_deletes_and_reinserts(spark, warehouse, tmp_path, sqlite_store):
+    cfg = upsert_sink(tmp_path)
+    model = UpsertModel()
+    feed = [cmd(1, "a", 150, 1), cmd(2, "b", 160, 2), cmd(1, "a2", 170, 3)]
+    feed_rows(tmp_path, feed)
+    run_batch(spark, sqlite_store, cfg, "r1", 200)
+    model.batch(feed, 100, 200)
+    check_against(spark, cfg, model, [149, 150, 165, 170, 199])
+
+    feed += [cmd(2, None, 210, 4), cmd(1, "a3", 220, 5), cmd(2, "b2", 230, 6), cmd(3, None, 240, 7)]
+    feed_rows(tmp_path, feed)
+    run_batch(spark, sqlite_store, cfg, "r2", 300)
+    model.batch(feed, 200, 300)
+    check_against(spark, cfg, model, [199, 210, 220, 230, 240, 299])
+    assert model.as_of(299) == Counter({(1, "a3", None): 1, (2, "b2", None): 1})
+    assert check.violations(spark, sqlite_store, cfg) == []
+
+
+def test_highest_offset_wins_per_key_and_time_and_replays_change_nothing(spark, warehouse, tmp_path, sqlite_store):
+    cfg = upsert_sink(tmp_path)
+    model = UpsertModel()
+    # out-of-order offsets in the file, duplicates, many commands per key in one batch
+    feed = [cmd(1, "late-off", 150, 9), cmd(1, "early-off", 150, 3), cmd(1, "late-off", 150, 9),
+            cmd(2, "x", 120, 4), cmd(2, "y", 130, 5), cmd(2, "z", 140, 6), cmd(2, None, 150, 7), cmd(2, "w", 190, 8)]
+    feed_rows(tmp_path, feed)
+    _, w, _ = run_batch(spark, sqlite_store, cfg, "r1", 200)
+    model.batch(feed, 100, 200)
+    check_against(spark, cfg, model, [119, 120, 135, 150, 189, 199])
+    assert model.as_of(199) == Counter({(1, "late-off", None): 1, (2, "w", None): 1})
+
+    # a replay of commands already applied (same offsets) changes nothing
+    replay = feed + [cmd(1, "late-off", 150, 9), cmd(2, "y", 130, 5)]
+    feed_rows(tmp_path, replay)
+    _, w2, _ = run_batch(spark, sqlite_store, cfg, "r2", 300)
+    model.batch(replay, 200, 300)
+    assert w2.rows_ok == 0 and w2.rows_err == 0
+    check_against(spark, cfg, model, [250, 299])
+
+
+def test_commands_at_or_after_upper_wait_and_late_commands_are_counted(spark, warehouse, tmp_path, sqlite_store):
+    cfg = upsert_sink(tmp_path)
+    model = UpsertModel()
+    feed = [cmd(1, "a", 150, 1), cmd(2, "future", 250, 2), cmd(3, "far", 400, 3)]
+    feed_rows(tmp_path, feed)
+    run_batch(spark, sqlite_store, cfg, "r1", 200)
+    model.batch(feed, 100, 200)
+    assert ok_rows(shard_as_of(spark, cfg, 199)) == Counter({(1, "a", None): 1})
+
+    # a late command: time 160 (< lower 200), arrived after batch 1 read the feed
+    feed += [cmd(1, "late", 160, 4), cmd(4, "late-new", 120, 5)]
+    feed_rows(tmp_path, feed)
+    _, w, _ = run_batch(spark, sqlite_store, cfg, "r2", 300)
+    model.batch(feed, 200, 300)
+    check_against(spark, cfg, model, [199, 200, 249, 250, 299])
+    b = sqlite_store.run_batch(cfg.name, "r2")
+    assert b.late_commands == 2 == model.late
+    assert b.source_offset == 5
+    # history before lower is not rewritten: the late value appears at lower
+    assert ok_rows(shard_as_of(spark, cfg, 199)) == Counter({(1, "a", None): 1})
+    assert ok_rows(shard_as_of(spark, cfg, 200))[(1, "late", None)] == 1
+
+    run_batch(spark, sqlite_store, cfg, "r3", 500)
+    model.batch(feed, 300, 500)
+    check_against(spark, cfg, model, [399, 400, 499])
+    assert sqlite_store.run_batch(cfg.name, "r3").late_commands == 0
+
+
+def test_feedback_repairs_a_key_tampered_into_two_values(spark, warehouse, tmp_path, sqlite_store):
+    from pyspark.sql import functions as F
+
+    cfg = upsert_sink(tmp_path)
+    feed = [cmd(1, "a", 150, 1), cmd(2, "b", 150, 2)]
+    feed_rows(tmp_path, feed)
+    run_batch(spark, sqlite_store, cfg, "r1", 200)
+    # behind the sink's back: key 1 gets a second value, key 2 a duplicate
+    tamper = storage.read_updates(spark, cfg).where(F.col("k") == 1).withColumn("v", F.lit("rogue"))
+    dup = storage.read_updates(spark, cfg).where(F.col("k") == 2)
+    tamper.unionByName(dup).write.format("delta").mode("append").save(storage.table_path(cfg))
+    broken = upsert.violations(cfg, storage.read_updates(spark, cfg), 199)
+    assert any("key {'k': 1} has 2 values" in v for v in broken), broken
+    assert any("has count 2" in v for v in broken), broken
+    assert any("has 2 values" in v for v in check.violations(spark, sqlite_store, cfg))
+
+    feed += [cmd(1, "a2", 210, 3), cmd(2, None, 220, 4)]
+    feed_rows(tmp_path, feed)
+    run_batch(spark, sqlite_store, cfg, "r2", 300)
+    assert ok_rows(shard_as_of(spark, cfg, 299)) == Counter({(1, "a2", None): 1})
+    assert upsert.violations(cfg, storage.read_updates(spark, cfg), 299) == []
+
+
+def test_error_values_and_unkeyed_commands(spark, warehouse, tmp_path, sqlite_store):
+    cfg = upsert_sink(tmp_path, schema=[{"name": "k", "type": "bigint"}, {"name": "v", "type": "string"},
+                                        {"name": "n", "type": "int", "nullable": False}])
+    rows = [
+        {"k": 1, "v": "a", "n": 1, "ts": 150, "off": 1},
+        {"k": 2, "v": "b", "n": 1.5, "ts": 150, "off": 2},  # value does not fit: the key's value is an error
+        {"k": None, "v": "c", "n": 3, "ts": 150, "off": 3},  # null key: an error row of its own
+        {"k": 3, "v": "d", "n": None, "ts": 150, "off": 4},  # null in a non-nullable value column
+        {"k": 4, "v": "e", "n": 4, "ts": "soon", "off": 5},  # a time that is not an integer
+    ]
+    write_json_rows(tmp_path / "feed", rows)
+    run_batch(spark, sqlite_store, cfg, "r1", 200)
+    got = shard_as_of(spark, cfg, 199)
+    assert ok_rows(got) == Counter({(1, "a", 1, None): 1})
+    errors = {k: n for k, n in got.items() if k[-1] is not None}
+    assert len(errors) == 4 and all(n == 1 for n in errors.values())
+    keyed = sorted(k[0] for k in errors if k[0] is not None)
+    assert keyed == [2, 3]  # value errors keep their key
+    messages = " | ".join(k[-1] for k in errors)
+    assert "column 'n' does not fit int" in messages and "key column 'k' is null" in messages
+    assert "time column 'ts' is null or not an integer" in messages and "not nullable" in messages
+
+    # a good command for key 2 retracts its error value; the unkeyed errors are not repeated
+    rows.append({"k": 2, "v": "fixed", "n": 2, "ts": 250, "off": 6})
+    write_json_rows(tmp_path / "feed", rows)
+    run_batch(spark, sqlite_store, cfg, "r2", 300)
+    got = shard_as_of(spark, cfg, 299)
+    assert ok_rows(got) == Counter({(1, "a", 1, None): 1, (2, "fixed", 2, None): 1})
+    assert Counter(k[0] for k, n in got.items() if k[-1] is not None for _ in range(n)) == Counter({3: 1, None: 2})
+
+
+def test_delete_column_marks_deletes(spark, warehouse, tmp_path, sqlite_store):
+    cfg = upsert_sink(tmp_path, upsert={"delete": {"column": "op", "values": ["d", "D"]}})
+    model = UpsertModel(delete_field="op", delete_values=("d", "D"))
+    feed = [cmd(1, "a", 150, 1, op="u"), cmd(2, None, 150, 2, op="u"), cmd(3, "c", 150, 3, op="i"),
+            cmd(1, "ignored", 160, 4, op="D"), cmd(3, "c", 170, 5, op="d")]
+    write_json_rows(tmp_path / "feed", feed + [{**HINT, "op": "u"}])
+    run_batch(spark, sqlite_store, cfg, "r1", 200)
+    model.batch(feed, 100, 200)
+    check_against(spark, cfg, model, [150, 160, 170, 199])
+    assert model.as_of(199) == Counter({(2, None, None): 1})  # a null value is a value here
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_random_feeds_match_the_model(spark, warehouse, tmp_path, sqlite_store, seed):
+    rng = random.Random(seed)
+    cfg = upsert_sink(tmp_path, partitions=rng.choice([1, 3]))
+    model = UpsertModel()
+    feed: list[dict] = []
+    off = 0
+    lower = cfg.as_of
+    for run in range(4):
+        upper = lower + rng.choice([100, 200])
+        for _ in range(rng.randint(0, 25)):
+            off += rng.choice([1, 1, 2])
+            t = rng.randint(cfg.as_of - 50, upper + 150)  # before as_of, late, in batch, future
+            feed.append(cmd(rng.randint(0, 6), rng.choice(["a", "b", "c", None]), t, off))
+        if feed and rng.random() < 0.3:
+            feed.append(dict(rng.choice(feed)))  # a duplicate delivery
+        rng.shuffle(feed)
+        feed_rows(tmp_path, feed)
+        run_batch(spark, sqlite_store, cfg, f"r{run}", upper)
+        model.batch(feed, lower, upper)
+        check_against(spark, cfg, model, sorted({lower, (lower + upper) // 2, upper - 1}))
+        lower = upper
+    assert check.violations(spark, sqlite_store, cfg) == []
+    assert sum(b.late_commands or 0 for b in sqlite_store.batches(cfg.name)) == model.late
+
+
+def test_feed_missing_a_column_is_a_clear_error(spark, warehouse, tmp_path, sqlite_store):
+    cfg = upsert_sink(tmp_path)
+    write_json_rows(tmp_path / "feed", [{"k": 1, "v": "a", "ts": 150}])
+    with pytest.raises(SourceError, match=r"upsert.source lacks column\(s\) \['off'\]"):
+        run_batch(spark, sqlite_store, cfg, "r1", 200)
+    assert not sqlite_store.batches(cfg.name, ("committed",))
