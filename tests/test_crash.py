@@ -104,6 +104,57 @@ def test_killed_process_then_recovery(spark, warehouse, tmp_path, sqlite_store, 
         assert base in lowers
 
 
+UPSERT_CASES = [
+    ("write", "write.after_partition_staged", "retry"),
+    ("append", "append.inside_delta_commit", "retry"),
+    ("append", "append.after_delta_commit", "next_run"),
+    ("append", "metadata.inside_absorb", "retry"),
+]
+
+
+@pytest.mark.parametrize("stage, point, recovery", UPSERT_CASES, ids=[f"{p}-{r}" for _, p, r in UPSERT_CASES])
+def test_killed_upsert_process_then_recovery(spark, warehouse, tmp_path, sqlite_store, monkeypatch, stage, point, recovery):
+    """The feed's watermark travels with the Delta commit: a batch rolled forward after a crash
+    keeps its late commands from being applied a second time."""
+    from test_upsert import feed_rows, ok_rows, upsert_sink
+    from upsert_model import UpsertModel
+
+    store = sqlite_store
+    monkeypatch.setenv("RECONCILE_SINKS_DIR", str(tmp_path))
+    cfg = upsert_sink(tmp_path, name=f"crash_ups_{point.replace('.', '_')}"[:60])
+    model = UpsertModel()
+    feed = [{"k": 1, "v": "a", "ts": 150, "off": 1}, {"k": 2, "v": "b", "ts": 160, "off": 2}]
+    feed_rows(tmp_path, feed)
+    run_batch(spark, store, cfg, "run-0", 200)
+    model.batch(feed, 100, 200)
+
+    # run-1 sees a late command for key 1 (time 120 < lower 200) and a newer one at 250
+    feed += [{"k": 1, "v": "late", "ts": 120, "off": 3}, {"k": 1, "v": "newer", "ts": 250, "off": 4},
+             {"k": 2, "v": None, "ts": 260, "off": 5}]
+    feed_rows(tmp_path, feed)
+    desc = mint.run_mint(store, cfg, "run-1", 1, 300).description
+    if stage == "append":
+        write.run_write(spark, store, cfg, desc.batch_id)
+    run_job_killed_at(stage, cfg, "run-1", point)
+    if recovery == "retry":
+        if stage == "write":
+            assert write.run_write(spark, store, cfg, desc.batch_id).outcome == "staged"
+        result = append.run_append(spark, store, cfg, store.run_batch(cfg.name, "run-1").batch_id)
+        assert result.outcome in ("committed", "recovered"), result
+    model.batch(feed, 200, 300)
+
+    feed += [{"k": 3, "v": "c", "ts": 350, "off": 6}]
+    feed_rows(tmp_path, feed)
+    _, _, a = run_batch(spark, store, cfg, "run-2", 400)
+    assert a.outcome == "committed", a
+    model.batch(feed, 300, 400)
+    for t in (199, 200, 299, 399):
+        assert ok_rows(shard_as_of(spark, cfg, t)) == model.as_of(t), f"as of {t}"
+    assert model.as_of(399)[(1, "newer", None)] == 1
+    assert sum(b.late_commands or 0 for b in store.batches(cfg.name, ("committed",))) == model.late == 1
+    assert check.violations(spark, store, cfg) == []
+
+
 def test_failpoints_are_off_by_default_and_reject_unknown_names():
     assert failpoints._armed == {}
     failpoints.failpoint("append.after_delta_commit")  # a no-op when nothing is armed
