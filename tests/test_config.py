@@ -44,6 +44,18 @@ CHANGELOG = {
     "start_date": "2024-03-01T06:00:00Z",
     "changelog": {"source": {"format": "json", "path": "log"}, "time_column": "ts", "diff_column": "diff"},
 }
+UPSERT = {
+    "name": "customers",
+    "kind": "upsert",
+    "schema": [{"name": "id", "type": "bigint"}, {"name": "region", "type": "string"},
+               {"name": "name", "type": "string"}, {"name": "score", "type": "int"}],
+    "start_date": "2024-01-01",
+    "upsert": {
+        "source": {"format": "parquet", "path": "cdc/customers"},
+        "key": ["id", "region"], "time_column": "ts", "offset_column": "lsn",
+        "delete": {"column": "op", "values": ["d", 3]},
+    },
+}
 
 
 def write(directory: Path, filename: str, data) -> Path:
@@ -117,6 +129,19 @@ def test_changelog_config_parses_with_defaults(tmp_path):
     assert cfg.sources == () and cfg.sql is None
 
 
+def test_upsert_config_parses_keys_values_and_delete_marker(tmp_path):
+    cfg = load_file(write(tmp_path, "customers.yaml", UPSERT))
+    assert cfg.kind == "upsert"
+    assert cfg.source == Source("source", "parquet", str((tmp_path / "cdc" / "customers").resolve()))
+    assert cfg.key_columns == ("id", "region") and cfg.value_columns == ["name", "score"]
+    assert (cfg.time_column, cfg.offset_column) == ("ts", "lsn")
+    assert (cfg.delete_column, cfg.delete_values) == ("op", ("d", "3"))
+    # without a delete section, a command whose values are all null is a delete; key as a string
+    plain = load_file(write(tmp_path, "plain.yaml", variant(UPSERT, "upsert.delete", **{"upsert.key": "id"})))
+    assert plain.key_columns == ("id",) and plain.delete_column is None
+    assert plain.value_columns == ["region", "name", "score"]
+
+
 def test_name_defaults_to_file_stem(tmp_path):
     assert load_file(write(tmp_path, "from_stem.yaml", variant(CHANGELOG, "name"))).name == "from_stem"
 
@@ -166,6 +191,21 @@ CASES = {
     "empty source path": (variant(QUERY, **{"query.sources.users.path": " "}), "query.sources.users.path"),
     "time column not identifier": (variant(CHANGELOG, **{"changelog.time_column": "ts)"}), "changelog.time_column"),
     "unknown retention field": (variant(QUERY, retention={"days": 3}), "retention.days"),
+    "upsert without section": (variant(UPSERT, "upsert"), "upsert"),
+    "upsert without key": (variant(UPSERT, "upsert.key"), "upsert.key"),
+    "upsert empty key": (variant(UPSERT, **{"upsert.key": []}), "upsert.key"),
+    "upsert key not in schema": (variant(UPSERT, **{"upsert.key": ["id", "nope"]}), "upsert.key[1]"),
+    "upsert key twice": (variant(UPSERT, **{"upsert.key": ["id", "ID"]}), "upsert.key"),
+    "upsert without offset": (variant(UPSERT, "upsert.offset_column"), "upsert.offset_column"),
+    "upsert time column in schema": (variant(UPSERT, **{"upsert.time_column": "score"}), "upsert.time_column"),
+    "upsert offset equals time": (variant(UPSERT, **{"upsert.offset_column": "ts"}), "upsert.offset_column"),
+    "upsert offset with sql": (variant(UPSERT, **{"upsert.offset_column": "lsn; --"}), "upsert.offset_column"),
+    "upsert delete column in schema": (variant(UPSERT, **{"upsert.delete.column": "name"}), "upsert.delete.column"),
+    "upsert delete without values": (variant(UPSERT, **{"upsert.delete.values": []}), "upsert.delete.values"),
+    "upsert key-only without delete": (
+        variant(UPSERT, "upsert.delete", schema=[{"name": "id", "type": "bigint"}], **{"upsert.key": ["id"]}),
+        "upsert.delete"),
+    "upsert unknown field": (variant(UPSERT, **{"upsert.order": "x"}), "upsert.order"),
     "root not a mapping": ([QUERY], "<root>"),
     "empty file": ("", "<root>"),
 }
