@@ -159,9 +159,8 @@ def upsert_correction(cfg: SinkConfig, cmds: DataFrame, persist: DataFrame, lowe
     # 3. Feedback: everything the shard holds for a touched key as of lower - 1, retracted at
     # the key's first command.
     touched = ordered.where(F.col("_time") == F.col("_first")).select(*[_c(k) for k in keys], "_first")
-    held = as_of(cfg, persist, lower - 1)
-    for k in keys:
-        held = held.where(_c(k).isNotNull())
+    # Only the touched keys' history is consolidated (a semi-join first, not the whole shard).
+    held = as_of(cfg, persist.join(touched.select(*[_c(k) for k in keys]), on=keys, how="left_semi"), lower - 1)
     retracted = held.join(touched, on=keys, how="inner").select(
         *[_c(c) for c in cols], "_error", F.col("_first").alias("_time"), (-F.col("_diff")).cast(INT).alias("_diff"),
     )
@@ -179,11 +178,11 @@ def violations(cfg: SinkConfig, updates: DataFrame, t: int, keys: DataFrame | No
     """Upsert invariants as of ``t``: each key has at most one value (ok or error), and every
     consolidated count is 1. ``keys`` restricts the check (e.g. to the keys a batch touched)."""
     kcols = list(cfg.key_columns)
+    if keys is not None:
+        updates = updates.join(keys.select(*[_c(k) for k in kcols]).distinct(), on=kcols, how="left_semi")
     snap = as_of(cfg, updates, t)
     for k in kcols:
         snap = snap.where(_c(k).isNotNull())
-    if keys is not None:
-        snap = snap.join(keys.select(*[_c(k) for k in kcols]).distinct(), on=kcols, how="left_semi")
     snap = snap.cache()
     try:
         out = []
