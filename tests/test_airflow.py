@@ -113,3 +113,48 @@ def test_dag_test_three_intervals_then_rerun_is_noop(airflow_db, spark, tmp_path
     assert storage.latest_version(spark, cfg) == version
     assert store.get_shard(name).upper == int(days[-1].timestamp() * 1000)
     store.dispose()
+
+
+@pytest.mark.slow
+def test_dag_test_runs_an_upsert_sink(airflow_db, spark, tmp_path, monkeypatch):
+    from airflow.models.dagbag import DagBag
+    from airflow.utils.state import DagRunState
+    from test_upsert import feed_rows, ok_rows
+    from upsert_model import UpsertModel
+
+    from reconcile.config import load_sink
+    from reconcile.metadata.store import MetadataStore
+
+    name = f"afu_{tmp_path.name[-8:].replace('-', '_').lower()}"
+    sinks = tmp_path / "sinks"
+    sinks.mkdir()
+    (sinks / f"{name}.yaml").write_text(yaml.safe_dump({
+        "name": name, "kind": "upsert",
+        "schema": [{"name": "k", "type": "bigint", "nullable": False}, {"name": "v", "type": "string"}],
+        "partitions": 2, "schedule": "@daily", "start_date": "2026-01-01", "as_of": "2026-01-01T00:00:00Z",
+        "retries": 1,
+        "upsert": {"source": {"format": "json", "path": str(tmp_path / "feed")}, "key": ["k"],
+                   "time_column": "ts", "offset_column": "off"},
+    }))
+    monkeypatch.setenv("RECONCILE_SINKS_DIR", str(sinks))
+    monkeypatch.setenv("RECONCILE_WAREHOUSE", str(tmp_path / "wh"))
+    monkeypatch.setenv("RECONCILE_METADATA_URL", f"sqlite:///{tmp_path / 'meta.db'}")
+    dag = DagBag(dag_folder=str(ROOT / "dags"), include_examples=False).get_dag(name)
+    cfg = load_sink(name)
+    day = 86_400_000
+    d1, d2 = cfg.as_of + day, cfg.as_of + 2 * day
+    feed = [{"k": 1, "v": "a", "ts": cfg.as_of + 10, "off": 1}, {"k": 2, "v": "b", "ts": cfg.as_of + 20, "off": 2},
+            {"k": 1, "v": "next-day", "ts": d1 + 5, "off": 3}]
+    model = UpsertModel()
+    feed_rows(tmp_path, feed)
+    assert dag.test(logical_date=datetime.fromtimestamp(d1 / 1000, timezone.utc)).state == DagRunState.SUCCESS
+    model.batch(feed, cfg.as_of, d1)
+    feed += [{"k": 2, "v": None, "ts": d1 + 7, "off": 4}, {"k": 3, "v": "late", "ts": cfg.as_of + 30, "off": 5}]
+    feed_rows(tmp_path, feed)
+    assert dag.test(logical_date=datetime.fromtimestamp(d2 / 1000, timezone.utc)).state == DagRunState.SUCCESS
+    model.batch(feed, d1, d2)
+    for t in (d1 - 1, d1, d1 + 5, d2 - 1):
+        assert ok_rows(shard_as_of(spark, cfg, t)) == model.as_of(t), t
+    store = MetadataStore(f"sqlite:///{tmp_path / 'meta.db'}")
+    assert [b.late_commands for b in store.batches(name, ("committed",))] == [0, 1]
+    store.dispose()

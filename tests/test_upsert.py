@@ -205,3 +205,28 @@ def test_feed_missing_a_column_is_a_clear_error(spark, warehouse, tmp_path, sqli
     with pytest.raises(SourceError, match=r"upsert.source lacks column\(s\) \['off'\]"):
         run_batch(spark, sqlite_store, cfg, "r1", 200)
     assert not sqlite_store.batches(cfg.name, ("committed",))
+
+
+def test_cli_status_check_and_dry_run_of_an_upsert_sink(spark, warehouse, tmp_path, sqlite_store, monkeypatch, capsys):
+    from reconcile import cli
+
+    monkeypatch.setenv("RECONCILE_SINKS_DIR", str(tmp_path))
+    cfg = upsert_sink(tmp_path)
+    feed = [cmd(1, "a", 150, 1), cmd(2, "b", 250, 2)]
+    feed_rows(tmp_path, feed)
+    assert cli.main(["run", cfg.name, "--frontier", "200", "--run-id", "r1"]) == 0
+    feed.append(cmd(3, "late", 120, 3))
+    feed_rows(tmp_path, feed)
+    capsys.readouterr()
+    assert cli.main(["dry-run", cfg.name, "--frontier", "300"]) == 0
+    out = capsys.readouterr().out
+    assert "upsert feed: 2 command(s) eligible, 1 late" in out and "nothing was written" in out
+    assert cli.main(["run", cfg.name, "--frontier", "300", "--run-id", "r2"]) == 0
+    capsys.readouterr()
+    assert cli.main(["status", cfg.name]) == 0
+    out = capsys.readouterr().out
+    assert "late" in out and "offset" in out
+    last = [line for line in out.splitlines() if line.rstrip().endswith("r2")][0].split()
+    assert last[-3:-1] == ["1", "3"], last  # late_commands, source_offset
+    assert cli.main(["check", cfg.name]) == 0
+    assert "0 invariant violation(s)" in capsys.readouterr().out

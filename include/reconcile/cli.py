@@ -68,12 +68,18 @@ def print_status(store, name: str, limit: int = 10) -> None:
     print(f"shard {name}: upper={_ts(shard.upper)} since={_ts(shard.since)} as_of={_ts(shard.as_of)} "
           f"read_only={shard.read_only} delta_version={shard.delta_version}")
     batches = store.batches(name)[-limit:]
+    feed = any(b.source_offset is not None or b.late_commands is not None for b in batches)
+
+    def cell(v, width: int) -> str:
+        return f"{'-' if v is None else v!s:>{width}}"
+
     if batches:
-        print(f"  {'lower':>15} {'upper':>15} {'state':<10} {'version':>7} {'ok':>6} {'err':>5} {'drift':>6}  run")
+        print(f"  {'lower':>15} {'upper':>15} {'state':<10} {'version':>7} {'ok':>6} {'err':>5} {'drift':>6}"
+              + (f" {'late':>5} {'offset':>10}" if feed else "") + "  run")
     for b in batches:
-        print(f"  {b.lower:>15} {b.upper:>15} {b.state:<10} {str(b.delta_version if b.delta_version is not None else '-'):>7} "
-              f"{str(b.rows_ok if b.rows_ok is not None else '-'):>6} {str(b.rows_err if b.rows_err is not None else '-'):>5} "
-              f"{str(b.drift_rows if b.drift_rows is not None else '-'):>6}  {b.run_id}")
+        print(f"  {b.lower:>15} {b.upper:>15} {b.state:<10} {cell(b.delta_version, 7)} {cell(b.rows_ok, 6)} "
+              f"{cell(b.rows_err, 5)} {cell(b.drift_rows, 6)}"
+              + (f" {cell(b.late_commands, 5)} {cell(b.source_offset, 10)}" if feed else "") + f"  {b.run_id}")
 
 
 def cmd_status(args) -> int:
