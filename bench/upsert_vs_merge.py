@@ -1,6 +1,6 @@
 """Upsert sink vs Delta MERGE on the same command stream, side by side in one run.
 
-    python bench/upsert_vs_merge.py [--keys 200000] [--batches 4] [--commands 50000] [--seed 1]
+    python bench/upsert_vs_merge.py [--keys 1000000] [--batches 3] [--commands 100000] [--seed 1]
 
 A seeded command feed (key ``id``; values ``name``, ``amount``, ``qty``; ``ts``, ``off``, and
 ``op`` = 'd' for a delete) is applied two ways, batch after batch:
@@ -81,9 +81,9 @@ def merge_batch(spark, target: str, feed: str, lower: int, upper: int) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--keys", type=int, default=200_000)
-    ap.add_argument("--batches", type=int, default=4)
-    ap.add_argument("--commands", type=int, default=50_000)
+    ap.add_argument("--keys", type=int, default=1_000_000)
+    ap.add_argument("--batches", type=int, default=3)
+    ap.add_argument("--commands", type=int, default=100_000)
     ap.add_argument("--partitions", type=int, default=4)
     ap.add_argument("--seed", type=int, default=1)
     args = ap.parse_args(argv)

@@ -183,16 +183,19 @@ def violations(cfg: SinkConfig, updates: DataFrame, t: int, keys: DataFrame | No
     snap = as_of(cfg, updates, t)
     for k in kcols:
         snap = snap.where(_c(k).isNotNull())
-    snap = snap.cache()
-    try:
-        out = []
-        for r in snap.where(F.col("_diff") != 1).limit(limit).collect():
-            d = r.asDict()
-            out.append(f"row {({c: d[c] for c in cfg.column_names})} has count {d['_diff']} as of {t} (must be 1)")
-        multi = snap.groupBy(*[_c(k) for k in kcols]).agg(F.count(F.lit(1)).alias("n")).where(F.col("n") > 1)
-        for r in multi.limit(limit).collect():
-            d = r.asDict()
-            out.append(f"key {({k: d[k] for k in kcols})} has {d['n']} values as of {t} (must be at most 1)")
-        return out
-    finally:
-        snap.unpersist()
+    # One pass: per key, how many values and which counts are not 1.
+    per_key = snap.groupBy(*[_c(k) for k in kcols]).agg(
+        F.count(F.lit(1)).alias("_values"),
+        F.collect_list(F.when(F.col("_diff") != 1, F.struct(*[_c(c) for c in cfg.column_names], "_error", "_diff")))
+        .alias("_bad"),
+    ).where((F.col("_values") > 1) | (F.size("_bad") > 0))
+    out = []
+    for r in per_key.limit(limit).collect():
+        d = r.asDict(recursive=True)
+        key = {k: d[k] for k in kcols}
+        if d["_values"] > 1:
+            out.append(f"key {key} has {d['_values']} values as of {t} (must be at most 1)")
+        for b in d["_bad"]:
+            row = {c: b[c] for c in cfg.column_names}
+            out.append(f"row {row} has count {b['_diff']} as of {t} (must be 1)")
+    return out
