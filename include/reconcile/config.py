@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -72,7 +72,6 @@ class SinkConfig:
     delete_values: tuple[str, ...] = ()
     vacuum_retention_hours: int = 168
     description: str = ""
-    extra: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
 
     @property
     def column_names(self) -> list[str]:
