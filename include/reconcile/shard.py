@@ -121,33 +121,59 @@ def read_as_of(spark: SparkSession, cfg: SinkConfig, t: int) -> tuple[DataFrame,
     return ok, errors
 
 
-def latest_version(spark: SparkSession, cfg: SinkConfig) -> int:
-    from delta.tables import DeltaTable
+def _log_path(cfg: SinkConfig) -> str:
+    return f"{table_path(cfg)}/_delta_log"
 
-    return int(DeltaTable.forPath(spark, table_path(cfg)).history(1).select("version").first()[0])
+
+def log_versions(spark: SparkSession, cfg: SinkConfig) -> list[int]:
+    """The versions whose commit files are in the Delta log, ascending.
+
+    Reads the log's file names (one listing) instead of ``DeltaTable.history()``, which runs a
+    Spark job per call (~0.3 s against ~0.02 s); a commit file appears atomically (Delta's
+    put-if-absent), so the highest name is the latest version.
+    """
+    fs, pattern = _fs(spark, f"{_log_path(cfg)}/*.json")
+    found = fs.globStatus(pattern) or []
+    names = [st.getPath().getName() for st in found]
+    return sorted(int(n[:-5]) for n in names if n[:-5].isdigit())
+
+
+def latest_version(spark: SparkSession, cfg: SinkConfig) -> int:
+    versions = log_versions(spark, cfg)
+    if not versions:
+        raise Retryable(f"the Delta table at {table_path(cfg)} has no commits", sink=cfg.name)
+    return versions[-1]
+
+
+def commit_info(spark: SparkSession, cfg: SinkConfig, version: int) -> dict:
+    """The ``commitInfo`` action of one Delta version (read from its commit file)."""
+    fs, path = _fs(spark, f"{_log_path(cfg)}/{version:020d}.json")
+    stream = fs.open(path)
+    try:
+        text = spark._jvm.org.apache.commons.io.IOUtils.toString(stream, "UTF-8")
+    finally:
+        stream.close()
+    for line in text.splitlines():
+        if line.startswith('{"commitInfo"'):
+            return json.loads(line)["commitInfo"]
+    return {}
+
+
+def reconcile_meta(info: dict) -> dict | None:
+    """The sink's own commit metadata (``userMetadata["reconcile"]``), None for foreign commits."""
+    try:
+        meta = json.loads(info.get("userMetadata") or "").get(META_KEY)
+    except (ValueError, AttributeError):
+        return None
+    return meta if isinstance(meta, dict) else None
 
 
 def history_since(spark: SparkSession, cfg: SinkConfig, after: int) -> tuple[int, list[tuple[int, dict | None]]]:
     """(latest version, [(version, reconcile metadata or None)] for versions > after, ascending)."""
-    from delta.tables import DeltaTable
-
-    dt = DeltaTable.forPath(spark, table_path(cfg))
-    latest = int(dt.history(1).select("version").first()[0])
-    if latest <= after:
-        return latest, []
-    rows = dt.history(latest - after).select("version", "userMetadata").collect()
-    out = []
-    for r in sorted(rows, key=lambda r: r[0]):
-        if r[0] <= after:
-            continue
-        meta = None
-        if r[1]:
-            try:
-                meta = json.loads(r[1]).get(META_KEY)
-            except (ValueError, AttributeError):
-                meta = None
-        out.append((int(r[0]), meta))
-    return latest, out
+    versions = log_versions(spark, cfg)
+    if not versions:
+        raise Retryable(f"the Delta table at {table_path(cfg)} has no commits", sink=cfg.name)
+    return versions[-1], [(v, reconcile_meta(commit_info(spark, cfg, v))) for v in versions if v > after]
 
 
 def batch_commits(entries: list[tuple[int, dict | None]]) -> list[CommitRecord]:
