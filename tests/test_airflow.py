@@ -32,9 +32,11 @@ def test_dagbag_imports_every_sink_with_retries(airflow_db, monkeypatch):
     assert "demo_orders" in bag.dag_ids
     for dag_id in bag.dag_ids:
         dag = bag.get_dag(dag_id)
-        assert {t.task_id for t in dag.tasks} == {"mint", "write", "append"}, dag_id
+        assert {t.task_id for t in dag.tasks} == {"mint", "write", "append", "compaction_due", "compact"}, dag_id
         assert dag.get_task("write").upstream_task_ids == {"mint"}
         assert dag.get_task("append").upstream_task_ids == {"write"}
+        assert dag.get_task("compaction_due").upstream_task_ids == {"append"}
+        assert dag.get_task("compact").upstream_task_ids == {"compaction_due"}
         assert dag.max_active_runs == 1
         assert all(t.retries >= 1 for t in dag.tasks), f"{dag_id}: every task must retry"
         assert dag.doc_md and dag_id in dag.doc_md

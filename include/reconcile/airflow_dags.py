@@ -1,4 +1,4 @@
-"""One Airflow DAG per sink config: ``mint >> write >> append``.
+"""One Airflow DAG per sink config: ``mint >> write >> append >> compaction_due >> compact``.
 
 Built at DAG-parse time from the YAML files only: no Spark, no database, no network here.
 
@@ -8,6 +8,9 @@ Built at DAG-parse time from the YAML files only: no Spark, no database, no netw
 - ``write`` and ``append`` are spark-submit jobs (jobs/write_correction.py,
   jobs/append_batch.py) on the ``spark_default`` connection (``local[*]`` on the embedded
   default, a Spark master in production).
+- ``compaction_due`` (Python, metadata only) skips ``compact`` until ``compaction.every_batches``
+  batches wait to be folded into ``since``; ``compact`` (jobs/compact_shard.py) then advances
+  since, consolidates the history before it and vacuums (reconcile.compact).
 - Retries: transient failures retry; a failure the job recorded as final (an outdated batch,
   bad input) fails at once with its one-line cause and remedy.
 - ``max_active_runs=1``: runs of a sink (and backfills) commit in order.
@@ -34,7 +37,7 @@ class ReconcileSparkSubmitOperator(SparkSubmitOperator):
     non-retried task failure with the job's one-line message."""
 
     def __init__(self, *, sink: str, stage: str, **kwargs):
-        script = {"write": "write_correction.py", "append": "append_batch.py"}[stage]
+        script = {"write": "write_correction.py", "append": "append_batch.py", "compact": "compact_shard.py"}[stage]
         super().__init__(
             application=str(JOBS / script),
             application_args=["--sink", sink, "--run-id", "{{ run_id }}"],
@@ -104,7 +107,18 @@ def build_dag(cfg: SinkConfig) -> DAG:
 
         write = ReconcileSparkSubmitOperator(task_id="write", sink=cfg.name, stage="write")
         append = ReconcileSparkSubmitOperator(task_id="append", sink=cfg.name, stage="append")
-        mint() >> write >> append
+
+        @task(task_id="compaction_due")
+        def compaction_due(sink: str = cfg.name) -> str:
+            from .tasks import compaction_check
+
+            due, why = compaction_check(sink)
+            if not due:
+                raise AirflowSkipException(why)
+            return why
+
+        compact = ReconcileSparkSubmitOperator(task_id="compact", sink=cfg.name, stage="compact")
+        mint() >> write >> append >> compaction_due() >> compact
     return dag
 
 

@@ -13,6 +13,8 @@ Commands:
   run SINK [--frontier T] [--run-id ID]
                            one batch without Airflow (mint, write, append in this process)
   check SINK               sync the metadata, then list invariant violations (ledger vs Delta log)
+  compact SINK [--since T] [--no-vacuum]
+                           advance since, consolidate the history before it, vacuum old files
   chaos [--schedules N] [--seed S] [--steps K] [--first I] [--metadata-url URL]
                            randomized schedules against the model; prints counts and divergences
   demo                     run the demo sink for three intervals through Airflow and print it
@@ -207,6 +209,20 @@ def cmd_check(args) -> int:
     return 1 if problems else 0
 
 
+def cmd_compact(args) -> int:
+    """Advance since and consolidate the history before it (also the DAG's compact task)."""
+    from .compact import run_compact
+    from .config import load_sink
+    from .spark import get_session
+
+    cfg = load_sink(args.sink)
+    store = _store()
+    spark = get_session(f"reconcile-compact-{cfg.name}")
+    result = run_compact(spark, store, cfg, since=args.since, vacuum_files=not args.no_vacuum)
+    print(f"compact: {result.message}")
+    return 4 if result.outcome == "raced" else 0
+
+
 def cmd_chaos(args) -> int:
     from .chaos import main as chaos_main
 
@@ -257,6 +273,11 @@ def main(argv: list[str] | None = None) -> int:
     ck = sub.add_parser("check")
     ck.add_argument("sink")
     ck.set_defaults(fn=cmd_check)
+    cp = sub.add_parser("compact")
+    cp.add_argument("sink")
+    cp.add_argument("--since", type=int, default=None, help="new since (ms); default upper - retention.history_hours")
+    cp.add_argument("--no-vacuum", action="store_true", help="leave unreferenced Delta files in place")
+    cp.set_defaults(fn=cmd_compact)
     ch = sub.add_parser("chaos")
     ch.add_argument("--schedules", type=int, default=10)
     ch.add_argument("--seed", type=int, default=1)

@@ -71,6 +71,8 @@ class SinkConfig:
     delete_column: str | None = None
     delete_values: tuple[str, ...] = ()
     vacuum_retention_hours: int = 168
+    history_retention_hours: int = 168
+    compact_every_batches: int = 20
     description: str = ""
 
     @property
@@ -245,6 +247,7 @@ def _upsert(u: _Reader, base: Path, columns: list[Column], sink: str) -> dict[st
 TOP_FIELDS = {
     "name", "kind", "description", "schema", "partitions", "schedule", "start_date", "as_of",
     "catchup", "retries", "read_only", "query", "changelog", "upsert", "retention",
+    "compaction",
 }
 
 
@@ -296,10 +299,18 @@ def parse(data: Any, path: str, default_name: str | None = None) -> SinkConfig:
         raise ConfigError(path, "retries", "must not be negative", sink=name)
     retention = r.get("retention", dict, {})
     rr = _Reader(path, retention, "retention")
-    rr.unknown({"vacuum_hours"})
+    rr.unknown({"vacuum_hours", "history_hours"})
     vacuum = rr.get("vacuum_hours", int, 168)
     if vacuum < 0:
         raise ConfigError(path, "retention.vacuum_hours", "must not be negative", sink=name)
+    history = rr.get("history_hours", int, 168)
+    if history < 0:
+        raise ConfigError(path, "retention.history_hours", "must not be negative", sink=name)
+    compaction = _Reader(path, r.get("compaction", dict, {}), "compaction")
+    compaction.unknown({"every_batches"})
+    every = compaction.get("every_batches", int, 20)
+    if every < 0:
+        raise ConfigError(path, "compaction.every_batches", "must not be negative (0: compact only by hand)", sink=name)
 
     base = Path(path).resolve().parent
     kw: dict[str, Any] = {}
@@ -331,6 +342,7 @@ def parse(data: Any, path: str, default_name: str | None = None) -> SinkConfig:
         name=name, kind=kind, columns=tuple(columns), partitions=partitions, schedule=schedule,
         start_date=start, as_of=as_of, path=str(path), catchup=r.get("catchup", bool, False),
         retries=retries, read_only=r.get("read_only", bool, False), vacuum_retention_hours=vacuum,
+        history_retention_hours=history, compact_every_batches=every,
         description=r.get("description", str, ""), **kw,
     )
 

@@ -11,7 +11,7 @@ Armed through the environment, ``RECONCILE_FAILPOINTS="append.after_delta_commit
 
 Points (see README): write.after_partition_staged, write.after_staged, append.after_advance_as_of,
 append.before_delta_commit, append.inside_delta_commit, append.after_delta_commit,
-metadata.inside_absorb.
+metadata.inside_absorb, compact.after_since, compact.after_commit.
 """
 
 from __future__ import annotations
@@ -28,6 +28,8 @@ POINTS = (
     "append.inside_delta_commit",
     "append.after_delta_commit",
     "metadata.inside_absorb",
+    "compact.after_since",
+    "compact.after_commit",
 )
 
 _armed: dict[str, str] = {}

@@ -145,18 +145,34 @@ def latest_version(spark: SparkSession, cfg: SinkConfig) -> int:
     return versions[-1]
 
 
-def commit_info(spark: SparkSession, cfg: SinkConfig, version: int) -> dict:
-    """The ``commitInfo`` action of one Delta version (read from its commit file)."""
+def _commit_actions(spark: SparkSession, cfg: SinkConfig, version: int) -> list[dict]:
+    """The actions of one Delta version, read from its commit file (one JSON object per line)."""
     fs, path = _fs(spark, f"{_log_path(cfg)}/{version:020d}.json")
     stream = fs.open(path)
     try:
         text = spark._jvm.org.apache.commons.io.IOUtils.toString(stream, "UTF-8")
     finally:
         stream.close()
-    for line in text.splitlines():
-        if line.startswith('{"commitInfo"'):
-            return json.loads(line)["commitInfo"]
+    return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+
+def commit_info(spark: SparkSession, cfg: SinkConfig, version: int) -> dict:
+    """The ``commitInfo`` action of one Delta version."""
+    for action in _commit_actions(spark, cfg, version):
+        if "commitInfo" in action:
+            return action["commitInfo"]
     return {}
+
+
+def last_txn_version(spark: SparkSession, cfg: SinkConfig) -> int | None:
+    """The last ``txnVersion`` the sink's commit guard recorded (``txn`` action of the app id),
+    searching the commit files from the latest back; None if none is left in the log."""
+    for v in reversed(log_versions(spark, cfg)):
+        for action in _commit_actions(spark, cfg, v):
+            txn = action.get("txn")
+            if txn and txn.get("appId") == app_id(cfg):
+                return int(txn["version"])
+    return None
 
 
 def reconcile_meta(info: dict) -> dict | None:

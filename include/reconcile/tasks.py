@@ -2,7 +2,8 @@
 
 The DAG's ``mint`` task calls :func:`mint_for_run` in-process (metadata only). ``write`` and
 ``append`` are Spark jobs (jobs/*.py, submitted with spark-submit) that call
-:func:`stage_for_run` and :func:`commit_for_run`. A failure is recorded on the run's batch in
+:func:`stage_for_run` and :func:`commit_for_run`; ``compaction_due`` (metadata only) decides
+whether the ``compact`` job (:func:`compact_for_run`) runs. A failure is recorded on the run's batch in
 the ledger (``message``, prefixed ``final:`` when retrying cannot help), so the operator can tell
 Airflow whether to retry.
 """
@@ -68,6 +69,35 @@ def stage_for_run(sink: str, run_id: str, spark=None) -> str:
 
 def commit_for_run(sink: str, run_id: str, spark=None) -> str:
     return _run_stage("append", sink, run_id, spark)
+
+
+def compaction_check(sink: str) -> tuple[bool, str]:
+    """(due?, why): the DAG's ``compaction_due`` task (metadata only, no Spark)."""
+    from .compact import due
+
+    cfg = load_sink(sink)
+    store = open_store()
+    try:
+        return due(store, cfg)
+    finally:
+        store.dispose()
+
+
+def compact_for_run(sink: str, run_id: str, spark=None) -> str:
+    """The DAG's ``compact`` job: advance since and consolidate the history before it."""
+    from .compact import run_compact
+    from .spark import get_session
+
+    cfg = load_sink(sink)
+    store = open_store()
+    try:
+        spark = spark or get_session(f"reconcile-{sink}-compact")
+        result = run_compact(spark, store, cfg)
+        if result.outcome == "raced":
+            raise Retryable(result.message, sink=sink, remedy="the task retries by itself.")
+        return f"run {run_id}: {result.message}"
+    finally:
+        store.dispose()
 
 
 def note_failure(store: MetadataStore, batch_id: str, exc: SinkError) -> None:

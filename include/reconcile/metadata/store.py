@@ -228,6 +228,22 @@ class MetadataStore:
                 current = s.scalar(select(Shard.upper).where(Shard.name == name))
                 raise UpperMismatch(name, expected, current)
 
+    def advance_since(self, name: str, since: int) -> int:
+        """Raise the shard's ``since`` to ``since`` (never lower it; below ``upper``: the shard
+        stays readable as of ``upper - 1``).
+
+        Returns the shard's since afterwards. Raising since only narrows what the shard promises
+        (exact reads at times >= since), so it is done before compaction rewrites anything.
+        """
+        with self.tx() as s:
+            shard = self._locked(s, name)
+            if since >= shard.upper:
+                raise ValueError(f"since {since} would pass the shard's latest readable time {shard.upper - 1}")
+            if since > shard.since:
+                shard.since = since
+                shard.updated_at = now()
+            return shard.since
+
     # -- mint ---------------------------------------------------------------------------------
 
     def mint(
@@ -325,7 +341,7 @@ class MetadataStore:
 
     def mark_staged(
         self, batch_id: str, *, manifest: dict, rows_ok: int, rows_err: int,
-        read_version: int, drift_rows: int, source_offset: int | None = None,
+        read_version: int, drift_rows: int | None, source_offset: int | None = None,
         late_commands: int | None = None,
     ) -> bool:
         """Record a staged batch; False if the description was superseded meanwhile."""
