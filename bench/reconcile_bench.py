@@ -8,7 +8,7 @@
 Everything runs on one SparkSession (its start is reported apart, not counted).
 
 Data. Rows of an orders-like schema (key ``id BIGINT NOT NULL`` and 14 typed columns: bigints,
-ints, doubles, a decimal(12,2), a date, timestamps, a boolean, strings of 4 to 200 characters,
+ints, doubles, a decimal(12,2), a date, timestamps, a boolean, strings of 3 to 200 characters,
 some nullable columns holding nulls) are generated in Spark from hashes of (seed, id, column).
 The "before" snapshot holds N rows. For each change fraction f the "after" (desired) snapshot
 is before with round(f * N) changes split evenly among updates (four columns of an existing id
@@ -31,10 +31,10 @@ and is timed bringing it to "after":
 With --repeat R every method runs R times on fresh tables and the medians are reported. A
 warm-up round of all four methods on a small table comes first and is not reported.
 
-Checks (any failure exits non-zero at once): the sink's content as of its upper - 1 has every
-count 1 and no error rows, and equals the MERGE table and the overwritten table (exceptAll both
-ways); the sink's correction and the floor's difference both hold 2 * updates + inserts +
-deletes rows.
+Checks (any failure exits non-zero at once): the sink's content as of its upper - 1 (as of its
+since if compaction moved since up to the upper) has every count 1 and no error rows, and equals
+the MERGE table and the overwritten table (exceptAll both ways); the sink's correction and the
+floor's difference both hold 2 * updates + inserts + deletes rows.
 
 Outputs: a table of seconds per method, mint/write/append, the ratios sink/MERGE,
 sink/overwrite, sink/floor and (mint + append)/sink; ``<out>/reconcile_bench.json`` (every
@@ -386,8 +386,9 @@ def chart(path: Path, results: list[dict], fractions: list[float]) -> None:
 
 # -- the two modes --------------------------------------------------------------------------------
 
-def run_size(spark: SparkSession, store, root: Path, label: str, n: int, fractions: list[float], args) -> list[dict]:
-    """Every fraction of one size: the snapshots, then ``--repeat`` runs of a, b, c, d; medians."""
+def run_size(spark: SparkSession, store, root: Path, label: str, n: int, fractions: list[float], repeat: int,
+             args) -> list[dict]:
+    """Every fraction of one size: the snapshots, then ``repeat`` runs of a, b, c, d; medians."""
     data = root / label
     before = str(data / "before")
     generate(spark.range(n), args.seed).write.parquet(before)
@@ -397,7 +398,7 @@ def run_size(spark: SparkSession, store, root: Path, label: str, n: int, fractio
         after = str(data / f"after_{fi}")
         change(spark, spark.read.parquet(before), args.seed, f"f{f}", changes, n).write.parquet(after)
         runs = []
-        for rep in range(args.repeat):
+        for rep in range(repeat):
             name = f"{label}_f{fi}_r{rep}"
             (root / name).mkdir()
             r = run_once(spark, store, root / name, name, before, after, changes, args.partitions)
@@ -426,10 +427,10 @@ def run_main(spark: SparkSession, store, root: Path, args) -> list[dict]:
     fractions = [float(x) for x in args.fractions.split(",")]
     # Untimed warm-up on a small table, so that the first timed run of each method does not
     # pay for loading and compiling its code paths in the JVM.
-    run_size(spark, store, root, "warmup", WARMUP_ROWS, fractions[-1:], argparse.Namespace(**{**vars(args), "repeat": 1}))
+    run_size(spark, store, root, "warmup", WARMUP_ROWS, fractions[-1:], 1, args)
     results = []
     for n in [int(x) for x in args.sizes.split(",")]:
-        results += run_size(spark, store, root, f"bench_n{n}", n, fractions, args)
+        results += run_size(spark, store, root, f"bench_n{n}", n, fractions, args.repeat, args)
     return results
 
 

@@ -18,6 +18,7 @@ import json
 import logging
 import time
 from contextlib import contextmanager
+from functools import lru_cache
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -49,8 +50,12 @@ def app_id(cfg: SinkConfig) -> str:
 
 
 def schema(cfg: SinkConfig, *, with_part: bool = False) -> StructType:
-    ddl = cfg.ddl + (", `_part` INT" if with_part else "")
-    return StructType.fromDDL(ddl)
+    return _parse_ddl(cfg.ddl + (", `_part` INT" if with_part else ""))
+
+
+@lru_cache(maxsize=256)
+def _parse_ddl(ddl: str) -> StructType:
+    return StructType.fromDDL(ddl)  # a round trip to the JVM's parser (~50 ms): parse once
 
 
 @contextmanager
@@ -92,13 +97,38 @@ def ensure_table(spark: SparkSession, cfg: SinkConfig) -> None:
                     sink=cfg.name, remedy="the task retries by itself; if it persists, check the warehouse path.",
                 ) from None
             time.sleep(0.5 * attempt)
-    actual = spark.read.format("delta").load(path).schema
+    actual = _schema_from_checksum(spark, cfg) or spark.read.format("delta").load(path).schema
     want = [(f.name.lower(), f.dataType.simpleString()) for f in expected.fields]
     have = [(f.name.lower(), f.dataType.simpleString()) for f in actual.fields]
     if want != have:
         raise ShardSchemaChanged(
             f"Delta table {path} has columns {have}, the sink expects {want}", sink=cfg.name
         )
+
+
+def _checksum(spark: SparkSession, cfg: SinkConfig, version: int | None = None) -> dict | None:
+    """The version checksum Delta writes beside a commit (``<version>.crc``: metadata, protocol,
+    set transactions), or None if it is missing or unreadable (then ask Delta itself)."""
+    try:
+        if version is None:
+            version = latest_version(spark, cfg)
+        fs, path = _fs(spark, f"{_log_path(cfg)}/{version:020d}.crc")
+        if not fs.exists(path):
+            return None
+        stream = fs.open(path)
+        try:
+            return json.loads(spark._jvm.org.apache.commons.io.IOUtils.toString(stream, "UTF-8"))
+        finally:
+            stream.close()
+    except Exception:  # noqa: BLE001 - only an optimisation: callers fall back to Delta
+        return None
+
+
+def _schema_from_checksum(spark: SparkSession, cfg: SinkConfig) -> StructType | None:
+    try:
+        return StructType.fromJson(json.loads(_checksum(spark, cfg)["metadata"]["schemaString"]))
+    except (TypeError, KeyError, ValueError):
+        return None
 
 
 def read_updates(spark: SparkSession, cfg: SinkConfig, version: int | None = None) -> DataFrame:
@@ -167,7 +197,12 @@ def commit_info(spark: SparkSession, cfg: SinkConfig, version: int) -> dict:
 def last_txn_version(spark: SparkSession, cfg: SinkConfig) -> int | None:
     """The last ``txnVersion`` the sink's commit guard recorded (``txn`` action of the app id),
     searching the commit files from the latest back; None if none is left in the log."""
-    for v in reversed(log_versions(spark, cfg)):
+    versions = log_versions(spark, cfg)
+    crc = _checksum(spark, cfg, versions[-1]) if versions else None
+    if crc is not None and isinstance(crc.get("setTransactions"), list):
+        mine = [t for t in crc["setTransactions"] if t.get("appId") == app_id(cfg)]
+        return int(mine[0]["version"]) if mine else None
+    for v in reversed(versions):
         for action in _commit_actions(spark, cfg, v):
             txn = action.get("txn")
             if txn and txn.get("appId") == app_id(cfg):
