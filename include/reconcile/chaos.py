@@ -1,4 +1,5 @@
-"""Randomized schedules: source changes, runs, reruns, tampering, crashes, races, read-only.
+"""Randomized schedules: source changes, runs, reruns, tampering, crashes, races, read-only,
+compactions (alone, crashing, or racing a run).
 
 A seeded generator drives one query sink through a random sequence of steps and checks, after
 every step, against an independent model (the source rows each committed batch was computed
@@ -7,7 +8,8 @@ from, counted with plain Python):
 - the shard as of the last committed ``upper - 1`` equals that batch's source (drift included:
   a batch repairs whatever was tampered before it);
 - as of every earlier committed ``upper - 1``, the shard equals that batch's source, for the
-  batches committed after the last tampering (tampering rewrites history, by design);
+  batches committed after the last tampering (tampering rewrites history, by design) and at or
+  after the shard's ``since`` (compaction consolidates the history before it);
 - the ledger agrees with the Delta log, lowers strictly increase and chain, no lower is
   committed twice (:mod:`reconcile.check`).
 
@@ -34,7 +36,7 @@ from pathlib import Path
 
 import yaml
 
-from . import append, check, failpoints, mint, write
+from . import append, check, compact, failpoints, mint, write
 from . import shard as storage
 from .config import SinkConfig, load_file
 from .errors import SinkError
@@ -43,6 +45,8 @@ from .metadata.store import MetadataStore
 
 log = logging.getLogger("reconcile.chaos")
 KEYS = range(6)
+COMPACT_POINTS = tuple(p for p in failpoints.POINTS if p.startswith("compact."))
+BATCH_POINTS = tuple(p for p in failpoints.POINTS if p not in COMPACT_POINTS)
 VALUES = "abc"
 
 
@@ -55,12 +59,14 @@ class Stats:
     races: int = 0
     tampers: int = 0
     read_only_toggles: int = 0
+    compactions: int = 0
     divergences: list[str] = field(default_factory=list)
 
     def line(self) -> str:
         return (
             f"schedules={self.schedules} steps={self.steps} runs={self.runs} crashes={self.crashes} "
             f"races={self.races} tampers={self.tampers} read_only_toggles={self.read_only_toggles} "
+            f"compactions={self.compactions} "
             f"divergences={len(self.divergences)}"
         )
 
@@ -78,7 +84,7 @@ class Schedule:
         (self.dir / f"{name}.yaml").write_text(yaml.safe_dump({
             "name": name, "kind": "query", "partitions": self.rng.choice([1, 2, 3]),
             "schema": [{"name": "k", "type": "bigint", "nullable": False}, {"name": "v", "type": "string"}],
-            "start_date": "1970-01-01", "as_of": 1000,
+            "start_date": "1970-01-01", "as_of": 1000, "retention": {"history_hours": 0},
             "query": {"sources": {"src": {"format": "json", "path": "src"}}, "sql": "SELECT k, v FROM src"},
         }))
         self.cfg: SinkConfig = load_file(self.dir / f"{name}.yaml")
@@ -138,8 +144,8 @@ class Schedule:
 
     def step(self) -> None:
         op = self.rng.choices(
-            ["change", "run", "crash", "race", "tamper", "read_only", "rerun"],
-            weights=[3, 4, 2, 1, 1, 1, 1],
+            ["change", "run", "crash", "race", "tamper", "read_only", "rerun", "compact"],
+            weights=[3, 4, 2, 1, 1, 1, 1, 1],
         )[0]
         self.stats.steps += 1
         if op == "change":
@@ -154,7 +160,7 @@ class Schedule:
             self.stats.runs += 1
             self.stats.crashes += 1
             run_id, frontier = self.next_run()
-            self.one_run(run_id, frontier, crash=self.rng.choice(failpoints.POINTS))
+            self.one_run(run_id, frontier, crash=self.rng.choice(BATCH_POINTS))
             recovery = self.rng.choice(["retry", "rerun", "next_run"])
             if recovery in ("retry", "rerun"):
                 self.one_run(run_id, frontier)
@@ -180,6 +186,30 @@ class Schedule:
         elif op == "rerun" and self.past_runs:
             self.stats.runs += 1
             self.one_run(*self.rng.choice(self.past_runs))
+        elif op == "compact":
+            self.stats.compactions += 1
+            crash = self.rng.choice(COMPACT_POINTS) if self.rng.random() < 0.3 else None
+            if self.rng.random() < 0.5:  # racing a run
+                self.stats.races += 1
+                self.stats.runs += 1
+                t = threading.Thread(target=self.one_run, args=self.next_run())
+                t.start()
+                self.compact(crash)
+                t.join()
+            else:
+                self.compact(crash)
+
+    def compact(self, crash: str | None) -> None:
+        if crash:
+            self.stats.crashes += 1
+            failpoints.arm(crash, "raise@1")
+        try:
+            compact.run_compact(self.spark, self.store, self.cfg, vacuum_files=False)
+        except SinkError as exc:  # an armed fail point, a since that cannot move yet
+            log.info("%s compaction ended with %s", self.tag, type(exc).__name__)
+        finally:
+            if crash:
+                failpoints.disarm_all()
 
     def tamper(self) -> None:
         from delta.tables import DeltaTable
@@ -218,10 +248,13 @@ class Schedule:
         append.sync(self.spark, self.store, self.cfg)
         problems = [v for v in check.violations(self.spark, self.store, self.cfg) if final or "staged files" not in v]
         committed = self.store.batches(self.cfg.name, (COMMITTED,))
+        since = self.store.get_shard(self.cfg.name).since
         updates = storage.read_updates(self.spark, self.cfg).select("k", "v", "_error", "_time", "_diff").collect()
         for b in committed:
             if b.upper <= self.tampered_below:
                 continue  # history rewritten behind the sink's back; repaired at a later time
+            if b.upper - 1 < since:
+                continue  # compacted: reads before since are not promised
             want = self.source_of.get(b.batch_id)
             if want is None:
                 problems.append(f"committed batch {b.batch_id} was never written by this schedule")

@@ -101,15 +101,21 @@ def _uncompacted(spark: SparkSession, cfg: SinkConfig, since: int) -> bool:
 def vacuum(spark: SparkSession, cfg: SinkConfig) -> None:
     from delta.tables import DeltaTable
 
-    key = "spark.databricks.delta.retentionDurationCheck.enabled"
-    short = cfg.vacuum_retention_hours < 168  # Delta refuses below 7 days unless told
-    if short:
-        spark.conf.set(key, "false")
+    conf = {
+        # Vacuum lists the table with this many tasks (default 10,000: ~40 s of empty tasks on
+        # a small local table); the shard is not partitioned, a few suffice.
+        "spark.sql.sources.parallelPartitionDiscovery.parallelism": str(max(cfg.partitions, 4)),
+    }
+    if cfg.vacuum_retention_hours < 168:  # Delta refuses below 7 days unless told
+        conf["spark.databricks.delta.retentionDurationCheck.enabled"] = "false"
+    saved = {k: spark.conf.get(k, None) for k in conf}
+    for k, v in conf.items():
+        spark.conf.set(k, v)
     try:
         DeltaTable.forPath(spark, storage.table_path(cfg)).vacuum(float(cfg.vacuum_retention_hours))
     finally:
-        if short:
-            spark.conf.unset(key)
+        for k, v in saved.items():
+            spark.conf.unset(k) if v is None else spark.conf.set(k, v)
 
 
 def run_compact(
