@@ -52,7 +52,7 @@ def test_invalid_config_is_visible_without_hiding_valid_sinks(airflow_db, tmp_pa
     assert "bad.yaml" in placeholder.doc_md and "schema" in placeholder.doc_md
 
 
-def _sink(sinks_dir: Path, data_dir: Path, name: str) -> None:
+def _sink(sinks_dir: Path, data_dir: Path, name: str, **extra) -> None:
     sinks_dir.mkdir(exist_ok=True)
     (sinks_dir / f"{name}.yaml").write_text(yaml.safe_dump({
         "name": name, "kind": "query",
@@ -60,6 +60,7 @@ def _sink(sinks_dir: Path, data_dir: Path, name: str) -> None:
         "partitions": 2, "schedule": "@daily", "start_date": "2026-01-01", "as_of": "2026-01-01T00:00:00Z",
         "retries": 1,
         "query": {"sources": {"src": {"format": "json", "path": str(data_dir)}}, "sql": "SELECT k, v FROM src"},
+        **extra,
     }))
 
 
@@ -78,7 +79,8 @@ def test_dag_test_three_intervals_then_rerun_is_noop(airflow_db, spark, tmp_path
 
     name = f"af_{tmp_path.name[-8:].replace('-', '_').lower()}"
     sinks, data = tmp_path / "sinks", tmp_path / "src"
-    _sink(sinks, data, name)
+    # compaction keeps 36 h of exact history and runs once 2 batches wait to be folded in
+    _sink(sinks, data, name, compaction={"every_batches": 2}, retention={"history_hours": 36, "vacuum_hours": 0})
     monkeypatch.setenv("RECONCILE_SINKS_DIR", str(sinks))
     monkeypatch.setenv("RECONCILE_WAREHOUSE", str(tmp_path / "wh"))
     monkeypatch.setenv("RECONCILE_METADATA_URL", f"sqlite:///{tmp_path / 'meta.db'}")
@@ -91,16 +93,25 @@ def test_dag_test_three_intervals_then_rerun_is_noop(airflow_db, spark, tmp_path
         [{"k": 3, "v": "c"}],
     ]
     days = [datetime(2026, 1, 2 + i, tzinfo=timezone.utc) for i in range(3)]
-    for rows, day in zip(sources, days):
+    for i, (rows, day) in enumerate(zip(sources, days)):
         write_json_rows(data, rows)
         run = dag.test(logical_date=day)
         assert run.state == DagRunState.SUCCESS
         upper = int(day.timestamp() * 1000)
         assert shard_as_of(spark, cfg, upper - 1) == _model(rows)
-    for rows, day in zip(sources, days):  # history stays readable as of every earlier upper
-        assert shard_as_of(spark, cfg, int(day.timestamp() * 1000) - 1) == _model(rows)
+        tis = {ti.task_id: ti.state for ti in run.get_task_instances()}
+        assert tis["compaction_due"] == ("success" if i == 2 else "skipped"), tis
+        assert tis["compact"] == ("success" if i == 2 else "skipped"), tis
 
     store = MetadataStore(f"sqlite:///{tmp_path / 'meta.db'}")
+    since = store.get_shard(name).since
+    assert since == int(days[-1].timestamp() * 1000) - 36 * 3600 * 1000  # upper - 36 h
+    for rows, day in zip(sources, days):  # history stays readable as of every upper - 1 >= since
+        if int(day.timestamp() * 1000) - 1 >= since:
+            assert shard_as_of(spark, cfg, int(day.timestamp() * 1000) - 1) == _model(rows)
+    times = {r["_time"] for r in storage.read_updates(spark, cfg).select("_time").collect()}
+    assert min(times) == since  # the updates before since were folded into it
+
     assert store.get_shard(name).upper == int(days[-1].timestamp() * 1000)
     committed = [b for b in store.batches(name) if b.state == "committed"]
     assert [b.lower for b in committed] == [cfg.as_of] + [int(d.timestamp() * 1000) for d in days[:-1]]

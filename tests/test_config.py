@@ -26,7 +26,8 @@ QUERY = {
     "as_of": "2024-01-02",
     "retries": 5,
     "read_only": True,
-    "retention": {"vacuum_hours": 24},
+    "retention": {"vacuum_hours": 24, "history_hours": 48},
+    "compaction": {"every_batches": 5},
     "query": {
         "sources": {
             "orders": {"format": "csv", "path": "data/orders", "options": {"header": True, "sep": ";"}},
@@ -104,6 +105,7 @@ def test_query_config_parses_into_fields(tmp_path):
     assert cfg.start_date == datetime(2024, 1, 1, tzinfo=timezone.utc)
     assert cfg.as_of == 1704153600000  # 2024-01-02T00:00:00Z in epoch ms
     assert cfg.vacuum_retention_hours == 24
+    assert (cfg.history_retention_hours, cfg.compact_every_batches) == (48, 5)
     assert cfg.sql == "SELECT k, v FROM orders"
     assert cfg.path == str(tmp_path / "orders_daily.yaml")
     assert cfg.sources == (
@@ -126,6 +128,7 @@ def test_changelog_config_parses_with_defaults(tmp_path):
     assert cfg.as_of == int(start.timestamp() * 1000)  # as_of defaults to start_date
     assert (cfg.partitions, cfg.retries, cfg.read_only, cfg.catchup) == (4, 2, False, False)
     assert cfg.vacuum_retention_hours == 168
+    assert (cfg.history_retention_hours, cfg.compact_every_batches) == (168, 20)
     assert cfg.sources == () and cfg.sql is None
 
 
@@ -191,6 +194,11 @@ CASES = {
     "empty source path": (variant(QUERY, **{"query.sources.users.path": " "}), "query.sources.users.path"),
     "time column not identifier": (variant(CHANGELOG, **{"changelog.time_column": "ts)"}), "changelog.time_column"),
     "unknown retention field": (variant(QUERY, retention={"days": 3}), "retention.days"),
+    "negative history hours": (variant(QUERY, retention={"history_hours": -1}), "retention.history_hours"),
+    "history hours not an int": (variant(QUERY, retention={"history_hours": "a day"}), "retention.history_hours"),
+    "unknown compaction field": (variant(QUERY, compaction={"every": 3}), "compaction.every"),
+    "negative compaction cadence": (variant(QUERY, compaction={"every_batches": -2}), "compaction.every_batches"),
+    "compaction not a mapping": (variant(QUERY, compaction=[1]), "compaction"),
     "upsert without section": (variant(UPSERT, "upsert"), "upsert"),
     "upsert without key": (variant(UPSERT, "upsert.key"), "upsert.key"),
     "upsert empty key": (variant(UPSERT, **{"upsert.key": []}), "upsert.key"),
