@@ -122,10 +122,9 @@ def run_compact(
     spark: SparkSession, store: MetadataStore, cfg: SinkConfig, *, since: int | None = None,
     vacuum_files: bool = True,
 ) -> CompactResult:
-    if not storage.exists(spark, cfg):
-        shard = store.get_shard(cfg.name)
+    if not storage.exists(spark, cfg):  # never run (maybe not even minted): nothing to fold
         return CompactResult("nothing", event(log, "nothing to compact: the shard has no Delta table yet",
-                                              sink=cfg.name), shard.since)
+                                              sink=cfg.name), 0)
     shard = sync(spark, store, cfg)
     target = target_since(cfg, shard.upper, shard.since) if since is None else since
     state = dict(sink=cfg.name, upper=shard.upper, since=shard.since, new_since=target)
