@@ -103,13 +103,6 @@ def lossy(src: SCol, val: SCol, typ: str) -> SCol:
     return F.coalesce(exact != val.cast("decimal(38,9)"), F.lit(False))
 
 
-def _source_type(raw: DataFrame, name: str) -> str | None:
-    for f in raw.schema.fields:
-        if f.name.lower() == name.lower():
-            return f.dataType.simpleString()
-    return None
-
-
 def validate(
     cfg: SinkConfig, raw: DataFrame, diff: SCol, time: SCol | None, extra_problem: SCol | None = None
 ) -> DataFrame:
@@ -125,9 +118,10 @@ def validate(
     """
     problems = [] if extra_problem is None else [extra_problem]
     casted = []
+    source_types = {f.name.lower(): f.dataType.simpleString() for f in raw.schema.fields}
     for c in cfg.columns:
         src = F.col(_q(c.name))
-        have = _source_type(raw, c.name)
+        have = source_types.get(c.name.lower())
         if have == c.type:
             casted.append(src.alias(c.name))
         else:

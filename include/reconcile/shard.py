@@ -106,20 +106,26 @@ def ensure_table(spark: SparkSession, cfg: SinkConfig) -> None:
         )
 
 
+def _read_text(spark: SparkSession, path: str) -> str | None:
+    """A small file's text through the Hadoop FileSystem (None if it does not exist)."""
+    fs, p = _fs(spark, path)
+    if not fs.exists(p):
+        return None
+    stream = fs.open(p)
+    try:
+        return spark._jvm.org.apache.commons.io.IOUtils.toString(stream, "UTF-8")
+    finally:
+        stream.close()
+
+
 def _checksum(spark: SparkSession, cfg: SinkConfig, version: int | None = None) -> dict | None:
     """The version checksum Delta writes beside a commit (``<version>.crc``: metadata, protocol,
     set transactions), or None if it is missing or unreadable (then ask Delta itself)."""
     try:
         if version is None:
             version = latest_version(spark, cfg)
-        fs, path = _fs(spark, f"{_log_path(cfg)}/{version:020d}.crc")
-        if not fs.exists(path):
-            return None
-        stream = fs.open(path)
-        try:
-            return json.loads(spark._jvm.org.apache.commons.io.IOUtils.toString(stream, "UTF-8"))
-        finally:
-            stream.close()
+        text = _read_text(spark, f"{_log_path(cfg)}/{version:020d}.crc")
+        return None if text is None else json.loads(text)
     except Exception:  # noqa: BLE001 - only an optimisation: callers fall back to Delta
         return None
 
@@ -168,21 +174,22 @@ def log_versions(spark: SparkSession, cfg: SinkConfig) -> list[int]:
     return sorted(int(n[:-5]) for n in names if n[:-5].isdigit())
 
 
-def latest_version(spark: SparkSession, cfg: SinkConfig) -> int:
+def _committed_versions(spark: SparkSession, cfg: SinkConfig) -> list[int]:
     versions = log_versions(spark, cfg)
     if not versions:
         raise Retryable(f"the Delta table at {table_path(cfg)} has no commits", sink=cfg.name)
-    return versions[-1]
+    return versions
+
+
+def latest_version(spark: SparkSession, cfg: SinkConfig) -> int:
+    return _committed_versions(spark, cfg)[-1]
 
 
 def _commit_actions(spark: SparkSession, cfg: SinkConfig, version: int) -> list[dict]:
     """The actions of one Delta version, read from its commit file (one JSON object per line)."""
-    fs, path = _fs(spark, f"{_log_path(cfg)}/{version:020d}.json")
-    stream = fs.open(path)
-    try:
-        text = spark._jvm.org.apache.commons.io.IOUtils.toString(stream, "UTF-8")
-    finally:
-        stream.close()
+    text = _read_text(spark, f"{_log_path(cfg)}/{version:020d}.json")
+    if text is None:  # listed a moment ago: removed by Delta's log cleanup meanwhile
+        raise Retryable(f"Delta commit file of version {version} under {_log_path(cfg)} is gone", sink=cfg.name)
     return [json.loads(line) for line in text.splitlines() if line.strip()]
 
 
@@ -221,9 +228,7 @@ def reconcile_meta(info: dict) -> dict | None:
 
 def history_since(spark: SparkSession, cfg: SinkConfig, after: int) -> tuple[int, list[tuple[int, dict | None]]]:
     """(latest version, [(version, reconcile metadata or None)] for versions > after, ascending)."""
-    versions = log_versions(spark, cfg)
-    if not versions:
-        raise Retryable(f"the Delta table at {table_path(cfg)} has no commits", sink=cfg.name)
+    versions = _committed_versions(spark, cfg)
     return versions[-1], [(v, reconcile_meta(commit_info(spark, cfg, v))) for v in versions if v > after]
 
 
