@@ -10,6 +10,7 @@ Times: the sinks use ``as_of = 100`` (``helpers.make_sink``'s default) and run f
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 
 import pytest
@@ -191,6 +192,28 @@ def test_drift_written_between_write_and_append_is_counted(spark, warehouse, tmp
     repair = committed_run(spark, store, cfg, "run-3", 400)
     assert query_as_of(update_log(spark, cfg), cfg, 399) == model_query(rows, cfg)  # repaired ...
     assert repair.drift_rows == 1  # ... and counted
+
+
+def test_commit_metadata_belongs_to_the_write_not_the_session(spark, warehouse, tmp_path, sqlite_store):
+    """Writers sharing one SparkSession (a compaction thread beside a batch, a notebook) must not
+    stamp each other's commits: a batch commit stamped as anything else would never be absorbed
+    and the shard's upper would stall (the CI failure of session 3)."""
+    store = sqlite_store
+    cfg = make_sink(tmp_path, "stamped")
+    rows = [{"k": 1, "v": "a"}, {"k": 2, "v": "b"}]
+    write_json_rows(tmp_path / "src", rows)
+    key = "spark.databricks.delta.commitInfo.userMetadata"
+    other = json.dumps({"reconcile": {"op": "compact", "sink": cfg.name, "token": "other-thread"}})
+    spark.conf.set(key, other)  # what another writer of this session has set, mid-write
+    try:
+        committed_run(spark, store, cfg, "run-1", 200)
+        committed_run(spark, store, cfg, "run-2", 300)
+        assert spark.conf.get(key, None) == other, "the sink must not touch the session's commit metadata"
+    finally:
+        spark.conf.unset(key)
+    assert [m["op"] for _, m in storage.history_since(spark, cfg, -1)[1]] == ["create", "batch", "batch"]
+    assert_ledger(spark, store, cfg, [200, 300])
+    assert query_as_of(update_log(spark, cfg), cfg, 299) == model_query(rows, cfg)
 
 
 def test_foreign_update_at_or_after_the_upper_is_repaired(spark, warehouse, tmp_path, sqlite_store):

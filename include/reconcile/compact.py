@@ -155,12 +155,11 @@ def run_compact(
     out = compacted(cfg, storage.read_updates(spark, cfg, read_version), target)
     cols = [f"`{c}`" for c in cfg.column_names] + ["_error", "_time", "_diff"]
     try:
-        with storage.commit_metadata(spark, meta):
-            (
-                out.select(*cols).write.format("delta").mode("overwrite")
-                .option("txnAppId", storage.app_id(cfg)).option("txnVersion", recorded + 1)
-                .save(storage.table_path(cfg))
-            )
+        (
+            storage.writer(out.select(*cols), meta, "overwrite")
+            .option("txnAppId", storage.app_id(cfg)).option("txnVersion", recorded + 1)
+            .save(storage.table_path(cfg))
+        )
     except Exception as exc:  # a concurrent commit won (ConcurrentTransaction/Append exception)
         if "Concurrent" not in type(exc).__name__ and "Concurrent" not in str(exc)[:500]:
             raise

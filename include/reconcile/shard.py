@@ -17,7 +17,6 @@ from __future__ import annotations
 import json
 import logging
 import time
-from contextlib import contextmanager
 from functools import lru_cache
 
 from pyspark.sql import DataFrame, SparkSession
@@ -58,14 +57,15 @@ def _parse_ddl(ddl: str) -> StructType:
     return StructType.fromDDL(ddl)  # a round trip to the JVM's parser (~50 ms): parse once
 
 
-@contextmanager
-def commit_metadata(spark: SparkSession, meta: dict):
-    key = "spark.databricks.delta.commitInfo.userMetadata"
-    spark.conf.set(key, json.dumps({META_KEY: meta}, sort_keys=True))
-    try:
-        yield
-    finally:
-        spark.conf.unset(key)
+def writer(df: DataFrame, meta: dict, mode: str):
+    """A Delta writer whose commit carries ``meta`` as the sink's own commit metadata.
+
+    The metadata is an option of this one write, never the session-wide
+    ``spark.databricks.delta.commitInfo.userMetadata``: writers sharing a SparkSession (threads,
+    a notebook) would otherwise stamp each other's commits, and a batch commit stamped as
+    anything else is invisible to :func:`reconcile.append.sync`.
+    """
+    return df.write.format("delta").mode(mode).option("userMetadata", json.dumps({META_KEY: meta}, sort_keys=True))
 
 
 def exists(spark: SparkSession, cfg: SinkConfig) -> bool:
@@ -86,8 +86,7 @@ def ensure_table(spark: SparkSession, cfg: SinkConfig) -> None:
         # concurrent creators lose that race with an exception and then find the table.
         attempt += 1
         try:
-            with commit_metadata(spark, {"op": "create", "sink": cfg.name}):
-                spark.createDataFrame([], expected).write.format("delta").mode("ignore").save(path)
+            writer(spark.createDataFrame([], expected), {"op": "create", "sink": cfg.name}, "ignore").save(path)
         except Exception as exc:
             if DeltaTable.isDeltaTable(spark, path):
                 break
@@ -247,14 +246,12 @@ def batch_commits(entries: list[tuple[int, dict | None]]) -> list[CommitRecord]:
 def commit_batch(spark: SparkSession, cfg: SinkConfig, updates: DataFrame, meta: dict) -> None:
     """Append one batch as one Delta version, idempotently keyed by its lower."""
     cols = [f"`{c}`" for c in cfg.column_names] + ["_error", "_time", "_diff"]
-    with commit_metadata(spark, {"op": "batch", "sink": cfg.name, **meta}):
-        (
-            updates.select(*cols)
-            .write.format("delta").mode("append")
-            .option("txnAppId", app_id(cfg))
-            .option("txnVersion", int(meta["lower"]))
-            .save(table_path(cfg))
-        )
+    (
+        writer(updates.select(*cols), {"op": "batch", "sink": cfg.name, **meta}, "append")
+        .option("txnAppId", app_id(cfg))
+        .option("txnVersion", int(meta["lower"]))
+        .save(table_path(cfg))
+    )
 
 
 # -- staged files (Hadoop FileSystem, so the same code works on object storage) -----------------
