@@ -216,6 +216,29 @@ def test_commit_metadata_belongs_to_the_write_not_the_session(spark, warehouse, 
     assert query_as_of(update_log(spark, cfg), cfg, 299) == model_query(rows, cfg)
 
 
+def test_maintenance_commits_are_not_drift(spark, warehouse, tmp_path, sqlite_store):
+    """VACUUM (which logs VACUUM START/END) and OPTIMIZE write foreign Delta versions that change
+    no data: the next batch must not count them as drift (nor pay two full time-travel reads to
+    measure it: the 2x batch after every compaction in BENCHMARKS.md)."""
+    store = sqlite_store
+    cfg = make_sink(tmp_path, "maintained")
+    rows = [{"k": 1, "v": "a"}, {"k": 2, "v": "b"}]
+    write_json_rows(tmp_path / "src", rows)
+    committed_run(spark, store, cfg, "run-1", 200)
+    committed_run(spark, store, cfg, "run-2", 300)  # a second file to compact
+    table = DeltaTable.forPath(spark, storage.table_path(cfg))
+    table.optimize().executeCompaction()
+    table.vacuum(168.0)
+    _, entries = storage.history_since(spark, cfg, store.get_shard(cfg.name).delta_version)
+    assert [(m["op"], m["operation"]) for _, m in entries] == [
+        ("maintenance", "OPTIMIZE"), ("maintenance", "VACUUM START"), ("maintenance", "VACUUM END")]
+    rows2 = rows + [{"k": 3, "v": "c"}]
+    write_json_rows(tmp_path / "src", rows2)
+    batch = committed_run(spark, store, cfg, "run-3", 400)
+    assert batch.drift_rows == 0 and batch.rows_ok == 1
+    assert query_as_of(update_log(spark, cfg), cfg, 399) == model_query(rows2, cfg)
+
+
 def test_foreign_update_at_or_after_the_upper_is_repaired(spark, warehouse, tmp_path, sqlite_store):
     store = sqlite_store
     cfg = make_sink(tmp_path, "ahead")

@@ -225,10 +225,28 @@ def reconcile_meta(info: dict) -> dict | None:
     return meta if isinstance(meta, dict) else None
 
 
+MAINTENANCE = "maintenance"
+
+
+def describe_commit(actions: list[dict]) -> dict | None:
+    """What the sink makes of one Delta version: its own commit metadata; for a foreign commit
+    that changes no data (``VACUUM START``/``END``, ``OPTIMIZE``, table properties: no
+    ``add``/``remove`` with ``dataChange``) ``{"op": "maintenance", ...}``; None for a foreign
+    commit that changes data (drift the next batch repairs and measures)."""
+    info = next((a["commitInfo"] for a in actions if "commitInfo" in a), {})
+    meta = reconcile_meta(info)
+    if meta is not None:
+        return meta
+    changes = [a.get("add") or a.get("remove") for a in actions if "add" in a or "remove" in a]
+    if any(c.get("dataChange", True) for c in changes):
+        return None
+    return {"op": MAINTENANCE, "operation": info.get("operation")}
+
+
 def history_since(spark: SparkSession, cfg: SinkConfig, after: int) -> tuple[int, list[tuple[int, dict | None]]]:
-    """(latest version, [(version, reconcile metadata or None)] for versions > after, ascending)."""
+    """(latest version, [(version, :func:`describe_commit`)] for versions > after, ascending)."""
     versions = _committed_versions(spark, cfg)
-    return versions[-1], [(v, reconcile_meta(commit_info(spark, cfg, v))) for v in versions if v > after]
+    return versions[-1], [(v, describe_commit(_commit_actions(spark, cfg, v))) for v in versions if v > after]
 
 
 def batch_commits(entries: list[tuple[int, dict | None]]) -> list[CommitRecord]:
