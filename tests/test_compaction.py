@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import threading
 from collections import Counter
-from pathlib import Path
 
 import pytest
 

@@ -140,7 +140,7 @@ def run_compact(
         target = state["new_since"] = shard.since
 
     read_version = storage.latest_version(spark, cfg)
-    recorded = storage.last_txn_version(spark, cfg)
+    recorded = storage.last_txn_version(spark, cfg, read_version)
     if recorded is None:
         return CompactResult("nothing", event(log, "nothing to compact: no batch committed yet", **state), shard.since)
     if recorded + 1 >= shard.upper:

@@ -82,11 +82,13 @@ def ensure_table(spark: SparkSession, cfg: SinkConfig) -> None:
     expected = schema(cfg)
     attempt = 0
     while not DeltaTable.isDeltaTable(spark, path):
-        # An empty write creates version 0 atomically (put-if-absent of the first commit file);
-        # concurrent creators lose that race with an exception and then find the table.
+        # Version 0 is one metadata-only commit (no Spark job: ~0.3 s, against ~0.7 s, and ~7 s
+        # for the first write of a JVM, for an empty DataFrame write), atomic by Delta's
+        # put-if-absent of the first commit file; concurrent creators lose that race with an
+        # exception and then find the table. It changes no data: a "maintenance" commit.
         attempt += 1
         try:
-            writer(spark.createDataFrame([], expected), {"op": "create", "sink": cfg.name}, "ignore").save(path)
+            DeltaTable.createIfNotExists(spark).location(path).addColumns(expected).execute()
         except Exception as exc:
             if DeltaTable.isDeltaTable(spark, path):
                 break
@@ -200,10 +202,11 @@ def commit_info(spark: SparkSession, cfg: SinkConfig, version: int) -> dict:
     return {}
 
 
-def last_txn_version(spark: SparkSession, cfg: SinkConfig) -> int | None:
-    """The last ``txnVersion`` the sink's commit guard recorded (``txn`` action of the app id),
-    searching the commit files from the latest back; None if none is left in the log."""
-    versions = log_versions(spark, cfg)
+def last_txn_version(spark: SparkSession, cfg: SinkConfig, as_of: int) -> int | None:
+    """The last ``txnVersion`` the sink's commit guard recorded (``txn`` action of the app id) in
+    Delta versions up to ``as_of`` (the version the caller read), from the checksum of that
+    version or else the commit files from ``as_of`` back; None if none is left in the log."""
+    versions = [v for v in log_versions(spark, cfg) if v <= as_of]
     crc = _checksum(spark, cfg, versions[-1]) if versions else None
     if crc is not None and isinstance(crc.get("setTransactions"), list):
         mine = [t for t in crc["setTransactions"] if t.get("appId") == app_id(cfg)]

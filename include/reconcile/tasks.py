@@ -11,6 +11,8 @@ Airflow whether to retry.
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import datetime
 
 from . import settings
@@ -28,39 +30,43 @@ def open_store() -> MetadataStore:
     return MetadataStore(settings.metadata_url())
 
 
+@contextmanager
+def sink_and_store(sink: str) -> Iterator[tuple[SinkConfig, MetadataStore]]:
+    """The sink's config and a metadata store, disposed of when the task is done."""
+    cfg = load_sink(sink)
+    store = open_store()
+    try:
+        yield cfg, store
+    finally:
+        store.dispose()
+
+
 def mint_for_run(
     sink: str, run_id: str, attempt: int, data_interval_end: datetime | None,
     start: datetime | None, *, read_only: bool = False,
 ) -> MintResult:
-    cfg = load_sink(sink)
-    store = open_store()
-    try:
+    with sink_and_store(sink) as (cfg, store):
         return run_mint(store, cfg, run_id, attempt, desired_frontier(data_interval_end, start), read_only=read_only)
-    finally:
-        store.dispose()
 
 
 def _run_stage(stage: str, sink: str, run_id: str, spark=None) -> str:
     from . import append, write
     from .spark import get_session
 
-    cfg: SinkConfig = load_sink(sink)
-    store = open_store()
-    batch: Batch | None = None
-    try:
-        batch = store.run_batch(cfg.name, run_id)
-        if batch is None:
-            return f"run {run_id} minted no batch for sink {sink!r}: nothing to {stage}"
-        spark = spark or get_session(f"reconcile-{sink}-{stage}")
-        if stage == "write":
-            return write.run_write(spark, store, cfg, batch.batch_id).message
-        return append.run_append(spark, store, cfg, batch.batch_id).message
-    except SinkError as exc:
-        if batch is not None:
-            note_failure(store, batch.batch_id, exc)
-        raise
-    finally:
-        store.dispose()
+    with sink_and_store(sink) as (cfg, store):
+        batch: Batch | None = None
+        try:
+            batch = store.run_batch(cfg.name, run_id)
+            if batch is None:
+                return f"run {run_id} minted no batch for sink {sink!r}: nothing to {stage}"
+            spark = spark or get_session(f"reconcile-{sink}-{stage}")
+            if stage == "write":
+                return write.run_write(spark, store, cfg, batch.batch_id).message
+            return append.run_append(spark, store, cfg, batch.batch_id).message
+        except SinkError as exc:
+            if batch is not None:
+                note_failure(store, batch.batch_id, exc)
+            raise
 
 
 def stage_for_run(sink: str, run_id: str, spark=None) -> str:
@@ -75,12 +81,8 @@ def compaction_check(sink: str) -> tuple[bool, str]:
     """(due?, why): the DAG's ``compaction_due`` task (metadata only, no Spark)."""
     from .compact import due
 
-    cfg = load_sink(sink)
-    store = open_store()
-    try:
+    with sink_and_store(sink) as (cfg, store):
         return due(store, cfg)
-    finally:
-        store.dispose()
 
 
 def compact_for_run(sink: str, run_id: str, spark=None) -> str:
@@ -88,16 +90,12 @@ def compact_for_run(sink: str, run_id: str, spark=None) -> str:
     from .compact import run_compact
     from .spark import get_session
 
-    cfg = load_sink(sink)
-    store = open_store()
-    try:
+    with sink_and_store(sink) as (cfg, store):
         spark = spark or get_session(f"reconcile-{sink}-compact")
         result = run_compact(spark, store, cfg)
         if result.outcome == "raced":
             raise Retryable(result.message, sink=sink, remedy="the task retries by itself.")
         return f"run {run_id}: {result.message}"
-    finally:
-        store.dispose()
 
 
 def note_failure(store: MetadataStore, batch_id: str, exc: SinkError) -> None:
