@@ -17,9 +17,9 @@ import pytest
 from delta.tables import DeltaTable
 
 from helpers import make_sink, model_query, normalize_errors, run_batch, write_json_rows
-from reconcile import append, failpoints, mint, write
+from reconcile import append, check, failpoints, mint, write
 from reconcile import shard as storage
-from reconcile.errors import DescriptionOutdated, FailPointHit, LostRace
+from reconcile.errors import DescriptionOutdated, FailPointHit, InconsistentState, LostRace
 from reconcile.metadata.models import COMMITTED, MINTED, STAGED, SUPERSEDED
 from reconcile.metadata.store import MetadataStore
 
@@ -214,6 +214,30 @@ def test_commit_metadata_belongs_to_the_write_not_the_session(spark, warehouse, 
     assert [m["op"] for _, m in storage.history_since(spark, cfg, -1)[1]] == ["maintenance", "batch", "batch"]
     assert_ledger(spark, store, cfg, [200, 300])
     assert query_as_of(update_log(spark, cfg), cfg, 299) == model_query(rows, cfg)
+
+
+def test_a_guarded_commit_without_batch_metadata_is_reported_and_never_doubled(spark, warehouse, tmp_path, sqlite_store):
+    """What a batch commit stamped with someone else's metadata looks like: a Delta version under
+    the sink's commit guard that is not one of its batches. check names it, and the next append
+    fails loudly (Delta skips its txnVersion) instead of writing the interval a second time."""
+    store = sqlite_store
+    cfg = make_sink(tmp_path, "unstamped")
+    rows = [{"k": 1, "v": "a"}]
+    write_json_rows(tmp_path / "src", rows)
+    committed_run(spark, store, cfg, "run-1", 200)
+    assert check.violations(spark, store, cfg) == []
+    row = {"k": 2, "v": "b", "_error": None, "_time": 299, "_diff": 1}
+    (
+        spark.createDataFrame([row], storage.schema(cfg)).write.format("delta").mode("append")
+        .option("txnAppId", storage.app_id(cfg)).option("txnVersion", 200).save(storage.table_path(cfg))
+    )
+    found = check.violations(spark, store, cfg)
+    assert len(found) == 1 and "carries the sink's commit guard (txnVersion 200)" in found[0], found
+    with pytest.raises(InconsistentState, match="Delta skipped the commit") as err:
+        run_batch(spark, store, cfg, "run-2", 300)
+    assert "reconcile check unstamped" in err.value.remedy
+    assert store.get_shard(cfg.name).upper == 200
+    assert [m["op"] for _, m in storage.history_since(spark, cfg, -1)[1] if m] == ["maintenance", "batch"]
 
 
 def test_maintenance_commits_are_not_drift(spark, warehouse, tmp_path, sqlite_store):

@@ -261,7 +261,13 @@ def run_append(spark: SparkSession, store: MetadataStore, cfg: SinkConfig, batch
             f"Delta commit of batch {batch_id} failed: {brief(commit_error, 300)}",
             sink=cfg.name, remedy="the task retries by itself; nothing was committed.",
         )
-    raise DescriptionOutdated(
-        f"Delta skipped the commit of batch {batch_id} (lower {desc.lower}) but no batch for it is in the log",
+    raise InconsistentState(
+        f"Delta skipped the commit of batch {batch_id} (lower {desc.lower}): a Delta version under "
+        f"the sink's commit guard ({storage.app_id(cfg)}) already recorded a txnVersion at or above "
+        "it, but no batch for it is in the log",
         sink=cfg.name,
+        remedy=(
+            f"find that version with `python -m reconcile check {cfg.name}`, restore the Delta table "
+            "to the version before it (RESTORE TABLE ... TO VERSION AS OF), then clear this run."
+        ),
     )

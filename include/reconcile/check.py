@@ -11,6 +11,9 @@ Used by the crash, race and randomized-schedule tests, and by on-call
 4. No staged files remain for batches that can never be appended.
 5. Upsert sinks: as of the last committed ``upper - 1`` each key has at most one value and
    every consolidated count is 1.
+6. Every Delta version carrying the sink's commit guard (``txnAppId``) is the sink's own batch
+   (with ``txnVersion`` = its lower) or compaction: a guarded commit without the batch's
+   metadata could never be absorbed, and the shard would stall behind it.
 """
 
 from __future__ import annotations
@@ -26,7 +29,9 @@ from .metadata.store import MetadataStore
 def violations(spark: SparkSession, store: MetadataStore, cfg: SinkConfig, *, synced: bool = True) -> list[str]:
     out: list[str] = []
     shard = store.get_shard(cfg.name)
-    commits = storage.batch_commits(storage.history_since(spark, cfg, -1)[1]) if storage.exists(spark, cfg) else []
+    exists = storage.exists(spark, cfg)
+    entries = storage.log_entries(spark, cfg, -1)[1] if exists else []
+    commits = storage.batch_commits([(v, meta) for v, meta, _ in entries])
     lowers = [c.lower for c in commits]
     if len(set(lowers)) != len(lowers):
         out.append(f"a lower was committed twice in the Delta log: {sorted(lowers)}")
@@ -48,6 +53,15 @@ def violations(spark: SparkSession, store: MetadataStore, cfg: SinkConfig, *, sy
             out.append(f"shard upper {shard.upper} is not the last committed upper {expected_upper}")
         if expected_upper is None and shard.upper > shard.as_of:
             out.append(f"shard upper {shard.upper} moved past as_of {shard.as_of} without a batch")
+    for version, meta, txn in entries:
+        if txn is None:
+            continue
+        op = (meta or {}).get("op")
+        if op == "batch" and int(meta["lower"]) != txn:
+            out.append(f"Delta version {version}: batch {meta.get('batch_id')} has txnVersion {txn}, not its lower {meta['lower']}")
+        elif op not in ("batch", "compact"):
+            out.append(f"Delta version {version} carries the sink's commit guard (txnVersion {txn}) but is not "
+                       f"one of its batches or compactions ({meta}): the metadata can never absorb it")
     if cfg.kind == "upsert" and commits:
         from . import upsert
 

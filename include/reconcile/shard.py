@@ -246,10 +246,23 @@ def describe_commit(actions: list[dict]) -> dict | None:
     return {"op": MAINTENANCE, "operation": info.get("operation")}
 
 
+def log_entries(spark: SparkSession, cfg: SinkConfig, after: int) -> tuple[int, list[tuple[int, dict | None, int | None]]]:
+    """(latest version, [(version, :func:`describe_commit`, the ``txnVersion`` the version
+    records for the sink's commit guard or None)] for versions > after, ascending)."""
+    versions = _committed_versions(spark, cfg)
+    entries = []
+    for v in versions:
+        if v > after:
+            actions = _commit_actions(spark, cfg, v)
+            txns = [int(a["txn"]["version"]) for a in actions if a.get("txn", {}).get("appId") == app_id(cfg)]
+            entries.append((v, describe_commit(actions), txns[0] if txns else None))
+    return versions[-1], entries
+
+
 def history_since(spark: SparkSession, cfg: SinkConfig, after: int) -> tuple[int, list[tuple[int, dict | None]]]:
     """(latest version, [(version, :func:`describe_commit`)] for versions > after, ascending)."""
-    versions = _committed_versions(spark, cfg)
-    return versions[-1], [(v, describe_commit(_commit_actions(spark, cfg, v))) for v in versions if v > after]
+    latest, entries = log_entries(spark, cfg, after)
+    return latest, [(v, meta) for v, meta, _ in entries]
 
 
 def batch_commits(entries: list[tuple[int, dict | None]]) -> list[CommitRecord]:
