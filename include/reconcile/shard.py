@@ -194,12 +194,18 @@ def _commit_actions(spark: SparkSession, cfg: SinkConfig, version: int) -> list[
     return [json.loads(line) for line in text.splitlines() if line.strip()]
 
 
+def _info_of(actions: list[dict]) -> dict:
+    return next((a["commitInfo"] for a in actions if "commitInfo" in a), {})
+
+
+def _guard_txn(cfg: SinkConfig, actions: list[dict]) -> int | None:
+    """The ``txnVersion`` a version's actions record for the sink's commit guard, if any."""
+    return next((int(a["txn"]["version"]) for a in actions if a.get("txn", {}).get("appId") == app_id(cfg)), None)
+
+
 def commit_info(spark: SparkSession, cfg: SinkConfig, version: int) -> dict:
     """The ``commitInfo`` action of one Delta version."""
-    for action in _commit_actions(spark, cfg, version):
-        if "commitInfo" in action:
-            return action["commitInfo"]
-    return {}
+    return _info_of(_commit_actions(spark, cfg, version))
 
 
 def last_txn_version(spark: SparkSession, cfg: SinkConfig, as_of: int) -> int | None:
@@ -212,10 +218,9 @@ def last_txn_version(spark: SparkSession, cfg: SinkConfig, as_of: int) -> int | 
         mine = [t for t in crc["setTransactions"] if t.get("appId") == app_id(cfg)]
         return int(mine[0]["version"]) if mine else None
     for v in reversed(versions):
-        for action in _commit_actions(spark, cfg, v):
-            txn = action.get("txn")
-            if txn and txn.get("appId") == app_id(cfg):
-                return int(txn["version"])
+        txn = _guard_txn(cfg, _commit_actions(spark, cfg, v))
+        if txn is not None:
+            return txn
     return None
 
 
@@ -236,7 +241,7 @@ def describe_commit(actions: list[dict]) -> dict | None:
     that changes no data (``VACUUM START``/``END``, ``OPTIMIZE``, table properties: no
     ``add``/``remove`` with ``dataChange``) ``{"op": "maintenance", ...}``; None for a foreign
     commit that changes data (drift the next batch repairs and measures)."""
-    info = next((a["commitInfo"] for a in actions if "commitInfo" in a), {})
+    info = _info_of(actions)
     meta = reconcile_meta(info)
     if meta is not None:
         return meta
@@ -254,8 +259,7 @@ def log_entries(spark: SparkSession, cfg: SinkConfig, after: int) -> tuple[int, 
     for v in versions:
         if v > after:
             actions = _commit_actions(spark, cfg, v)
-            txns = [int(a["txn"]["version"]) for a in actions if a.get("txn", {}).get("appId") == app_id(cfg)]
-            entries.append((v, describe_commit(actions), txns[0] if txns else None))
+            entries.append((v, describe_commit(actions), _guard_txn(cfg, actions)))
     return versions[-1], entries
 
 
