@@ -5,7 +5,8 @@
 # Each chunk of schedules runs as `python -m reconcile chaos --first I --schedules CHUNK` and
 # keeps its output in chaos-results/seed<S>/first-<I>.txt; finished chunks are skipped, so a
 # stopped soak continues where it was. The summary adds up every finished chunk and lists
-# each divergence with the command that reproduces it.
+# each divergence with the command that reproduces it. Each chunk's file starts with the commit
+# it ran (a soak may span sessions); the summary counts chunks per commit.
 set -uo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$root"
@@ -13,7 +14,11 @@ summary() {
   cat "$1"/first-*.txt 2>/dev/null | awk '
     /^chaos:/ { for (i = 2; i <= NF; i++) { split($i, kv, "="); s[kv[1]] += kv[2] } n++ }
     /^DIVERGENCE/ { print }
-    END { printf "chunks=%d", n; for (k in s) printf " %s=%d", k, s[k]; print "" }'
+    /^commit:/ { c[$2]++ }
+    END {
+      printf "chunks=%d", n; for (k in s) printf " %s=%d", k, s[k]; print ""
+      for (k in c) printf "commit %s: %d chunks\n", k, c[k]
+    }'
 }
 if [ "${1:-}" = "--summary" ]; then summary "chaos-results/seed${2:-1}"; exit 0; fi
 . scripts/env.sh
@@ -25,8 +30,9 @@ worker() {
   for ((first = w * chunk; first < total; first += workers * chunk)); do
     f="$dir/first-$first.txt"
     grep -q '^chaos:' "$f" 2>/dev/null && continue
+    echo "commit: $(git rev-parse --short HEAD 2>/dev/null || echo unknown)" >"$f.tmp"
     python -m reconcile chaos --seed "$seed" --first "$first" --schedules "$chunk" 2>"$dir/first-$first.log" \
-      | grep -E '^(chaos:|DIVERGENCE)' >"$f.tmp"
+      | grep -E '^(chaos:|DIVERGENCE)' >>"$f.tmp"
     mv "$f.tmp" "$f"
   done
 }
