@@ -11,14 +11,18 @@ set -uo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$root"
 summary() {
-  cat "$1"/first-*.txt 2>/dev/null | awk '
-    /^chaos:/ { for (i = 2; i <= NF; i++) { split($i, kv, "="); s[kv[1]] += kv[2] } n++ }
+  # A chunk counts (and its commit with it) only once its `chaos:` line is there.
+  local files=("$1"/first-*.txt)
+  [ -e "${files[0]}" ] || { echo "chunks=0"; return; }
+  awk '
+    FNR == 1 { commit = "unrecorded" }
+    /^commit:/ { commit = $2 }
+    /^chaos:/ { for (i = 2; i <= NF; i++) { split($i, kv, "="); s[kv[1]] += kv[2] } n++; c[commit]++ }
     /^DIVERGENCE/ { print }
-    /^commit:/ { c[$2]++ }
     END {
       printf "chunks=%d", n; for (k in s) printf " %s=%d", k, s[k]; print ""
       for (k in c) printf "commit %s: %d chunks\n", k, c[k]
-    }'
+    }' "${files[@]}"
 }
 if [ "${1:-}" = "--summary" ]; then summary "chaos-results/seed${2:-1}"; exit 0; fi
 . scripts/env.sh
