@@ -37,11 +37,17 @@ import logging  # noqa: E402
 logging.getLogger("py4j").setLevel(logging.ERROR)
 
 
+# The in-process tests hold a few dozen rows per table: they run with TINY_DATA_CONF. The
+# spark-submit jobs of the Airflow and crash tests keep the production settings, so those are
+# covered too; RECONCILE_TEST_SPARK=default runs the in-process tests on them as well.
 @pytest.fixture(scope="session")
 def spark():
-    from reconcile.spark import get_session
+    from reconcile.spark import TINY_DATA_CONF, get_session
 
-    session = get_session("reconcile-tests", {"spark.sql.shuffle.partitions": "2", "spark.default.parallelism": "2"})
+    conf = {"spark.sql.shuffle.partitions": "2", "spark.default.parallelism": "2"}
+    if os.environ.get("RECONCILE_TEST_SPARK", "tiny") == "tiny":
+        conf.update(TINY_DATA_CONF)
+    session = get_session("reconcile-tests", conf)
     yield session
     session.stop()
 
