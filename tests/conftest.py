@@ -44,8 +44,11 @@ logging.getLogger("py4j").setLevel(logging.ERROR)
 def spark():
     from reconcile.spark import TINY_DATA_CONF, get_session
 
+    mode = os.environ.get("RECONCILE_TEST_SPARK", "tiny")
+    if mode not in ("tiny", "default"):
+        pytest.exit(f"RECONCILE_TEST_SPARK={mode!r}: use 'tiny' (the default) or 'default'", returncode=4)
     conf = {"spark.sql.shuffle.partitions": "2", "spark.default.parallelism": "2"}
-    if os.environ.get("RECONCILE_TEST_SPARK", "tiny") == "tiny":
+    if mode == "tiny":
         conf.update(TINY_DATA_CONF)
     session = get_session("reconcile-tests", conf)
     yield session
