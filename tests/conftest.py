@@ -37,7 +37,8 @@ os.environ["PYTHONPATH"] = f"{ROOT / 'include'}{os.pathsep}{os.environ.get('PYTH
 # JVM's defaults (C1 only made the in-process tests 1.5x slower: 267 s -> 395 s). Off when
 # RECONCILE_TEST_SPARK=default or when JDK_JAVA_OPTIONS is already set.
 SHORT_LIVED_JVM_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
-if os.environ.get("RECONCILE_TEST_SPARK", "tiny") == "tiny":
+SPARK_MODE = os.environ.get("RECONCILE_TEST_SPARK", "tiny")
+if SPARK_MODE == "tiny":
     os.environ.setdefault("JDK_JAVA_OPTIONS", SHORT_LIVED_JVM_OPTIONS)
 
 PG_URL = os.environ.get("RECONCILE_TEST_POSTGRES_URL")
@@ -54,11 +55,10 @@ logging.getLogger("py4j").setLevel(logging.ERROR)
 def spark():
     from reconcile.spark import TINY_DATA_CONF, get_session
 
-    mode = os.environ.get("RECONCILE_TEST_SPARK", "tiny")
-    if mode not in ("tiny", "default"):
-        pytest.exit(f"RECONCILE_TEST_SPARK={mode!r}: use 'tiny' (the default) or 'default'", returncode=4)
+    if SPARK_MODE not in ("tiny", "default"):
+        pytest.exit(f"RECONCILE_TEST_SPARK={SPARK_MODE!r}: use 'tiny' (the default) or 'default'", returncode=4)
     conf = {"spark.sql.shuffle.partitions": "2", "spark.default.parallelism": "2"}
-    if mode == "tiny":
+    if SPARK_MODE == "tiny":
         conf.update(TINY_DATA_CONF)
     short_lived = os.environ.get("JDK_JAVA_OPTIONS") == SHORT_LIVED_JVM_OPTIONS
     if short_lived:  # not for this JVM: it lives as long as the test session
