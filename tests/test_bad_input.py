@@ -111,9 +111,14 @@ def staged_batch(spark, store, cfg, run_id: str = "run-1", frontier: int = 200):
     assert desc is not None
     w = write.run_write(spark, store, cfg, desc.batch_id)
     assert w.outcome == "staged", w.message
-    files = storage.list_files(spark, storage.staging_path(cfg, desc.batch_id))
+    files = storage.list_files(spark, stage_dir(store, cfg, desc.batch_id))
     assert files, "the batch staged no files"
     return desc, files
+
+
+def stage_dir(store, cfg, batch_id: str) -> str:
+    """The directory of the write attempt whose files the batch's manifest names."""
+    return storage.staging_path(cfg, batch_id, store.get_batch(batch_id).stage_id)
 
 
 def shard_rows(spark, cfg, t: int) -> Counter:
@@ -494,7 +499,7 @@ def test_12_missing_staged_part_then_recovery(spark, warehouse, tmp_path, sqlite
     cfg = new_sink(spark, tmp_path, "lostpart")
     desc, files = staged_batch(spark, store, cfg)
     before = snapshot(spark, store, cfg)
-    root = Path(storage.staging_path(cfg, desc.batch_id))
+    root = Path(stage_dir(store, cfg, desc.batch_id))
     victim = sorted(files)[0]
     content = (root / victim).read_bytes()
     (root / victim).unlink()
@@ -545,7 +550,7 @@ def test_13_corrupted_staged_part(spark, warehouse, tmp_path, sqlite_store):
     cfg = new_sink(spark, tmp_path, "corrupt")
     desc, files = staged_batch(spark, store, cfg)
     before = snapshot(spark, store, cfg)
-    root = Path(storage.staging_path(cfg, desc.batch_id))
+    root = Path(stage_dir(store, cfg, desc.batch_id))
     first, *rest = sorted(files)
 
     # garbage of the same length: the sizes match, the content does not read

@@ -80,3 +80,191 @@ def test_racing_processes_on_an_upsert_sink(spark, warehouse, tmp_path, store, m
     for c in commits:
         assert ok_rows(shard_as_of(spark, cfg, c.upper - 1)) == model.as_of(c.upper - 1), c
     assert check.violations(spark, store, cfg) == []
+
+
+# -- attempts of the *same* run at once: a zombie task and its retries ----------------------------
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPEAT = int(os.environ.get("RECONCILE_RACE_REPEAT", "1"))  # rounds; 5+ to show a rare interleaving
+
+
+def _changelog(n_per_batch: int, bounds: list[int], seed: int) -> list[dict]:
+    import random
+
+    rng = random.Random(seed)
+    rows = []
+    for lo, hi in zip(bounds, bounds[1:]):
+        for _ in range(n_per_batch):
+            rows.append({"k": rng.randrange(50), "v": rng.choice("abcd"), "ts": rng.randrange(lo, hi), "diff": 1})
+    return rows
+
+
+def _log_as_of(rows: list[dict], t: int) -> Counter:
+    """Plain-Python model of a change-log sink as of ``t``."""
+    out: Counter = Counter()
+    for r in rows:
+        if r["ts"] <= t:
+            out[(r["k"], r["v"], None)] += r["diff"]
+    return +out
+
+
+def _attempts(cfg, runs: list[tuple[str, int]], attempts: int, env: dict) -> tuple[list[str], list[str]]:
+    """``attempts`` processes, each running every run of ``runs`` in order (same run ids):
+    (their RESULT lines, one line per process that crashed)."""
+    script = os.path.join(ROOT, "tests", "racer.py")
+    specs = [f"{r}:{f}" for r, f in runs]
+    procs = [
+        subprocess.Popen([sys.executable, script, cfg.name, str(a + 1), *specs], env=env,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for a in range(attempts)
+    ]
+    lines, crashes = [], []
+    for p in procs:
+        out, err = p.communicate(timeout=900)
+        lines += [ln for ln in out.splitlines() if ln.startswith("RESULT ")]
+        if p.returncode != 0:
+            tail = [ln for ln in err.splitlines() if ln.strip()][-3:]
+            crashes.append(f"attempt process crashed ({p.returncode}): {' | '.join(tail)[-600:]}")
+    return lines, crashes
+
+
+@pytest.mark.parametrize("round_", range(REPEAT))
+def test_attempts_of_one_run_racing_commit_the_batch_once(spark, warehouse, tmp_path, store, monkeypatch, round_):
+    """Three processes run the same three runs (same run ids, so the same batches): a new shard,
+    then an existing one. Every committed batch holds exactly its correction: as of each
+    committed ``upper - 1`` the shard equals the model, each batch matches its manifest, no
+    process crashes and no loser is told to clear ``write``."""
+    monkeypatch.setenv("RECONCILE_SINKS_DIR", str(tmp_path))
+    cfg = make_sink(tmp_path, f"zombie_{store.engine.dialect.name}_{round_}", "changelog")
+    bounds = [100, 300, 400, 500]
+    rows = _changelog(200, bounds, seed=round_)
+    write_json_rows(tmp_path / "log", rows)
+    env = {k: v for k, v in os.environ.items() if k != "PYSPARK_GATEWAY_PORT"}
+    lines, problems = _attempts(cfg, [(f"sched__{u}", u) for u in bounds[1:]], 3, env)
+    problems += [f"a loser was told to clear write: {ln}" for ln in lines if "clear the run's 'write' task" in ln]
+    problems += [f"unexpected failure: {ln}" for ln in lines
+                 if ln.split(":")[0].split()[-1] not in ("nothing", "staged", "skipped", "outdated", "committed",
+                                                         "already_committed", "recovered", "covered", "superseded")]
+    commits = storage.batch_commits(storage.history_since(spark, cfg, -1)[1])
+    lowers = [c.lower for c in commits]
+    if len(set(lowers)) != len(lowers) or not set(lowers) <= set(bounds[:-1]):
+        problems.append(f"committed lowers {lowers}, want each of {bounds[:-1]} at most once")
+    for c in commits:
+        got, want = shard_as_of(spark, cfg, c.upper - 1), _log_as_of(rows, c.upper - 1)
+        if got != want:
+            problems.append(f"as of {c.upper - 1} (batch {c.batch_id}): the shard holds {sum(got.values())} "
+                            f"rows, the model {sum(want.values())}")
+    problems += [f"check: {v}" for v in check.violations(spark, store, cfg)]
+    assert problems == [], "\n".join(problems)
+
+
+# -- the same interleavings, made deterministic in one process --------------------------------------
+
+def _paused_write(spark, store, cfg, batch_id: str, monkeypatch):
+    """Start a write of ``batch_id`` in a thread that stops right after staging its files (the
+    fail point ``write.after_partition_staged``); returns (release, join -> WriteResult)."""
+    import threading
+
+    from reconcile import write
+
+    staged, release, result = threading.Event(), threading.Event(), {}
+    me = threading.current_thread
+
+    real = write.failpoint
+
+    def hook(name):
+        if name == "write.after_partition_staged" and me().name == "zombie":
+            staged.set()
+            assert release.wait(300)
+        return real(name)
+
+    monkeypatch.setattr(write, "failpoint", hook)
+    t = threading.Thread(target=lambda: result.update(w=write.run_write(spark, store, cfg, batch_id)), name="zombie")
+    t.start()
+    assert staged.wait(300), "the paused write never staged"
+
+    def join():
+        release.set()
+        t.join(300)
+        return result["w"]
+
+    return join
+
+
+def _query_sink(tmp_path, name, rows):
+    cfg = make_sink(tmp_path, name)
+    write_json_rows(tmp_path / "src", rows)
+    return cfg
+
+
+ROWS = [{"k": k, "v": v} for k, v in [(1, "a"), (2, "b"), (3, "c"), (3, "c"), (4, "d")]]
+MODEL = Counter({(1, "a", None): 1, (2, "b", None): 1, (3, "c", None): 2, (4, "d", None): 1})
+
+
+def test_a_zombie_write_that_loses_the_manifest_deletes_its_own_files(spark, warehouse, tmp_path, store, monkeypatch):
+    """The zombie stages first but records last: the retry's files are the batch, the zombie
+    deletes its own and says so; the append commits exactly one copy."""
+    from reconcile import append, mint, write
+
+    cfg = _query_sink(tmp_path, "zombie_loses", ROWS)
+    desc = mint.run_mint(store, cfg, "sched__1", 1, 300).description
+    join = _paused_write(spark, store, cfg, desc.batch_id, monkeypatch)
+    retry = write.run_write(spark, store, cfg, desc.batch_id)  # the retry (a second attempt)
+    assert retry.outcome == "staged", retry.message
+    zombie = join()
+    assert zombie.outcome == "staged", zombie.message
+    assert "another attempt" in zombie.message and "recorded its staged files first" in zombie.message
+    assert "clear" not in zombie.message
+    b = store.get_batch(desc.batch_id)
+    assert storage.list_dirs(spark, storage.staging_path(cfg, desc.batch_id)) == [b.stage_id]
+    a = append.run_append(spark, store, cfg, desc.batch_id)
+    assert a.outcome == "committed", a.message
+    assert shard_as_of(spark, cfg, 299) == MODEL
+    assert check.violations(spark, store, cfg) == []
+
+
+def test_a_zombie_write_finishing_after_the_commit_says_so(spark, warehouse, tmp_path, sqlite_store, monkeypatch):
+    """The retry writes and appends while the zombie is still writing: the zombie finds the
+    batch committed, deletes its files and says so, and nothing is left staged."""
+    from reconcile import append, mint, write
+
+    store = sqlite_store
+    cfg = _query_sink(tmp_path, "zombie_late", ROWS)
+    desc = mint.run_mint(store, cfg, "sched__1", 1, 300).description
+    join = _paused_write(spark, store, cfg, desc.batch_id, monkeypatch)
+    assert write.run_write(spark, store, cfg, desc.batch_id).outcome == "staged"
+    assert append.run_append(spark, store, cfg, desc.batch_id).outcome == "committed"
+    zombie = join()
+    assert zombie.outcome == "skipped", zombie.message
+    assert "another attempt of this batch committed it" in zombie.message
+    again = append.run_append(spark, store, cfg, desc.batch_id)  # the zombie's own append
+    assert again.outcome == "already_committed", again.message
+    assert shard_as_of(spark, cfg, 299) == MODEL
+    assert check.violations(spark, store, cfg) == []  # includes: no staged files left
+
+
+def test_a_committed_batch_that_differs_from_its_manifest_is_reported(spark, warehouse, tmp_path, sqlite_store, monkeypatch):
+    """What the old race committed (the union of two attempts' files) is caught twice: by the
+    append's post-commit check and by ``check``, each naming the batch."""
+    from reconcile import append, mint, write
+    from reconcile.errors import InconsistentState
+
+    store = sqlite_store
+    cfg = _query_sink(tmp_path, "union", ROWS)
+    desc = mint.run_mint(store, cfg, "sched__1", 1, 300).description
+    assert write.run_write(spark, store, cfg, desc.batch_id).outcome == "staged"
+    real = append.verify_staged
+    monkeypatch.setattr(append, "verify_staged", lambda *a: (lambda df: df.unionByName(df))(real(*a)))
+    with pytest.raises(InconsistentState) as info:
+        append.run_append(spark, store, cfg, desc.batch_id)
+    text = str(info.value)
+    assert "\n" not in text and desc.batch_id in text and "does not match the batch's manifest" in text
+    assert shard_as_of(spark, cfg, 299) == MODEL + MODEL  # committed twice over: the broken promise
+    problems = check.violations(spark, store, cfg)
+    assert len(problems) >= 1 and all(desc.batch_id in p and "the manifest says" in p for p in problems), problems
+    monkeypatch.setattr(append, "verify_staged", real)
+    # the next batch repairs the contents; the broken batch stays reported (the log keeps it)
+    from helpers import run_batch
+    run_batch(spark, store, cfg, "sched__2", 400)
+    assert shard_as_of(spark, cfg, 399) == MODEL
+    assert [p for p in check.violations(spark, store, cfg) if desc.batch_id not in p] == []

@@ -15,13 +15,18 @@ The Delta log is the linearization point and the source of truth; the metadata r
    (:class:`~reconcile.errors.LostRace`). If the shard is new (upper behind the sink's
    ``as_of`` == ``lower``), its upper is first advanced to ``lower`` (seed 002,
    ``advance_shard_upper``).
-3. **Verify** the staged parts against the manifest (files, sizes, rows, checksums).
+3. **Verify** the staged parts against the manifest (files, sizes, rows, checksums): exactly
+   the files of the write attempt the manifest names are read, no other.
 4. **Commit** all parts as one Delta version with ``txnAppId = reconcile-sink:<sink>``,
-   ``txnVersion = lower`` and the batch in the commit metadata. Delta refuses (skips) a
+   ``txnVersion = lower`` and the batch in the commit metadata (with its rows and checksum
+   per partition, and this append attempt's ``commit_id``). Delta refuses (skips) a
    ``txnVersion`` that is not above the last one: at most one commit per ``lower``, ever, and
    committed ``lower``s strictly increase.
-5. **Sync** again: absorbs our commit (or the commit of whoever won the same ``lower``), then
-   deletes the staged files of this batch and of every outdated batch.
+5. **Sync** again: absorbs our commit (or the commit of whoever won the same ``lower``: another
+   attempt of the same batch says so), then deletes the staged files of this batch and of every
+   outdated batch.
+6. **Check the commit against its description**: the rows the Delta version added, per hash
+   partition, have the manifest's counts and checksums (else :class:`InconsistentState`).
 
 ### Invariants
 
@@ -37,6 +42,7 @@ from __future__ import annotations
 
 import json
 import logging
+import uuid
 from dataclasses import dataclass
 
 from pyspark.sql import SparkSession
@@ -100,8 +106,12 @@ def parse_manifest(cfg: SinkConfig, batch_id: str, text: str | None) -> dict:
 
 
 def verify_staged(spark: SparkSession, cfg: SinkConfig, batch_id: str, manifest: dict):
-    """The staged DataFrame, after checking it against its manifest."""
-    path = storage.staging_path(cfg, batch_id)
+    """The staged DataFrame of exactly the files the manifest names, after checking them
+    against it (present with their sizes, no stranger in the attempt's directory, rows and
+    checksum per partition)."""
+    path = storage.staging_path(cfg, batch_id, manifest.get("stage_id"))
+    if not storage.path_exists(spark, path):
+        raise StagedBatchInvalid(f"staged batch {batch_id} misses its folder {path}", sink=cfg.name)
     files = storage.list_files(spark, path)
     expected_files: dict[str, int] = {}
     for part in manifest["parts"].values():
@@ -117,19 +127,43 @@ def verify_staged(spark: SparkSession, cfg: SinkConfig, batch_id: str, manifest:
             sink=cfg.name,
         )
     try:
-        staged = storage.read_staged(spark, cfg, batch_id)
+        staged = storage.read_staged(spark, cfg, path, list(expected_files))
         stats = storage.partition_stats(cfg, staged)
     except Exception as exc:  # unreadable (corrupted) parquet
         raise StagedBatchInvalid(f"staged batch {batch_id} is unreadable: {brief(exc, 300)}", sink=cfg.name) from None
-    for p, want in manifest["parts"].items():
+    wrong = _differences(manifest, stats, f"staged partition {{p}} of batch {batch_id}")
+    if wrong:
+        raise StagedBatchInvalid(wrong[0], sink=cfg.name)
+    return staged
+
+
+def _differences(manifest: dict, stats: dict[int, dict], what: str) -> list[str]:
+    """Partitions whose rows or checksum differ from the manifest's; ``what`` names one
+    (``{p}``: the partition)."""
+    out = []
+    for p, want in sorted(manifest["parts"].items(), key=lambda kv: int(kv[0])):
         got = stats.get(int(p), {"rows": 0, "checksum": "0"})
         if got["rows"] != want["rows"] or got["checksum"] != want["checksum"]:
-            raise StagedBatchInvalid(
-                f"staged partition {p} of batch {batch_id} has {got['rows']} rows/checksum "
-                f"{got['checksum']}, the manifest says {want['rows']}/{want['checksum']}",
-                sink=cfg.name,
+            out.append(
+                f"{what.format(p=p)} has {got['rows']} rows/checksum {got['checksum']}, "
+                f"the manifest says {want['rows']}/{want['checksum']}"
             )
-    return staged
+    for p in sorted(set(stats) - {int(p) for p in manifest["parts"]})[:3]:
+        out.append(f"{what.format(p=p)} has {stats[p]['rows']} rows, the manifest has no such partition")
+    return out
+
+
+def commit_differences(spark: SparkSession, cfg: SinkConfig, batches: dict[int, dict]) -> tuple[list[str], int]:
+    """Committed batches checked against their descriptions: ``{Delta version: manifest}`` ->
+    (one line per batch whose Delta version's rows differ from its manifest, versions
+    checked). Versions whose files were vacuumed after a compaction cannot be checked."""
+    stats = storage.committed_stats(spark, cfg, {v: int(m["partitions"]) for v, m in batches.items()})
+    out = []
+    for v, got in sorted(stats.items()):
+        m = batches[v]
+        what = f"batch {m['batch_id']} [{m['lower']}, {m['upper']}): Delta version {v}'s partition {{p}}"
+        out += _differences(m, got, what)[:3]
+    return out, len(stats)
 
 
 def _outdated(
@@ -214,7 +248,17 @@ def run_append(spark: SparkSession, store: MetadataStore, cfg: SinkConfig, batch
             f"batch {batch_id} was minted but never staged", sink=cfg.name,
             remedy="clear the run's 'write' task (and 'append' after it).",
         )
-    staged = verify_staged(spark, cfg, batch_id, parse_manifest(cfg, batch_id, b.manifest))
+    try:
+        staged = verify_staged(spark, cfg, batch_id, parse_manifest(cfg, batch_id, b.manifest))
+    except StagedBatchInvalid:
+        now_b = store.get_batch(batch_id, cfg.name)
+        if now_b.state == b.state and now_b.stage_id == b.stage_id:
+            raise
+        raise Retryable(  # not damage: another attempt of the batch moved on meanwhile
+            f"batch {batch_id} changed while this append verified it (now {now_b.state}, staged by "
+            f"{now_b.stage_id}, was {b.stage_id}): another attempt of it is writing or appending",
+            sink=cfg.name, remedy="the task retries by itself and appends (or finds appended) what is staged now.",
+        ) from None
     if shard.upper < desc.lower:
         if desc.lower != shard.as_of:
             raise InconsistentState(
@@ -226,9 +270,14 @@ def run_append(spark: SparkSession, store: MetadataStore, cfg: SinkConfig, batch
         failpoint("append.after_advance_as_of")
 
     failpoint("append.before_delta_commit")
+    manifest = parse_manifest(cfg, batch_id, b.manifest)
+    commit_id = uuid.uuid4().hex[:16]  # this append attempt: tells our commit from another's
     meta = {
         "batch_id": batch_id, "lower": desc.lower, "upper": desc.upper, "run_id": desc.run_id,
-        "rows_ok": b.rows_ok, "rows_err": b.rows_err,
+        "rows_ok": b.rows_ok, "rows_err": b.rows_err, "stage_id": manifest.get("stage_id"),
+        "commit_id": commit_id, "partitions": manifest["partitions"],
+        # the description the commit must match: `check` verifies the version against it
+        "parts": {p: {"rows": part["rows"], "checksum": part["checksum"]} for p, part in manifest["parts"].items()},
     }
     if b.source_offset is not None or b.late_commands is not None:  # upsert: the feed's progress
         meta.update(source_offset=b.source_offset, late_commands=b.late_commands)
@@ -245,10 +294,28 @@ def run_append(spark: SparkSession, store: MetadataStore, cfg: SinkConfig, batch
     shard = sync(spark, store, cfg)
     b = store.get_batch(batch_id, cfg.name)
     if b.state == COMMITTED:
-        broken = _upsert_check(spark, cfg, staged, desc, state) if cfg.kind == "upsert" else []
+        info = storage.commit_info(spark, cfg, b.delta_version)
+        ours = (storage.reconcile_meta(info) or {}).get("commit_id") == commit_id
         storage.delete_path(spark, storage.staging_path(cfg, batch_id))
         gc_staged(spark, store, cfg)
+        if not ours:
+            msg = event(
+                log, f"another attempt of this batch committed it in Delta version {b.delta_version} while this "
+                "one was appending; nothing more to do", delta_version=b.delta_version, **state,
+            )
+            return AppendResult("already_committed", msg, b.delta_version)
+        wrong, _ = commit_differences(spark, cfg, {b.delta_version: meta})
+        broken = _upsert_check(spark, cfg, staged, desc, state) if cfg.kind == "upsert" else []
         extra = {"late_commands": b.late_commands, "invariant_violations": len(broken)} if cfg.kind == "upsert" else {}
+        if wrong:
+            event(log, f"the committed batch does not match its manifest: {wrong[0]}", level=logging.ERROR, **state)
+            raise InconsistentState(
+                f"Delta version {b.delta_version} of batch {batch_id} does not match the batch's manifest: "
+                f"{'; '.join(wrong)}",
+                sink=cfg.name,
+                remedy=f"the next batch repairs the shard's contents; run `python -m reconcile check {cfg.name}` "
+                "and report this (a bug, or a foreign process writing into the staged files).",
+            )
         msg = event(
             log, "appended batch", delta_version=b.delta_version, rows_ok=b.rows_ok,
             rows_err=b.rows_err, drift_rows=b.drift_rows, shard_upper=shard.upper, **extra, **state,

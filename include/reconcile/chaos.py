@@ -15,7 +15,8 @@ from, counted with plain Python):
 
 Crashes here are in-process (fail points armed to raise) so that thousands of steps stay cheap;
 killed processes are covered by tests/test_crash.py. Races are 2-3 threads running different
-runs of the sink at once against the same metadata table and Delta table.
+runs of the sink at once against the same metadata table and Delta table; zombies are 2-3
+threads running attempts of the *same* run (the same batch) at once.
 
     python -m reconcile chaos --schedules 1000 --seed 1        # prints counts and divergences
     python -m reconcile chaos --schedules 1 --seed 1 --first 417  # reproduce schedule 417
@@ -61,13 +62,14 @@ class Stats:
     tampers: int = 0
     read_only_toggles: int = 0
     compactions: int = 0
+    zombies: int = 0
     divergences: list[str] = field(default_factory=list)
 
     def line(self) -> str:
         return (
             f"schedules={self.schedules} steps={self.steps} runs={self.runs} crashes={self.crashes} "
             f"races={self.races} tampers={self.tampers} read_only_toggles={self.read_only_toggles} "
-            f"compactions={self.compactions} "
+            f"compactions={self.compactions} zombies={self.zombies} "
             f"divergences={len(self.divergences)}"
         )
 
@@ -116,12 +118,12 @@ class Schedule:
 
     # -- operations -------------------------------------------------------------------------
 
-    def one_run(self, run_id: str, frontier: int, crash: str | None = None) -> None:
+    def one_run(self, run_id: str, frontier: int, crash: str | None = None, attempt: int = 1) -> None:
         snapshot = self.model()
         if crash:
             failpoints.arm(crash, "raise@1")
         try:
-            m = mint.run_mint(self.store, self.cfg, run_id, 1, frontier)
+            m = mint.run_mint(self.store, self.cfg, run_id, attempt, frontier)
             if m.description is None:
                 return
             w = write.run_write(self.spark, self.store, self.cfg, m.description.batch_id)
@@ -145,8 +147,8 @@ class Schedule:
 
     def step(self) -> None:
         op = self.rng.choices(
-            ["change", "run", "crash", "race", "tamper", "read_only", "rerun", "compact"],
-            weights=[3, 4, 2, 1, 1, 1, 1, 1],
+            ["change", "run", "crash", "race", "zombie", "tamper", "read_only", "rerun", "compact"],
+            weights=[3, 4, 2, 1, 2, 1, 1, 1, 1],
         )[0]
         self.stats.steps += 1
         if op == "change":
@@ -172,6 +174,17 @@ class Schedule:
                 runs = [(r, runs[0][1]) for r, _ in runs]
             self.stats.runs += len(runs)
             threads = [threading.Thread(target=self.one_run, args=r) for r in runs]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+        elif op == "zombie":  # attempts of the *same* run at once: a zombie task and its retry(s)
+            self.stats.races += 1
+            self.stats.zombies += 1
+            run = self.next_run() if self.rng.random() < 0.7 or not self.past_runs else self.rng.choice(self.past_runs)
+            n = self.rng.choice([2, 3])
+            self.stats.runs += n
+            threads = [threading.Thread(target=self.one_run, args=run, kwargs={"attempt": a + 1}) for a in range(n)]
             for t in threads:
                 t.start()
             for t in threads:

@@ -11,12 +11,17 @@ Used by the crash, race and randomized-schedule tests, and by on-call
 4. No staged files remain for batches that can never be appended.
 5. Upsert sinks: as of the last committed ``upper - 1`` each key has at most one value and
    every consolidated count is 1.
-6. Every Delta version carrying the sink's commit guard (``txnAppId``) is the sink's own batch
+6. Every committed batch matches its description: the rows its Delta version added have, per
+   hash partition, the row count and checksum of the batch's manifest (recorded in the commit
+   and in the ledger). Versions whose files were vacuumed after a compaction cannot be checked.
+7. Every Delta version carrying the sink's commit guard (``txnAppId``) is the sink's own batch
    (with ``txnVersion`` = its lower) or compaction: a guarded commit without the batch's
    metadata could never be absorbed, and the shard would stall behind it.
 """
 
 from __future__ import annotations
+
+import json
 
 from pyspark.sql import SparkSession
 
@@ -62,6 +67,7 @@ def violations(spark: SparkSession, store: MetadataStore, cfg: SinkConfig, *, sy
         elif op not in ("batch", "compact"):
             out.append(f"Delta version {version} carries the sink's commit guard (txnVersion {txn}) but is not "
                        f"one of its batches or compactions ({meta}): the metadata can never absorb it")
+    out += batch_differences(spark, store, cfg, entries)
     if cfg.kind == "upsert" and commits:
         from . import upsert
 
@@ -71,3 +77,21 @@ def violations(spark: SparkSession, store: MetadataStore, cfg: SinkConfig, *, sy
     if stale:
         out.append(f"staged files remain for outdated batches {stale}")
     return out
+
+
+def batch_differences(spark: SparkSession, store: MetadataStore, cfg: SinkConfig, entries: list) -> list[str]:
+    """Invariant 6: each batch's Delta version against its description (the commit's own
+    per-partition counts and checksums, else the ledger's manifest)."""
+    from .append import commit_differences
+
+    ledger = {b.batch_id: b.manifest for b in store.batches(cfg.name, (COMMITTED,)) if b.manifest}
+    described: dict[int, dict] = {}
+    for version, meta, _ in entries:
+        if not meta or meta.get("op") != "batch":
+            continue
+        desc = meta if "parts" in meta else json.loads(ledger.get(meta["batch_id"]) or "null")
+        if desc and "parts" in desc and "partitions" in desc:
+            described[version] = {**desc, "batch_id": meta["batch_id"], "lower": meta["lower"], "upper": meta["upper"]}
+    if not described:
+        return []
+    return commit_differences(spark, cfg, described)[0]

@@ -40,9 +40,11 @@ def row_columns(cfg: SinkConfig) -> list[str]:
     return cfg.column_names + ["_error"]
 
 
-def partition_of(cfg: SinkConfig, partitions: int | None = None) -> SCol:
-    p = partitions or cfg.partitions
-    return F.pmod(F.xxhash64(*[F.col(_q(c)) for c in row_columns(cfg)]), F.lit(p)).cast("int")
+def partition_of(cfg: SinkConfig, partitions: int | SCol | None = None) -> SCol:
+    """The hash partition of each row: ``pmod(xxhash64(row, _error), P)``; P defaults to the
+    sink's ``partitions`` (a column when rows of batches with different P are mixed)."""
+    p = partitions if isinstance(partitions, SCol) else F.lit(partitions or cfg.partitions)
+    return F.pmod(F.xxhash64(*[F.col(_q(c)) for c in row_columns(cfg)]), p).cast("int")
 
 
 def consolidate(cfg: SinkConfig, updates: DataFrame, *, partitioned: bool = True) -> DataFrame:

@@ -2,8 +2,12 @@
 
 Layout under the warehouse root (a local folder or any Hadoop-compatible URI)::
 
-    <warehouse>/<sink>/                     Delta table: sink columns, _error, _time, _diff
-    <warehouse>/_staging/<sink>/<batch_id>/ staged correction, _part=<p>/ per hash partition
+    <warehouse>/<sink>/                                 Delta table: sink columns, _error, _time, _diff
+    <warehouse>/_staging/<sink>/<batch_id>/<stage_id>/  one write attempt's correction,
+                                                        _part=<p>/ per hash partition
+
+Every write attempt stages into a directory of its own (``stage_id``); the ledger's manifest
+names the one attempt whose files are the batch, and the append commits exactly those files.
 
 Every Delta commit the sink makes carries ``userMetadata = {"reconcile": {...}}`` naming the
 operation and, for a batch, its ``batch_id``, ``lower`` and ``upper``. Batch commits also use
@@ -17,6 +21,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+import uuid
 from functools import lru_cache
 
 from pyspark.sql import DataFrame, SparkSession
@@ -40,8 +45,14 @@ def staging_root(cfg: SinkConfig) -> str:
     return f"{settings.warehouse()}/_staging/{cfg.name}"
 
 
-def staging_path(cfg: SinkConfig, batch_id: str) -> str:
-    return f"{staging_root(cfg)}/{batch_id}"
+def staging_path(cfg: SinkConfig, batch_id: str, stage_id: str | None = None) -> str:
+    """The batch's staging directory, or one write attempt's directory inside it."""
+    path = f"{staging_root(cfg)}/{batch_id}"
+    return f"{path}/{stage_id}" if stage_id else path
+
+
+def new_stage_id() -> str:
+    return f"w-{uuid.uuid4().hex[:16]}"
 
 
 def app_id(cfg: SinkConfig) -> str:
@@ -301,10 +312,23 @@ def _fs(spark: SparkSession, path: str):
 
 
 def list_files(spark: SparkSession, path: str) -> dict[str, int]:
-    """{relative path: size} of the data files below ``path`` (empty if it does not exist)."""
+    """{relative path: size} of the data files below ``path`` (empty if it does not exist).
+
+    A directory deleted while it is listed (another attempt's cleanup) is listed again; one
+    that is gone is empty."""
     fs, root = _fs(spark, path)
-    if not fs.exists(root):
-        return {}
+    for attempt in range(3):
+        if not fs.exists(root):
+            return {}
+        try:
+            return _list_files(fs, root)
+        except Exception:  # noqa: BLE001 - FileNotFoundException from a concurrent delete
+            if attempt == 2:
+                raise
+    return {}
+
+
+def _list_files(fs, root) -> dict[str, int]:
     base = fs.makeQualified(root).toString().rstrip("/") + "/"
     it = fs.listFiles(root, True)
     out = {}
@@ -321,9 +345,17 @@ def list_files(spark: SparkSession, path: str) -> dict[str, int]:
 
 def list_dirs(spark: SparkSession, path: str) -> list[str]:
     fs, root = _fs(spark, path)
-    if not fs.exists(root):
+    try:
+        return [st.getPath().getName() for st in fs.listStatus(root) if st.isDirectory()] if fs.exists(root) else []
+    except Exception:  # noqa: BLE001 - deleted between exists() and listStatus()
+        if fs.exists(root):
+            raise
         return []
-    return [st.getPath().getName() for st in fs.listStatus(root) if st.isDirectory()]
+
+
+def path_exists(spark: SparkSession, path: str) -> bool:
+    fs, p = _fs(spark, path)
+    return bool(fs.exists(p))
 
 
 def delete_path(spark: SparkSession, path: str) -> bool:
@@ -331,30 +363,79 @@ def delete_path(spark: SparkSession, path: str) -> bool:
     return bool(fs.delete(p, True)) if fs.exists(p) else False
 
 
-def write_staged(spark: SparkSession, cfg: SinkConfig, batch_id: str, corr: DataFrame) -> str:
-    path = staging_path(cfg, batch_id)
-    corr.write.mode("overwrite").partitionBy("_part").parquet(path)
+def write_staged(spark: SparkSession, cfg: SinkConfig, batch_id: str, stage_id: str, corr: DataFrame) -> str:
+    """Stage one write attempt's correction in a directory no other attempt writes to."""
+    path = staging_path(cfg, batch_id, stage_id)
+    corr.write.mode("errorifexists").partitionBy("_part").parquet(path)
     return path
 
 
-def read_staged(spark: SparkSession, cfg: SinkConfig, batch_id: str) -> DataFrame:
-    return spark.read.schema(schema(cfg, with_part=True)).parquet(staging_path(cfg, batch_id))
+def read_staged(spark: SparkSession, cfg: SinkConfig, path: str, files: list[str] | None = None) -> DataFrame:
+    """The staged rows under ``path`` (one write attempt), or exactly ``files`` (paths relative to
+    it, as the manifest names them): no other file is ever read."""
+    reader = spark.read.schema(schema(cfg, with_part=True))
+    if files is None:
+        return reader.parquet(path)
+    if not files:
+        return spark.createDataFrame([], schema(cfg, with_part=True))
+    return reader.option("basePath", path).parquet(*[f"{path}/{f}" for f in sorted(files)])
+
+
+def _stats_aggregates(cfg: SinkConfig) -> list:
+    h = F.xxhash64(*[F.col(f"`{c}`") for c in cfg.column_names], "_error", "_time", "_diff")
+    return [
+        F.count(F.lit(1)).alias("rows"),
+        F.sum(F.when(F.col("_error").isNotNull(), 1).otherwise(0)).alias("err"),
+        F.sum(F.abs("_diff")).alias("weight"),
+        F.sum(h.cast("decimal(38,0)")).cast("string").alias("checksum"),
+    ]
+
+
+def _stats_of(r) -> dict:
+    return {"rows": int(r["rows"]), "err": int(r["err"]), "weight": int(r["weight"]), "checksum": r["checksum"]}
 
 
 def partition_stats(cfg: SinkConfig, staged: DataFrame) -> dict[int, dict]:
     """Per partition: rows, ok/err rows, checksum (sum of a row hash; order-independent)."""
-    h = F.xxhash64(*[F.col(f"`{c}`") for c in cfg.column_names], "_error", "_time", "_diff")
+    rows = staged.groupBy("_part").agg(*_stats_aggregates(cfg)).collect()
+    return {int(r["_part"]): _stats_of(r) for r in rows}
+
+
+def added_files(actions: list[dict]) -> list[str]:
+    """The data files a Delta version added (paths relative to the table, decoded)."""
+    from urllib.parse import unquote
+
+    return [unquote(a["add"]["path"]) for a in actions if "add" in a]
+
+
+def committed_stats(spark: SparkSession, cfg: SinkConfig, versions: dict[int, int]) -> dict[int, dict[int, dict]]:
+    """Per Delta version (``{version: its batch's partition count P}``) and hash partition: the
+    statistics of the rows that version added, in one Spark job. Versions whose added files are
+    no longer all on storage (vacuumed after a compaction) are left out: not verifiable."""
+    from .correction import partition_of
+
+    root = table_path(cfg)
+    present = set(list_files(spark, root))
+    out: dict[int, dict[int, dict]] = {}
+    owner: list[tuple[str, int, int]] = []
+    for v, parts in versions.items():
+        files = added_files(_commit_actions(spark, cfg, v))
+        if all(f in present for f in files):
+            out[v] = {}
+            owner += [(f, v, parts) for f in files]
+    if not owner:
+        return out
+    by_file = spark.createDataFrame(
+        [(f.rsplit("/", 1)[-1], v, parts) for f, v, parts in owner], "_file STRING, _version BIGINT, _parts INT"
+    )
     rows = (
-        staged.groupBy("_part")
-        .agg(
-            F.count(F.lit(1)).alias("rows"),
-            F.sum(F.when(F.col("_error").isNotNull(), 1).otherwise(0)).alias("err"),
-            F.sum(F.abs("_diff")).alias("weight"),
-            F.sum(h.cast("decimal(38,0)")).cast("string").alias("checksum"),
-        )
+        spark.read.schema(schema(cfg)).parquet(*[f"{root}/{f}" for f, _, _ in owner])
+        .withColumn("_file", F.element_at(F.split(F.col("_metadata.file_path"), "/"), -1))
+        .join(F.broadcast(by_file), "_file")
+        .withColumn("_part", partition_of(cfg, F.col("_parts")))
+        .groupBy("_version", "_part").agg(*_stats_aggregates(cfg))
         .collect()
     )
-    return {
-        int(r["_part"]): {"rows": int(r["rows"]), "err": int(r["err"]), "weight": int(r["weight"]), "checksum": r["checksum"]}
-        for r in rows
-    }
+    for r in rows:
+        out[int(r["_version"])][int(r["_part"])] = _stats_of(r)
+    return out

@@ -4,7 +4,7 @@ The DAG's ``mint`` task calls :func:`mint_for_run` in-process (metadata only). `
 ``append`` are Spark jobs (jobs/*.py, submitted with spark-submit) that call
 :func:`stage_for_run` and :func:`commit_for_run`; ``compaction_due`` (metadata only) decides
 whether the ``compact`` job (:func:`compact_for_run`) runs. A failure is recorded on the run's batch in
-the ledger (``message``, prefixed ``final:`` when retrying cannot help), so the operator can tell
+the ledger (``message``, and ``failure_kind``: ``final`` when retrying cannot help), so the operator can tell
 Airflow whether to retry.
 """
 
@@ -18,12 +18,11 @@ from datetime import datetime
 from . import settings
 from .config import SinkConfig, load_sink
 from .errors import Retryable, SinkError
-from .metadata.models import Batch
+from .metadata.models import FINAL, RETRYABLE, Batch
 from .metadata.store import MetadataStore
 from .mint import MintResult, desired_frontier, run_mint
 
 log = logging.getLogger("reconcile.tasks")
-FINAL = "final: "
 
 
 def open_store() -> MetadataStore:
@@ -99,17 +98,11 @@ def compact_for_run(sink: str, run_id: str, spark=None) -> str:
 
 
 def note_failure(store: MetadataStore, batch_id: str, exc: SinkError) -> None:
-    from sqlalchemy import update
-
-    from .metadata.models import Batch as B
-    from .metadata.store import now
-
-    text = str(exc) if isinstance(exc, Retryable) else FINAL + str(exc)
+    kind = RETRYABLE if isinstance(exc, Retryable) else FINAL
     try:
-        with store.tx() as s:
-            s.execute(update(B).where(B.batch_id == batch_id).values(message=text[:4000], updated_at=now()))
+        store.note_failure(batch_id, str(exc), kind)
     except SinkError:
-        log.warning("could not record the failure in the ledger: %s", text)
+        log.warning("could not record the %s failure in the ledger: %s", kind, exc)
 
 
 def failure_verdict(sink: str, run_id: str) -> tuple[bool, str | None]:
@@ -122,6 +115,6 @@ def failure_verdict(sink: str, run_id: str) -> tuple[bool, str | None]:
         batch = store.run_batch(sink, run_id)
         if batch is None or not batch.message:
             return False, None
-        return batch.message.startswith(FINAL), batch.message.removeprefix(FINAL)
+        return batch.failure_kind == FINAL, batch.message
     finally:
         store.dispose()

@@ -8,10 +8,15 @@
    upper has passed the description's ``lower``, the description is outdated and is marked so.
 3. Pin the Delta version to read (``read_version``), read persist as of it and the desired
    collection, compute ``correction(desired, persist, lower, upper)`` (a pure function) hash-
-   partitioned into P partitions, and stage it as Parquet under
-   ``_staging/<sink>/<batch_id>/_part=<p>/``. A retried write overwrites its own staged output.
+   partitioned into P partitions, and stage it as Parquet under a directory of this attempt's
+   own, ``_staging/<sink>/<batch_id>/<stage_id>/_part=<p>/``.
 4. Read the staged files back once for the manifest (rows, error rows, checksum and the files
-   with their sizes per partition) and record it in the ledger with state ``staged``.
+   with their sizes per partition) and record it in the ledger with state ``staged``: a
+   compare-and-set on the attempt the batch names. Attempts of one batch running at once (a
+   zombie task and its retry, a command started twice) each stage their own files; the first to
+   record its manifest is the batch, the others delete their own files and say so. A write of
+   a batch already staged with intact files does nothing; one whose staged files are damaged
+   restages and replaces them.
 
 ### Drift
 
@@ -22,6 +27,7 @@ diffs that the foreign Delta versions changed below ``upper``, computed by Delta
 
 from __future__ import annotations
 
+import json
 import logging
 from dataclasses import dataclass
 
@@ -36,7 +42,7 @@ from .correction import consolidate, correction
 from .errors import brief
 from .failpoints import failpoint
 from .log import event
-from .metadata.models import COMMITTED, OPEN_STATES
+from .metadata.models import COMMITTED, OPEN_STATES, STAGED
 from .metadata.store import BatchDescription, MetadataStore
 from .sources import read_desired, read_feed
 
@@ -45,7 +51,7 @@ log = logging.getLogger("reconcile.write")
 
 @dataclass
 class WriteResult:
-    outcome: str  # staged | skipped | outdated
+    outcome: str  # staged (by this attempt or another) | skipped | outdated
     message: str
     rows_ok: int = 0
     rows_err: int = 0
@@ -120,10 +126,41 @@ def batch_correction(
     )
 
 
+def _stage_state(spark: SparkSession, cfg: SinkConfig, b) -> str | None:
+    """Why the batch's recorded attempt cannot be appended as it is (None: its files are intact:
+    every file its manifest names is there with its size)."""
+    try:
+        manifest = json.loads(b.manifest or "")
+        want = {f: size for part in manifest["parts"].values() for f, size in part["files"].items()}
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return "its manifest is unreadable"
+    have = storage.list_files(spark, storage.staging_path(cfg, b.batch_id, b.stage_id))
+    bad = sorted(f for f, size in want.items() if have.get(f) != size)
+    if bad:
+        return f"its staged file(s) {bad[:3]} are missing or changed"
+    unknown = sorted(set(have) - set(want))
+    return f"file(s) {unknown[:3]} that its manifest does not name are among its staged files" if unknown else None
+
+
+def _lost(b, stage_id: str) -> tuple[str, str]:
+    """(outcome, message) for a write attempt whose manifest lost to the batch's state ``b``."""
+    if b.state == STAGED:
+        return "staged", (f"another attempt ({b.stage_id}) of this batch recorded its staged files first; deleted "
+                          f"this attempt's ({stage_id}); the append commits {b.stage_id}'s")
+    if b.state == COMMITTED:
+        return "skipped", (f"another attempt of this batch committed it meanwhile (Delta version {b.delta_version}); "
+                           f"deleted this attempt's ({stage_id}) staged files")
+    return "outdated", f"the batch was {b.state} meanwhile ({b.message or 'no message'}); deleted this attempt's staged files"
+
+
 def run_write(spark: SparkSession, store: MetadataStore, cfg: SinkConfig, batch_id: str) -> WriteResult:
     b = store.get_batch(batch_id, cfg.name)
     desc = BatchDescription.of(b)
     state = dict(sink=cfg.name, batch=batch_id, lower=desc.lower, upper=desc.upper, run=desc.run_id)
+    if b.state == COMMITTED:
+        msg = event(log, f"skipping write: an attempt of this batch already committed it (Delta version "
+                    f"{b.delta_version})", **state)
+        return WriteResult("skipped", msg, batch_id=batch_id)
     if b.state not in OPEN_STATES:
         msg = event(log, f"skipping write: batch is {b.state} ({b.message or 'no message'})", **state)
         return WriteResult("skipped", msg)
@@ -134,7 +171,7 @@ def run_write(spark: SparkSession, store: MetadataStore, cfg: SinkConfig, batch_
         b = store.get_batch(batch_id, cfg.name)
         if b.state == COMMITTED:
             msg = event(log, "skipping write: an earlier attempt already committed this batch (metadata rolled forward)", **state)
-            return WriteResult("skipped", msg)
+            return WriteResult("skipped", msg, batch_id=batch_id)
         store.mark_superseded(batch_id, f"outdated before write: shard upper is {shard.upper}")
         if desc.upper <= shard.upper or desc.run_id is None:
             msg = event(log, "skipping write: the shard already covers this batch", shard_upper=shard.upper, **state)
@@ -147,14 +184,40 @@ def run_write(spark: SparkSession, store: MetadataStore, cfg: SinkConfig, batch_
             return WriteResult("outdated", why)
         return run_write(spark, store, cfg, fresh.batch_id)
 
-    read_version = storage.latest_version(spark, cfg)
-    persist = storage.read_updates(spark, cfg, read_version)
-    corr = batch_correction(spark, store, cfg, persist, desc.lower, desc.upper)
-    path = storage.write_staged(spark, cfg, batch_id, corr.updates)
-    failpoint("write.after_partition_staged")
-
-    stats = storage.partition_stats(cfg, storage.read_staged(spark, cfg, batch_id))
-    files = storage.list_files(spark, path)
+    # Each attempt stages under a directory of its own; recording the manifest is a compare-
+    # and-set on the attempt the batch names now (None, or a damaged attempt this one replaces).
+    b = store.get_batch(batch_id, cfg.name)
+    replaces = None
+    if b.state == STAGED:
+        damage = _stage_state(spark, cfg, b)
+        if damage is None:
+            msg = event(log, f"skipping write: attempt {b.stage_id} already staged this batch "
+                        f"({b.rows_ok} ok, {b.rows_err} error rows); the append commits it", **state)
+            return WriteResult("staged", msg, b.rows_ok or 0, b.rows_err or 0, b.drift_rows or 0, batch_id=batch_id)
+        replaces = b.stage_id
+        event(log, f"restaging: the staged attempt {b.stage_id} cannot be appended: {damage}",
+              level=logging.WARNING, **state)
+    stage_id = storage.new_stage_id()
+    others = sorted(set(storage.list_dirs(spark, storage.staging_path(cfg, batch_id))) - {replaces})
+    if others:
+        event(log, f"other attempt(s) of this batch are writing or died writing ({', '.join(others)}); "
+              "the first to record its manifest is the batch, the others delete their files", **state)
+    path = storage.staging_path(cfg, batch_id, stage_id)
+    try:
+        read_version = storage.latest_version(spark, cfg)
+        persist = storage.read_updates(spark, cfg, read_version)
+        corr = batch_correction(spark, store, cfg, persist, desc.lower, desc.upper)
+        storage.write_staged(spark, cfg, batch_id, stage_id, corr.updates)
+        failpoint("write.after_partition_staged")
+        files = storage.list_files(spark, path)
+        stats = storage.partition_stats(cfg, storage.read_staged(spark, cfg, path, list(files)))
+    except Exception:
+        now_b = store.get_batch(batch_id, cfg.name)
+        storage.delete_path(spark, path)  # this attempt's files: never the batch now
+        if now_b.state in OPEN_STATES and now_b.stage_id == replaces:
+            raise  # nobody else finished: this attempt's own failure
+        outcome, msg = _lost(now_b, stage_id)
+        return WriteResult(outcome, event(log, msg, **state), batch_id=batch_id)
     parts = {}
     for p in range(cfg.partitions):
         prefix = f"_part={p}/"
@@ -166,8 +229,8 @@ def run_write(spark: SparkSession, store: MetadataStore, cfg: SinkConfig, batch_
     rows_ok = sum(s["rows"] for s in stats.values()) - rows_err
     drift = drift_rows(spark, store, cfg, read_version, desc.upper)
     manifest = {
-        "batch_id": batch_id, "lower": desc.lower, "upper": desc.upper, "partitions": cfg.partitions,
-        "read_version": read_version, "parts": parts,
+        "batch_id": batch_id, "stage_id": stage_id, "lower": desc.lower, "upper": desc.upper,
+        "partitions": cfg.partitions, "read_version": read_version, "parts": parts,
     }
     feed = {}
     if cfg.kind == "upsert":
@@ -176,17 +239,22 @@ def run_write(spark: SparkSession, store: MetadataStore, cfg: SinkConfig, batch_
         if corr.late_commands:
             event(log, f"{corr.late_commands} late command(s) (time below lower {desc.lower}, arrived after "
                   "their time's batch) are applied at lower", level=logging.WARNING, **state)
-    if not store.mark_staged(
-        batch_id, manifest=manifest, rows_ok=rows_ok, rows_err=rows_err,
+    won, now_b = store.mark_staged(
+        batch_id, stage_id=stage_id, replaces=replaces, manifest=manifest, rows_ok=rows_ok, rows_err=rows_err,
         read_version=read_version, drift_rows=drift, source_offset=corr.source_offset,
         late_commands=corr.late_commands,
-    ):
+    )
+    if not won:
         storage.delete_path(spark, path)
-        msg = event(log, "staged batch was superseded meanwhile; deleted its files", **state)
-        return WriteResult("outdated", msg)
+        if now_b.state not in OPEN_STATES:
+            storage.delete_path(spark, storage.staging_path(cfg, batch_id))
+        outcome, msg = _lost(now_b, stage_id)
+        return WriteResult(outcome, event(log, msg, **state), batch_id=batch_id)
+    if replaces is not None:
+        storage.delete_path(spark, storage.staging_path(cfg, batch_id, replaces))
     failpoint("write.after_staged")
     msg = event(
-        log, "staged batch", rows_ok=rows_ok, rows_err=rows_err, drift_rows=drift,
+        log, "staged batch", stage=stage_id, rows_ok=rows_ok, rows_err=rows_err, drift_rows=drift,
         read_version=read_version, partitions=cfg.partitions, **feed, **state,
     )
     return WriteResult("staged", msg, rows_ok, rows_err, drift, parts, batch_id)

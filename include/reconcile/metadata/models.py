@@ -22,6 +22,8 @@ NAMING = {
 # Ledger states. minted -> staged -> committed; minted/staged -> superseded (never appendable).
 MINTED, STAGED, COMMITTED, SUPERSEDED = "minted", "staged", "committed", "superseded"
 OPEN_STATES = (MINTED, STAGED)
+# Kinds of a batch's last failure: retrying cannot help / the task's retry may.
+FINAL, RETRYABLE = "final", "retryable"
 
 
 class Base(DeclarativeBase):
@@ -61,7 +63,10 @@ class Batch(Base):
     source_offset: Mapped[int | None] = mapped_column(BigInteger, nullable=True)  # upsert feed read up to
     late_commands: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     manifest: Mapped[str | None] = mapped_column(Text, nullable=True)
+    # The write attempt whose files are the batch (``_staging/<sink>/<batch_id>/<stage_id>/``).
+    stage_id: Mapped[str | None] = mapped_column(String(40), nullable=True)
     message: Mapped[str | None] = mapped_column(Text, nullable=True)
+    failure_kind: Mapped[str | None] = mapped_column(String(16), nullable=True)  # FINAL | RETRYABLE
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
     updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
 

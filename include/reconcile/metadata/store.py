@@ -19,6 +19,7 @@ import logging
 import uuid
 from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import lru_cache
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Iterator
@@ -36,7 +37,15 @@ from .models import COMMITTED, MINTED, OPEN_STATES, STAGED, SUPERSEDED, Batch, S
 
 log = logging.getLogger("reconcile.metadata")
 MIGRATIONS = Path(__file__).parent / "migrations"
-HEAD = "0002"
+_CHECKED: set[str] = set()  # database URLs whose schema this process found at head
+
+
+@lru_cache(maxsize=1)
+def head() -> str:
+    """The newest migration, as Alembic's own script directory says (read once per process)."""
+    from alembic.script import ScriptDirectory
+
+    return ScriptDirectory(str(MIGRATIONS)).get_current_head()
 
 
 def now() -> datetime:
@@ -132,17 +141,20 @@ class MetadataStore:
             self._ensure_schema()
 
     def _ensure_schema(self) -> None:
+        """Migrate to head if needed; once per process and database (not per store: the UI
+        and every task open stores often)."""
+        if self.url in _CHECKED:
+            return
         try:
-            if current_revision(self.engine) == HEAD:
-                return
-            upgrade(self.engine)
+            if current_revision(self.engine) != head():
+                upgrade(self.engine)
         except (OperationalError, InterfaceError) as exc:
-            if current_revision_safe(self.engine) == HEAD:  # a concurrent process migrated it
-                return
-            raise self._unavailable(exc) from exc
+            if current_revision_safe(self.engine) != head():  # else a concurrent process migrated it
+                raise self._unavailable(exc) from exc
         except IntegrityError:
-            if current_revision_safe(self.engine) != HEAD:
+            if current_revision_safe(self.engine) != head():
                 raise
+        _CHECKED.add(self.url)
 
     @property
     def safe_url(self) -> str:
@@ -340,26 +352,39 @@ class MetadataStore:
             ).first()
 
     def mark_staged(
-        self, batch_id: str, *, manifest: dict, rows_ok: int, rows_err: int,
-        read_version: int, drift_rows: int | None, source_offset: int | None = None,
+        self, batch_id: str, *, stage_id: str, replaces: str | None, manifest: dict, rows_ok: int,
+        rows_err: int, read_version: int, drift_rows: int | None, source_offset: int | None = None,
         late_commands: int | None = None,
-    ) -> bool:
-        """Record a staged batch; False if the description was superseded meanwhile."""
+    ) -> tuple[bool, Batch]:
+        """Record write attempt ``stage_id``'s files as the batch: a compare-and-set that holds
+        only while the batch is open and its recorded attempt is still ``replaces`` (None: no
+        attempt recorded yet). Of several attempts of one batch writing at once, exactly one
+        wins; the others get (False, the batch as it is now) and must delete their own files."""
         with self.tx() as s:
             b = s.get(Batch, batch_id)
             if b is None:
                 raise BatchNotFound(f"no batch {batch_id!r} in the ledger")
             self._locked(s, b.shard)
             s.refresh(b)
-            if b.state not in OPEN_STATES:
-                return False
+            if b.state not in OPEN_STATES or b.stage_id != replaces:
+                return False, b
             b.state = STAGED
+            b.stage_id = stage_id
             b.manifest = json.dumps(manifest, sort_keys=True)
             b.rows_ok, b.rows_err = rows_ok, rows_err
             b.read_version, b.drift_rows = read_version, drift_rows
             b.source_offset, b.late_commands = source_offset, late_commands
+            b.message = b.failure_kind = None
             b.updated_at = now()
-            return True
+            return True, b
+
+    def note_failure(self, batch_id: str, message: str, kind: str) -> None:
+        """Record a batch's last failure and whether retrying can help (``FINAL``/``RETRYABLE``)."""
+        with self.tx() as s:
+            s.execute(
+                update(Batch).where(Batch.batch_id == batch_id)
+                .values(message=message[:4000], failure_kind=kind, updated_at=now())
+            )
 
     def mark_superseded(self, batch_id: str, message: str) -> None:
         with self.tx() as s:

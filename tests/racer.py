@@ -1,0 +1,47 @@
+"""One attempt of each of a list of runs, as a separate process: ``python tests/racer.py SINK
+ATTEMPT RUN_ID:FRONTIER...``.
+
+Started several times at once with the same runs, these processes are a zombie task and its
+retries (or a cron and a person starting the same command): every process mints, writes and
+appends the *same* batch of each run. Each prints one line per run, ``RESULT <run> <stage>
+<outcome or error class>: <message>``, so a test can check what the losers were told.
+Environment: RECONCILE_SINKS_DIR, RECONCILE_WAREHOUSE, RECONCILE_METADATA_URL.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from reconcile import append, mint, settings, write
+from reconcile.config import load_sink
+from reconcile.errors import SinkError
+from reconcile.metadata.store import MetadataStore
+from reconcile.spark import get_session
+
+
+def main(sink: str, attempt: int, runs: list[str]) -> int:
+    cfg = load_sink(sink)
+    store = MetadataStore(settings.metadata_url())
+    spark = get_session(f"racer-{attempt}", {"spark.sql.shuffle.partitions": "2"})
+    for spec in runs:
+        run_id, frontier = spec.split(":")
+        stage = "mint"
+        try:
+            m = mint.run_mint(store, cfg, run_id, attempt, int(frontier))
+            if m.description is None:
+                print(f"RESULT {run_id} mint nothing: {m.message}", flush=True)
+                continue
+            stage = "write"
+            w = write.run_write(spark, store, cfg, m.description.batch_id)
+            print(f"RESULT {run_id} write {w.outcome}: {w.message}", flush=True)
+            stage = "append"
+            a = append.run_append(spark, store, cfg, w.batch_id or m.description.batch_id)
+            print(f"RESULT {run_id} append {a.outcome}: {a.message}", flush=True)
+        except SinkError as exc:
+            print(f"RESULT {run_id} {stage} {type(exc).__name__}: {exc}", flush=True)
+    store.dispose()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1], int(sys.argv[2]), sys.argv[3:]))
