@@ -2,7 +2,7 @@
 # The long randomized-schedule run (issue 3), resumable and split across worker processes.
 #   bash scripts/chaos_soak.sh [SCHEDULES=1000] [SEED=1] [WORKERS=2] [CHUNK=25]
 #   bash scripts/chaos_soak.sh --summary [SEED=1]
-# Each chunk of schedules runs as `python -m reconcile chaos --first I --schedules CHUNK` and
+# Each chunk of schedules runs as `python tests/chaos.py --first I --schedules CHUNK` and
 # keeps its output in chaos-results/seed<S>/first-<I>.txt; finished chunks are skipped, so a
 # stopped soak continues where it was. The summary adds up every finished chunk and lists
 # each divergence with the command that reproduces it. Each chunk's file starts with the commit
@@ -35,7 +35,7 @@ worker() {
     f="$dir/first-$first.txt"
     grep -q '^chaos:' "$f" 2>/dev/null && continue
     echo "commit: $(git rev-parse --short HEAD 2>/dev/null || echo unknown)" >"$f.tmp"
-    python -m reconcile chaos --seed "$seed" --first "$first" --schedules "$chunk" 2>"$dir/first-$first.log" \
+    python tests/chaos.py --seed "$seed" --first "$first" --schedules "$chunk" 2>"$dir/first-$first.log" \
       | grep -E '^(chaos:|DIVERGENCE)' >>"$f.tmp"
     mv "$f.tmp" "$f"
   done

@@ -53,7 +53,8 @@ logging.getLogger("py4j").setLevel(logging.ERROR)
 # covered too; RECONCILE_TEST_SPARK=default runs the in-process tests on them as well.
 @pytest.fixture(scope="session")
 def spark():
-    from reconcile.spark import TINY_DATA_CONF, get_session
+    from reconcile.spark import get_session
+    from tiny_spark import TINY_DATA_CONF
 
     if SPARK_MODE not in ("tiny", "default"):
         pytest.exit(f"RECONCILE_TEST_SPARK={SPARK_MODE!r}: use 'tiny' (the default) or 'default'", returncode=4)

@@ -1,11 +1,11 @@
-"""Randomized schedules (a small count in CI; `python -m reconcile chaos --schedules 1000` for more)."""
+"""Randomized schedules (a small count in CI; `python tests/chaos.py --schedules 1000` for more)."""
 
 from __future__ import annotations
 
 import os
 
 
-from reconcile.chaos import run_schedules
+from chaos import run_schedules
 
 SEED = int(os.environ.get("RECONCILE_CHAOS_SEED", "20261121"))
 

@@ -143,8 +143,12 @@ def test_attempts_of_one_run_racing_commit_the_batch_once(spark, warehouse, tmp_
     lines, problems = _attempts(cfg, [(f"sched__{u}", u) for u in bounds[1:]], 3, env)
     problems += [f"a loser was told to clear write: {ln}" for ln in lines if "clear the run's 'write' task" in ln]
     problems += [f"unexpected failure: {ln}" for ln in lines
-                 if ln.split(":")[0].split()[-1] not in ("nothing", "staged", "skipped", "outdated", "committed",
-                                                         "already_committed", "recovered", "covered", "superseded")]
+                 if ln.split(":")[0].split()[-1] not in (
+                     "nothing", "staged", "skipped", "outdated", "committed", "already_committed", "recovered",
+                     "covered", "superseded",
+                     # a process behind the others mints the next run's wider batch over a lower
+                     # still open: runs racing each other, told so truthfully
+                     "DescriptionOutdated", "LostRace")]
     commits = storage.batch_commits(storage.history_since(spark, cfg, -1)[1])
     lowers = [c.lower for c in commits]
     if len(set(lowers)) != len(lowers) or not set(lowers) <= set(bounds[:-1]):

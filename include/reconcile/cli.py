@@ -15,8 +15,6 @@ Commands:
   check SINK               sync the metadata, then list invariant violations (ledger vs Delta log)
   compact SINK [--since T] [--no-vacuum]
                            advance since, consolidate the history before it, vacuum old files
-  chaos [--schedules N] [--seed S] [--steps K] [--first I] [--metadata-url URL]
-                           randomized schedules against the model; prints counts and divergences
   demo                     run the demo sink for three intervals through Airflow and print it
 """
 
@@ -223,12 +221,6 @@ def cmd_compact(args) -> int:
     return 4 if result.outcome == "raced" else 0
 
 
-def cmd_chaos(args) -> int:
-    from .chaos import main as chaos_main
-
-    return chaos_main(args.schedules, args.seed, args.steps, args.first, args.metadata_url)
-
-
 def cmd_demo(args) -> int:
     from .demo import run_demo
 
@@ -278,13 +270,6 @@ def main(argv: list[str] | None = None) -> int:
     cp.add_argument("--since", type=int, default=None, help="new since (ms); default upper - retention.history_hours")
     cp.add_argument("--no-vacuum", action="store_true", help="leave unreferenced Delta files in place")
     cp.set_defaults(fn=cmd_compact)
-    ch = sub.add_parser("chaos")
-    ch.add_argument("--schedules", type=int, default=10)
-    ch.add_argument("--seed", type=int, default=1)
-    ch.add_argument("--steps", type=int, default=8)
-    ch.add_argument("--first", type=int, default=0)
-    ch.add_argument("--metadata-url", default=None, help="default: a fresh SQLite file")
-    ch.set_defaults(fn=cmd_chaos)
     dm = sub.add_parser("demo")
     dm.add_argument("--intervals", type=int, default=3)
     dm.set_defaults(fn=cmd_demo)

@@ -28,17 +28,6 @@ LOCAL_CONF = {
     "spark.driver.memory": "2g",
 }
 
-# For tables of a few dozen rows (the test suite, `python -m reconcile chaos`): Spark's per-query
-# overheads, not the data, are the cost there. Adaptive execution re-plans every shuffle and
-# whole-stage codegen compiles every new query shape; both only pay on real data. Measured:
-# 3 chaos schedules 64 s -> 47 s. Not for production (LOCAL_CONF keeps both on).
-TINY_DATA_CONF = {
-    "spark.sql.adaptive.enabled": "false",
-    "spark.sql.codegen.wholeStage": "false",
-    "spark.databricks.delta.snapshotPartitions": "1",
-}
-
-
 def submit_conf() -> dict[str, str]:
     """Spark conf for spark-submit of the jobs/ scripts (used by the DAG's operators)."""
     conf = dict(DELTA_CONF)

@@ -18,8 +18,11 @@ killed processes are covered by tests/test_crash.py. Races are 2-3 threads runni
 runs of the sink at once against the same metadata table and Delta table; zombies are 2-3
 threads running attempts of the *same* run (the same batch) at once.
 
-    python -m reconcile chaos --schedules 1000 --seed 1        # prints counts and divergences
-    python -m reconcile chaos --schedules 1 --seed 1 --first 417  # reproduce schedule 417
+    python tests/chaos.py --schedules 1000 --seed 1        # prints counts and divergences
+    python tests/chaos.py --schedules 1 --seed 1 --first 417  # reproduce schedule 417
+
+A test harness (it tampers with tables and points RECONCILE_WAREHOUSE elsewhere): it lives under
+tests/, outside the installed package. ``scripts/chaos_soak.sh`` runs it in resumable chunks.
 """
 
 from __future__ import annotations
@@ -37,13 +40,15 @@ from pathlib import Path
 
 import yaml
 
-from . import append, check, compact, failpoints, mint, write
-from . import shard as storage
-from .config import SinkConfig, load_file
-from .errors import SinkError
-from .metadata.models import COMMITTED
-from .metadata.store import MetadataStore
-from .spark import TINY_DATA_CONF, get_session
+from tiny_spark import TINY_DATA_CONF
+
+from reconcile import append, check, compact, failpoints, mint, write
+from reconcile import shard as storage
+from reconcile.config import SinkConfig, load_file
+from reconcile.errors import SinkError
+from reconcile.metadata.models import COMMITTED
+from reconcile.metadata.store import MetadataStore
+from reconcile.spark import get_session
 
 log = logging.getLogger("reconcile.chaos")
 KEYS = range(6)
@@ -312,7 +317,7 @@ def run_schedules(spark, store_url: str | None, count: int, seed: int, steps: in
             problems = sched.run(steps)
             if problems:
                 stats.divergences.extend(problems)
-                log.error("DIVERGENCE (reproduce: python -m reconcile chaos --seed %s --first %s --schedules 1 --steps %s): %s",
+                log.error("DIVERGENCE (reproduce: python tests/chaos.py --seed %s --first %s --schedules 1 --steps %s): %s",
                           seed, i, steps, problems)
             shutil.rmtree(sched.dir, ignore_errors=True)
     finally:
@@ -329,8 +334,8 @@ CHAOS_CONF = {"spark.sql.shuffle.partitions": "1", **TINY_DATA_CONF}
 
 
 def main(schedules: int, seed: int, steps: int, first: int, metadata_url: str | None) -> int:
-    # Tables of a few dozen rows: spark.TINY_DATA_CONF (3 schedules: 64 s -> 47 s). Neither
-    # setting changes a result; the sink's production settings (spark.LOCAL_CONF) keep both on.
+    # Tables of a few dozen rows: TINY_DATA_CONF (3 schedules: 64 s -> 47 s). Neither setting
+    # changes a result; the sink's production settings keep both on.
     spark = get_session("reconcile-chaos", CHAOS_CONF)
     t0 = time.time()
     stats = run_schedules(spark, metadata_url, schedules, seed, steps, first)
@@ -338,3 +343,18 @@ def main(schedules: int, seed: int, steps: int, first: int, metadata_url: str | 
     for d in stats.divergences:
         print(f"DIVERGENCE {d}")
     return 1 if stats.divergences else 0
+
+
+if __name__ == "__main__":
+    import argparse
+    import sys
+
+    ap = argparse.ArgumentParser(description="randomized schedules against the model; prints counts and divergences")
+    ap.add_argument("--schedules", type=int, default=10)
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--steps", type=int, default=8)
+    ap.add_argument("--first", type=int, default=0)
+    ap.add_argument("--metadata-url", default=None, help="default: a fresh SQLite file")
+    a = ap.parse_args()
+    logging.basicConfig(level=logging.WARNING)
+    sys.exit(main(a.schedules, a.seed, a.steps, a.first, a.metadata_url))
