@@ -198,6 +198,17 @@ def test_concurrent_compare_and_set_has_exactly_one_winner(store):
     assert all(isinstance(r, errors.UpperMismatch) and r.current == won for r in losers), losers
 
 
+def test_attempts_advancing_a_new_shard_to_as_of_all_go_on(store):
+    """Attempts of the same first batch advance a new shard's upper to as_of at once: one moves
+    it, none fails, and an upper already past as_of is never moved back."""
+    store.ensure_shard("asof", AS_OF)
+    results = race(6, lambda i: store.advance_to_as_of("asof", AS_OF))
+    assert sorted(r for _, r in results) == [0] + [AS_OF] * 5, results
+    assert store.get_shard("asof").upper == AS_OF
+    store.compare_and_set_upper("asof", AS_OF, 300)
+    assert store.advance_to_as_of("asof", AS_OF) == 300 and store.get_shard("asof").upper == 300
+
+
 def test_concurrent_mints_share_a_lower_and_leave_one_open(store):
     store.ensure_shard("mints", AS_OF)
     n = 6

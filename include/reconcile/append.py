@@ -265,8 +265,9 @@ def run_append(spark: SparkSession, store: MetadataStore, cfg: SinkConfig, batch
                 f"shard upper {shard.upper} is behind lower {desc.lower}, which is not the sink's as_of {shard.as_of}",
                 sink=cfg.name,
             )
-        store.compare_and_set_upper(cfg.name, shard.upper, desc.lower)
-        event(log, "advanced a new shard's upper to the sink's as_of", old_upper=shard.upper, **state)
+        before = store.advance_to_as_of(cfg.name, desc.lower)
+        if before < desc.lower:
+            event(log, "advanced a new shard's upper to the sink's as_of", old_upper=before, **state)
         failpoint("append.after_advance_as_of")
 
     failpoint("append.before_delta_commit")

@@ -240,6 +240,18 @@ class MetadataStore:
                 current = s.scalar(select(Shard.upper).where(Shard.name == name))
                 raise UpperMismatch(name, expected, current)
 
+    def advance_to_as_of(self, name: str, as_of: int) -> int:
+        """A new shard's upper (behind the sink's ``as_of``) moves up to ``as_of`` (seed 002,
+        ``advance_shard_upper``); idempotent, so attempts of the same first batch racing here
+        all go on. Returns the upper before the call."""
+        with self.tx() as s:
+            shard = self._locked(s, name)
+            before = shard.upper
+            if shard.upper < as_of:
+                shard.upper = as_of
+                shard.updated_at = now()
+            return before
+
     def advance_since(self, name: str, since: int) -> int:
         """Raise the shard's ``since`` to ``since`` (never lower it; below ``upper``: the shard
         stays readable as of ``upper - 1``).
