@@ -96,10 +96,42 @@ SCHEMA = [  # (name, type, nullable)
 ]
 COLUMNS = [c[0] for c in SCHEMA]
 STATUSES = ["new", "paid", "packed", "shipped", "delivered", "returned", "cancelled"]
-FIRST = ["Ada", "Alan", "Barbara", "Claude", "Donald", "Edsger", "Frances", "Grace", "John", "Ken",
-         "Leslie", "Margaret", "Niklaus", "Radia", "Shafi", "Tony"]
-LAST = ["Hopper", "Lovelace", "Turing", "Liskov", "Shannon", "Knuth", "Dijkstra", "Allen", "Backus",
-        "Thompson", "Lamport", "Hamilton", "Wirth", "Perlman", "Goldwasser", "Hoare-Smith"]
+FIRST = [
+    "Ada",
+    "Alan",
+    "Barbara",
+    "Claude",
+    "Donald",
+    "Edsger",
+    "Frances",
+    "Grace",
+    "John",
+    "Ken",
+    "Leslie",
+    "Margaret",
+    "Niklaus",
+    "Radia",
+    "Shafi",
+    "Tony",
+]
+LAST = [
+    "Hopper",
+    "Lovelace",
+    "Turing",
+    "Liskov",
+    "Shannon",
+    "Knuth",
+    "Dijkstra",
+    "Allen",
+    "Backus",
+    "Thompson",
+    "Lamport",
+    "Hamilton",
+    "Wirth",
+    "Perlman",
+    "Goldwasser",
+    "Hoare-Smith",
+]
 LOREM = "lorem ipsum dolor sit amet consectetur adipiscing elit sed do eiusmod tempor incididunt "
 METHODS = [("sink_s", "sink (a)"), ("merge_s", "MERGE (b)"), ("overwrite_s", "overwrite (c)"), ("floor_s", "floor (d)")]
 STAGES = ("mint_s", "write_s", "append_s")
@@ -110,6 +142,7 @@ class Mismatch(Exception):
 
 
 # -- data -----------------------------------------------------------------------------------------
+
 
 def hashed(seed: int, column: str, modulus: int, salt: str = "") -> F.Column:
     """A value in [0, modulus) from the hash of (seed, salt, column, id): deterministic per seed."""
@@ -180,13 +213,18 @@ def change(spark: SparkSession, current: DataFrame, seed: int, salt: str, change
 
 # -- the four methods -----------------------------------------------------------------------------
 
+
 def sink_config(root: Path, name: str, desired: str, partitions: int, retention: dict | None = None):
     """(Re)write the query sink's YAML reading ``desired`` and load it."""
     from reconcile.config import load_file
 
     data = {
-        "name": name, "kind": "query", "partitions": partitions, "start_date": "1970-01-01",
-        "as_of": AS_OF, "schedule": "none",
+        "name": name,
+        "kind": "query",
+        "partitions": partitions,
+        "start_date": "1970-01-01",
+        "as_of": AS_OF,
+        "schedule": "none",
         "schema": [{"name": n, "type": t, "nullable": nullable} for n, t, nullable in SCHEMA],
         "query": {"sql": "SELECT * FROM desired", "sources": {"desired": {"format": "parquet", "path": desired}}},
     }
@@ -218,8 +256,13 @@ def sink_batch(spark: SparkSession, store, cfg, batch: int) -> dict:
     if a.outcome != "committed":
         raise RuntimeError(f"{cfg.name}: append {a.outcome}: {a.message}")
     t3 = time.perf_counter()
-    return {"mint_s": t1 - t0, "write_s": t2 - t1, "append_s": t3 - t2, "sink_s": t3 - t0,
-            "updates": w.rows_ok + w.rows_err}
+    return {
+        "mint_s": t1 - t0,
+        "write_s": t2 - t1,
+        "append_s": t3 - t2,
+        "sink_s": t3 - t0,
+        "updates": w.rows_ok + w.rows_err,
+    }
 
 
 def merge(spark: SparkSession, table: str, after: str) -> None:
@@ -227,7 +270,8 @@ def merge(spark: SparkSession, table: str, after: str) -> None:
 
     differs = " OR ".join(f"NOT (t.`{c}` <=> s.`{c}`)" for c in COLUMNS if c != "id")
     (
-        DeltaTable.forPath(spark, table).alias("t")
+        DeltaTable.forPath(spark, table)
+        .alias("t")
         .merge(spark.read.parquet(after).alias("s"), "t.id = s.id")
         .whenMatchedUpdateAll(condition=differs)
         .whenNotMatchedInsertAll()
@@ -244,9 +288,12 @@ def floor(spark: SparkSession, table: str, after: str, out: str) -> None:
     desired = spark.read.parquet(after).withColumn("_diff", F.lit(1))
     persist = spark.read.format("delta").load(table).withColumn("_diff", F.lit(-1))
     (
-        desired.unionByName(persist).groupBy(*COLUMNS).agg(F.sum("_diff").alias("_diff"))
+        desired.unionByName(persist)
+        .groupBy(*COLUMNS)
+        .agg(F.sum("_diff").alias("_diff"))
         .where(F.col("_diff") != 0)
-        .write.mode("overwrite").parquet(out)
+        .write.mode("overwrite")
+        .parquet(out)
     )
 
 
@@ -278,8 +325,9 @@ def sink_problems(spark: SparkSession, store, cfg, batch: int, references: dict[
     return problems
 
 
-def run_once(spark: SparkSession, store, work: Path, name: str, before: str, after: str, changes: int,
-             partitions: int) -> dict:
+def run_once(
+    spark: SparkSession, store, work: Path, name: str, before: str, after: str, changes: int, partitions: int
+) -> dict:
     """Set up fresh tables holding "before" (not timed), time a, b, c, d, check the contents."""
     from reconcile.shard import table_path
 
@@ -315,33 +363,58 @@ def run_once(spark: SparkSession, store, work: Path, name: str, before: str, aft
 
 # -- reporting ------------------------------------------------------------------------------------
 
+
 def machine(spark: SparkSession) -> dict:
     from importlib.metadata import version
 
-    mem_kb = next(int(line.split()[1]) for line in Path("/proc/meminfo").read_text().splitlines()
-                  if line.startswith("MemTotal:"))
+    mem_kb = next(
+        int(line.split()[1]) for line in Path("/proc/meminfo").read_text().splitlines() if line.startswith("MemTotal:")
+    )
     return {
-        "cores": os.cpu_count(), "ram_gib": round(mem_kb / 2**20, 1), "platform": platform.platform(),
-        "python": platform.python_version(), "spark": spark.version, "delta": version("delta-spark"),
-        "master": spark.sparkContext.master, "date": time.strftime("%Y-%m-%d"),
+        "cores": os.cpu_count(),
+        "ram_gib": round(mem_kb / 2**20, 1),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "spark": spark.version,
+        "delta": version("delta-spark"),
+        "master": spark.sparkContext.master,
+        "date": time.strftime("%Y-%m-%d"),
     }
 
 
 def machine_line(m: dict) -> str:
-    return (f"Machine: {m['cores']} cores, {m['ram_gib']} GiB RAM, {m['platform']}; Python {m['python']}, "
-            f"Spark {m['spark']} ({m['master']}), Delta {m['delta']}; {m['date']}.")
+    return (
+        f"Machine: {m['cores']} cores, {m['ram_gib']} GiB RAM, {m['platform']}; Python {m['python']}, "
+        f"Spark {m['spark']} ({m['master']}), Delta {m['delta']}; {m['date']}."
+    )
 
 
 def table(results: list[dict]) -> tuple[list[str], list[list[str]]]:
-    header = ["size", "fraction", "changed", *[label for _, label in METHODS], "mint", "write", "append",
-              "a/b", "a/c", "a/d", "(mint+append)/a"]
+    header = [
+        "size",
+        "fraction",
+        "changed",
+        *[label for _, label in METHODS],
+        "mint",
+        "write",
+        "append",
+        "a/b",
+        "a/c",
+        "a/d",
+        "(mint+append)/a",
+    ]
     rows = []
     for r in results:
-        rows.append([
-            f"{r['size']:,}", f"{r['fraction']:g}", f"{r['changed']:,}",
-            *[f"{r[key]:.2f}" for key, _ in METHODS], *[f"{r[key]:.2f}" for key in STAGES],
-            *[f"{r['ratios'][k]:.2f}" for k in ("sink/merge", "sink/overwrite", "sink/floor", "mint+append/sink")],
-        ])
+        rows.append(
+            [
+                f"{r['size']:,}",
+                f"{r['fraction']:g}",
+                f"{r['changed']:,}",
+                *[f"{r[key]:.2f}" for key, _ in METHODS],
+                *[f"{r[key]:.2f}" for key in STAGES],
+                *[f"{r['ratios'][k]:.2f}" for k in ("sink/merge", "sink/overwrite", "sink/floor", "mint+append/sink")],
+            ]
+        )
     return header, rows
 
 
@@ -355,10 +428,12 @@ def markdown(header: list[str], rows: list[list[str]], machine_info: dict, args)
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(r) + " |" for r in rows]
     return (
-        "Seconds per method (median of {r} run(s)); a = sink batch (mint + write + append), b = Delta MERGE, "
-        "c = overwrite, d = bare-Spark difference; {p} partitions, seed {s}.\n\n".format(
-            r=args.repeat, p=args.partitions, s=args.seed)
-        + "\n".join(lines) + "\n\n" + machine_line(machine_info) + "\n"
+        f"Seconds per method (median of {args.repeat} run(s)); a = sink batch (mint + write + append), b = Delta MERGE, "
+        f"c = overwrite, d = bare-Spark difference; {args.partitions} partitions, seed {args.seed}.\n\n"
+        + "\n".join(lines)
+        + "\n\n"
+        + machine_line(machine_info)
+        + "\n"
     )
 
 
@@ -386,8 +461,10 @@ def chart(path: Path, results: list[dict], fractions: list[float]) -> None:
 
 # -- the two modes --------------------------------------------------------------------------------
 
-def run_size(spark: SparkSession, store, root: Path, label: str, n: int, fractions: list[float], repeat: int,
-             args) -> list[dict]:
+
+def run_size(
+    spark: SparkSession, store, root: Path, label: str, n: int, fractions: list[float], repeat: int, args
+) -> list[dict]:
     """Every fraction of one size: the snapshots, then ``repeat`` runs of a, b, c, d; medians."""
     data = root / label
     before = str(data / "before")
@@ -404,20 +481,29 @@ def run_size(spark: SparkSession, store, root: Path, label: str, n: int, fractio
             r = run_once(spark, store, root / name, name, before, after, changes, args.partitions)
             r = {k: round(v, 3) for k, v in r.items()}
             runs.append(r)
-            print(f"{label} N={n:,} f={f:g} run {rep + 1}: sink {r['sink_s']:.2f}s (mint {r['mint_s']:.2f}, "
-                  f"write {r['write_s']:.2f}, append {r['append_s']:.2f})  MERGE {r['merge_s']:.2f}s  "
-                  f"overwrite {r['overwrite_s']:.2f}s  floor {r['floor_s']:.2f}s  [same contents]", flush=True)
+            print(
+                f"{label} N={n:,} f={f:g} run {rep + 1}: sink {r['sink_s']:.2f}s (mint {r['mint_s']:.2f}, "
+                f"write {r['write_s']:.2f}, append {r['append_s']:.2f})  MERGE {r['merge_s']:.2f}s  "
+                f"overwrite {r['overwrite_s']:.2f}s  floor {r['floor_s']:.2f}s  [same contents]",
+                flush=True,
+            )
         med = {k: round(statistics.median(run[k] for run in runs), 3) for k in (*[k for k, _ in METHODS], *STAGES)}
-        results.append({
-            "size": n, "fraction": f, "changed": changes, "sink_updates": runs[0]["updates"], **med,
-            "ratios": {
-                "sink/merge": round(med["sink_s"] / med["merge_s"], 3),
-                "sink/overwrite": round(med["sink_s"] / med["overwrite_s"], 3),
-                "sink/floor": round(med["sink_s"] / med["floor_s"], 3),
-                "mint+append/sink": round((med["mint_s"] + med["append_s"]) / med["sink_s"], 3),
-            },
-            "runs": runs,
-        })
+        results.append(
+            {
+                "size": n,
+                "fraction": f,
+                "changed": changes,
+                "sink_updates": runs[0]["updates"],
+                **med,
+                "ratios": {
+                    "sink/merge": round(med["sink_s"] / med["merge_s"], 3),
+                    "sink/overwrite": round(med["sink_s"] / med["overwrite_s"], 3),
+                    "sink/floor": round(med["sink_s"] / med["floor_s"], 3),
+                    "mint+append/sink": round((med["mint_s"] + med["append_s"]) / med["sink_s"], 3),
+                },
+                "runs": runs,
+            }
+        )
         shutil.rmtree(after, ignore_errors=True)
     shutil.rmtree(data, ignore_errors=True)
     return results
@@ -447,17 +533,26 @@ def run_flat(spark: SparkSession, store, root: Path, args) -> dict:
     generate(spark.range(args.size), args.seed).write.parquet(current)
     cfgs = {m: sink_config(root, f"flat_{m}", current, args.partitions, ret) for m, ret in modes.items()}
     load = {m: round(sink_batch(spark, store, cfg, 0)["sink_s"], 3) for m, cfg in cfgs.items()}
-    print(f"loaded {args.size:,} rows: " + ", ".join(f"compaction {m} {s:.2f}s" for m, s in load.items())
-          + f"; then {args.batches} batches of {args.batch_changes} changes (seconds per batch, compaction off / on)",
-          flush=True)
+    print(
+        f"loaded {args.size:,} rows: "
+        + ", ".join(f"compaction {m} {s:.2f}s" for m, s in load.items())
+        + f"; then {args.batches} batches of {args.batch_changes} changes (seconds per batch, compaction off / on)",
+        flush=True,
+    )
 
     inserts = split(args.batch_changes)[1]
     costs: dict[str, list[dict]] = {m: [] for m in modes}
     compactions = []
     for b in range(1, args.batches + 1):
         desired = str(root / f"desired_{b}")
-        nxt = change(spark, spark.read.parquet(current), args.seed, f"batch{b}", args.batch_changes,
-                     args.size + (b - 1) * inserts)
+        nxt = change(
+            spark,
+            spark.read.parquet(current),
+            args.seed,
+            f"batch{b}",
+            args.batch_changes,
+            args.size + (b - 1) * inserts,
+        )
         nxt.write.parquet(desired)
         shutil.rmtree(current, ignore_errors=True)
         current = desired
@@ -471,8 +566,9 @@ def run_flat(spark: SparkSession, store, root: Path, args) -> dict:
                 t = time.perf_counter()
                 c = run_compact(spark, store, cfgs[m])
                 seconds = time.perf_counter() - t
-                compactions.append({"after_batch": b, "seconds": round(seconds, 3), "outcome": c.outcome,
-                                    "message": c.message})
+                compactions.append(
+                    {"after_batch": b, "seconds": round(seconds, 3), "outcome": c.outcome, "message": c.message}
+                )
                 line += f" (+ compaction {seconds:.2f}s: {c.outcome})"
         print(line, flush=True)
 
@@ -492,7 +588,9 @@ def run_flat(spark: SparkSession, store, root: Path, args) -> dict:
         summary[m] = {
             "batch_cost_s": {str(b): batch_cost(m, b) for b in nearest(args.batches)},
             "last_over_first": round(batch_cost(m, args.batches) / batch_cost(m, 1), 3),
-            "last_over_first_median5": round(statistics.median(totals[-window:]) / statistics.median(totals[:window]), 3),
+            "last_over_first_median5": round(
+                statistics.median(totals[-window:]) / statistics.median(totals[:window]), 3
+            ),
             "mean_s": round(statistics.mean(totals), 3),
         }
     return {"load_s": load, "summary": summary, "compactions": compactions, "batches": costs}
@@ -522,12 +620,16 @@ def report_flat(result: dict, args) -> None:
     print("batch cost (s):")
     for m, s in result["summary"].items():
         costs = "  ".join(f"#{b} {v:.2f}" for b, v in s["batch_cost_s"].items())
-        print(f"  compaction {m:3}: {costs}  last/first {s['last_over_first']:.2f} "
-              f"(median of last/first {min(5, args.batches)}: {s['last_over_first_median5']:.2f})")
+        print(
+            f"  compaction {m:3}: {costs}  last/first {s['last_over_first']:.2f} "
+            f"(median of last/first {min(5, args.batches)}: {s['last_over_first_median5']:.2f})"
+        )
     if result["compactions"]:
         secs = [c["seconds"] for c in result["compactions"]]
-        print(f"compactions: {len(secs)}, {statistics.median(secs):.2f}s median, {max(secs):.2f}s max, "
-              f"outcomes {sorted({c['outcome'] for c in result['compactions']})}")
+        print(
+            f"compactions: {len(secs)}, {statistics.median(secs):.2f}s median, {max(secs):.2f}s max, "
+            f"outcomes {sorted({c['outcome'] for c in result['compactions']})}"
+        )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -571,19 +673,35 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         store.dispose()
 
-    common = {"session_start_s": round(session_start, 3), "partitions": args.partitions, "seed": args.seed,
-              "machine": info}
+    common = {
+        "session_start_s": round(session_start, 3),
+        "partitions": args.partitions,
+        "seed": args.seed,
+        "machine": info,
+    }
     print(f"Spark session start {session_start:.1f}s (not counted)")
     if args.flat:
         report_flat(result, args)
-        (out / "reconcile_flat.json").write_text(json.dumps({
-            "size": args.size, "batches": args.batches, "batch_changes": args.batch_changes,
-            "compact_every": args.compact_every, **common, **result}, indent=2))
+        (out / "reconcile_flat.json").write_text(
+            json.dumps(
+                {
+                    "size": args.size,
+                    "batches": args.batches,
+                    "batch_changes": args.batch_changes,
+                    "compact_every": args.compact_every,
+                    **common,
+                    **result,
+                },
+                indent=2,
+            )
+        )
         flat_chart(out / "reconcile_flat.png", result)
     else:
         header, rows = table(results)
         print_table(header, rows)
-        (out / "reconcile_bench.json").write_text(json.dumps({"repeat": args.repeat, **common, "results": results}, indent=2))
+        (out / "reconcile_bench.json").write_text(
+            json.dumps({"repeat": args.repeat, **common, "results": results}, indent=2)
+        )
         chart(out / "reconcile_bench.png", results, [float(x) for x in args.fractions.split(",")])
         (out / "BENCHMARKS.table.md").write_text(markdown(header, rows, info, args))
     print(machine_line(info))

@@ -66,11 +66,13 @@ def merge_batch(spark, target: str, feed: str, lower: int, upper: int) -> None:
     cmds = spark.read.parquet(feed).where((F.col("ts") >= lower) & (F.col("ts") < upper))
     latest = (
         cmds.withColumn("_rn", F.row_number().over(Window.partitionBy("id").orderBy(F.desc("ts"), F.desc("off"))))
-        .where("_rn = 1").drop("_rn")
+        .where("_rn = 1")
+        .drop("_rn")
     )
     values = {c: f"s.{c}" for c in ("name", "amount", "qty")}
     (
-        DeltaTable.forPath(spark, target).alias("t")
+        DeltaTable.forPath(spark, target)
+        .alias("t")
         .merge(latest.alias("s"), "t.id = s.id")
         .whenMatchedDelete(condition="s.op = 'd'")
         .whenMatchedUpdate(set=values)
@@ -92,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     import os
 
     os.environ["RECONCILE_WAREHOUSE"] = str(root / "warehouse")
-    from reconcile import mint, write, append
+    from reconcile import append, mint, write
     from reconcile import shard as storage
     from reconcile.config import load_file
     from reconcile.metadata.store import MetadataStore
@@ -103,19 +105,37 @@ def main(argv: list[str] | None = None) -> int:
     session_start = time.perf_counter() - t0
     feed = str(root / "feed")
     cfg_path = root / "bench_upsert.yaml"
-    cfg_path.write_text(yaml.safe_dump({
-        "name": "bench_upsert", "kind": "upsert", "partitions": args.partitions,
-        "start_date": "1970-01-01", "as_of": AS_OF, "schedule": "none",
-        "schema": [{"name": "id", "type": "bigint", "nullable": False}, {"name": "name", "type": "string"},
-                   {"name": "amount", "type": "decimal(12,2)"}, {"name": "qty", "type": "int"}],
-        "upsert": {"source": {"format": "parquet", "path": feed}, "key": ["id"], "time_column": "ts",
-                   "offset_column": "off", "delete": {"column": "op", "values": ["d"]}},
-    }))
+    cfg_path.write_text(
+        yaml.safe_dump(
+            {
+                "name": "bench_upsert",
+                "kind": "upsert",
+                "partitions": args.partitions,
+                "start_date": "1970-01-01",
+                "as_of": AS_OF,
+                "schedule": "none",
+                "schema": [
+                    {"name": "id", "type": "bigint", "nullable": False},
+                    {"name": "name", "type": "string"},
+                    {"name": "amount", "type": "decimal(12,2)"},
+                    {"name": "qty", "type": "int"},
+                ],
+                "upsert": {
+                    "source": {"format": "parquet", "path": feed},
+                    "key": ["id"],
+                    "time_column": "ts",
+                    "offset_column": "off",
+                    "delete": {"column": "op", "values": ["d"]},
+                },
+            }
+        )
+    )
     cfg = load_file(cfg_path)
     store = MetadataStore(f"sqlite:///{root / 'metadata.db'}")
     target = str(root / "merge_target")
-    spark.createDataFrame([], "id BIGINT, name STRING, amount DECIMAL(12,2), qty INT") \
-        .write.format("delta").save(target)
+    spark.createDataFrame([], "id BIGINT, name STRING, amount DECIMAL(12,2), qty INT").write.format("delta").save(
+        target
+    )
 
     rows = []
     try:
@@ -131,10 +151,20 @@ def main(argv: list[str] | None = None) -> int:
             t = time.perf_counter()
             merge_batch(spark, target, feed, lower, upper)
             merge_s = time.perf_counter() - t
-            rows.append({"batch": b, "commands": n, "sink_s": round(sink_s, 2), "merge_s": round(merge_s, 2),
-                         "updates_written": w.rows_ok + w.rows_err})
-            print(f"batch {b}: {n} commands  sink {sink_s:6.2f}s  MERGE {merge_s:6.2f}s  "
-                  f"(sink wrote {w.rows_ok + w.rows_err} updates)", flush=True)
+            rows.append(
+                {
+                    "batch": b,
+                    "commands": n,
+                    "sink_s": round(sink_s, 2),
+                    "merge_s": round(merge_s, 2),
+                    "updates_written": w.rows_ok + w.rows_err,
+                }
+            )
+            print(
+                f"batch {b}: {n} commands  sink {sink_s:6.2f}s  MERGE {merge_s:6.2f}s  "
+                f"(sink wrote {w.rows_ok + w.rows_err} updates)",
+                flush=True,
+            )
 
         # Both tables must hold the same rows.
         ok, _ = storage.read_as_of(spark, cfg, AS_OF + (args.batches + 1) * WIDTH - 1)
@@ -152,10 +182,16 @@ def main(argv: list[str] | None = None) -> int:
     sink_rate = cmds / sum(r["sink_s"] for r in inc)
     merge_rate = cmds / sum(r["merge_s"] for r in inc)
     result = {
-        "keys": args.keys, "batches": args.batches, "commands_per_batch": args.commands,
-        "partitions": args.partitions, "session_start_s": round(session_start, 2), "rows": rows,
-        "same_contents": same, "table_rows": total_rows,
-        "sink_commands_per_s": round(sink_rate), "merge_commands_per_s": round(merge_rate),
+        "keys": args.keys,
+        "batches": args.batches,
+        "commands_per_batch": args.commands,
+        "partitions": args.partitions,
+        "session_start_s": round(session_start, 2),
+        "rows": rows,
+        "same_contents": same,
+        "table_rows": total_rows,
+        "sink_commands_per_s": round(sink_rate),
+        "merge_commands_per_s": round(merge_rate),
         "throughput_ratio_sink_over_merge": round(sink_rate / merge_rate, 2),
         "initial_load": {"sink_s": rows[0]["sink_s"], "merge_s": rows[0]["merge_s"]},
     }
@@ -163,10 +199,14 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     (out / "upsert_vs_merge.json").write_text(json.dumps(result, indent=2))
     print(f"Spark session start {session_start:.1f}s (not counted)")
-    print(f"same contents: {same} ({total_rows} rows; only in sink {only_sink}, only in MERGE {only_merge}, "
-          f"counts != 1: {bad_counts})")
-    print(f"incremental batches: sink {sink_rate:,.0f} commands/s, MERGE {merge_rate:,.0f} commands/s, "
-          f"ratio sink/MERGE = {sink_rate / merge_rate:.2f}")
+    print(
+        f"same contents: {same} ({total_rows} rows; only in sink {only_sink}, only in MERGE {only_merge}, "
+        f"counts != 1: {bad_counts})"
+    )
+    print(
+        f"incremental batches: sink {sink_rate:,.0f} commands/s, MERGE {merge_rate:,.0f} commands/s, "
+        f"ratio sink/MERGE = {sink_rate / merge_rate:.2f}"
+    )
     shutil.rmtree(root, ignore_errors=True)
     return 0 if same else 1
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
-from typing import Callable
+from collections.abc import Callable
 
 
 def main(stage: str, fn: Callable[[str, str], str]) -> None:

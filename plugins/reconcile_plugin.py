@@ -21,4 +21,6 @@ def overview() -> str:
 class ReconcilePlugin(AirflowPlugin):
     name = "reconcile"
     fastapi_apps = [{"app": app, "url_prefix": "/reconcile", "name": "Reconcile shards"}]
-    external_views = [{"name": "Reconcile shards", "href": "/reconcile/", "destination": "nav", "url_route": "reconcile"}]
+    external_views = [
+        {"name": "Reconcile shards", "href": "/reconcile/", "destination": "nav", "url_route": "reconcile"}
+    ]

@@ -40,8 +40,6 @@ from pathlib import Path
 
 import yaml
 
-from tiny_spark import TINY_DATA_CONF
-
 from reconcile import append, check, compact, failpoints, mint, write
 from reconcile import shard as storage
 from reconcile.config import SinkConfig, load_file
@@ -49,6 +47,7 @@ from reconcile.errors import SinkError
 from reconcile.metadata.models import COMMITTED
 from reconcile.metadata.store import MetadataStore
 from reconcile.spark import get_session
+from tiny_spark import TINY_DATA_CONF
 
 log = logging.getLogger("reconcile.chaos")
 KEYS = range(6)
@@ -89,12 +88,20 @@ class Schedule:
         self.dir = root / f"s{index}"
         self.dir.mkdir(parents=True)
         name = f"chaos_{seed}_{index}"
-        (self.dir / f"{name}.yaml").write_text(yaml.safe_dump({
-            "name": name, "kind": "query", "partitions": self.rng.choice([1, 2, 3]),
-            "schema": [{"name": "k", "type": "bigint", "nullable": False}, {"name": "v", "type": "string"}],
-            "start_date": "1970-01-01", "as_of": 1000, "retention": {"history_hours": 0},
-            "query": {"sources": {"src": {"format": "json", "path": "src"}}, "sql": "SELECT k, v FROM src"},
-        }))
+        (self.dir / f"{name}.yaml").write_text(
+            yaml.safe_dump(
+                {
+                    "name": name,
+                    "kind": "query",
+                    "partitions": self.rng.choice([1, 2, 3]),
+                    "schema": [{"name": "k", "type": "bigint", "nullable": False}, {"name": "v", "type": "string"}],
+                    "start_date": "1970-01-01",
+                    "as_of": 1000,
+                    "retention": {"history_hours": 0},
+                    "query": {"sources": {"src": {"format": "json", "path": "src"}}, "sql": "SELECT k, v FROM src"},
+                }
+            )
+        )
         self.cfg: SinkConfig = load_file(self.dir / f"{name}.yaml")
         self.rows: list[dict] = []
         self.source_of: dict[str, Counter] = {}  # batch id -> model of the source it was written from
@@ -297,8 +304,10 @@ class Schedule:
         problems = self.check(final=True)
         upper = self.store.get_shard(self.cfg.name).upper
         if upper != frontier:  # e.g. a batch commit the metadata can never absorb stalls the shard
-            problems.append(f"{self.tag}: not converged: the settling run {run_id} left the shard's "
-                            f"upper at {upper}, not {frontier}")
+            problems.append(
+                f"{self.tag}: not converged: the settling run {run_id} left the shard's "
+                f"upper at {upper}, not {frontier}"
+            )
         return problems
 
 
@@ -317,8 +326,13 @@ def run_schedules(spark, store_url: str | None, count: int, seed: int, steps: in
             problems = sched.run(steps)
             if problems:
                 stats.divergences.extend(problems)
-                log.error("DIVERGENCE (reproduce: python tests/chaos.py --seed %s --first %s --schedules 1 --steps %s): %s",
-                          seed, i, steps, problems)
+                log.error(
+                    "DIVERGENCE (reproduce: python tests/chaos.py --seed %s --first %s --schedules 1 --steps %s): %s",
+                    seed,
+                    i,
+                    steps,
+                    problems,
+                )
             shutil.rmtree(sched.dir, ignore_errors=True)
     finally:
         store.dispose()

@@ -81,7 +81,9 @@ def airflow_db():
     Path(os.environ["AIRFLOW_HOME"]).mkdir(parents=True, exist_ok=True)
     subprocess.run(
         [str(Path(sys.executable).parent / "airflow"), "db", "migrate"],
-        check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+        check=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
     )
     return os.environ["AIRFLOW_HOME"]
 

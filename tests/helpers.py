@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import json
 from collections import Counter
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Iterable
 
 import yaml
 
@@ -19,19 +19,27 @@ from reconcile.config import SinkConfig, load_file
 
 def make_sink(directory: Path, name: str, kind: str = "query", **fields) -> SinkConfig:
     data = {
-        "name": name, "kind": kind,
-        "schema": fields.pop("schema", [
-            {"name": "k", "type": "bigint", "nullable": False},
-            {"name": "v", "type": "string"},
-        ]),
+        "name": name,
+        "kind": kind,
+        "schema": fields.pop(
+            "schema",
+            [
+                {"name": "k", "type": "bigint", "nullable": False},
+                {"name": "v", "type": "string"},
+            ],
+        ),
         "partitions": fields.pop("partitions", 3),
         "start_date": fields.pop("start_date", "1970-01-01"),
         "as_of": fields.pop("as_of", 100),
     }
     if kind == "query":
-        data["query"] = fields.pop("query", {"sources": {"src": {"format": "json", "path": "src"}}, "sql": "SELECT k, v FROM src"})
+        data["query"] = fields.pop(
+            "query", {"sources": {"src": {"format": "json", "path": "src"}}, "sql": "SELECT k, v FROM src"}
+        )
     elif kind == "changelog":
-        data["changelog"] = fields.pop("changelog", {"source": {"format": "json", "path": "log"}, "time_column": "ts", "diff_column": "diff"})
+        data["changelog"] = fields.pop(
+            "changelog", {"source": {"format": "json", "path": "log"}, "time_column": "ts", "diff_column": "diff"}
+        )
     data.update(fields)
     path = directory / f"{name}.yaml"
     path.write_text(yaml.safe_dump(data, sort_keys=False))
@@ -86,7 +94,11 @@ def model_query(rows: Iterable[dict], cfg: SinkConfig) -> Counter:
     for r in rows:
         key = tuple(r.get(c) for c in cfg.column_names)
         bad = [c.name for c in cfg.columns if not c.nullable and r.get(c.name) is None]
-        bad += [c.name for c in cfg.columns if c.type == "bigint" and r.get(c.name) is not None and not isinstance(r.get(c.name), int)]
+        bad += [
+            c.name
+            for c in cfg.columns
+            if c.type == "bigint" and r.get(c.name) is not None and not isinstance(r.get(c.name), int)
+        ]
         if bad:
             out[("ERROR",) + tuple(sorted(set(bad)))] += 1
         else:

@@ -7,7 +7,7 @@ against the plain-Python model of the source after every run.
 from __future__ import annotations
 
 from collections import Counter
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -43,7 +43,9 @@ def test_dagbag_imports_every_sink_with_retries(airflow_db, monkeypatch):
 
 
 def test_invalid_config_is_visible_without_hiding_valid_sinks(airflow_db, tmp_path, monkeypatch):
-    (tmp_path / "good.yaml").write_text((ROOT / "include" / "sinks" / "demo_orders.yaml").read_text().replace("demo_orders", "good"))
+    (tmp_path / "good.yaml").write_text(
+        (ROOT / "include" / "sinks" / "demo_orders.yaml").read_text().replace("demo_orders", "good")
+    )
     (tmp_path / "bad.yaml").write_text("name: bad\nkind: query\nschema: []\nstart_date: 2026-01-01\n")
     bag = _dagbag(tmp_path, monkeypatch)
     assert bag.import_errors == {}
@@ -54,14 +56,22 @@ def test_invalid_config_is_visible_without_hiding_valid_sinks(airflow_db, tmp_pa
 
 def _sink(sinks_dir: Path, data_dir: Path, name: str, **extra) -> None:
     sinks_dir.mkdir(exist_ok=True)
-    (sinks_dir / f"{name}.yaml").write_text(yaml.safe_dump({
-        "name": name, "kind": "query",
-        "schema": [{"name": "k", "type": "bigint", "nullable": False}, {"name": "v", "type": "string"}],
-        "partitions": 2, "schedule": "@daily", "start_date": "2026-01-01", "as_of": "2026-01-01T00:00:00Z",
-        "retries": 1,
-        "query": {"sources": {"src": {"format": "json", "path": str(data_dir)}}, "sql": "SELECT k, v FROM src"},
-        **extra,
-    }))
+    (sinks_dir / f"{name}.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "name": name,
+                "kind": "query",
+                "schema": [{"name": "k", "type": "bigint", "nullable": False}, {"name": "v", "type": "string"}],
+                "partitions": 2,
+                "schedule": "@daily",
+                "start_date": "2026-01-01",
+                "as_of": "2026-01-01T00:00:00Z",
+                "retries": 1,
+                "query": {"sources": {"src": {"format": "json", "path": str(data_dir)}}, "sql": "SELECT k, v FROM src"},
+                **extra,
+            }
+        )
+    )
 
 
 def _model(rows) -> Counter:
@@ -92,7 +102,7 @@ def test_dag_test_three_intervals_then_rerun_is_noop(airflow_db, spark, tmp_path
         [{"k": 1, "v": "a"}, {"k": 2, "v": "B"}, {"k": 3, "v": "c"}, {"k": 3, "v": "c"}],
         [{"k": 3, "v": "c"}],
     ]
-    days = [datetime(2026, 1, 2 + i, tzinfo=timezone.utc) for i in range(3)]
+    days = [datetime(2026, 1, 2 + i, tzinfo=UTC) for i in range(3)]
     for i, (rows, day) in enumerate(zip(sources, days)):
         write_json_rows(data, rows)
         run = dag.test(logical_date=day)
@@ -132,23 +142,35 @@ def test_dag_test_three_intervals_then_rerun_is_noop(airflow_db, spark, tmp_path
 def test_dag_test_runs_an_upsert_sink(airflow_db, spark, tmp_path, monkeypatch):
     from airflow.models.dagbag import DagBag
     from airflow.utils.state import DagRunState
-    from test_upsert import feed_rows, ok_rows
-    from upsert_model import UpsertModel
 
     from reconcile.config import load_sink
     from reconcile.metadata.store import MetadataStore
+    from test_upsert import feed_rows, ok_rows
+    from upsert_model import UpsertModel
 
     name = f"afu_{tmp_path.name[-8:].replace('-', '_').lower()}"
     sinks = tmp_path / "sinks"
     sinks.mkdir()
-    (sinks / f"{name}.yaml").write_text(yaml.safe_dump({
-        "name": name, "kind": "upsert",
-        "schema": [{"name": "k", "type": "bigint", "nullable": False}, {"name": "v", "type": "string"}],
-        "partitions": 2, "schedule": "@daily", "start_date": "2026-01-01", "as_of": "2026-01-01T00:00:00Z",
-        "retries": 1,
-        "upsert": {"source": {"format": "json", "path": str(tmp_path / "feed")}, "key": ["k"],
-                   "time_column": "ts", "offset_column": "off"},
-    }))
+    (sinks / f"{name}.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "name": name,
+                "kind": "upsert",
+                "schema": [{"name": "k", "type": "bigint", "nullable": False}, {"name": "v", "type": "string"}],
+                "partitions": 2,
+                "schedule": "@daily",
+                "start_date": "2026-01-01",
+                "as_of": "2026-01-01T00:00:00Z",
+                "retries": 1,
+                "upsert": {
+                    "source": {"format": "json", "path": str(tmp_path / "feed")},
+                    "key": ["k"],
+                    "time_column": "ts",
+                    "offset_column": "off",
+                },
+            }
+        )
+    )
     monkeypatch.setenv("RECONCILE_SINKS_DIR", str(sinks))
     monkeypatch.setenv("RECONCILE_WAREHOUSE", str(tmp_path / "wh"))
     monkeypatch.setenv("RECONCILE_METADATA_URL", f"sqlite:///{tmp_path / 'meta.db'}")
@@ -156,15 +178,18 @@ def test_dag_test_runs_an_upsert_sink(airflow_db, spark, tmp_path, monkeypatch):
     cfg = load_sink(name)
     day = 86_400_000
     d1, d2 = cfg.as_of + day, cfg.as_of + 2 * day
-    feed = [{"k": 1, "v": "a", "ts": cfg.as_of + 10, "off": 1}, {"k": 2, "v": "b", "ts": cfg.as_of + 20, "off": 2},
-            {"k": 1, "v": "next-day", "ts": d1 + 5, "off": 3}]
+    feed = [
+        {"k": 1, "v": "a", "ts": cfg.as_of + 10, "off": 1},
+        {"k": 2, "v": "b", "ts": cfg.as_of + 20, "off": 2},
+        {"k": 1, "v": "next-day", "ts": d1 + 5, "off": 3},
+    ]
     model = UpsertModel()
     feed_rows(tmp_path, feed)
-    assert dag.test(logical_date=datetime.fromtimestamp(d1 / 1000, timezone.utc)).state == DagRunState.SUCCESS
+    assert dag.test(logical_date=datetime.fromtimestamp(d1 / 1000, UTC)).state == DagRunState.SUCCESS
     model.batch(feed, cfg.as_of, d1)
     feed += [{"k": 2, "v": None, "ts": d1 + 7, "off": 4}, {"k": 3, "v": "late", "ts": cfg.as_of + 30, "off": 5}]
     feed_rows(tmp_path, feed)
-    assert dag.test(logical_date=datetime.fromtimestamp(d2 / 1000, timezone.utc)).state == DagRunState.SUCCESS
+    assert dag.test(logical_date=datetime.fromtimestamp(d2 / 1000, UTC)).state == DagRunState.SUCCESS
     model.batch(feed, d1, d2)
     for t in (d1 - 1, d1, d1 + 5, d2 - 1):
         assert ok_rows(shard_as_of(spark, cfg, t)) == model.as_of(t), t

@@ -145,7 +145,9 @@ def set_batch(store, batch_id: str, **values) -> None:
 
 def _config(tmp_path: Path, **changes) -> Path:
     data = {
-        "name": "orders", "kind": "query", "start_date": "2024-01-01",
+        "name": "orders",
+        "kind": "query",
+        "start_date": "2024-01-01",
         "schema": [{"name": "k", "type": "bigint", "nullable": False}, {"name": "v", "type": "string"}],
         "query": {"sources": {"src": {"format": "json", "path": "src"}}, "sql": "SELECT k, v FROM src"},
     }
@@ -208,11 +210,17 @@ def test_03_missing_source_path_is_a_source_error(spark, warehouse, tmp_path, sq
     assert_nothing_committed(spark, store, cfg, before, unstaged=desc.batch_id)
 
 
-@pytest.mark.parametrize("sql, expect", [
-    ("SELECT k FROM src", "lacks column(s) ['v']"),
-    ("SELECT k, v, k * 2 AS extra FROM src", "column(s) ['extra'] that are not in the sink's schema"),
-], ids=["lacks_column", "extra_column"])
-def test_04_query_result_not_matching_the_schema_is_a_source_error(spark, warehouse, tmp_path, sqlite_store, sql, expect):
+@pytest.mark.parametrize(
+    "sql, expect",
+    [
+        ("SELECT k FROM src", "lacks column(s) ['v']"),
+        ("SELECT k, v, k * 2 AS extra FROM src", "column(s) ['extra'] that are not in the sink's schema"),
+    ],
+    ids=["lacks_column", "extra_column"],
+)
+def test_04_query_result_not_matching_the_schema_is_a_source_error(
+    spark, warehouse, tmp_path, sqlite_store, sql, expect
+):
     store = sqlite_store
     query = {"sources": {"src": {"format": "json", "path": "src"}}, "sql": sql}
     cfg = new_sink(spark, tmp_path, "mismatch", query=query)
@@ -237,11 +245,15 @@ def test_04b_changelog_source_without_its_diff_column_is_a_source_error(spark, w
     assert_nothing_committed(spark, store, cfg, before, unstaged=desc.batch_id)
 
 
-@pytest.mark.parametrize("sql", [
-    "SELEC k, v FROM src",  # does not parse
-    "SELECT k, v FROM nowhere",  # unknown table
-    "SELECT k, w AS v FROM src",  # unknown column
-], ids=["parse", "table", "column"])
+@pytest.mark.parametrize(
+    "sql",
+    [
+        "SELEC k, v FROM src",  # does not parse
+        "SELECT k, v FROM nowhere",  # unknown table
+        "SELECT k, w AS v FROM src",  # unknown column
+    ],
+    ids=["parse", "table", "column"],
+)
 def test_05_query_sql_that_does_not_run_is_a_source_error(spark, warehouse, tmp_path, sqlite_store, sql):
     store = sqlite_store
     query = {"sources": {"src": {"format": "json", "path": "src"}}, "sql": sql}
@@ -261,9 +273,13 @@ def test_05b_query_sql_that_is_a_command_is_refused_before_it_runs(spark, wareho
     m, w, a = run_batch(spark, store, cfg, "run-1", 200)
     assert a.outcome == "committed"
     evil = make_sink(
-        tmp_path, "dml", as_of=0,
-        query={"sources": {"src": {"format": "json", "path": "src"}},
-               "sql": f"DELETE FROM delta.`{storage.table_path(cfg)}`"},
+        tmp_path,
+        "dml",
+        as_of=0,
+        query={
+            "sources": {"src": {"format": "json", "path": "src"}},
+            "sql": f"DELETE FROM delta.`{storage.table_path(cfg)}`",
+        },
     )
     desc = mint.run_mint(store, evil, "run-2", 1, 300).description
     before = snapshot(spark, store, evil)
@@ -431,8 +447,12 @@ def test_10c_unreachable_database_during_a_task_is_metadata_unavailable(tmp_path
             mint.run_mint(store, cfg, "run-1", 1, 200)
         with pytest.raises(MetadataUnavailable):
             store.get_shard("gone")
-        for read in (lambda: store.get_batch("b"), lambda: store.run_batch("gone", "run-1"),
-                     lambda: store.batches("gone"), lambda: store.committed_batch("gone", 0)):
+        for read in (
+            lambda: store.get_batch("b"),
+            lambda: store.run_batch("gone", "run-1"),
+            lambda: store.batches("gone"),
+            lambda: store.committed_batch("gone", 0),
+        ):
             try:
                 read()
             except MetadataUnavailable as exc:
@@ -665,9 +685,13 @@ def test_16_lower_behind_the_upper_is_never_committed(spark, warehouse, tmp_path
     assert store.get_batch(a.batch_id).state == SUPERSEDED
 
     # Delta itself refuses a batch commit whose lower (txnVersion) is not above the last one
-    updates = spark.createDataFrame([{"k": 9, "v": "zz", "_error": None, "_time": 150, "_diff": 1}], storage.schema(cfg))
+    updates = spark.createDataFrame(
+        [{"k": 9, "v": "zz", "_error": None, "_time": 150, "_diff": 1}], storage.schema(cfg)
+    )
     for lower in (50, 100):
-        storage.commit_batch(spark, cfg, updates, {"batch_id": f"fake-{lower}", "lower": lower, "upper": 350, "run_id": "x"})
+        storage.commit_batch(
+            spark, cfg, updates, {"batch_id": f"fake-{lower}", "lower": lower, "upper": 350, "run_id": "x"}
+        )
         assert_nothing_committed(spark, store, cfg, before)
     assert append.sync(spark, store, cfg).upper == 300
     assert (9, "zz", None) not in shard_rows(spark, cfg, 399)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 
-
 from chaos import run_schedules
 
 SEED = int(os.environ.get("RECONCILE_CHAOS_SEED", "20261121"))

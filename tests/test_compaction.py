@@ -83,13 +83,16 @@ def test_compaction_keeps_every_read_at_or_after_since(spark, warehouse, tmp_pat
     assert {u["_time"] for u in update_log(spark, cfg)} == {399}
 
 
-def test_compaction_advances_since_from_retention_and_batches_go_on(spark, warehouse, tmp_path, sqlite_store, monkeypatch):
+def test_compaction_advances_since_from_retention_and_batches_go_on(
+    spark, warehouse, tmp_path, sqlite_store, monkeypatch
+):
     """Query sink with retention.history_hours = 0: since goes to the upper, the log shrinks to
     one update per row, and the batches after it still follow the source."""
     store = sqlite_store
     monkeypatch.setenv("RECONCILE_SINKS_DIR", str(tmp_path))
-    cfg = make_sink(tmp_path, "compacted_query", retention={"history_hours": 0, "vacuum_hours": 0},
-                    compaction={"every_batches": 3})
+    cfg = make_sink(
+        tmp_path, "compacted_query", retention={"history_hours": 0, "vacuum_hours": 0}, compaction={"every_batches": 3}
+    )
     history = _query_history(spark, store, tmp_path, cfg, 2)
     assert compact.due(store, cfg)[0] is False
     history += _query_history(spark, store, tmp_path, cfg, 1, start=2)

@@ -13,12 +13,26 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 COMPOSE = ROOT / "docker-compose.yaml"
-REQUIRED = {"postgres", "airflow-init", "airflow-apiserver", "airflow-scheduler",
-            "airflow-dag-processor", "airflow-triggerer", "spark-master", "spark-worker"}
+REQUIRED = {
+    "postgres",
+    "airflow-init",
+    "airflow-apiserver",
+    "airflow-scheduler",
+    "airflow-dag-processor",
+    "airflow-triggerer",
+    "spark-master",
+    "spark-worker",
+}
 AIRFLOW3_COMMANDS = {"api-server", "scheduler", "dag-processor", "triggerer"}
 GENERATED = {"./.jars": "scripts/fetch_jars.sh"}  # bind source -> the script that creates it
-DEPLOYED = ["dags/reconcile_sinks.py", "jobs/write_correction.py", "jobs/append_batch.py",
-            "requirements.txt", "scripts/fetch_jars.sh", "docker/postgres-init/01-databases.sql"]
+DEPLOYED = [
+    "dags/reconcile_sinks.py",
+    "jobs/write_correction.py",
+    "jobs/append_batch.py",
+    "requirements.txt",
+    "scripts/fetch_jars.sh",
+    "docker/postgres-init/01-databases.sql",
+]
 VAR = re.compile(r"(?<!\$)\$(?:\{(\w+)([^}]*)\}|(\w+))")  # $$ is compose's escape
 
 
@@ -80,7 +94,8 @@ def test_startup_ordering(services):
         assert deps.get("postgres", {}).get("condition") == "service_healthy", f"{name}: not gated on postgres"
         if name != "airflow-init":
             assert deps.get("airflow-init", {}).get("condition") == "service_completed_successfully", (
-                f"{name}: not gated on airflow-init completing")
+                f"{name}: not gated on airflow-init completing"
+            )
 
 
 def test_host_paths_exist(services):
@@ -139,7 +154,7 @@ def test_files_named_in_commands_exist(services):
         for tok in tokens(svc.get("command")) + tokens(svc.get("entrypoint")):
             for target, source in binds.items():
                 if tok.startswith(target + "/"):
-                    host = ROOT / source / tok[len(target) + 1:]
+                    host = ROOT / source / tok[len(target) + 1 :]
                     assert host.exists(), f"{name}: command names {tok}, but {host} is missing"
 
 
@@ -161,8 +176,9 @@ def test_docker_compose_config():
     docker = shutil.which("docker")
     if not docker or subprocess.run([docker, "compose", "version"], capture_output=True).returncode:
         pytest.skip("docker CLI with the compose plugin not installed")
-    run = subprocess.run([docker, "compose", "-f", str(COMPOSE), "config", "-q"],
-                         cwd=ROOT, capture_output=True, text=True, timeout=60)
+    run = subprocess.run(
+        [docker, "compose", "-f", str(COMPOSE), "config", "-q"], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
     if run.returncode and re.search(r"daemon|docker\.sock|permission denied", run.stderr, re.I):
         pytest.skip(f"docker compose config needs an engine here: {run.stderr.strip()}")
     assert run.returncode == 0, f"docker compose config failed: {run.stderr}"

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import copy
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -48,12 +48,18 @@ CHANGELOG = {
 UPSERT = {
     "name": "customers",
     "kind": "upsert",
-    "schema": [{"name": "id", "type": "bigint"}, {"name": "region", "type": "string"},
-               {"name": "name", "type": "string"}, {"name": "score", "type": "int"}],
+    "schema": [
+        {"name": "id", "type": "bigint"},
+        {"name": "region", "type": "string"},
+        {"name": "name", "type": "string"},
+        {"name": "score", "type": "int"},
+    ],
     "start_date": "2024-01-01",
     "upsert": {
         "source": {"format": "parquet", "path": "cdc/customers"},
-        "key": ["id", "region"], "time_column": "ts", "offset_column": "lsn",
+        "key": ["id", "region"],
+        "time_column": "ts",
+        "offset_column": "lsn",
         "delete": {"column": "op", "values": ["d", 3]},
     },
 }
@@ -102,7 +108,7 @@ def test_query_config_parses_into_fields(tmp_path):
     assert (cfg.name, cfg.kind, cfg.description) == ("orders_daily", "query", "orders per day")
     assert cfg.columns == (Column("k", "bigint", False), Column("v", "string", True))
     assert (cfg.partitions, cfg.schedule, cfg.retries, cfg.read_only) == (8, "0 3 * * *", 5, True)
-    assert cfg.start_date == datetime(2024, 1, 1, tzinfo=timezone.utc)
+    assert cfg.start_date == datetime(2024, 1, 1, tzinfo=UTC)
     assert cfg.as_of == 1704153600000  # 2024-01-02T00:00:00Z in epoch ms
     assert cfg.vacuum_retention_hours == 24
     assert (cfg.history_retention_hours, cfg.compact_every_batches) == (48, 5)
@@ -123,7 +129,7 @@ def test_changelog_config_parses_with_defaults(tmp_path):
     assert (cfg.time_column, cfg.diff_column) == ("ts", "diff")
     assert cfg.columns[1] == Column("amount", "decimal(10, 2)", True)
     assert cfg.schedule is None  # "none" means unscheduled
-    start = datetime(2024, 3, 1, 6, tzinfo=timezone.utc)
+    start = datetime(2024, 3, 1, 6, tzinfo=UTC)
     assert cfg.start_date == start
     assert cfg.as_of == int(start.timestamp() * 1000)  # as_of defaults to start_date
     assert (cfg.partitions, cfg.retries, cfg.read_only, cfg.catchup) == (4, 2, False, False)
@@ -186,9 +192,13 @@ CASES = {
     "negative as_of": (variant(QUERY, as_of=-1), "as_of"),
     "bad start_date": (variant(QUERY, start_date="soon"), "start_date"),
     "source name not identifier": (
-        variant(QUERY, **{"query.sources": {"my-src": {"format": "json", "path": "x"}}}), "query.sources.my-src"),
+        variant(QUERY, **{"query.sources": {"my-src": {"format": "json", "path": "x"}}}),
+        "query.sources.my-src",
+    ),
     "source name with sql": (
-        variant(QUERY, **{"query.sources": {"t; DROP": {"format": "json", "path": "x"}}}), "query.sources.t; DROP"),
+        variant(QUERY, **{"query.sources": {"t; DROP": {"format": "json", "path": "x"}}}),
+        "query.sources.t; DROP",
+    ),
     "unknown source format": (variant(QUERY, **{"query.sources.users.format": "avro"}), "query.sources.users.format"),
     "unknown changelog format": (variant(CHANGELOG, **{"changelog.source.format": "kafka"}), "changelog.source.format"),
     "empty source path": (variant(QUERY, **{"query.sources.users.path": " "}), "query.sources.users.path"),
@@ -212,7 +222,8 @@ CASES = {
     "upsert delete without values": (variant(UPSERT, **{"upsert.delete.values": []}), "upsert.delete.values"),
     "upsert key-only without delete": (
         variant(UPSERT, "upsert.delete", schema=[{"name": "id", "type": "bigint"}], **{"upsert.key": ["id"]}),
-        "upsert.delete"),
+        "upsert.delete",
+    ),
     "upsert unknown field": (variant(UPSERT, **{"upsert.order": "x"}), "upsert.order"),
     "root not a mapping": ([QUERY], "<root>"),
     "empty file": ("", "<root>"),
@@ -269,7 +280,9 @@ def test_load_dir_separates_valid_configs_and_errors(tmp_path):
     configs, errors = load_dir(tmp_path)
 
     assert [(cfg.name, cfg.kind, cfg.path) for cfg in configs] == [
-        ("orders", "query", str(a)), ("ledger", "changelog", str(d))]
+        ("orders", "query", str(a)),
+        ("ledger", "changelog", str(d)),
+    ]
     assert [(e.path, e.field) for e in errors] == [(str(b), "name"), (str(c), "partitions")]
     assert str(a) in str(errors[0]) and "'orders'" in str(errors[0])
     assert all("\n" not in str(e) for e in errors)

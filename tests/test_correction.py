@@ -21,11 +21,21 @@ KV = [{"name": "k", "type": "bigint"}, {"name": "v", "type": "string"}]
 
 def config(kind: str, schema=KV, partitions: int = 3):
     section = (
-        {"query": {"sql": "SELECT * FROM src"}} if kind == "query" else
-        {"changelog": {"source": {"format": "json", "path": "log"}, "time_column": "ts", "diff_column": "diff"}}
+        {"query": {"sql": "SELECT * FROM src"}}
+        if kind == "query"
+        else {"changelog": {"source": {"format": "json", "path": "log"}, "time_column": "ts", "diff_column": "diff"}}
     )
-    return parse({"name": f"t_{kind}", "kind": kind, "schema": schema, "start_date": "1970-01-01",
-                  "partitions": partitions, **section}, "test.yaml")
+    return parse(
+        {
+            "name": f"t_{kind}",
+            "kind": kind,
+            "schema": schema,
+            "start_date": "1970-01-01",
+            "partitions": partitions,
+            **section,
+        },
+        "test.yaml",
+    )
 
 
 CHANGELOG, QUERY = config("changelog"), config("query")
@@ -82,29 +92,42 @@ def model_as_of(updates, t) -> Counter:
 def test_changelog_correction(spark):
     lower, upper = 10, 20
     desired = [
-        (1, "a", None, 3, 1), (1, "a", None, 3, 1),  # the same row twice: diff 2 at lower
-        (2, "b", None, 12, 2),                     # inside [lower, upper): kept at its time
-        (3, "c", None, 15, -1),                    # a negative diff
-        (4, "d", None, 5, 1),                      # cancels persist exactly
-        (5, "e", None, 20, 1), (6, "f", None, 25, 1),  # at/after upper: excluded
-        (None, None, "bad row", 11, 1),            # an error row is corrected like data
-        (None, None, "old error", 1, 1),           # an error already persisted: cancels
+        (1, "a", None, 3, 1),
+        (1, "a", None, 3, 1),  # the same row twice: diff 2 at lower
+        (2, "b", None, 12, 2),  # inside [lower, upper): kept at its time
+        (3, "c", None, 15, -1),  # a negative diff
+        (4, "d", None, 5, 1),  # cancels persist exactly
+        (5, "e", None, 20, 1),
+        (6, "f", None, 25, 1),  # at/after upper: excluded
+        (None, None, "bad row", 11, 1),  # an error row is corrected like data
+        (None, None, "old error", 1, 1),  # an error already persisted: cancels
         (10, "j", None, 7, 1),
     ]
     persist = [
         (4, "d", None, 2, 1),
         (None, None, "old error", 0, 1),
-        (2, "b", None, 3, 1),                      # retracted at lower; desired stays at 12
-        (7, "g", None, 9, 1),                      # drift: retracted at lower
-        (10, "j", None, 8, 3),                     # duplicated in persist: -2 at lower
-        (8, "h", None, 10, 1), (9, "i", None, 19, 5), (None, None, "new", 15, 1),  # foreign, in [lower, upper)
-        (11, "k", None, 20, 1),                    # at upper: left for a later batch
+        (2, "b", None, 3, 1),  # retracted at lower; desired stays at 12
+        (7, "g", None, 9, 1),  # drift: retracted at lower
+        (10, "j", None, 8, 3),  # duplicated in persist: -2 at lower
+        (8, "h", None, 10, 1),
+        (9, "i", None, 19, 5),
+        (None, None, "new", 15, 1),  # foreign, in [lower, upper)
+        (11, "k", None, 20, 1),  # at upper: left for a later batch
     ]
-    expected = Counter({
-        (1, "a", None, 10): 2, (2, "b", None, 12): 2, (2, "b", None, 10): -1, (3, "c", None, 15): -1,
-        (None, None, "bad row", 11): 1, (7, "g", None, 10): -1, (10, "j", None, 10): -2,
-        (8, "h", None, 10): -1, (9, "i", None, 19): -5, (None, None, "new", 15): -1,  # repaired at their times
-    })
+    expected = Counter(
+        {
+            (1, "a", None, 10): 2,
+            (2, "b", None, 12): 2,
+            (2, "b", None, 10): -1,
+            (3, "c", None, 15): -1,
+            (None, None, "bad row", 11): 1,
+            (7, "g", None, 10): -1,
+            (10, "j", None, 10): -2,
+            (8, "h", None, 10): -1,
+            (9, "i", None, 19): -5,
+            (None, None, "new", 15): -1,  # repaired at their times
+        }
+    )
     assert model("changelog", desired, persist, lower, upper) == expected
     assert run(spark, CHANGELOG, desired, persist, lower, upper) == expected
 
@@ -112,28 +135,42 @@ def test_changelog_correction(spark):
 def test_query_correction_stamped_at_upper_minus_one(spark):
     lower, upper = 10, 20
     desired = [  # a snapshot: its times are meaningless
-        (1, "a", None, None, 1), (1, "a", None, None, 1),
+        (1, "a", None, None, 1),
+        (1, "a", None, None, 1),
         (2, "b", None, None, 1),
         (None, None, "e1", None, 1),
     ]
     persist = [
-        (2, "b", None, 5, 1),                            # as desired: cancels
-        (3, "c", None, 9, 1),                            # as of lower-1: retracted
-        (4, "d", None, 10, 1),                           # foreign, inside [lower, upper): retracted
-        (6, "y", None, 20, 1),                           # at upper: left for a later batch
-        (None, None, "e2", 0, 1),                        # a stale error: retracted
-        (5, "x", None, 2, 1), (5, "x", None, 8, -1),     # inserted then deleted: absent
+        (2, "b", None, 5, 1),  # as desired: cancels
+        (3, "c", None, 9, 1),  # as of lower-1: retracted
+        (4, "d", None, 10, 1),  # foreign, inside [lower, upper): retracted
+        (6, "y", None, 20, 1),  # at upper: left for a later batch
+        (None, None, "e2", 0, 1),  # a stale error: retracted
+        (5, "x", None, 2, 1),
+        (5, "x", None, 8, -1),  # inserted then deleted: absent
     ]
-    expected = Counter({(1, "a", None, 19): 2, (3, "c", None, 19): -1, (4, "d", None, 19): -1,
-                        (None, None, "e1", 19): 1, (None, None, "e2", 19): -1})
+    expected = Counter(
+        {
+            (1, "a", None, 19): 2,
+            (3, "c", None, 19): -1,
+            (4, "d", None, 19): -1,
+            (None, None, "e1", 19): 1,
+            (None, None, "e2", 19): -1,
+        }
+    )
     assert model("query", desired, persist, lower, upper) == expected
     assert run(spark, QUERY, desired, persist, lower, upper) == expected
 
 
 @pytest.mark.parametrize("cfg", [CHANGELOG, QUERY], ids=["changelog", "query"])
 def test_empty_correction_when_desired_equals_persist(spark, cfg):
-    log = [(1, "a", None, 3, 1), (2, "b", None, 5, 2), (None, None, "err", 0, 1),
-           (3, "c", None, 1, 1), (3, "c", None, 4, -1)]
+    log = [
+        (1, "a", None, 3, 1),
+        (2, "b", None, 5, 2),
+        (None, None, "err", 0, 1),
+        (3, "c", None, 1, 1),
+        (3, "c", None, 4, -1),
+    ]
     assert model(cfg.kind, log, log, 10, 20) == Counter()
     assert run(spark, cfg, log, log, 10, 20) == Counter()
 
@@ -150,8 +187,11 @@ def test_identical_rows_share_a_partition(spark):
     rows = [(k, v, None) for k in range(40) for v in ("a", None)] + [(None, None, f"e{i}") for i in range(5)]
     desired = frame(spark, [r + (7, 1) for r in rows]).withColumn("_part", partition_of(CHANGELOG))
     # persist as the shard stores it: other times, other diffs, Delta's column order
-    persist = (frame(spark, [r + (2, -3) for r in rows]).select("k", "v", "_time", "_diff", "_error")
-               .withColumn("_part", partition_of(CHANGELOG)))
+    persist = (
+        frame(spark, [r + (2, -3) for r in rows])
+        .select("k", "v", "_time", "_diff", "_error")
+        .withColumn("_part", partition_of(CHANGELOG))
+    )
     d = {(r.k, r.v, r._error): r._part for r in desired.collect()}
     p = {(r.k, r.v, r._error): r._part for r in persist.collect()}
     assert d == p and len(d) == len(rows)
@@ -200,14 +240,16 @@ def test_correction_matches_model_on_random_cases(spark):
             desired = random_updates(rng, rng.randint(0, 12), case, times=kind == "changelog")
             # persist often repeats desired rows so that some updates cancel
             persist = random_updates(rng, rng.randint(0, 6), case) + [
-                (*row, rng.randint(0, 50) if t is None else t, d) for *row, t, d in desired if rng.random() < 0.5]
+                (*row, rng.randint(0, 50) if t is None else t, d) for *row, t, d in desired if rng.random() < 0.5
+            ]
             cases.append((desired, persist))
         all_desired, all_persist = [u for d, _ in cases for u in d], [u for _, p in cases for u in p]
         got = run(spark, config(kind, CASED), all_desired, all_persist, lower, upper)
         for case, (desired, persist) in enumerate(cases):
             mine = Counter({key: n for key, n in got.items() if key[0] == case})
             assert mine == model(kind, desired, persist, lower, upper), (
-                f"call {call} case {case}: {kind} [{lower}, {upper}) desired={desired} persist={persist}")
+                f"call {call} case {case}: {kind} [{lower}, {upper}) desired={desired} persist={persist}"
+            )
             nonempty += bool(mine)
         assert {key[0] for key in got} <= {0, 1, 2}
     assert nonempty >= 20  # the generator does not produce trivially empty cases
@@ -237,16 +279,20 @@ def desired_rows(spark, tmp_path, rows):
 
 
 def test_changelog_source_invalid_rows_become_errors(spark, tmp_path):
-    cfg, out = desired_rows(spark, tmp_path, [
-        {"k": 1, "v": "a", "ts": 5, "diff": 2},
-        {"k": "abc", "v": "b", "ts": 6, "diff": 1},   # not a bigint
-        {"k": None, "v": "c", "ts": 7, "diff": 1},    # null in a non-nullable column
-        {"k": 4, "v": "d", "ts": 8, "diff": 0},       # zero diff
-        {"k": 5, "v": "e", "ts": 9, "diff": None},    # null diff
-        {"k": 6, "v": "f", "ts": None, "diff": 1},    # null time
-        {"k": 7, "v": None, "ts": 10, "diff": -3},
-        {"k": "8", "v": "h", "ts": 11, "diff": 1},    # a string that is a bigint
-    ])
+    cfg, out = desired_rows(
+        spark,
+        tmp_path,
+        [
+            {"k": 1, "v": "a", "ts": 5, "diff": 2},
+            {"k": "abc", "v": "b", "ts": 6, "diff": 1},  # not a bigint
+            {"k": None, "v": "c", "ts": 7, "diff": 1},  # null in a non-nullable column
+            {"k": 4, "v": "d", "ts": 8, "diff": 0},  # zero diff
+            {"k": 5, "v": "e", "ts": 9, "diff": None},  # null diff
+            {"k": 6, "v": "f", "ts": None, "diff": 1},  # null time
+            {"k": 7, "v": None, "ts": 10, "diff": -3},
+            {"k": "8", "v": "h", "ts": 11, "diff": 1},  # a string that is a bigint
+        ],
+    )
     assert len(out) == 8  # nothing dropped
     ok = Counter({(r.k, r.v, r._time): r._diff for r in out if r._error is None})
     assert ok == Counter({(1, "a", 5): 2, (7, None, 10): -3, (8, "h", 11): 1})
@@ -258,9 +304,13 @@ def test_changelog_source_invalid_rows_become_errors(spark, tmp_path):
 
 
 def test_changelog_source_fractional_numbers_are_errors(spark, tmp_path):
-    _, out = desired_rows(spark, tmp_path, [
-        {"k": 1, "v": "a", "ts": 5, "diff": 1.5},   # non-integer diff
-        {"k": 2, "v": "b", "ts": 6.5, "diff": 1},   # non-integer time
-        {"k": 2.7, "v": "c", "ts": 7, "diff": 1},   # k does not fit bigint
-    ])
+    _, out = desired_rows(
+        spark,
+        tmp_path,
+        [
+            {"k": 1, "v": "a", "ts": 5, "diff": 1.5},  # non-integer diff
+            {"k": 2, "v": "b", "ts": 6.5, "diff": 1},  # non-integer time
+            {"k": 2.7, "v": "c", "ts": 7, "diff": 1},  # k does not fit bigint
+        ],
+    )
     assert sorted(r._error is not None for r in out) == [True, True, True], out

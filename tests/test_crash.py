@@ -34,7 +34,10 @@ def run_job_killed_at(stage: str, cfg, run_id: str, point: str) -> subprocess.Co
     env.pop("PYSPARK_GATEWAY_PORT", None)
     proc = subprocess.run(
         [sys.executable, str(script), "--sink", cfg.name, "--run-id", run_id],
-        env=env, capture_output=True, text=True, timeout=600,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     assert proc.returncode == 137, f"expected a kill at {point}, got {proc.returncode}: {proc.stderr[-2000:]}"
     return proc
@@ -113,7 +116,9 @@ UPSERT_CASES = [
 
 
 @pytest.mark.parametrize("stage, point, recovery", UPSERT_CASES, ids=[f"{p}-{r}" for _, p, r in UPSERT_CASES])
-def test_killed_upsert_process_then_recovery(spark, warehouse, tmp_path, sqlite_store, monkeypatch, stage, point, recovery):
+def test_killed_upsert_process_then_recovery(
+    spark, warehouse, tmp_path, sqlite_store, monkeypatch, stage, point, recovery
+):
     """The feed's watermark travels with the Delta commit: a batch rolled forward after a crash
     keeps its late commands from being applied a second time."""
     from test_upsert import feed_rows, ok_rows, upsert_sink
@@ -129,8 +134,11 @@ def test_killed_upsert_process_then_recovery(spark, warehouse, tmp_path, sqlite_
     model.batch(feed, 100, 200)
 
     # run-1 sees a late command for key 1 (time 120 < lower 200) and a newer one at 250
-    feed += [{"k": 1, "v": "late", "ts": 120, "off": 3}, {"k": 1, "v": "newer", "ts": 250, "off": 4},
-             {"k": 2, "v": None, "ts": 260, "off": 5}]
+    feed += [
+        {"k": 1, "v": "late", "ts": 120, "off": 3},
+        {"k": 1, "v": "newer", "ts": 250, "off": 4},
+        {"k": 2, "v": None, "ts": 260, "off": 5},
+    ]
     feed_rows(tmp_path, feed)
     desc = mint.run_mint(store, cfg, "run-1", 1, 300).description
     if stage == "append":

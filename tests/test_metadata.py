@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 import threading
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import pytest
 from sqlalchemy import inspect
@@ -18,7 +18,13 @@ from sqlalchemy.orm import Session
 from reconcile import errors
 from reconcile.metadata.models import COMMITTED, MINTED, OPEN_STATES, SUPERSEDED, Base, Batch, Shard
 from reconcile.metadata.store import (
-    CommitRecord, MetadataStore, current_revision, downgrade, head, make_engine, upgrade,
+    CommitRecord,
+    MetadataStore,
+    current_revision,
+    downgrade,
+    head,
+    make_engine,
+    upgrade,
 )
 
 TABLES = {"reconcile_shards", "reconcile_batches"}
@@ -148,15 +154,23 @@ def test_partial_unique_index_refuses_a_second_committed_batch_per_lower(store):
 
 def test_unique_index_is_partial_on_committed_state(store):
     """The database itself refuses two committed rows per (shard, lower), and only committed ones."""
-    t = datetime.now(timezone.utc)
+    t = datetime.now(UTC)
 
     def row(batch_id, state, shard="ix"):
-        return Batch(batch_id=batch_id, shard=shard, lower=AS_OF, upper=200, state=state,
-                     attempt=1, created_at=t, updated_at=t)
+        return Batch(
+            batch_id=batch_id, shard=shard, lower=AS_OF, upper=200, state=state, attempt=1, created_at=t, updated_at=t
+        )
 
     with Session(store.engine) as s, s.begin():
-        s.add_all([row("a", SUPERSEDED), row("b", SUPERSEDED), row("c", MINTED), row("d", COMMITTED),
-                   row("e", COMMITTED, shard="other")])
+        s.add_all(
+            [
+                row("a", SUPERSEDED),
+                row("b", SUPERSEDED),
+                row("c", MINTED),
+                row("d", COMMITTED),
+                row("e", COMMITTED, shard="other"),
+            ]
+        )
     with pytest.raises(IntegrityError):
         with Session(store.engine) as s, s.begin():
             s.add(row("f", COMMITTED))
@@ -225,8 +239,9 @@ def test_concurrent_mints_share_a_lower_and_leave_one_open(store):
     assert all(b.state == SUPERSEDED for b in ledger if b is not still_open[0])
     # the mints were linearized: "superseded by" links every description to the next one minted,
     # one chain through all n, ending at the one left open
-    successor = {b.batch_id: re.search(r"superseded by batch (\S+)", b.message).group(1)
-                 for b in ledger if b.state == SUPERSEDED}
+    successor = {
+        b.batch_id: re.search(r"superseded by batch (\S+)", b.message).group(1) for b in ledger if b.state == SUPERSEDED
+    }
     first = (set(successor) - set(successor.values())).pop()
     chain = [first]
     while chain[-1] in successor:
@@ -263,9 +278,20 @@ def test_mint_while_another_process_creates_the_shard_row(store):
     try:
         with Session(other) as s:
             s.begin()
-            t = datetime.now(timezone.utc)
-            s.add(Shard(name="fresh", upper=0, since=0, as_of=AS_OF, last_minted_lower=None,
-                        read_only=False, delta_version=-1, created_at=t, updated_at=t))
+            t = datetime.now(UTC)
+            s.add(
+                Shard(
+                    name="fresh",
+                    upper=0,
+                    since=0,
+                    as_of=AS_OF,
+                    last_minted_lower=None,
+                    read_only=False,
+                    delta_version=-1,
+                    created_at=t,
+                    updated_at=t,
+                )
+            )
             s.flush()
             thread = threading.Thread(target=mint)
             thread.start()

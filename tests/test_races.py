@@ -23,7 +23,10 @@ def _racers(cfg, frontiers: list[int], env: dict) -> list[subprocess.CompletedPr
     procs = [
         subprocess.Popen(
             [sys.executable, "-m", "reconcile", "run", cfg.name, "--frontier", str(f), "--run-id", f"racer-{i}"],
-            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
         )
         for i, f in enumerate(frontiers)
     ]
@@ -46,7 +49,9 @@ def test_racing_processes_commit_each_lower_once(spark, warehouse, tmp_path, sto
     for r in results:
         assert r.returncode in (0, 3), f"racer crashed: {r.returncode}\n{r.stdout[-1500:]}\n{r.stderr[-1500:]}"
         if r.returncode == 3:  # a loser says who won
-            assert "superseded by batch" in r.stdout or "lost the race" in r.stdout or "committed lower" in r.stdout, r.stdout
+            assert "superseded by batch" in r.stdout or "lost the race" in r.stdout or "committed lower" in r.stdout, (
+                r.stdout
+            )
     commits = storage.batch_commits(storage.history_since(spark, cfg, -1)[1])
     lowers = [c.lower for c in commits]
     assert lowers and len(lowers) == len(set(lowers)), lowers
@@ -64,8 +69,18 @@ def test_racing_processes_on_an_upsert_sink(spark, warehouse, tmp_path, store, m
     cfg = upsert_sink(tmp_path, name=f"race_upsert_{store.engine.dialect.name}")
     feed = [
         {"k": k, "v": v, "ts": ts, "off": i}
-        for i, (k, v, ts) in enumerate([(1, "a", 150), (2, "b", 160), (1, "a2", 250), (2, None, 260),
-                                        (3, "c", 350), (1, "a3", 360), (3, "c2", 450), (2, "b2", 460)])
+        for i, (k, v, ts) in enumerate(
+            [
+                (1, "a", 150),
+                (2, "b", 160),
+                (1, "a2", 250),
+                (2, None, 260),
+                (3, "c", 350),
+                (1, "a3", 360),
+                (3, "c2", 450),
+                (2, "b2", 460),
+            ]
+        )
     ]
     feed_rows(tmp_path, feed)
     env = {k: v for k, v in os.environ.items() if k != "PYSPARK_GATEWAY_PORT"}
@@ -114,8 +129,13 @@ def _attempts(cfg, runs: list[tuple[str, int]], attempts: int, env: dict) -> tup
     script = os.path.join(ROOT, "tests", "racer.py")
     specs = [f"{r}:{f}" for r, f in runs]
     procs = [
-        subprocess.Popen([sys.executable, script, cfg.name, str(a + 1), *specs], env=env,
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        subprocess.Popen(
+            [sys.executable, script, cfg.name, str(a + 1), *specs],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         for a in range(attempts)
     ]
     lines, crashes = [], []
@@ -142,13 +162,26 @@ def test_attempts_of_one_run_racing_commit_the_batch_once(spark, warehouse, tmp_
     env = {k: v for k, v in os.environ.items() if k != "PYSPARK_GATEWAY_PORT"}
     lines, problems = _attempts(cfg, [(f"sched__{u}", u) for u in bounds[1:]], 3, env)
     problems += [f"a loser was told to clear write: {ln}" for ln in lines if "clear the run's 'write' task" in ln]
-    problems += [f"unexpected failure: {ln}" for ln in lines
-                 if ln.split(":")[0].split()[-1] not in (
-                     "nothing", "staged", "skipped", "outdated", "committed", "already_committed", "recovered",
-                     "covered", "superseded",
-                     # a process behind the others mints the next run's wider batch over a lower
-                     # still open: runs racing each other, told so truthfully
-                     "DescriptionOutdated", "LostRace")]
+    problems += [
+        f"unexpected failure: {ln}"
+        for ln in lines
+        if ln.split(":")[0].split()[-1]
+        not in (
+            "nothing",
+            "staged",
+            "skipped",
+            "outdated",
+            "committed",
+            "already_committed",
+            "recovered",
+            "covered",
+            "superseded",
+            # a process behind the others mints the next run's wider batch over a lower
+            # still open: runs racing each other, told so truthfully
+            "DescriptionOutdated",
+            "LostRace",
+        )
+    ]
     commits = storage.batch_commits(storage.history_since(spark, cfg, -1)[1])
     lowers = [c.lower for c in commits]
     if len(set(lowers)) != len(lowers) or not set(lowers) <= set(bounds[:-1]):
@@ -156,13 +189,16 @@ def test_attempts_of_one_run_racing_commit_the_batch_once(spark, warehouse, tmp_
     for c in commits:
         got, want = shard_as_of(spark, cfg, c.upper - 1), _log_as_of(rows, c.upper - 1)
         if got != want:
-            problems.append(f"as of {c.upper - 1} (batch {c.batch_id}): the shard holds {sum(got.values())} "
-                            f"rows, the model {sum(want.values())}")
+            problems.append(
+                f"as of {c.upper - 1} (batch {c.batch_id}): the shard holds {sum(got.values())} "
+                f"rows, the model {sum(want.values())}"
+            )
     problems += [f"check: {v}" for v in check.violations(spark, store, cfg)]
     assert problems == [], "\n".join(problems)
 
 
 # -- the same interleavings, made deterministic in one process --------------------------------------
+
 
 def _paused_write(spark, store, cfg, batch_id: str, monkeypatch):
     """Start a write of ``batch_id`` in a thread that stops right after staging its files (the
@@ -247,7 +283,9 @@ def test_a_zombie_write_finishing_after_the_commit_says_so(spark, warehouse, tmp
     assert check.violations(spark, store, cfg) == []  # includes: no staged files left
 
 
-def test_a_committed_batch_that_differs_from_its_manifest_is_reported(spark, warehouse, tmp_path, sqlite_store, monkeypatch):
+def test_a_committed_batch_that_differs_from_its_manifest_is_reported(
+    spark, warehouse, tmp_path, sqlite_store, monkeypatch
+):
     """What the old race committed (the union of two attempts' files) is caught twice: by the
     append's post-commit check and by ``check``, each naming the batch."""
     from reconcile import append, mint, write
@@ -269,6 +307,7 @@ def test_a_committed_batch_that_differs_from_its_manifest_is_reported(spark, war
     monkeypatch.setattr(append, "verify_staged", real)
     # the next batch repairs the contents; the broken batch stays reported (the log keeps it)
     from helpers import run_batch
+
     run_batch(spark, store, cfg, "sched__2", 400)
     assert shard_as_of(spark, cfg, 399) == MODEL
     assert [p for p in check.violations(spark, store, cfg) if desc.batch_id not in p] == []

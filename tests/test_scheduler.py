@@ -36,12 +36,22 @@ def _free_port() -> int:
 
 
 def _sink(sinks: Path, src: Path, name: str) -> None:
-    (sinks / f"{name}.yaml").write_text(yaml.safe_dump({
-        "name": name, "kind": "query", "partitions": 2, "schedule": "@daily",
-        "start_date": "2026-01-01", "as_of": AS_OF, "catchup": False, "retries": 1,
-        "schema": [{"name": "k", "type": "bigint", "nullable": False}, {"name": "v", "type": "string"}],
-        "query": {"sources": {"src": {"format": "json", "path": str(src)}}, "sql": "SELECT k, v FROM src"},
-    }))
+    (sinks / f"{name}.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "name": name,
+                "kind": "query",
+                "partitions": 2,
+                "schedule": "@daily",
+                "start_date": "2026-01-01",
+                "as_of": AS_OF,
+                "catchup": False,
+                "retries": 1,
+                "schema": [{"name": "k", "type": "bigint", "nullable": False}, {"name": "v", "type": "string"}],
+                "query": {"sources": {"src": {"format": "json", "path": str(src)}}, "sql": "SELECT k, v FROM src"},
+            }
+        )
+    )
 
 
 @pytest.fixture
@@ -57,20 +67,22 @@ def airflow_services(tmp_path, pg_url):
     sinks = tmp_path / "sinks"
     sinks.mkdir()
     env = {k: v for k, v in os.environ.items() if k != "PYSPARK_GATEWAY_PORT"}
-    env.update({
-        "AIRFLOW_HOME": str(tmp_path / "airflow"),
-        "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": base.rsplit("/", 1)[0] + f"/{db}",
-        "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",
-        "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"http://127.0.0.1:{port}/execution/",
-        "AIRFLOW__API_AUTH__JWT_SECRET": uuid.uuid4().hex,
-        "AIRFLOW__API__SECRET_KEY": uuid.uuid4().hex,
-        "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "False",
-        "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "5",
-        "AIRFLOW__SCHEDULER__SCHEDULER_HEARTBEAT_SEC": "1",
-        "RECONCILE_SINKS_DIR": str(sinks),
-        "RECONCILE_METADATA_URL": f"sqlite:///{tmp_path / 'meta.db'}",
-        "RECONCILE_WAREHOUSE": str(tmp_path / "warehouse"),
-    })
+    env.update(
+        {
+            "AIRFLOW_HOME": str(tmp_path / "airflow"),
+            "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": base.rsplit("/", 1)[0] + f"/{db}",
+            "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",
+            "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"http://127.0.0.1:{port}/execution/",
+            "AIRFLOW__API_AUTH__JWT_SECRET": uuid.uuid4().hex,
+            "AIRFLOW__API__SECRET_KEY": uuid.uuid4().hex,
+            "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "False",
+            "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "5",
+            "AIRFLOW__SCHEDULER__SCHEDULER_HEARTBEAT_SEC": "1",
+            "RECONCILE_SINKS_DIR": str(sinks),
+            "RECONCILE_METADATA_URL": f"sqlite:///{tmp_path / 'meta.db'}",
+            "RECONCILE_WAREHOUSE": str(tmp_path / "warehouse"),
+        }
+    )
     subprocess.run([AIRFLOW, "db", "migrate"], env=env, check=True, capture_output=True)
     procs = []
 
@@ -95,7 +107,7 @@ def airflow_services(tmp_path, pg_url):
 def _runs(env, dag_id) -> list[dict]:
     out = subprocess.run([AIRFLOW, "dags", "list-runs", dag_id, "-o", "json"], env=env, capture_output=True, text=True)
     try:
-        return json.loads(out.stdout[out.stdout.index("["):]) if "[" in out.stdout else []
+        return json.loads(out.stdout[out.stdout.index("[") :]) if "[" in out.stdout else []
     except ValueError:
         return []
 
@@ -114,9 +126,22 @@ def _wait(env, dag_id, predicate, what: str, timeout: int = 900) -> list[dict]:
 
 def _backfill(env, dag_id) -> None:
     subprocess.run(
-        [AIRFLOW, "backfill", "create", "--dag-id", dag_id, "--from-date", "2026-01-02", "--to-date", "2026-01-04",
-         "--max-active-runs", "1"],
-        env=env, check=True, capture_output=True,
+        [
+            AIRFLOW,
+            "backfill",
+            "create",
+            "--dag-id",
+            dag_id,
+            "--from-date",
+            "2026-01-02",
+            "--to-date",
+            "2026-01-04",
+            "--max-active-runs",
+            "1",
+        ],
+        env=env,
+        check=True,
+        capture_output=True,
     )
 
 
@@ -159,7 +184,10 @@ def test_scheduler_runs_and_backfills_in_order(airflow_services, spark, tmp_path
     catchup = load_file(sinks / "sched_catchup.yaml")
     batches = [b for b in store.batches("sched_catchup") if b.state == "committed"]
     assert [(b.lower, b.upper) for b in sorted(batches, key=lambda b: b.created_at)] == [
-        (AS_OF, AS_OF + DAY), (AS_OF + DAY, AS_OF + 2 * DAY), (AS_OF + 2 * DAY, AS_OF + 3 * DAY)]
+        (AS_OF, AS_OF + DAY),
+        (AS_OF + DAY, AS_OF + 2 * DAY),
+        (AS_OF + 2 * DAY, AS_OF + 3 * DAY),
+    ]
     for b in batches:
         assert shard_as_of(spark, catchup, b.upper - 1) == Counter({(1, "a", None): 1, (2, "b", None): 1})
     store.dispose()

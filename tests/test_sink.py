@@ -86,8 +86,18 @@ QUERY_RUNS = [
     # update k=1, delete k=2, one copy of k=3 less, insert k=4 (null v) and k=5
     (300, [{"k": 1, "v": "a2"}, {"k": 3, "v": "c"}, {"k": 4, "v": None}, {"k": 5, "v": "e"}]),
     # re-insert the deleted row, k=3 three times, a row that fails validation (null key)
-    (400, [{"k": 1, "v": "a2"}, {"k": 2, "v": "b"}, {"k": 3, "v": "c"}, {"k": 3, "v": "c"},
-           {"k": 3, "v": "c"}, {"k": None, "v": "bad"}, {"k": 5, "v": "e"}]),
+    (
+        400,
+        [
+            {"k": 1, "v": "a2"},
+            {"k": 2, "v": "b"},
+            {"k": 3, "v": "c"},
+            {"k": 3, "v": "c"},
+            {"k": 3, "v": "c"},
+            {"k": None, "v": "bad"},
+            {"k": 5, "v": "e"},
+        ],
+    ),
     # the error row goes away again; most rows deleted; a new row twice
     (500, [{"k": 1, "v": "a3"}, {"k": 4, "v": None}, {"k": 6, "v": "f"}, {"k": 6, "v": "f"}]),
 ]
@@ -107,7 +117,7 @@ def test_consecutive_runs_follow_the_source(spark, warehouse, tmp_path, sqlite_s
         log = update_log(spark, cfg)
         assert {u["_time"] for u in log} <= {f - 1 for f in frontiers}, "query updates land at upper - 1"
         assert query_as_of(log, cfg, frontier - 1) == model_query(rows, cfg), f"run {i}"
-        for (earlier, earlier_rows) in QUERY_RUNS[:i]:  # history is kept as it was
+        for earlier, earlier_rows in QUERY_RUNS[:i]:  # history is kept as it was
             assert query_as_of(log, cfg, earlier - 1) == model_query(earlier_rows, cfg), f"run {i}, as of {earlier - 1}"
         assert query_as_of(log, cfg, AS_OF - 1) == Counter()
         assert_ledger(spark, store, cfg, frontiers)
@@ -144,7 +154,8 @@ def test_drift_is_repaired_and_an_unchanged_source_appends_an_empty_batch(spark,
     _, entries = storage.history_since(spark, cfg, -1)
     assert [meta for _, meta in entries[-2:]] == [None, None], "the tampering commits are foreign"
     assert query_as_of(update_log(spark, cfg), cfg, 199) == Counter(
-        {(2, "b", None): 2, (3, "c", None): 1, (7, "zz", None): 3})
+        {(2, "b", None): 2, (3, "c", None): 1, (7, "zz", None): 3}
+    )
 
     # the next run (with a changed source) repairs the drift and records how much it found
     write_json_rows(tmp_path / "src", rows2)
@@ -218,7 +229,9 @@ def test_commit_metadata_belongs_to_the_write_not_the_session(spark, warehouse, 
     assert query_as_of(update_log(spark, cfg), cfg, 299) == model_query(rows, cfg)
 
 
-def test_a_guarded_commit_without_batch_metadata_is_reported_and_never_doubled(spark, warehouse, tmp_path, sqlite_store):
+def test_a_guarded_commit_without_batch_metadata_is_reported_and_never_doubled(
+    spark, warehouse, tmp_path, sqlite_store
+):
     """What a batch commit stamped with someone else's metadata looks like: a Delta version under
     the sink's commit guard that is not one of its batches. check names it, and the next append
     fails loudly (Delta skips its txnVersion) instead of writing the interval a second time."""
@@ -230,8 +243,12 @@ def test_a_guarded_commit_without_batch_metadata_is_reported_and_never_doubled(s
     assert check.violations(spark, store, cfg) == []
     row = {"k": 2, "v": "b", "_error": None, "_time": 299, "_diff": 1}
     (
-        spark.createDataFrame([row], storage.schema(cfg)).write.format("delta").mode("append")
-        .option("txnAppId", storage.app_id(cfg)).option("txnVersion", 200).save(storage.table_path(cfg))
+        spark.createDataFrame([row], storage.schema(cfg))
+        .write.format("delta")
+        .mode("append")
+        .option("txnAppId", storage.app_id(cfg))
+        .option("txnVersion", 200)
+        .save(storage.table_path(cfg))
     )
     found = check.violations(spark, store, cfg)
     assert len(found) == 1 and "carries the sink's commit guard (txnVersion 200)" in found[0], found
@@ -257,7 +274,10 @@ def test_maintenance_commits_are_not_drift(spark, warehouse, tmp_path, sqlite_st
     table.vacuum(168.0)
     _, entries = storage.history_since(spark, cfg, store.get_shard(cfg.name).delta_version)
     assert [(m["op"], m["operation"]) for _, m in entries] == [
-        ("maintenance", "OPTIMIZE"), ("maintenance", "VACUUM START"), ("maintenance", "VACUUM END")]
+        ("maintenance", "OPTIMIZE"),
+        ("maintenance", "VACUUM START"),
+        ("maintenance", "VACUUM END"),
+    ]
     rows2 = rows + [{"k": 3, "v": "c"}]
     write_json_rows(tmp_path / "src", rows2)
     batch = committed_run(spark, store, cfg, "run-3", 400)
@@ -412,7 +432,9 @@ def test_outdated_batch_is_cleaned_up(spark, warehouse, tmp_path, sqlite_store, 
 
 
 @pytest.mark.parametrize("older_upper, newer_upper", [(200, 300), (300, 200)], ids=["covered", "narrower"])
-def test_superseded_batch_message_names_its_successor(spark, warehouse, tmp_path, sqlite_store, older_upper, newer_upper):
+def test_superseded_batch_message_names_its_successor(
+    spark, warehouse, tmp_path, sqlite_store, older_upper, newer_upper
+):
     """An older description appended before its successor commits: a successor that covers its
     interval makes it a no-op; a narrower one makes it fail harmlessly. Either way it says why."""
     store = sqlite_store
@@ -435,11 +457,14 @@ def test_superseded_batch_message_names_its_successor(spark, warehouse, tmp_path
 # --- a crash between the Delta commit and the metadata update ---------------------------------
 
 
-@pytest.mark.parametrize("kind, metadata", [
-    ("append.after_delta_commit", "sqlite"),
-    ("append.after_delta_commit", "postgres"),
-    ("metadata.inside_absorb", "sqlite"),  # the metadata update itself fails (and rolls back)
-])
+@pytest.mark.parametrize(
+    "kind, metadata",
+    [
+        ("append.after_delta_commit", "sqlite"),
+        ("append.after_delta_commit", "postgres"),
+        ("metadata.inside_absorb", "sqlite"),  # the metadata update itself fails (and rolls back)
+    ],
+)
 def test_crash_after_delta_commit_is_recovered(spark, warehouse, tmp_path, monkeypatch, request, kind, metadata):
     if metadata == "sqlite":
         store = request.getfixturevalue("sqlite_store")
@@ -490,26 +515,39 @@ def change(k, v, ts, diff):
 
 
 CHANGELOG_NEW = [  # (frontier, updates first added to the source log before this run)
-    (200, [
-        change(1, "a", 50, 1),                            # before as_of: lands at the first lower
-        change(2, "b", 10, 3), change(2, "b", 90, -1),    # multiplicity, negative diff, before as_of
-        change(3, "c", 120, 1), change(3, "c", 150, -1),  # inserted, then deleted
-        change(4, "d", 180, 2),
-        change(5, "e", 150, 1), change(5, "e", 150, 1),   # the same update twice
-        change(6, "f", 250, 1),                           # beyond the frontier: waits for the next run
-    ]),
-    (300, [
-        change(1, "a", 210, -1), change(1, "a2", 210, 1),  # an update at its own time
-        change(2, "b", 260, -2),
-        change(7, "g", 299, 1),                            # just below the frontier
-        change(8, "h", 350, 1),
-    ]),
-    (400, [
-        change(4, "d", 320, -2),
-        change(2, "b", 330, 1),
-        change(9, "i", 150, 1),                            # arrives late, below lower: lands at 300
-        change(7, "g", 399, -1),
-    ]),
+    (
+        200,
+        [
+            change(1, "a", 50, 1),  # before as_of: lands at the first lower
+            change(2, "b", 10, 3),
+            change(2, "b", 90, -1),  # multiplicity, negative diff, before as_of
+            change(3, "c", 120, 1),
+            change(3, "c", 150, -1),  # inserted, then deleted
+            change(4, "d", 180, 2),
+            change(5, "e", 150, 1),
+            change(5, "e", 150, 1),  # the same update twice
+            change(6, "f", 250, 1),  # beyond the frontier: waits for the next run
+        ],
+    ),
+    (
+        300,
+        [
+            change(1, "a", 210, -1),
+            change(1, "a2", 210, 1),  # an update at its own time
+            change(2, "b", 260, -2),
+            change(7, "g", 299, 1),  # just below the frontier
+            change(8, "h", 350, 1),
+        ],
+    ),
+    (
+        400,
+        [
+            change(4, "d", 320, -2),
+            change(2, "b", 330, 1),
+            change(9, "i", 150, 1),  # arrives late, below lower: lands at 300
+            change(7, "g", 399, -1),
+        ],
+    ),
 ]
 
 
@@ -542,7 +580,8 @@ def test_changelog_sink_history(spark, warehouse, tmp_path, sqlite_store):
     frontiers: list[int] = []
     # the model itself, on a hand-checked point: as of 199 after run 1
     assert changelog_model(CHANGELOG_NEW[:1], 199) == Counter(
-        {(1, "a", None): 1, (2, "b", None): 2, (4, "d", None): 2, (5, "e", None): 2})
+        {(1, "a", None): 1, (2, "b", None): 2, (4, "d", None): 2, (5, "e", None): 2}
+    )
 
     for i, (frontier, new) in enumerate(CHANGELOG_NEW):
         source += new

@@ -6,13 +6,12 @@ import random
 from collections import Counter
 
 import pytest
-from helpers import make_sink, run_batch, shard_as_of, write_json_rows
-from upsert_model import UpsertModel
 
-from reconcile import check
+from helpers import make_sink, run_batch, shard_as_of, write_json_rows
+from reconcile import check, upsert
 from reconcile import shard as storage
-from reconcile import upsert
 from reconcile.errors import SourceError
+from upsert_model import UpsertModel
 
 UPSERT = {"source": {"format": "json", "path": "feed"}, "key": ["k"], "time_column": "ts", "offset_column": "off"}
 HINT = {"k": 0, "v": "x", "ts": 10**15, "off": -1}  # a schema-only row far in the future, never eligible
@@ -62,8 +61,16 @@ def test_highest_offset_wins_per_key_and_time_and_replays_change_nothing(spark, 
     cfg = upsert_sink(tmp_path)
     model = UpsertModel()
     # out-of-order offsets in the file, duplicates, many commands per key in one batch
-    feed = [cmd(1, "late-off", 150, 9), cmd(1, "early-off", 150, 3), cmd(1, "late-off", 150, 9),
-            cmd(2, "x", 120, 4), cmd(2, "y", 130, 5), cmd(2, "z", 140, 6), cmd(2, None, 150, 7), cmd(2, "w", 190, 8)]
+    feed = [
+        cmd(1, "late-off", 150, 9),
+        cmd(1, "early-off", 150, 3),
+        cmd(1, "late-off", 150, 9),
+        cmd(2, "x", 120, 4),
+        cmd(2, "y", 130, 5),
+        cmd(2, "z", 140, 6),
+        cmd(2, None, 150, 7),
+        cmd(2, "w", 190, 8),
+    ]
     feed_rows(tmp_path, feed)
     _, w, _ = run_batch(spark, sqlite_store, cfg, "r1", 200)
     model.batch(feed, 100, 200)
@@ -131,8 +138,14 @@ def test_feedback_repairs_a_key_tampered_into_two_values(spark, warehouse, tmp_p
 
 
 def test_error_values_and_unkeyed_commands(spark, warehouse, tmp_path, sqlite_store):
-    cfg = upsert_sink(tmp_path, schema=[{"name": "k", "type": "bigint"}, {"name": "v", "type": "string"},
-                                        {"name": "n", "type": "int", "nullable": False}])
+    cfg = upsert_sink(
+        tmp_path,
+        schema=[
+            {"name": "k", "type": "bigint"},
+            {"name": "v", "type": "string"},
+            {"name": "n", "type": "int", "nullable": False},
+        ],
+    )
     rows = [
         {"k": 1, "v": "a", "n": 1, "ts": 150, "off": 1},
         {"k": 2, "v": "b", "n": 1.5, "ts": 150, "off": 2},  # value does not fit: the key's value is an error
@@ -164,8 +177,13 @@ def test_error_values_and_unkeyed_commands(spark, warehouse, tmp_path, sqlite_st
 def test_delete_column_marks_deletes(spark, warehouse, tmp_path, sqlite_store):
     cfg = upsert_sink(tmp_path, upsert={"delete": {"column": "op", "values": ["d", "D"]}})
     model = UpsertModel(delete_field="op", delete_values=("d", "D"))
-    feed = [cmd(1, "a", 150, 1, op="u"), cmd(2, None, 150, 2, op="u"), cmd(3, "c", 150, 3, op="i"),
-            cmd(1, "ignored", 160, 4, op="D"), cmd(3, "c", 170, 5, op="d")]
+    feed = [
+        cmd(1, "a", 150, 1, op="u"),
+        cmd(2, None, 150, 2, op="u"),
+        cmd(3, "c", 150, 3, op="i"),
+        cmd(1, "ignored", 160, 4, op="D"),
+        cmd(3, "c", 170, 5, op="d"),
+    ]
     write_json_rows(tmp_path / "feed", feed + [{**HINT, "op": "u"}])
     run_batch(spark, sqlite_store, cfg, "r1", 200)
     model.batch(feed, 100, 200)

@@ -96,8 +96,11 @@ def build_dag(cfg: SinkConfig) -> DAG:
 
             dag_run = context["dag_run"]
             result = mint_for_run(
-                sink, context["run_id"], context["ti"].try_number,
-                dag_run.data_interval_end, dag_run.start_date,
+                sink,
+                context["run_id"],
+                context["ti"].try_number,
+                dag_run.data_interval_end,
+                dag_run.start_date,
                 read_only=bool(context["params"].get("read_only")),
             )
             if result.description is None:

@@ -74,8 +74,13 @@ def sync(spark: SparkSession, store: MetadataStore, cfg: SinkConfig) -> Shard:
     for rec in storage.batch_commits(entries):
         if store.absorb_commit(cfg.name, rec):
             event(
-                log, "rolled metadata forward to a Delta batch commit", sink=cfg.name,
-                batch=rec.batch_id, lower=rec.lower, upper=rec.upper, delta_version=rec.version,
+                log,
+                "rolled metadata forward to a Delta batch commit",
+                sink=cfg.name,
+                batch=rec.batch_id,
+                lower=rec.lower,
+                upper=rec.upper,
+                delta_version=rec.version,
             )
     if entries:
         store.note_delta_version(cfg.name, latest)
@@ -178,9 +183,11 @@ def _outdated(
         newer = store.superseder(b)
         if newer is not None and newer.upper >= desc.upper:
             msg = event(
-                log, f"nothing to append: batch {newer.batch_id} of run {newer.run_id} superseded this one "
+                log,
+                f"nothing to append: batch {newer.batch_id} of run {newer.run_id} superseded this one "
                 f"and covers [{desc.lower}, {desc.upper}) (up to {newer.upper}); deleted this batch's staged files",
-                shard_upper=shard.upper, **state,
+                shard_upper=shard.upper,
+                **state,
             )
             return AppendResult("superseded", msg)
         event(log, f"not appending: {why}", level=logging.WARNING, shard_upper=shard.upper, **state)
@@ -196,8 +203,10 @@ def _outdated(
     gc_staged(spark, store, cfg)
     if shard.upper >= desc.upper:
         msg = event(
-            log, f"nothing to append: {who} already covered [{desc.lower}, {desc.upper}); "
-            "deleted this batch's staged files", shard_upper=shard.upper, **state,
+            log,
+            f"nothing to append: {who} already covered [{desc.lower}, {desc.upper}); deleted this batch's staged files",
+            shard_upper=shard.upper,
+            **state,
         )
         return AppendResult("covered", msg)
     event(log, f"append lost the race to {who}", level=logging.WARNING, shard_upper=shard.upper, **state)
@@ -237,15 +246,18 @@ def run_append(spark: SparkSession, store: MetadataStore, cfg: SinkConfig, batch
     if b.state == COMMITTED:  # an earlier attempt committed to Delta and died before the metadata
         gc_staged(spark, store, cfg)
         msg = event(
-            log, "recovered: an earlier attempt had committed this batch to Delta; rolled the "
-            "metadata forward", delta_version=b.delta_version, **state,
+            log,
+            "recovered: an earlier attempt had committed this batch to Delta; rolled the metadata forward",
+            delta_version=b.delta_version,
+            **state,
         )
         return AppendResult("recovered", msg, b.delta_version)
     if b.state == SUPERSEDED or shard.upper > desc.lower:
         return _outdated(spark, store, cfg, desc, shard, state)
     if b.state == MINTED:
         raise StagedBatchInvalid(
-            f"batch {batch_id} was minted but never staged", sink=cfg.name,
+            f"batch {batch_id} was minted but never staged",
+            sink=cfg.name,
             remedy="clear the run's 'write' task (and 'append' after it).",
         )
     try:
@@ -257,7 +269,8 @@ def run_append(spark: SparkSession, store: MetadataStore, cfg: SinkConfig, batch
         raise Retryable(  # not damage: another attempt of the batch moved on meanwhile
             f"batch {batch_id} changed while this append verified it (now {now_b.state}, staged by "
             f"{now_b.stage_id}, was {b.stage_id}): another attempt of it is writing or appending",
-            sink=cfg.name, remedy="the task retries by itself and appends (or finds appended) what is staged now.",
+            sink=cfg.name,
+            remedy="the task retries by itself and appends (or finds appended) what is staged now.",
         ) from None
     if shard.upper < desc.lower:
         if desc.lower != shard.as_of:
@@ -274,9 +287,15 @@ def run_append(spark: SparkSession, store: MetadataStore, cfg: SinkConfig, batch
     manifest = parse_manifest(cfg, batch_id, b.manifest)
     commit_id = uuid.uuid4().hex[:16]  # this append attempt: tells our commit from another's
     meta = {
-        "batch_id": batch_id, "lower": desc.lower, "upper": desc.upper, "run_id": desc.run_id,
-        "rows_ok": b.rows_ok, "rows_err": b.rows_err, "stage_id": manifest.get("stage_id"),
-        "commit_id": commit_id, "partitions": manifest["partitions"],
+        "batch_id": batch_id,
+        "lower": desc.lower,
+        "upper": desc.upper,
+        "run_id": desc.run_id,
+        "rows_ok": b.rows_ok,
+        "rows_err": b.rows_err,
+        "stage_id": manifest.get("stage_id"),
+        "commit_id": commit_id,
+        "partitions": manifest["partitions"],
         # the description the commit must match: `check` verifies the version against it
         "parts": {p: {"rows": part["rows"], "checksum": part["checksum"]} for p, part in manifest["parts"].items()},
     }
@@ -294,15 +313,18 @@ def run_append(spark: SparkSession, store: MetadataStore, cfg: SinkConfig, batch
 
     shard = sync(spark, store, cfg)
     b = store.get_batch(batch_id, cfg.name)
-    if b.state == COMMITTED:
+    if b.state == COMMITTED and b.delta_version is not None:
         info = storage.commit_info(spark, cfg, b.delta_version)
         ours = (storage.reconcile_meta(info) or {}).get("commit_id") == commit_id
         storage.delete_path(spark, storage.staging_path(cfg, batch_id))
         gc_staged(spark, store, cfg)
         if not ours:
             msg = event(
-                log, f"another attempt of this batch committed it in Delta version {b.delta_version} while this "
-                "one was appending; nothing more to do", delta_version=b.delta_version, **state,
+                log,
+                f"another attempt of this batch committed it in Delta version {b.delta_version} while this "
+                "one was appending; nothing more to do",
+                delta_version=b.delta_version,
+                **state,
             )
             return AppendResult("already_committed", msg, b.delta_version)
         wrong, _ = commit_differences(spark, cfg, {b.delta_version: meta})
@@ -318,8 +340,15 @@ def run_append(spark: SparkSession, store: MetadataStore, cfg: SinkConfig, batch
                 "and report this (a bug, or a foreign process writing into the staged files).",
             )
         msg = event(
-            log, "appended batch", delta_version=b.delta_version, rows_ok=b.rows_ok,
-            rows_err=b.rows_err, drift_rows=b.drift_rows, shard_upper=shard.upper, **extra, **state,
+            log,
+            "appended batch",
+            delta_version=b.delta_version,
+            rows_ok=b.rows_ok,
+            rows_err=b.rows_err,
+            drift_rows=b.drift_rows,
+            shard_upper=shard.upper,
+            **extra,
+            **state,
         )
         return AppendResult("committed", msg, b.delta_version)
     if shard.upper > desc.lower:
@@ -327,7 +356,8 @@ def run_append(spark: SparkSession, store: MetadataStore, cfg: SinkConfig, batch
     if commit_error is not None:
         raise Retryable(
             f"Delta commit of batch {batch_id} failed: {brief(commit_error, 300)}",
-            sink=cfg.name, remedy="the task retries by itself; nothing was committed.",
+            sink=cfg.name,
+            remedy="the task retries by itself; nothing was committed.",
         )
     raise InconsistentState(
         f"Delta skipped the commit of batch {batch_id} (lower {desc.lower}): a Delta version under "

@@ -61,12 +61,17 @@ def violations(spark: SparkSession, store: MetadataStore, cfg: SinkConfig, *, sy
     for version, meta, txn in entries:
         if txn is None:
             continue
-        op = (meta or {}).get("op")
+        meta = meta or {}
+        op = meta.get("op")
         if op == "batch" and int(meta["lower"]) != txn:
-            out.append(f"Delta version {version}: batch {meta.get('batch_id')} has txnVersion {txn}, not its lower {meta['lower']}")
+            out.append(
+                f"Delta version {version}: batch {meta.get('batch_id')} has txnVersion {txn}, not its lower {meta['lower']}"
+            )
         elif op not in ("batch", "compact"):
-            out.append(f"Delta version {version} carries the sink's commit guard (txnVersion {txn}) but is not "
-                       f"one of its batches or compactions ({meta}): the metadata can never absorb it")
+            out.append(
+                f"Delta version {version} carries the sink's commit guard (txnVersion {txn}) but is not "
+                f"one of its batches or compactions ({meta}): the metadata can never absorb it"
+            )
     out += batch_differences(spark, store, cfg, entries)
     if cfg.kind == "upsert" and commits:
         from . import upsert

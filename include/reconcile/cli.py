@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 from . import settings
 from .errors import SinkError
@@ -37,7 +37,7 @@ def _store():
 def _ts(ms: int | None) -> str:
     if ms is None:
         return "-"
-    return f"{ms} ({datetime.fromtimestamp(ms / 1000, timezone.utc):%Y-%m-%d %H:%M:%S}Z)"
+    return f"{ms} ({datetime.fromtimestamp(ms / 1000, UTC):%Y-%m-%d %H:%M:%S}Z)"
 
 
 def cmd_validate(args) -> int:
@@ -65,8 +65,10 @@ def cmd_db(args) -> int:
 
 def print_status(store, name: str, limit: int = 10) -> None:
     shard = store.get_shard(name)
-    print(f"shard {name}: upper={_ts(shard.upper)} since={_ts(shard.since)} as_of={_ts(shard.as_of)} "
-          f"read_only={shard.read_only} delta_version={shard.delta_version}")
+    print(
+        f"shard {name}: upper={_ts(shard.upper)} since={_ts(shard.since)} as_of={_ts(shard.as_of)} "
+        f"read_only={shard.read_only} delta_version={shard.delta_version}"
+    )
     batches = store.batches(name)[-limit:]
     feed = any(b.source_offset is not None or b.late_commands is not None for b in batches)
 
@@ -74,12 +76,18 @@ def print_status(store, name: str, limit: int = 10) -> None:
         return f"{'-' if v is None else v!s:>{width}}"
 
     if batches:
-        print(f"  {'lower':>15} {'upper':>15} {'state':<10} {'version':>7} {'ok':>6} {'err':>5} {'drift':>6}"
-              + (f" {'late':>5} {'offset':>10}" if feed else "") + "  run")
+        print(
+            f"  {'lower':>15} {'upper':>15} {'state':<10} {'version':>7} {'ok':>6} {'err':>5} {'drift':>6}"
+            + (f" {'late':>5} {'offset':>10}" if feed else "")
+            + "  run"
+        )
     for b in batches:
-        print(f"  {b.lower:>15} {b.upper:>15} {b.state:<10} {cell(b.delta_version, 7)} {cell(b.rows_ok, 6)} "
-              f"{cell(b.rows_err, 5)} {cell(b.drift_rows, 6)}"
-              + (f" {cell(b.late_commands, 5)} {cell(b.source_offset, 10)}" if feed else "") + f"  {b.run_id}")
+        print(
+            f"  {b.lower:>15} {b.upper:>15} {b.state:<10} {cell(b.delta_version, 7)} {cell(b.rows_ok, 6)} "
+            f"{cell(b.rows_err, 5)} {cell(b.drift_rows, 6)}"
+            + (f" {cell(b.late_commands, 5)} {cell(b.source_offset, 10)}" if feed else "")
+            + f"  {b.run_id}"
+        )
 
 
 def cmd_status(args) -> int:
@@ -113,7 +121,9 @@ def cmd_show(args) -> int:
     from .spark import get_session
 
     cfg = load_sink(args.sink)
-    show_shard(get_session("reconcile-show"), _store(), cfg, args.as_of, log=args.log, errors=args.errors, limit=args.limit)
+    show_shard(
+        get_session("reconcile-show"), _store(), cfg, args.as_of, log=args.log, errors=args.errors, limit=args.limit
+    )
     return 0
 
 
@@ -141,20 +151,27 @@ def cmd_dry_run(args) -> int:
     store.ensure_shard(cfg.name, cfg.as_of)
     shard = store.get_shard(cfg.name)
     lower = max(shard.upper, shard.as_of)
-    upper = args.frontier or int(datetime.now(timezone.utc).timestamp() * 1000)
+    upper = args.frontier or int(datetime.now(UTC).timestamp() * 1000)
     if upper <= lower:
         print(f"dry run: frontier {upper} is not ahead of lower {lower}: a run would mint nothing")
         return 0
     spark = get_session("reconcile-dry-run")
-    persist = storage.read_updates(spark, cfg) if storage.exists(spark, cfg) else spark.createDataFrame([], storage.schema(cfg))
+    persist = (
+        storage.read_updates(spark, cfg)
+        if storage.exists(spark, cfg)
+        else spark.createDataFrame([], storage.schema(cfg))
+    )
     result = batch_correction(spark, store, cfg, persist, lower, upper)
     corr = result.updates.cache()
     print(f"dry run of {cfg.name}: batch [{lower}, {upper}) would write (nothing was written):")
     if result.commands is not None:
-        print(f"upsert feed: {result.commands} command(s) eligible, {result.late_commands} late, "
-              f"feed read up to offset {result.source_offset}")
+        print(
+            f"upsert feed: {result.commands} command(s) eligible, {result.late_commands} late, "
+            f"feed read up to offset {result.source_offset}"
+        )
     corr.groupBy("_part").agg(
-        F.count(F.lit(1)).alias("updates"), F.sum(F.when(F.col("_error").isNotNull(), 1).otherwise(0)).alias("errors"),
+        F.count(F.lit(1)).alias("updates"),
+        F.sum(F.when(F.col("_error").isNotNull(), 1).otherwise(0)).alias("errors"),
         F.sum(F.when(F.col("_diff") > 0, F.col("_diff")).otherwise(0)).alias("inserts"),
         F.sum(F.when(F.col("_diff") < 0, -F.col("_diff")).otherwise(0)).alias("retractions"),
     ).orderBy("_part").show(cfg.partitions, truncate=False)
@@ -172,7 +189,7 @@ def cmd_run(args) -> int:
 
     cfg = load_sink(args.sink)
     store = _store()
-    frontier = args.frontier or int(datetime.now(timezone.utc).timestamp() * 1000)
+    frontier = args.frontier or int(datetime.now(UTC).timestamp() * 1000)
     run_id = args.run_id or f"cli__{frontier}"
     m = mint.run_mint(store, cfg, run_id, 1, frontier)
     print(f"mint: {m.message}")
@@ -228,7 +245,9 @@ def cmd_demo(args) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="reconcile", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="reconcile", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     sub = p.add_subparsers(dest="command", required=True)
     v = sub.add_parser("validate")
     v.add_argument("--dir", default=None)

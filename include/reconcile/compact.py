@@ -108,34 +108,43 @@ def vacuum(spark: SparkSession, cfg: SinkConfig) -> None:
     }
     if cfg.vacuum_retention_hours < 168:  # Delta refuses below 7 days unless told
         conf["spark.databricks.delta.retentionDurationCheck.enabled"] = "false"
-    saved = {k: spark.conf.get(k, None) for k in conf}
+    saved: dict[str, str | None] = {k: spark.conf.get(k, None) for k in conf}
     for k, v in conf.items():
         spark.conf.set(k, v)
     try:
         DeltaTable.forPath(spark, storage.table_path(cfg)).vacuum(float(cfg.vacuum_retention_hours))
     finally:
-        for k, v in saved.items():
-            spark.conf.unset(k) if v is None else spark.conf.set(k, v)
+        for k, old in saved.items():
+            spark.conf.unset(k) if old is None else spark.conf.set(k, old)
 
 
 def run_compact(
-    spark: SparkSession, store: MetadataStore, cfg: SinkConfig, *, since: int | None = None,
+    spark: SparkSession,
+    store: MetadataStore,
+    cfg: SinkConfig,
+    *,
+    since: int | None = None,
     vacuum_files: bool = True,
 ) -> CompactResult:
     if not storage.exists(spark, cfg):  # never run (maybe not even minted): nothing to fold
-        return CompactResult("nothing", event(log, "nothing to compact: the shard has no Delta table yet",
-                                              sink=cfg.name), 0)
+        return CompactResult(
+            "nothing", event(log, "nothing to compact: the shard has no Delta table yet", sink=cfg.name), 0
+        )
     shard = sync(spark, store, cfg)
     target = target_since(cfg, shard.upper, shard.since) if since is None else since
     state = dict(sink=cfg.name, upper=shard.upper, since=shard.since, new_since=target)
     if target >= shard.upper:
         raise SinkError(
             f"cannot compact to since {target}: it would pass the shard's latest readable time "
-            f"{shard.upper - 1} (upper - 1)", sink=cfg.name, remedy=f"give a since below {shard.upper}.",
+            f"{shard.upper - 1} (upper - 1)",
+            sink=cfg.name,
+            remedy=f"give a since below {shard.upper}.",
         )
     if target <= shard.since:
         if not _uncompacted(spark, cfg, shard.since):
-            return CompactResult("nothing", event(log, "nothing to compact: since is already there", **state), shard.since)
+            return CompactResult(
+                "nothing", event(log, "nothing to compact: since is already there", **state), shard.since
+            )
         # An earlier compaction raised since and stopped before its rewrite: finish it.
         target = state["new_since"] = shard.since
 
@@ -144,9 +153,16 @@ def run_compact(
     if recorded is None:
         return CompactResult("nothing", event(log, "nothing to compact: no batch committed yet", **state), shard.since)
     if recorded + 1 >= shard.upper:
-        return CompactResult("nothing", event(
-            log, "compaction waits for the next batch: the commit guard needs a version below upper",
-            recorded_txn_version=recorded, **state), shard.since)
+        return CompactResult(
+            "nothing",
+            event(
+                log,
+                "compaction waits for the next batch: the commit guard needs a version below upper",
+                recorded_txn_version=recorded,
+                **state,
+            ),
+            shard.since,
+        )
 
     store.advance_since(cfg.name, target)
     failpoint("compact.after_since")
@@ -157,33 +173,55 @@ def run_compact(
     try:
         (
             storage.writer(out.select(*cols), meta, "overwrite")
-            .option("txnAppId", storage.app_id(cfg)).option("txnVersion", recorded + 1)
+            .option("txnAppId", storage.app_id(cfg))
+            .option("txnVersion", recorded + 1)
             .save(storage.table_path(cfg))
         )
     except Exception as exc:  # a concurrent commit won (ConcurrentTransaction/Append exception)
         if "Concurrent" not in type(exc).__name__ and "Concurrent" not in str(exc)[:500]:
             raise
-        msg = event(log, f"compaction lost a race to a concurrent commit; nothing changed ({type(exc).__name__})",
-                    level=logging.WARNING, **state)
+        msg = event(
+            log,
+            f"compaction lost a race to a concurrent commit; nothing changed ({type(exc).__name__})",
+            level=logging.WARNING,
+            **state,
+        )
         return CompactResult("raced", msg, target)
     failpoint("compact.after_commit")
 
     _, entries = storage.history_since(spark, cfg, read_version)
     mine = [v for v, m in entries if m and m.get("op") == "compact" and m.get("token") == token]
     if not mine:
-        msg = event(log, "compaction skipped by the commit guard: a batch committed after it read the "
-                    "table; nothing changed, the next compaction folds it in", level=logging.WARNING, **state)
+        msg = event(
+            log,
+            "compaction skipped by the commit guard: a batch committed after it read the "
+            "table; nothing changed, the next compaction folds it in",
+            level=logging.WARNING,
+            **state,
+        )
         return CompactResult("raced", msg, target)
     version = mine[0]
     info = storage.commit_info(spark, cfg, version)
     metrics = info.get("operationMetrics") or {}
     if int(info.get("readVersion", read_version)) != read_version:
-        event(log, f"foreign Delta versions {read_version + 1}..{info['readVersion']} landed while compacting; "
-              "their updates were replaced (the next batch repairs any drift)", level=logging.WARNING, **state)
+        event(
+            log,
+            f"foreign Delta versions {read_version + 1}..{info['readVersion']} landed while compacting; "
+            "their updates were replaced (the next batch repairs any drift)",
+            level=logging.WARNING,
+            **state,
+        )
     if vacuum_files:
         vacuum(spark, cfg)
     rows = int(metrics["numOutputRows"]) if "numOutputRows" in metrics else None
     removed = int(metrics["numRemovedFiles"]) if "numRemovedFiles" in metrics else None
-    msg = event(log, "compacted the shard's history", delta_version=version, rows_after=rows,
-                files_removed=removed, vacuum_hours=cfg.vacuum_retention_hours if vacuum_files else None, **state)
+    msg = event(
+        log,
+        "compacted the shard's history",
+        delta_version=version,
+        rows_after=rows,
+        files_removed=removed,
+        vacuum_hours=cfg.vacuum_retention_hours if vacuum_files else None,
+        **state,
+    )
     return CompactResult("compacted", msg, target, version, rows, removed)

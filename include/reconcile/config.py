@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import re
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -115,7 +115,7 @@ def to_datetime(value: Any, path: str, fld: str) -> datetime:
             raise ConfigError(path, fld, f"{value!r} is not an ISO-8601 date-time") from None
     else:
         raise ConfigError(path, fld, f"expected an ISO-8601 date-time, got {type(value).__name__}")
-    return dt if dt.tzinfo else dt.replace(tzinfo=timezone.utc)
+    return dt if dt.tzinfo else dt.replace(tzinfo=UTC)
 
 
 def _valid_cron(expr: str) -> bool:
@@ -146,22 +146,20 @@ class _Reader:
         value = self.data[key]
         if typ is int and isinstance(value, bool) or not isinstance(value, typ):
             names = typ.__name__ if isinstance(typ, type) else " or ".join(t.__name__ for t in typ)
-            raise ConfigError(
-                self.path, self._f(key), f"expected {names}, got {type(value).__name__} {value!r}"
-            )
+            raise ConfigError(self.path, self._f(key), f"expected {names}, got {type(value).__name__} {value!r}")
         return value
 
     def name(self, key: str, *, regex: re.Pattern = NAME_RE) -> str:
         value = self.get(key, str, required=True)
         if not regex.match(value):
             raise ConfigError(
-                self.path, self._f(key),
-                f"{value!r} is not a plain identifier (letters, digits, underscore; not starting "
-                "with a digit)",
+                self.path,
+                self._f(key),
+                f"{value!r} is not a plain identifier (letters, digits, underscore; not starting with a digit)",
             )
         return value
 
-    def sub(self, key: str) -> "_Reader":
+    def sub(self, key: str) -> _Reader:
         return _Reader(self.path, self.get(key, dict, required=True), self._f(key))
 
     def unknown(self, allowed: set[str]) -> None:
@@ -195,7 +193,12 @@ def _source(r: _Reader, name: str, base: Path) -> Source:
     for k, v in options.items():
         if not isinstance(k, str) or not isinstance(v, (str, int, bool, float)):
             raise ConfigError(r.path, r._f(f"options.{k}"), "options are string keys to scalars")
-    return Source(name, fmt, location, tuple(sorted((k, str(v).lower() if isinstance(v, bool) else str(v)) for k, v in options.items())))
+    return Source(
+        name,
+        fmt,
+        location,
+        tuple(sorted((k, str(v).lower() if isinstance(v, bool) else str(v)) for k, v in options.items())),
+    )
 
 
 def _upsert(u: _Reader, base: Path, columns: list[Column], sink: str) -> dict[str, Any]:
@@ -216,13 +219,19 @@ def _upsert(u: _Reader, base: Path, columns: list[Column], sink: str) -> dict[st
     time_col, offset_col = u.name("time_column"), u.name("offset_column")
     for fld, col in (("time_column", time_col), ("offset_column", offset_col)):
         if col.lower() in names:
-            raise ConfigError(u.path, f"upsert.{fld}", f"{col!r} is a column of the schema; the command's "
-                              "time and offset are not stored in the shard", sink=sink)
+            raise ConfigError(
+                u.path,
+                f"upsert.{fld}",
+                f"{col!r} is a column of the schema; the command's time and offset are not stored in the shard",
+                sink=sink,
+            )
     if time_col.lower() == offset_col.lower():
         raise ConfigError(u.path, "upsert.offset_column", "must differ from time_column", sink=sink)
     kw: dict[str, Any] = dict(
-        source=_source(u.sub("source"), "source", base), key_columns=tuple(names[k.lower()].name for k in keys),
-        time_column=time_col, offset_column=offset_col,
+        source=_source(u.sub("source"), "source", base),
+        key_columns=tuple(names[k.lower()].name for k in keys),
+        time_column=time_col,
+        offset_column=offset_col,
     )
     values = [c for c in columns if c.name.lower() not in {k.lower() for k in keys}]
     if "delete" in u.data:
@@ -230,14 +239,19 @@ def _upsert(u: _Reader, base: Path, columns: list[Column], sink: str) -> dict[st
         d.unknown({"column", "values"})
         dcol = d.name("column")
         if dcol.lower() in names or dcol.lower() in (time_col.lower(), offset_col.lower()):
-            raise ConfigError(u.path, "upsert.delete.column", f"{dcol!r} must be a column of its own in the feed", sink=sink)
+            raise ConfigError(
+                u.path, "upsert.delete.column", f"{dcol!r} must be a column of its own in the feed", sink=sink
+            )
         dvals = d.get("values", list, required=True)
         if not dvals or not all(isinstance(v, (str, int)) and not isinstance(v, bool) for v in dvals):
-            raise ConfigError(u.path, "upsert.delete.values", "must list the strings or integers that mark a delete", sink=sink)
+            raise ConfigError(
+                u.path, "upsert.delete.values", "must list the strings or integers that mark a delete", sink=sink
+            )
         kw.update(delete_column=dcol, delete_values=tuple(str(v) for v in dvals))
     elif not values:
         raise ConfigError(
-            u.path, "upsert.delete",
+            u.path,
+            "upsert.delete",
             "the schema has no value columns, so a delete cannot be a null value: set delete.column and delete.values",
             sink=sink,
         )
@@ -245,8 +259,21 @@ def _upsert(u: _Reader, base: Path, columns: list[Column], sink: str) -> dict[st
 
 
 TOP_FIELDS = {
-    "name", "kind", "description", "schema", "partitions", "schedule", "start_date", "as_of",
-    "catchup", "retries", "read_only", "query", "changelog", "upsert", "retention",
+    "name",
+    "kind",
+    "description",
+    "schema",
+    "partitions",
+    "schedule",
+    "start_date",
+    "as_of",
+    "catchup",
+    "retries",
+    "read_only",
+    "query",
+    "changelog",
+    "upsert",
+    "retention",
     "compaction",
 }
 
@@ -291,7 +318,9 @@ def parse(data: Any, path: str, default_name: str | None = None) -> SinkConfig:
     if schedule == "none":
         schedule = None
     elif not (schedule in SCHEDULE_PRESETS or _valid_cron(schedule)):
-        raise ConfigError(path, "schedule", f"{schedule!r} is not a valid cron expression or one of {list(SCHEDULE_PRESETS)}")
+        raise ConfigError(
+            path, "schedule", f"{schedule!r} is not a valid cron expression or one of {list(SCHEDULE_PRESETS)}"
+        )
     start = to_datetime(r.get("start_date", (str, datetime, object), required=True), path, "start_date")
     as_of = to_millis(r.data.get("as_of", start), path, "as_of")
     retries = r.get("retries", int, 2)
@@ -339,11 +368,22 @@ def parse(data: Any, path: str, default_name: str | None = None) -> SinkConfig:
         kw.update(_upsert(r.sub("upsert"), base, columns, name))
 
     return SinkConfig(
-        name=name, kind=kind, columns=tuple(columns), partitions=partitions, schedule=schedule,
-        start_date=start, as_of=as_of, path=str(path), catchup=r.get("catchup", bool, False),
-        retries=retries, read_only=r.get("read_only", bool, False), vacuum_retention_hours=vacuum,
-        history_retention_hours=history, compact_every_batches=every,
-        description=r.get("description", str, ""), **kw,
+        name=name,
+        kind=kind,
+        columns=tuple(columns),
+        partitions=partitions,
+        schedule=schedule,
+        start_date=start,
+        as_of=as_of,
+        path=str(path),
+        catchup=r.get("catchup", bool, False),
+        retries=retries,
+        read_only=r.get("read_only", bool, False),
+        vacuum_retention_hours=vacuum,
+        history_retention_hours=history,
+        compact_every_batches=every,
+        description=r.get("description", str, ""),
+        **kw,
     )
 
 

@@ -57,9 +57,7 @@ def consolidate(cfg: SinkConfig, updates: DataFrame, *, partitioned: bool = True
     )
 
 
-def correction(
-    cfg: SinkConfig, desired: DataFrame, persist: DataFrame, lower: int, upper: int
-) -> DataFrame:
+def correction(cfg: SinkConfig, desired: DataFrame, persist: DataFrame, lower: int, upper: int) -> DataFrame:
     """The correction for ``(lower, upper)``: update frame plus ``_part``.
 
     ``desired`` is an update frame (a query snapshot has ``_time`` ignored and ``_diff`` = 1 per
@@ -136,7 +134,8 @@ def validate(
             problems.append(F.when(src.isNull(), F.lit(f"column '{c.name}' is null but not nullable")))
     if not problems:  # nothing can fail: every column has the sink's type and may be null
         return raw.select(
-            *casted, F.lit(None).cast("string").alias("_error"),
+            *casted,
+            F.lit(None).cast("string").alias("_error"),
             (time if time is not None else F.lit(None)).cast("bigint").alias("_time"),
             diff.cast("bigint").alias("_diff"),
         )
@@ -152,5 +151,7 @@ def validate(
     # Error rows keep only the message: their column values live in the message.
     return out.select(
         *[F.when(F.col("_error").isNull(), F.col(_q(c.name))).cast(c.type).alias(c.name) for c in cfg.columns],
-        "_error", "_time", "_diff",
+        "_error",
+        "_time",
+        "_diff",
     )

@@ -12,13 +12,13 @@ import os
 import re
 import subprocess
 import sys
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from . import settings
 
 LOG_LINE = re.compile(r"^\S+\s+\[\w+\s*\]\s+(.*?)\s+\[[\w.]+\]")
-DAYS = [
+DAYS: list[list[tuple[str | None, float]]] = [
     [("alice", 10.0), ("bob", 5.5), ("carol", 7.25)],
     [("alice", 10.0), ("alice", 2.0), ("bob", 6.5), ("carol", 7.25), ("dave", 1.0), (None, 3.0)],
     [("alice", 10.0), ("alice", 2.0), ("bob", 6.5), ("dave", 1.0), ("erin", 4.0), (None, 2.5)],
@@ -56,10 +56,14 @@ def run_demo(intervals: int = 3, sink: str = "demo_orders") -> int:
     os.environ.update({k: env[k] for k in ("RECONCILE_HOME",)})
     logs = settings.home() / "demo" / "logs"
     logs.mkdir(parents=True, exist_ok=True)
-    print(f"embedded default: RECONCILE_HOME={env['RECONCILE_HOME']} (metadata {settings.metadata_url()}, "
-          f"warehouse {settings.warehouse()})")
-    subprocess.run(["airflow", "db", "migrate"], env=env, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    start = datetime(2026, 1, 2, tzinfo=timezone.utc)
+    print(
+        f"embedded default: RECONCILE_HOME={env['RECONCILE_HOME']} (metadata {settings.metadata_url()}, "
+        f"warehouse {settings.warehouse()})"
+    )
+    subprocess.run(
+        ["airflow", "db", "migrate"], env=env, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    start = datetime(2026, 1, 2, tzinfo=UTC)
     from .cli import print_status, show_shard
     from .config import load_sink
     from .metadata.store import MetadataStore
@@ -70,7 +74,9 @@ def run_demo(intervals: int = 3, sink: str = "demo_orders") -> int:
         log_file = logs / f"{sink}-{day:%Y%m%d}.log"
         print(f"\n=== run {i + 1}: airflow dags test {sink} {day:%Y-%m-%d} (log: {log_file})")
         with open(log_file, "w") as out:
-            proc = subprocess.run(["airflow", "dags", "test", sink, day.isoformat()], env=env, stdout=out, stderr=subprocess.STDOUT)
+            proc = subprocess.run(
+                ["airflow", "dags", "test", sink, day.isoformat()], env=env, stdout=out, stderr=subprocess.STDOUT
+            )
         for line in log_file.read_text().splitlines():
             m = LOG_LINE.match(line)
             if m and ("RECONCILE" in m.group(1) or "| sink=" in m.group(1)):

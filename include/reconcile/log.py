@@ -16,7 +16,9 @@ def fmt(message: str, **state: Any) -> str:
     return f"{message} | {fields}" if fields else message
 
 
-def event(logger: logging.Logger, message: str, level: int = logging.INFO, **state: Any) -> str:
+def event(logger: logging.Logger, message: str, **state: Any) -> str:
+    """Log ``message`` with the state at ``level`` (a keyword among the state; default INFO)."""
+    level = int(state.pop("level", logging.INFO))
     line = fmt(message, **state)
     logger.log(level, line, extra={"reconcile": state})
     return line

@@ -46,15 +46,28 @@ def desired_frontier(data_interval_end: datetime | None, start: datetime | None)
 
 
 def run_mint(
-    store: MetadataStore, cfg: SinkConfig, run_id: str, attempt: int, frontier: int,
-    *, read_only: bool = False,
+    store: MetadataStore,
+    cfg: SinkConfig,
+    run_id: str,
+    attempt: int,
+    frontier: int,
+    *,
+    read_only: bool = False,
 ) -> MintResult:
     desc, why = store.mint(cfg.name, cfg.as_of, run_id, attempt, frontier, read_only=read_only or cfg.read_only)
     shard = store.get_shard(cfg.name)
     line = event(
-        log, why, sink=cfg.name, run=run_id, attempt=attempt, desired_frontier=frontier,
-        shard_upper=shard.upper, since=shard.since, as_of=cfg.as_of,
-        lower=desc.lower if desc else None, upper=desc.upper if desc else None,
+        log,
+        why,
+        sink=cfg.name,
+        run=run_id,
+        attempt=attempt,
+        desired_frontier=frontier,
+        shard_upper=shard.upper,
+        since=shard.since,
+        as_of=cfg.as_of,
+        lower=desc.lower if desc else None,
+        upper=desc.upper if desc else None,
         batch=desc.batch_id if desc else None,
     )
     return MintResult(desc, line)

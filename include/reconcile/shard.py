@@ -23,6 +23,7 @@ import logging
 import time
 import uuid
 from functools import lru_cache
+from typing import Any
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -65,7 +66,9 @@ def schema(cfg: SinkConfig, *, with_part: bool = False) -> StructType:
 
 @lru_cache(maxsize=256)
 def _parse_ddl(ddl: str) -> StructType:
-    return StructType.fromDDL(ddl)  # a round trip to the JVM's parser (~50 ms): parse once
+    parsed = StructType.fromDDL(ddl)  # a round trip to the JVM's parser (~50 ms): parse once
+    assert isinstance(parsed, StructType)
+    return parsed
 
 
 def writer(df: DataFrame, meta: dict, mode: str):
@@ -106,16 +109,15 @@ def ensure_table(spark: SparkSession, cfg: SinkConfig) -> None:
             if attempt >= 5:
                 raise Retryable(
                     f"cannot create the shard's Delta table at {path}: {brief(exc, 300)}.",
-                    sink=cfg.name, remedy="the task retries by itself; if it persists, check the warehouse path.",
+                    sink=cfg.name,
+                    remedy="the task retries by itself; if it persists, check the warehouse path.",
                 ) from None
             time.sleep(0.5 * attempt)
     actual = _schema_from_checksum(spark, cfg) or spark.read.format("delta").load(path).schema
     want = [(f.name.lower(), f.dataType.simpleString()) for f in expected.fields]
     have = [(f.name.lower(), f.dataType.simpleString()) for f in actual.fields]
     if want != have:
-        raise ShardSchemaChanged(
-            f"Delta table {path} has columns {have}, the sink expects {want}", sink=cfg.name
-        )
+        raise ShardSchemaChanged(f"Delta table {path} has columns {have}, the sink expects {want}", sink=cfg.name)
 
 
 def _read_text(spark: SparkSession, path: str) -> str | None:
@@ -125,7 +127,7 @@ def _read_text(spark: SparkSession, path: str) -> str | None:
         return None
     stream = fs.open(p)
     try:
-        return spark._jvm.org.apache.commons.io.IOUtils.toString(stream, "UTF-8")
+        return _jvm(spark).org.apache.commons.io.IOUtils.toString(stream, "UTF-8")
     finally:
         stream.close()
 
@@ -144,7 +146,8 @@ def _checksum(spark: SparkSession, cfg: SinkConfig, version: int | None = None) 
 
 def _schema_from_checksum(spark: SparkSession, cfg: SinkConfig) -> StructType | None:
     try:
-        return StructType.fromJson(json.loads(_checksum(spark, cfg)["metadata"]["schemaString"]))
+        crc = _checksum(spark, cfg) or {}
+        return StructType.fromJson(json.loads(crc["metadata"]["schemaString"]))
     except (TypeError, KeyError, ValueError):
         return None
 
@@ -256,13 +259,15 @@ def describe_commit(actions: list[dict]) -> dict | None:
     meta = reconcile_meta(info)
     if meta is not None:
         return meta
-    changes = [a.get("add") or a.get("remove") for a in actions if "add" in a or "remove" in a]
+    changes = [a.get("add") or a.get("remove") or {} for a in actions if "add" in a or "remove" in a]
     if any(c.get("dataChange", True) for c in changes):
         return None
     return {"op": MAINTENANCE, "operation": info.get("operation")}
 
 
-def log_entries(spark: SparkSession, cfg: SinkConfig, after: int) -> tuple[int, list[tuple[int, dict | None, int | None]]]:
+def log_entries(
+    spark: SparkSession, cfg: SinkConfig, after: int
+) -> tuple[int, list[tuple[int, dict | None, int | None]]]:
     """(latest version, [(version, :func:`describe_commit`, the ``txnVersion`` the version
     records for the sink's commit guard or None)] for versions > after, ascending)."""
     versions = _committed_versions(spark, cfg)
@@ -283,9 +288,15 @@ def history_since(spark: SparkSession, cfg: SinkConfig, after: int) -> tuple[int
 def batch_commits(entries: list[tuple[int, dict | None]]) -> list[CommitRecord]:
     return [
         CommitRecord(
-            version=v, batch_id=m["batch_id"], lower=int(m["lower"]), upper=int(m["upper"]),
-            run_id=m.get("run_id"), rows_ok=m.get("rows_ok"), rows_err=m.get("rows_err"),
-            source_offset=m.get("source_offset"), late_commands=m.get("late_commands"),
+            version=v,
+            batch_id=m["batch_id"],
+            lower=int(m["lower"]),
+            upper=int(m["upper"]),
+            run_id=m.get("run_id"),
+            rows_ok=m.get("rows_ok"),
+            rows_err=m.get("rows_err"),
+            source_offset=m.get("source_offset"),
+            late_commands=m.get("late_commands"),
         )
         for v, m in entries
         if m and m.get("op") == "batch"
@@ -305,9 +316,16 @@ def commit_batch(spark: SparkSession, cfg: SinkConfig, updates: DataFrame, meta:
 
 # -- staged files (Hadoop FileSystem, so the same code works on object storage) -----------------
 
-def _fs(spark: SparkSession, path: str):
+
+def _jvm(spark: SparkSession) -> Any:
+    """The py4j gateway's JVM view (classic Spark; not Spark Connect)."""
     jvm = spark._jvm
-    p = jvm.org.apache.hadoop.fs.Path(path)
+    assert jvm is not None, "the sink needs a classic SparkSession (py4j), not Spark Connect"
+    return jvm
+
+
+def _fs(spark: SparkSession, path: str):
+    p = _jvm(spark).org.apache.hadoop.fs.Path(path)
     return p.getFileSystem(spark._jsc.hadoopConfiguration()), p
 
 
@@ -335,7 +353,7 @@ def _list_files(fs, root) -> dict[str, int]:
     while it.hasNext():
         st = it.next()
         full = st.getPath().toString()
-        rel = full[len(base):] if full.startswith(base) else full
+        rel = full[len(base) :] if full.startswith(base) else full
         name = rel.rsplit("/", 1)[-1]
         if name.startswith(("_", ".")):
             continue
@@ -429,11 +447,13 @@ def committed_stats(spark: SparkSession, cfg: SinkConfig, versions: dict[int, in
         [(f.rsplit("/", 1)[-1], v, parts) for f, v, parts in owner], "_file STRING, _version BIGINT, _parts INT"
     )
     rows = (
-        spark.read.schema(schema(cfg)).parquet(*[f"{root}/{f}" for f, _, _ in owner])
+        spark.read.schema(schema(cfg))
+        .parquet(*[f"{root}/{f}" for f, _, _ in owner])
         .withColumn("_file", F.element_at(F.split(F.col("_metadata.file_path"), "/"), -1))
         .join(F.broadcast(by_file), "_file")
         .withColumn("_part", partition_of(cfg, F.col("_parts")))
-        .groupBy("_version", "_part").agg(*_stats_aggregates(cfg))
+        .groupBy("_version", "_part")
+        .agg(*_stats_aggregates(cfg))
         .collect()
     )
     for r in rows:

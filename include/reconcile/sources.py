@@ -48,6 +48,7 @@ def require_query(spark: SparkSession, cfg: SinkConfig) -> None:
     """Refuse query.sql that is not a plain query *before* running it: ``spark.sql`` executes
     commands (DELETE, INSERT, DROP, SET ...) at once."""
     jvm = spark._jvm
+    assert jvm is not None, "the sink needs a classic SparkSession (py4j), not Spark Connect"
     try:
         plan = spark._jsparkSession.sessionState().sqlParser().parsePlan(cfg.sql)
     except Exception as exc:
@@ -71,6 +72,7 @@ def read_desired(spark: SparkSession, cfg: SinkConfig) -> DataFrame:
         for src in cfg.sources:
             read_source(spark, cfg, src, f"query.sources.{src.name}").createOrReplaceTempView(src.name)
         require_query(spark, cfg)
+        assert cfg.sql is not None  # a query sink's config requires it
         try:
             df = spark.sql(cfg.sql)
             df.schema  # noqa: B018
@@ -116,6 +118,9 @@ def validate_changelog(cfg: SinkConfig, df: DataFrame) -> DataFrame:
         F.when(bad_time, F.lit(f"time column '{cfg.time_column}' is null or not an integer")),
     )
     return validate(
-        cfg, df, F.when(bad_diff | bad_time, F.lit(1)).otherwise(d), F.coalesce(t, F.lit(0)),
+        cfg,
+        df,
+        F.when(bad_diff | bad_time, F.lit(1)).otherwise(d),
+        F.coalesce(t, F.lit(0)),
         extra_problem=F.when(bad_diff | bad_time, problem),
     )

@@ -28,6 +28,7 @@ LOCAL_CONF = {
     "spark.driver.memory": "2g",
 }
 
+
 def submit_conf() -> dict[str, str]:
     """Spark conf for spark-submit of the jobs/ scripts (used by the DAG's operators)."""
     conf = dict(DELTA_CONF)

@@ -41,8 +41,13 @@ def sink_and_store(sink: str) -> Iterator[tuple[SinkConfig, MetadataStore]]:
 
 
 def mint_for_run(
-    sink: str, run_id: str, attempt: int, data_interval_end: datetime | None,
-    start: datetime | None, *, read_only: bool = False,
+    sink: str,
+    run_id: str,
+    attempt: int,
+    data_interval_end: datetime | None,
+    start: datetime | None,
+    *,
+    read_only: bool = False,
 ) -> MintResult:
     with sink_and_store(sink) as (cfg, store):
         return run_mint(store, cfg, run_id, attempt, desired_frontier(data_interval_end, start), read_only=read_only)

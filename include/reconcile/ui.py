@@ -7,17 +7,17 @@ its last batches (state, Delta version, rows, drift). Reads the metadata table p
 from __future__ import annotations
 
 import html
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 
 def _ts(ms: int | None) -> str:
     if ms is None:
         return "-"
-    return datetime.fromtimestamp(ms / 1000, timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
+    return datetime.fromtimestamp(ms / 1000, UTC).strftime("%Y-%m-%d %H:%M:%S")
 
 
 def _lag(ms: int) -> str:
-    seconds = max(0, int(datetime.now(timezone.utc).timestamp() - ms / 1000))
+    seconds = max(0, int(datetime.now(UTC).timestamp() - ms / 1000))
     days, rest = divmod(seconds, 86400)
     return f"{days}d {rest // 3600}h {rest % 3600 // 60}m"
 

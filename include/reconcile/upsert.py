@@ -45,8 +45,14 @@ def _c(name: str) -> SCol:
     return F.col(f"`{name}`")
 
 
+def _feed_columns(cfg: SinkConfig) -> list[str]:
+    """An upsert feed's time and offset columns (both required by the config)."""
+    assert cfg.time_column and cfg.offset_column, f"sink {cfg.name} is not an upsert sink"
+    return [cfg.time_column, cfg.offset_column]
+
+
 def _raw_time(cfg: SinkConfig) -> tuple[SCol, SCol]:
-    traw, oraw = _c(cfg.time_column), _c(cfg.offset_column)
+    traw, oraw = (_c(c) for c in _feed_columns(cfg))
     t = F.when(~lossy(traw, traw.try_cast(INT), INT), traw.try_cast(INT))
     o = F.when(~lossy(oraw, oraw.try_cast(INT), INT), oraw.try_cast(INT))
     return t, o
@@ -93,8 +99,12 @@ def commands(cfg: SinkConfig, feed: DataFrame, lower: int, upper: int, watermark
     value_problems = []
     for n in values:  # a delete's values do not matter
         src, val = _c(n), cast[n]
-        value_problems.append(F.when(~is_delete & src.isNotNull() & (val.isNull() | lossy(src, val, types[n].type)),
-                                     F.lit(f"column '{n}' does not fit {types[n].type}")))
+        value_problems.append(
+            F.when(
+                ~is_delete & src.isNotNull() & (val.isNull() | lossy(src, val, types[n].type)),
+                F.lit(f"column '{n}' does not fit {types[n].type}"),
+            )
+        )
     for n in values:
         if not types[n].nullable:
             value_problems.append(F.when(~is_delete & _c(n).isNull(), F.lit(f"column '{n}' is null but not nullable")))
@@ -102,18 +112,22 @@ def commands(cfg: SinkConfig, feed: DataFrame, lower: int, upper: int, watermark
     for n in keys:
         src, val = _c(n), cast[n]
         key_problems.append(F.when(src.isNull(), F.lit(f"key column '{n}' is null")))
-        key_problems.append(F.when(src.isNotNull() & (val.isNull() | lossy(src, val, types[n].type)),
-                                   F.lit(f"key column '{n}' does not fit {types[n].type}")))
+        key_problems.append(
+            F.when(
+                src.isNotNull() & (val.isNull() | lossy(src, val, types[n].type)),
+                F.lit(f"key column '{n}' does not fit {types[n].type}"),
+            )
+        )
     key_problems.append(F.when(t.isNull(), F.lit(f"time column '{cfg.time_column}' is null or not an integer")))
     key_problems.append(F.when(o.isNull(), F.lit(f"offset column '{cfg.offset_column}' is null or not an integer")))
 
-    raw_json = F.to_json(F.struct(*[_c(c).cast("string").alias(c) for c in
-                                    cfg.column_names + [cfg.time_column, cfg.offset_column]]))
+    raw_json = F.to_json(F.struct(*[_c(c).cast("string").alias(c) for c in cfg.column_names + _feed_columns(cfg)]))
     key_msg = F.concat_ws("; ", *key_problems)
     value_msg = F.concat_ws("; ", *value_problems)
     unkeyed = key_msg != ""
-    error = F.when(unkeyed, F.concat(F.lit("upsert command cannot be applied: "), key_msg, F.lit(" in "), raw_json)) \
-        .when(value_msg != "", F.concat(value_msg, F.lit(" in "), raw_json))
+    error = F.when(
+        unkeyed, F.concat(F.lit("upsert command cannot be applied: "), key_msg, F.lit(" in "), raw_json)
+    ).when(value_msg != "", F.concat(value_msg, F.lit(" in "), raw_json))
     out = feed.where(eligible).select(
         *[cast[n].alias(n) for n in keys],
         *[cast[n].alias(n) for n in values],
@@ -127,8 +141,11 @@ def commands(cfg: SinkConfig, feed: DataFrame, lower: int, upper: int, watermark
     return out.select(
         *[F.when(~F.col("_unkeyed"), _c(n)).alias(n) for n in keys],
         *[F.when(F.col("_error").isNull(), _c(n)).cast(types[n].type).alias(n) for n in values],
-        "_error", "_unkeyed", F.when(F.col("_error").isNull(), F.col("_del")).otherwise(False).alias("_del"),
-        "_time", "_off",
+        "_error",
+        "_unkeyed",
+        F.when(F.col("_error").isNull(), F.col("_del")).otherwise(False).alias("_del"),
+        "_time",
+        "_off",
     )
 
 
@@ -142,15 +159,20 @@ def upsert_correction(cfg: SinkConfig, cmds: DataFrame, persist: DataFrame, lowe
     per_time = keyed.groupBy(*[_c(k) for k in keys], F.col("_time")).agg(F.max(payload).alias("c"))
     by_key = Window.partitionBy(*[_c(k) for k in keys])
     ordered = per_time.select(
-        *[_c(k) for k in keys], "_time", "c",
+        *[_c(k) for k in keys],
+        "_time",
+        "c",
         F.lag("c").over(by_key.orderBy("_time")).alias("prev"),
         F.min("_time").over(by_key).alias("_first"),
     )
 
     def frame(source: str, diff: int, where: SCol) -> DataFrame:
         return ordered.where(where).select(
-            *[_c(k) for k in keys], *[F.col(f"{source}.`{v}`").alias(v) for v in values],
-            F.col(f"{source}._error").alias("_error"), "_time", F.lit(diff).cast(INT).alias("_diff"),
+            *[_c(k) for k in keys],
+            *[F.col(f"{source}.`{v}`").alias(v) for v in values],
+            F.col(f"{source}._error").alias("_error"),
+            "_time",
+            F.lit(diff).cast(INT).alias("_diff"),
         )
 
     inserts = frame("c", 1, ~F.col("c._del"))
@@ -162,19 +184,32 @@ def upsert_correction(cfg: SinkConfig, cmds: DataFrame, persist: DataFrame, lowe
     # Only the touched keys' history is consolidated (a semi-join first, not the whole shard).
     held = as_of(cfg, persist.join(touched.select(*[_c(k) for k in keys]), on=keys, how="left_semi"), lower - 1)
     retracted = held.join(touched, on=keys, how="inner").select(
-        *[_c(c) for c in cols], "_error", F.col("_first").alias("_time"), (-F.col("_diff")).cast(INT).alias("_diff"),
+        *[_c(c) for c in cols],
+        "_error",
+        F.col("_first").alias("_time"),
+        (-F.col("_diff")).cast(INT).alias("_diff"),
     )
 
     unkeyed = cmds.where(F.col("_unkeyed")).select(
-        *[F.lit(None).cast(c.type).alias(c.name) for c in cfg.columns], "_error", "_time", F.lit(1).cast(INT).alias("_diff"),
+        *[F.lit(None).cast(c.type).alias(c.name) for c in cfg.columns],
+        "_error",
+        "_time",
+        F.lit(1).cast(INT).alias("_diff"),
     )
     order = [*cols, "_error", "_time", "_diff"]
-    both = inserts.select(*order).unionByName(replaced.select(*order)).unionByName(retracted.select(*order)) \
-        .unionByName(unkeyed.select(*order)).withColumn("_part", partition_of(cfg))
+    both = (
+        inserts.select(*order)
+        .unionByName(replaced.select(*order))
+        .unionByName(retracted.select(*order))
+        .unionByName(unkeyed.select(*order))
+        .withColumn("_part", partition_of(cfg))
+    )
     return consolidate(cfg, both.repartition(cfg.partitions, "_part"))
 
 
-def violations(cfg: SinkConfig, updates: DataFrame, t: int, keys: DataFrame | None = None, limit: int = 10) -> list[str]:
+def violations(
+    cfg: SinkConfig, updates: DataFrame, t: int, keys: DataFrame | None = None, limit: int = 10
+) -> list[str]:
     """Upsert invariants as of ``t``: each key has at most one value (ok or error), and every
     consolidated count is 1. ``keys`` restricts the check (e.g. to the keys a batch touched)."""
     kcols = list(cfg.key_columns)
@@ -184,11 +219,16 @@ def violations(cfg: SinkConfig, updates: DataFrame, t: int, keys: DataFrame | No
     for k in kcols:
         snap = snap.where(_c(k).isNotNull())
     # One pass: per key, how many values and which counts are not 1.
-    per_key = snap.groupBy(*[_c(k) for k in kcols]).agg(
-        F.count(F.lit(1)).alias("_values"),
-        F.collect_list(F.when(F.col("_diff") != 1, F.struct(*[_c(c) for c in cfg.column_names], "_error", "_diff")))
-        .alias("_bad"),
-    ).where((F.col("_values") > 1) | (F.size("_bad") > 0))
+    per_key = (
+        snap.groupBy(*[_c(k) for k in kcols])
+        .agg(
+            F.count(F.lit(1)).alias("_values"),
+            F.collect_list(
+                F.when(F.col("_diff") != 1, F.struct(*[_c(c) for c in cfg.column_names], "_error", "_diff"))
+            ).alias("_bad"),
+        )
+        .where((F.col("_values") > 1) | (F.size("_bad") > 0))
+    )
     out = []
     for r in per_key.limit(limit).collect():
         d = r.asDict(recursive=True)

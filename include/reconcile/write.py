@@ -31,7 +31,7 @@ import json
 import logging
 from dataclasses import dataclass
 
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import DataFrame, Row, SparkSession
 from pyspark.sql import functions as F
 
 from . import shard as storage
@@ -55,7 +55,7 @@ class WriteResult:
     message: str
     rows_ok: int = 0
     rows_err: int = 0
-    drift_rows: int = 0
+    drift_rows: int | None = 0  # None: not measurable (the foreign versions were vacuumed)
     partitions: dict | None = None
     batch_id: str | None = None  # the staged batch (a re-mint stages a new one for the run)
 
@@ -85,13 +85,26 @@ def drift_rows(spark: SparkSession, store: MetadataStore, cfg: SinkConfig, read_
         try:
             after = storage.read_updates(spark, cfg, last).where(F.col("_time") < upper)
             before = storage.read_updates(spark, cfg, first - 1).where(F.col("_time") < upper)
-            changed = consolidate(cfg, after.unionByName(before.withColumn("_diff", -F.col("_diff"))), partitioned=False)
-            total += int(changed.agg(F.sum(F.abs("_diff"))).first()[0] or 0)
+            changed = consolidate(
+                cfg, after.unionByName(before.withColumn("_diff", -F.col("_diff"))), partitioned=False
+            )
+            total += int(_first(changed.agg(F.sum(F.abs("_diff"))))[0] or 0)
         except Exception as exc:  # those versions were vacuumed: the drift is repaired, not measured
-            event(log, f"cannot measure the drift of foreign Delta versions {first}..{last} (vacuumed?): "
-                  f"{brief(exc, 200)}", level=logging.WARNING, sink=cfg.name)
+            event(
+                log,
+                f"cannot measure the drift of foreign Delta versions {first}..{last} (vacuumed?): {brief(exc, 200)}",
+                level=logging.WARNING,
+                sink=cfg.name,
+            )
             return None
     return total
+
+
+def _first(df: DataFrame) -> Row:
+    """The one row of an aggregation."""
+    row = df.first()
+    assert row is not None, "an aggregation without groups returns one row"
+    return row
 
 
 @dataclass
@@ -116,12 +129,14 @@ def batch_correction(
         return Correction(correction(cfg, read_desired(spark, cfg), persist, lower, upper))
     feed = read_feed(spark, cfg)
     wm = watermark(store, cfg)
-    progress = upsert.feed_progress(cfg, feed, lower, upper, wm).first()
+    progress = _first(upsert.feed_progress(cfg, feed, lower, upper, wm))
     offsets = [x for x in (wm, progress["max_offset"]) if x is not None]
     new_wm = max(offsets) if offsets else None
     cmds = upsert.commands(cfg, feed, lower, upper, wm)
     return Correction(
-        upsert.upsert_correction(cfg, cmds, persist, lower), new_wm, int(progress["late"] or 0),
+        upsert.upsert_correction(cfg, cmds, persist, lower),
+        new_wm,
+        int(progress["late"] or 0),
         int(progress["commands"] or 0),
     )
 
@@ -145,12 +160,19 @@ def _stage_state(spark: SparkSession, cfg: SinkConfig, b) -> str | None:
 def _lost(b, stage_id: str) -> tuple[str, str]:
     """(outcome, message) for a write attempt whose manifest lost to the batch's state ``b``."""
     if b.state == STAGED:
-        return "staged", (f"another attempt ({b.stage_id}) of this batch recorded its staged files first; deleted "
-                          f"this attempt's ({stage_id}); the append commits {b.stage_id}'s")
+        return "staged", (
+            f"another attempt ({b.stage_id}) of this batch recorded its staged files first; deleted "
+            f"this attempt's ({stage_id}); the append commits {b.stage_id}'s"
+        )
     if b.state == COMMITTED:
-        return "skipped", (f"another attempt of this batch committed it meanwhile (Delta version {b.delta_version}); "
-                           f"deleted this attempt's ({stage_id}) staged files")
-    return "outdated", f"the batch was {b.state} meanwhile ({b.message or 'no message'}); deleted this attempt's staged files"
+        return "skipped", (
+            f"another attempt of this batch committed it meanwhile (Delta version {b.delta_version}); "
+            f"deleted this attempt's ({stage_id}) staged files"
+        )
+    return (
+        "outdated",
+        f"the batch was {b.state} meanwhile ({b.message or 'no message'}); deleted this attempt's staged files",
+    )
 
 
 def run_write(spark: SparkSession, store: MetadataStore, cfg: SinkConfig, batch_id: str) -> WriteResult:
@@ -158,8 +180,11 @@ def run_write(spark: SparkSession, store: MetadataStore, cfg: SinkConfig, batch_
     desc = BatchDescription.of(b)
     state = dict(sink=cfg.name, batch=batch_id, lower=desc.lower, upper=desc.upper, run=desc.run_id)
     if b.state == COMMITTED:
-        msg = event(log, f"skipping write: an attempt of this batch already committed it (Delta version "
-                    f"{b.delta_version})", **state)
+        msg = event(
+            log,
+            f"skipping write: an attempt of this batch already committed it (Delta version {b.delta_version})",
+            **state,
+        )
         return WriteResult("skipped", msg, batch_id=batch_id)
     if b.state not in OPEN_STATES:
         msg = event(log, f"skipping write: batch is {b.state} ({b.message or 'no message'})", **state)
@@ -170,7 +195,11 @@ def run_write(spark: SparkSession, store: MetadataStore, cfg: SinkConfig, batch_
     if shard.upper > desc.lower:
         b = store.get_batch(batch_id, cfg.name)
         if b.state == COMMITTED:
-            msg = event(log, "skipping write: an earlier attempt already committed this batch (metadata rolled forward)", **state)
+            msg = event(
+                log,
+                "skipping write: an earlier attempt already committed this batch (metadata rolled forward)",
+                **state,
+            )
             return WriteResult("skipped", msg, batch_id=batch_id)
         store.mark_superseded(batch_id, f"outdated before write: shard upper is {shard.upper}")
         if desc.upper <= shard.upper or desc.run_id is None:
@@ -191,17 +220,29 @@ def run_write(spark: SparkSession, store: MetadataStore, cfg: SinkConfig, batch_
     if b.state == STAGED:
         damage = _stage_state(spark, cfg, b)
         if damage is None:
-            msg = event(log, f"skipping write: attempt {b.stage_id} already staged this batch "
-                        f"({b.rows_ok} ok, {b.rows_err} error rows); the append commits it", **state)
-            return WriteResult("staged", msg, b.rows_ok or 0, b.rows_err or 0, b.drift_rows or 0, batch_id=batch_id)
+            msg = event(
+                log,
+                f"skipping write: attempt {b.stage_id} already staged this batch "
+                f"({b.rows_ok} ok, {b.rows_err} error rows); the append commits it",
+                **state,
+            )
+            return WriteResult("staged", msg, b.rows_ok or 0, b.rows_err or 0, b.drift_rows, batch_id=batch_id)
         replaces = b.stage_id
-        event(log, f"restaging: the staged attempt {b.stage_id} cannot be appended: {damage}",
-              level=logging.WARNING, **state)
+        event(
+            log,
+            f"restaging: the staged attempt {b.stage_id} cannot be appended: {damage}",
+            level=logging.WARNING,
+            **state,
+        )
     stage_id = storage.new_stage_id()
     others = sorted(set(storage.list_dirs(spark, storage.staging_path(cfg, batch_id))) - {replaces})
     if others:
-        event(log, f"other attempt(s) of this batch are writing or died writing ({', '.join(others)}); "
-              "the first to record its manifest is the batch, the others delete their files", **state)
+        event(
+            log,
+            f"other attempt(s) of this batch are writing or died writing ({', '.join(others)}); "
+            "the first to record its manifest is the batch, the others delete their files",
+            **state,
+        )
     path = storage.staging_path(cfg, batch_id, stage_id)
     try:
         read_version = storage.latest_version(spark, cfg)
@@ -229,19 +270,36 @@ def run_write(spark: SparkSession, store: MetadataStore, cfg: SinkConfig, batch_
     rows_ok = sum(s["rows"] for s in stats.values()) - rows_err
     drift = drift_rows(spark, store, cfg, read_version, desc.upper)
     manifest = {
-        "batch_id": batch_id, "stage_id": stage_id, "lower": desc.lower, "upper": desc.upper,
-        "partitions": cfg.partitions, "read_version": read_version, "parts": parts,
+        "batch_id": batch_id,
+        "stage_id": stage_id,
+        "lower": desc.lower,
+        "upper": desc.upper,
+        "partitions": cfg.partitions,
+        "read_version": read_version,
+        "parts": parts,
     }
     feed = {}
     if cfg.kind == "upsert":
         feed = dict(commands=corr.commands, late_commands=corr.late_commands, source_offset=corr.source_offset)
         manifest.update(feed)
         if corr.late_commands:
-            event(log, f"{corr.late_commands} late command(s) (time below lower {desc.lower}, arrived after "
-                  "their time's batch) are applied at lower", level=logging.WARNING, **state)
+            event(
+                log,
+                f"{corr.late_commands} late command(s) (time below lower {desc.lower}, arrived after "
+                "their time's batch) are applied at lower",
+                level=logging.WARNING,
+                **state,
+            )
     won, now_b = store.mark_staged(
-        batch_id, stage_id=stage_id, replaces=replaces, manifest=manifest, rows_ok=rows_ok, rows_err=rows_err,
-        read_version=read_version, drift_rows=drift, source_offset=corr.source_offset,
+        batch_id,
+        stage_id=stage_id,
+        replaces=replaces,
+        manifest=manifest,
+        rows_ok=rows_ok,
+        rows_err=rows_err,
+        read_version=read_version,
+        drift_rows=drift,
+        source_offset=corr.source_offset,
         late_commands=corr.late_commands,
     )
     if not won:
@@ -254,7 +312,15 @@ def run_write(spark: SparkSession, store: MetadataStore, cfg: SinkConfig, batch_
         storage.delete_path(spark, storage.staging_path(cfg, batch_id, replaces))
     failpoint("write.after_staged")
     msg = event(
-        log, "staged batch", stage=stage_id, rows_ok=rows_ok, rows_err=rows_err, drift_rows=drift,
-        read_version=read_version, partitions=cfg.partitions, **feed, **state,
+        log,
+        "staged batch",
+        stage=stage_id,
+        rows_ok=rows_ok,
+        rows_err=rows_err,
+        drift_rows=drift,
+        read_version=read_version,
+        partitions=cfg.partitions,
+        **feed,
+        **state,
     )
     return WriteResult("staged", msg, rows_ok, rows_err, drift, parts, batch_id)

@@ -73,8 +73,12 @@ class Batch(Base):
     __table_args__ = (
         # At most one committed batch per (shard, lower), enforced by the database.
         Index(
-            "uq_reconcile_batches_committed_lower", "shard", "lower", unique=True,
-            sqlite_where=text("state = 'committed'"), postgresql_where=text("state = 'committed'"),
+            "uq_reconcile_batches_committed_lower",
+            "shard",
+            "lower",
+            unique=True,
+            sqlite_where=text("state = 'committed'"),
+            postgresql_where=text("state = 'committed'"),
         ),
         Index("ix_reconcile_batches_run", "shard", "run_id"),
     )

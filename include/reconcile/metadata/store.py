@@ -17,22 +17,22 @@ from __future__ import annotations
 import json
 import logging
 import uuid
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from functools import lru_cache
-from datetime import datetime, timezone
 from pathlib import Path
-from typing import Iterator
 
 from sqlalchemy import create_engine, event, inspect, select, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.engine import Engine
-from sqlalchemy.exc import IntegrityError, OperationalError, InterfaceError
+from sqlalchemy.exc import IntegrityError, InterfaceError, OperationalError
 from sqlalchemy.orm import Session
 
-from ..failpoints import failpoint
 from ..errors import BatchNotFound, InconsistentState, MetadataUnavailable, ShardNotFound, UpperMismatch
+from ..failpoints import failpoint
 from .models import COMMITTED, MINTED, OPEN_STATES, STAGED, SUPERSEDED, Batch, Shard
 
 log = logging.getLogger("reconcile.metadata")
@@ -45,11 +45,13 @@ def head() -> str:
     """The newest migration, as Alembic's own script directory says (read once per process)."""
     from alembic.script import ScriptDirectory
 
-    return ScriptDirectory(str(MIGRATIONS)).get_current_head()
+    rev = ScriptDirectory(str(MIGRATIONS)).get_current_head()
+    assert rev is not None, f"no migrations under {MIGRATIONS}"
+    return rev
 
 
 def now() -> datetime:
-    return datetime.now(timezone.utc)
+    return datetime.now(UTC)
 
 
 @dataclass(frozen=True)
@@ -67,7 +69,7 @@ class BatchDescription:
         assert self.lower < self.upper, f"invalid batch description {self}: lower >= upper"
 
     @classmethod
-    def of(cls, b: Batch) -> "BatchDescription":
+    def of(cls, b: Batch) -> BatchDescription:
         return cls(b.shard, b.batch_id, b.lower, b.upper, b.run_id, b.attempt)
 
 
@@ -202,14 +204,21 @@ class MetadataStore:
         with self.tx() as s:
             t = now()
             values = dict(
-                name=name, upper=0, since=0, as_of=as_of, last_minted_lower=None,
-                read_only=read_only, delta_version=-1, created_at=t, updated_at=t,
+                name=name,
+                upper=0,
+                since=0,
+                as_of=as_of,
+                last_minted_lower=None,
+                read_only=read_only,
+                delta_version=-1,
+                created_at=t,
+                updated_at=t,
             )
             dialect = self.engine.dialect.name
             if dialect in ("postgresql", "sqlite"):
                 insert = pg_insert if dialect == "postgresql" else sqlite_insert
                 res = s.execute(insert(Shard).values(**values).on_conflict_do_nothing(index_elements=["name"]))
-                if res.rowcount == 1:
+                if res.rowcount == 1:  # type: ignore[attr-defined]  # a CursorResult
                     log.info("created shard row", extra={"sink": name, "as_of": as_of})
             elif self._lock(s, name) is None:
                 s.add(Shard(**values))
@@ -233,10 +242,9 @@ class MetadataStore:
         assert new >= expected
         with self.tx() as s:
             res = s.execute(
-                update(Shard).where(Shard.name == name, Shard.upper == expected)
-                .values(upper=new, updated_at=now())
+                update(Shard).where(Shard.name == name, Shard.upper == expected).values(upper=new, updated_at=now())
             )
-            if res.rowcount != 1:
+            if res.rowcount != 1:  # type: ignore[attr-defined]  # a CursorResult
                 current = s.scalar(select(Shard.upper).where(Shard.name == name))
                 raise UpperMismatch(name, expected, current)
 
@@ -271,8 +279,14 @@ class MetadataStore:
     # -- mint ---------------------------------------------------------------------------------
 
     def mint(
-        self, name: str, as_of: int, run_id: str, attempt: int, desired_frontier: int,
-        *, read_only: bool = False,
+        self,
+        name: str,
+        as_of: int,
+        run_id: str,
+        attempt: int,
+        desired_frontier: int,
+        *,
+        read_only: bool = False,
     ) -> tuple[BatchDescription | None, str]:
         """Mint ``(lower, upper)`` for a run, or return (None, why nothing was minted)."""
         self.ensure_shard(name, as_of)
@@ -291,7 +305,9 @@ class MetadataStore:
                 )
             mine = s.scalars(
                 select(Batch).where(
-                    Batch.shard == name, Batch.run_id == run_id, Batch.lower == lower,
+                    Batch.shard == name,
+                    Batch.run_id == run_id,
+                    Batch.lower == lower,
                     Batch.state.in_(OPEN_STATES),
                 )
             ).first()
@@ -303,17 +319,22 @@ class MetadataStore:
             batch_id = f"{lower}-{uuid.uuid4().hex[:16]}"
             t = now()
             older = s.scalars(
-                select(Batch).where(
-                    Batch.shard == name, Batch.state.in_(OPEN_STATES), Batch.lower <= lower
-                )
+                select(Batch).where(Batch.shard == name, Batch.state.in_(OPEN_STATES), Batch.lower <= lower)
             ).all()
             for b in older:
                 b.state = SUPERSEDED
                 b.message = f"superseded by batch {batch_id} of run {run_id}"
                 b.updated_at = t
             batch = Batch(
-                batch_id=batch_id, shard=name, lower=lower, upper=desired_frontier, state=MINTED,
-                run_id=run_id, attempt=attempt, created_at=t, updated_at=t,
+                batch_id=batch_id,
+                shard=name,
+                lower=lower,
+                upper=desired_frontier,
+                state=MINTED,
+                run_id=run_id,
+                attempt=attempt,
+                created_at=t,
+                updated_at=t,
             )
             s.add(batch)
             shard.last_minted_lower = lower
@@ -336,7 +357,8 @@ class MetadataStore:
         """The newest description minted by a run (whatever its state)."""
         with self.read() as s:
             return s.scalars(
-                select(Batch).where(Batch.shard == name, Batch.run_id == run_id)
+                select(Batch)
+                .where(Batch.shard == name, Batch.run_id == run_id)
                 .order_by(Batch.created_at.desc(), Batch.lower.desc())
             ).first()
 
@@ -351,10 +373,14 @@ class MetadataStore:
         """The newest description of the same lower minted after ``b`` (whatever its state)."""
         with self.read() as s:
             return s.scalars(
-                select(Batch).where(
-                    Batch.shard == b.shard, Batch.lower == b.lower, Batch.batch_id != b.batch_id,
+                select(Batch)
+                .where(
+                    Batch.shard == b.shard,
+                    Batch.lower == b.lower,
+                    Batch.batch_id != b.batch_id,
                     Batch.created_at >= b.created_at,
-                ).order_by(Batch.created_at.desc())
+                )
+                .order_by(Batch.created_at.desc())
             ).first()
 
     def committed_batch(self, name: str, lower: int) -> Batch | None:
@@ -364,8 +390,17 @@ class MetadataStore:
             ).first()
 
     def mark_staged(
-        self, batch_id: str, *, stage_id: str, replaces: str | None, manifest: dict, rows_ok: int,
-        rows_err: int, read_version: int, drift_rows: int | None, source_offset: int | None = None,
+        self,
+        batch_id: str,
+        *,
+        stage_id: str,
+        replaces: str | None,
+        manifest: dict,
+        rows_ok: int,
+        rows_err: int,
+        read_version: int,
+        drift_rows: int | None,
+        source_offset: int | None = None,
         late_commands: int | None = None,
     ) -> tuple[bool, Batch]:
         """Record write attempt ``stage_id``'s files as the batch: a compare-and-set that holds
@@ -394,7 +429,8 @@ class MetadataStore:
         """Record a batch's last failure and whether retrying can help (``FINAL``/``RETRYABLE``)."""
         with self.tx() as s:
             s.execute(
-                update(Batch).where(Batch.batch_id == batch_id)
+                update(Batch)
+                .where(Batch.batch_id == batch_id)
                 .values(message=message[:4000], failure_kind=kind, updated_at=now())
             )
 
@@ -432,8 +468,14 @@ class MetadataStore:
             b = s.get(Batch, rec.batch_id)
             if b is None:  # the ledger row was lost; the Delta log is the truth
                 b = Batch(
-                    batch_id=rec.batch_id, shard=name, lower=rec.lower, upper=rec.upper,
-                    run_id=rec.run_id, attempt=1, created_at=t, state=COMMITTED,
+                    batch_id=rec.batch_id,
+                    shard=name,
+                    lower=rec.lower,
+                    upper=rec.upper,
+                    run_id=rec.run_id,
+                    attempt=1,
+                    created_at=t,
+                    state=COMMITTED,
                 )
                 s.add(b)
             b.state = COMMITTED
@@ -454,7 +496,9 @@ class MetadataStore:
                 ) from exc
             for other in s.scalars(
                 select(Batch).where(
-                    Batch.shard == name, Batch.state.in_(OPEN_STATES), Batch.lower < shard.upper,
+                    Batch.shard == name,
+                    Batch.state.in_(OPEN_STATES),
+                    Batch.lower < shard.upper,
                     Batch.batch_id != rec.batch_id,
                 )
             ):

@@ -3,6 +3,7 @@
 Revision ID: 0001
 Revises:
 """
+
 import sqlalchemy as sa
 from alembic import op
 
@@ -49,8 +50,11 @@ def upgrade() -> None:
     op.create_index("ix_reconcile_batches_shard", "reconcile_batches", ["shard"])
     op.create_index("ix_reconcile_batches_run", "reconcile_batches", ["shard", "run_id"])
     op.create_index(
-        "uq_reconcile_batches_committed_lower", "reconcile_batches", ["shard", "lower"],
-        unique=True, sqlite_where=sa.text("state = 'committed'"),
+        "uq_reconcile_batches_committed_lower",
+        "reconcile_batches",
+        ["shard", "lower"],
+        unique=True,
+        sqlite_where=sa.text("state = 'committed'"),
         postgresql_where=sa.text("state = 'committed'"),
     )
 

@@ -7,6 +7,7 @@ applies commands with a time below its lower only if their offset is above it: l
 Revision ID: 0002
 Revises: 0001
 """
+
 import sqlalchemy as sa
 from alembic import op
 

@@ -9,6 +9,7 @@ failure can be fixed by retrying; before it, a ``final: `` prefix of ``message``
 Revision ID: 0003
 Revises: 0002
 """
+
 import sqlalchemy as sa
 from alembic import op
 
