@@ -241,26 +241,19 @@ def upper_of(batch: int) -> int:
 
 def sink_batch(spark: SparkSession, store, cfg, batch: int) -> dict:
     """One batch of the sink (interval ``batch``): mint, write, append, each timed."""
-    from reconcile import append, mint, write
+    from reconcile.pipeline import run_batch
 
-    t0 = time.perf_counter()
-    m = mint.run_mint(store, cfg, f"b{batch}", 1, upper_of(batch))
-    if m.description is None:
-        raise RuntimeError(f"{cfg.name}: nothing minted: {m.message}")
-    t1 = time.perf_counter()
-    w = write.run_write(spark, store, cfg, m.description.batch_id)
-    if w.outcome != "staged":
-        raise RuntimeError(f"{cfg.name}: write {w.outcome}: {w.message}")
-    t2 = time.perf_counter()
-    a = append.run_append(spark, store, cfg, w.batch_id)
-    if a.outcome != "committed":
-        raise RuntimeError(f"{cfg.name}: append {a.outcome}: {a.message}")
-    t3 = time.perf_counter()
+    r = run_batch(spark, store, cfg, f"b{batch}", upper_of(batch))
+    w, a = r.write, r.append
+    if w is None:
+        raise RuntimeError(f"{cfg.name}: nothing minted: {r.mint.message}")
+    if w.outcome != "staged" or a is None or a.outcome != "committed":
+        raise RuntimeError(f"{cfg.name}: {r.message}")
     return {
-        "mint_s": t1 - t0,
-        "write_s": t2 - t1,
-        "append_s": t3 - t2,
-        "sink_s": t3 - t0,
+        "mint_s": r.seconds["mint"],
+        "write_s": r.seconds["write"],
+        "append_s": r.seconds["append"],
+        "sink_s": sum(r.seconds.values()),
         "updates": w.rows_ok + w.rows_err,
     }
 

@@ -94,10 +94,10 @@ def main(argv: list[str] | None = None) -> int:
     import os
 
     os.environ["RECONCILE_WAREHOUSE"] = str(root / "warehouse")
-    from reconcile import append, mint, write
     from reconcile import shard as storage
     from reconcile.config import load_file
     from reconcile.metadata.store import MetadataStore
+    from reconcile.pipeline import run_batch
     from reconcile.spark import get_session
 
     t0 = time.perf_counter()
@@ -144,9 +144,8 @@ def main(argv: list[str] | None = None) -> int:
             commands(spark, args.keys, b, n, args.seed).write.mode("append").parquet(feed)
             lower, upper = AS_OF + b * WIDTH, AS_OF + (b + 1) * WIDTH
             t = time.perf_counter()
-            m = mint.run_mint(store, cfg, f"b{b}", 1, upper)
-            w = write.run_write(spark, store, cfg, m.description.batch_id)
-            append.run_append(spark, store, cfg, w.batch_id or m.description.batch_id)
+            w = run_batch(spark, store, cfg, f"b{b}", upper).write
+            assert w is not None
             sink_s = time.perf_counter() - t
             t = time.perf_counter()
             merge_batch(spark, target, feed, lower, upper)

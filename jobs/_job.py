@@ -8,17 +8,19 @@ import sys
 from collections.abc import Callable
 
 
-def main(stage: str, fn: Callable[[str, str], str]) -> None:
+def main(stage: str, fn: Callable[[str, str, str | None], str]) -> None:
     parser = argparse.ArgumentParser(description=f"reconcile sink: {stage} stage of one DAG run")
     parser.add_argument("--sink", required=True, help="sink name (its config file in RECONCILE_SINKS_DIR)")
     parser.add_argument("--run-id", required=True, help="the Airflow run id that minted the batch")
+    parser.add_argument("--batch-id", default=None, help="the batch the run's mint minted (default: its newest)")
     args = parser.parse_args()
+    batch_id = None if args.batch_id in (None, "", "None") else args.batch_id
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stdout)
 
     from reconcile.errors import Retryable, SinkError
 
     try:
-        message = fn(args.sink, args.run_id)
+        message = fn(args.sink, args.run_id, batch_id)
     except SinkError as exc:
         kind = "RETRYABLE" if isinstance(exc, Retryable) else "FAILED"
         print(f"RECONCILE {stage} {kind}: {exc}", file=sys.stderr, flush=True)

@@ -40,7 +40,7 @@ from pathlib import Path
 
 import yaml
 
-from reconcile import append, check, compact, failpoints, mint, write
+from reconcile import append, check, compact, failpoints, pipeline
 from reconcile import shard as storage
 from reconcile.config import SinkConfig, load_file
 from reconcile.errors import SinkError
@@ -105,6 +105,7 @@ class Schedule:
         self.cfg: SinkConfig = load_file(self.dir / f"{name}.yaml")
         self.rows: list[dict] = []
         self.source_of: dict[str, Counter] = {}  # batch id -> model of the source it was written from
+        self.stages_seen: set[str] = set()
         self.frontier = 1000
         self.run_no = 0
         self.past_runs: list[tuple[str, int]] = []
@@ -135,20 +136,23 @@ class Schedule:
         if crash:
             failpoints.arm(crash, "raise@1")
         try:
-            m = mint.run_mint(self.store, self.cfg, run_id, attempt, frontier)
-            if m.description is None:
-                return
-            w = write.run_write(self.spark, self.store, self.cfg, m.description.batch_id)
-            if w.batch_id:
-                with self.lock:
-                    self.source_of[w.batch_id] = snapshot
-            batch = self.store.run_batch(self.cfg.name, run_id)
-            append.run_append(self.spark, self.store, self.cfg, batch.batch_id)
+            pipeline.run_batch(self.spark, self.store, self.cfg, run_id, frontier, attempt=attempt)
         except SinkError as exc:  # expected: crashes, lost races, superseded descriptions
             log.info("%s run %s ended with %s", self.tag, run_id, type(exc).__name__)
         finally:
             if crash:
                 failpoints.disarm_all()
+            self.note_staged(run_id, snapshot)
+
+    def note_staged(self, run_id: str, snapshot: Counter) -> None:
+        """The model of each batch this run staged: the source the winning write attempt read.
+        A staging attempt not seen before was made by this call (or by a zombie thread of the
+        same step, which read the same source); one seen before keeps the source it had."""
+        with self.lock:
+            for b in self.store.batches(self.cfg.name):
+                if b.run_id == run_id and b.stage_id and b.stage_id not in self.stages_seen:
+                    self.stages_seen.add(b.stage_id)
+                    self.source_of[b.batch_id] = snapshot
 
     def next_run(self) -> tuple[str, int]:
         self.run_no += 1

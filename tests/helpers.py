@@ -13,7 +13,7 @@ from pathlib import Path
 
 import yaml
 
-from reconcile import append, mint, write
+from reconcile import pipeline
 from reconcile.config import SinkConfig, load_file
 
 
@@ -61,13 +61,9 @@ def write_json_rows(directory: Path, rows: Iterable[dict], schema_hint: dict | N
 
 
 def run_batch(spark, store, cfg: SinkConfig, run_id: str, frontier: int, *, attempt: int = 1):
-    """mint -> write -> append for one run; returns (mint, write, append) results."""
-    m = mint.run_mint(store, cfg, run_id, attempt, frontier)
-    if m.description is None:
-        return m, None, None
-    w = write.run_write(spark, store, cfg, m.description.batch_id)
-    a = append.run_append(spark, store, cfg, w.batch_id or m.description.batch_id)
-    return m, w, a
+    """:func:`reconcile.pipeline.run_batch` for one run; returns its (mint, write, append) results."""
+    r = pipeline.run_batch(spark, store, cfg, run_id, frontier, attempt=attempt)
+    return r.mint, r.write, r.append
 
 
 def shard_as_of(spark, cfg: SinkConfig, t: int) -> Counter:

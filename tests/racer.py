@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import sys
 
-from reconcile import append, mint, settings, write
+from reconcile import settings
 from reconcile.config import load_sink
 from reconcile.errors import SinkError
 from reconcile.metadata.store import MetadataStore
+from reconcile.pipeline import run_batch
 from reconcile.spark import get_session
 
 
@@ -25,19 +26,17 @@ def main(sink: str, attempt: int, runs: list[str]) -> int:
     spark = get_session(f"racer-{attempt}", {"spark.sql.shuffle.partitions": "2"})
     for spec in runs:
         run_id, frontier = spec.split(":")
-        stage = "mint"
+        written = []
         try:
-            m = mint.run_mint(store, cfg, run_id, attempt, int(frontier))
-            if m.description is None:
-                print(f"RESULT {run_id} mint nothing: {m.message}", flush=True)
+            r = run_batch(spark, store, cfg, run_id, int(frontier), attempt=attempt, on_written=written.append)
+            if r.write is None:
+                print(f"RESULT {run_id} mint nothing: {r.mint.message}", flush=True)
                 continue
-            stage = "write"
-            w = write.run_write(spark, store, cfg, m.description.batch_id)
-            print(f"RESULT {run_id} write {w.outcome}: {w.message}", flush=True)
-            stage = "append"
-            a = append.run_append(spark, store, cfg, w.batch_id or m.description.batch_id)
-            print(f"RESULT {run_id} append {a.outcome}: {a.message}", flush=True)
+            print(f"RESULT {run_id} write {r.write.outcome}: {r.write.message}", flush=True)
+            if r.append is not None:
+                print(f"RESULT {run_id} append {r.append.outcome}: {r.append.message}", flush=True)
         except SinkError as exc:
+            stage = "append" if written else "write"
             print(f"RESULT {run_id} {stage} {type(exc).__name__}: {exc}", flush=True)
     store.dispose()
     return 0

@@ -205,8 +205,9 @@ def test_03_missing_source_path_is_a_source_error(spark, warehouse, tmp_path, sq
     # through the task entry point: the failure is recorded as final, with the same line
     monkeypatch.setenv("RECONCILE_SINKS_DIR", str(tmp_path))
     with pytest.raises(SourceError) as again:
-        tasks.stage_for_run("nosource", "run-1", spark)
+        tasks.stage_for_run("nosource", "run-1", spark=spark)
     assert tasks.failure_verdict("nosource", "run-1") == (True, str(again.value))
+    assert tasks.failure_verdict("nosource", "run-1", desc.batch_id) == (True, str(again.value))
     assert_nothing_committed(spark, store, cfg, before, unstaged=desc.batch_id)
 
 

@@ -252,7 +252,7 @@ def test_a_zombie_write_that_loses_the_manifest_deletes_its_own_files(spark, war
     retry = write.run_write(spark, store, cfg, desc.batch_id)  # the retry (a second attempt)
     assert retry.outcome == "staged", retry.message
     zombie = join()
-    assert zombie.outcome == "staged", zombie.message
+    assert zombie.outcome == "already_staged", zombie.message
     assert "another attempt" in zombie.message and "recorded its staged files first" in zombie.message
     assert "clear" not in zombie.message
     b = store.get_batch(desc.batch_id)

@@ -4,7 +4,9 @@ Built at DAG-parse time from the YAML files only: no Spark, no database, no netw
 
 - ``mint`` (Python, metadata only) describes the run's batch ``(lower, upper)``; when there is
   nothing to do (interval covered, read-only) it is *skipped* with the reason, and so are the
-  Spark tasks: the run succeeds.
+  Spark tasks: the run succeeds. The batch id goes forward by XCom: ``write`` and ``append``
+  work on exactly that batch (only mint mints). A batch outdated by another writer before it
+  is written, or covered by a newer description, ends the run's remaining tasks as skipped.
 - ``write`` and ``append`` are spark-submit jobs (jobs/write_correction.py,
   jobs/append_batch.py) on the ``spark_default`` connection (``local[*]`` on the embedded
   default, a Spark master in production).
@@ -29,6 +31,8 @@ from airflow.sdk import DAG, Param, task
 from .config import SinkConfig, load_dir
 from .spark import submit_conf
 
+# The batch the run's mint minted, handed forward: the batch written and appended is that one.
+BATCH_ID = "{{ (ti.xcom_pull(task_ids='mint') or {}).get('batch_id') }}"
 JOBS = Path(os.environ.get("RECONCILE_JOBS_DIR", Path(__file__).resolve().parents[2] / "jobs"))
 
 
@@ -40,7 +44,7 @@ class ReconcileSparkSubmitOperator(SparkSubmitOperator):
         script = {"write": "write_correction.py", "append": "append_batch.py", "compact": "compact_shard.py"}[stage]
         super().__init__(
             application=str(JOBS / script),
-            application_args=["--sink", sink, "--run-id", "{{ run_id }}"],
+            application_args=["--sink", sink, "--run-id", "{{ run_id }}", "--batch-id", BATCH_ID],
             conf=submit_conf(),
             name=f"reconcile-{sink}-{stage}",
             conn_id=os.environ.get("RECONCILE_SPARK_CONN_ID", "spark_default"),
@@ -50,17 +54,23 @@ class ReconcileSparkSubmitOperator(SparkSubmitOperator):
         self.stage = stage
 
     def execute(self, context):
-        try:
-            return super().execute(context)
-        except AirflowException as exc:
-            from .tasks import failure_verdict
+        from .tasks import failure_verdict, nothing_left
 
-            final, message = failure_verdict(self.sink, context["run_id"])
+        batch_id = (context["ti"].xcom_pull(task_ids="mint") or {}).get("batch_id")
+        try:
+            result = super().execute(context)
+        except AirflowException as exc:
+            final, message = failure_verdict(self.sink, context["run_id"], batch_id)
             if final:
                 raise AirflowFailException(f"{self.stage} failed (not retried): {message}") from exc
             if message:
                 raise AirflowException(f"{self.stage} failed: {message}") from exc
             raise
+        if self.stage != "compact":
+            why = nothing_left(self.sink, context["run_id"], batch_id)
+            if why is not None:  # outdated or covered: the rest of the run has nothing to do
+                raise AirflowSkipException(f"{self.stage}: nothing to do: {why}")
+        return result
 
 
 def _doc(cfg: SinkConfig) -> str:

@@ -182,30 +182,31 @@ def cmd_dry_run(args) -> int:
 
 def cmd_run(args) -> int:
     """One batch without Airflow: mint, write and append in this process."""
-    from . import append, mint, write
     from .config import load_sink
     from .errors import DescriptionOutdated
+    from .pipeline import run_batch
     from .spark import get_session
 
     cfg = load_sink(args.sink)
     store = _store()
     frontier = args.frontier or int(datetime.now(UTC).timestamp() * 1000)
     run_id = args.run_id or f"cli__{frontier}"
-    m = mint.run_mint(store, cfg, run_id, 1, frontier)
-    print(f"mint: {m.message}")
-    if m.description is None:
-        return 0
-    spark = get_session(f"reconcile-run-{cfg.name}")
-    w = write.run_write(spark, store, cfg, m.description.batch_id)
-    print(f"write: {w.message}")
-    batch = store.run_batch(cfg.name, run_id)
     try:
-        a = append.run_append(spark, store, cfg, batch.batch_id)
+        r = run_batch(
+            get_session(f"reconcile-run-{cfg.name}"),
+            store,
+            cfg,
+            run_id,
+            frontier,
+            on_written=lambda w: print(f"write: {w.message}", flush=True),
+        )
     except DescriptionOutdated as exc:
         print(f"append: {exc}")
         return 3
-    print(f"append: {a.message}")
-    return 0
+    print(f"mint: {r.mint.message}")
+    if r.append is not None:
+        print(f"append: {r.append.message}")
+    return 3 if r.write is not None and r.write.outcome == "outdated" else 0
 
 
 def cmd_check(args) -> int:

@@ -18,7 +18,7 @@ from datetime import datetime
 from . import settings
 from .config import SinkConfig, load_sink
 from .errors import Retryable, SinkError
-from .metadata.models import FINAL, RETRYABLE, Batch
+from .metadata.models import FINAL, RETRYABLE, SUPERSEDED, Batch
 from .metadata.store import MetadataStore
 from .mint import MintResult, desired_frontier, run_mint
 
@@ -53,14 +53,16 @@ def mint_for_run(
         return run_mint(store, cfg, run_id, attempt, desired_frontier(data_interval_end, start), read_only=read_only)
 
 
-def _run_stage(stage: str, sink: str, run_id: str, spark=None) -> str:
+def _run_stage(stage: str, sink: str, run_id: str, batch_id: str | None = None, spark=None) -> str:
+    """Run ``stage`` on the batch the run's mint minted (``batch_id``, handed forward by the DAG;
+    without it, the run's newest batch)."""
     from . import append, write
     from .spark import get_session
 
     with sink_and_store(sink) as (cfg, store):
         batch: Batch | None = None
         try:
-            batch = store.run_batch(cfg.name, run_id)
+            batch = store.get_batch(batch_id, cfg.name) if batch_id else store.run_batch(cfg.name, run_id)
             if batch is None:
                 return f"run {run_id} minted no batch for sink {sink!r}: nothing to {stage}"
             spark = spark or get_session(f"reconcile-{sink}-{stage}")
@@ -73,12 +75,22 @@ def _run_stage(stage: str, sink: str, run_id: str, spark=None) -> str:
             raise
 
 
-def stage_for_run(sink: str, run_id: str, spark=None) -> str:
-    return _run_stage("write", sink, run_id, spark)
+def stage_for_run(sink: str, run_id: str, batch_id: str | None = None, spark=None) -> str:
+    return _run_stage("write", sink, run_id, batch_id, spark)
 
 
-def commit_for_run(sink: str, run_id: str, spark=None) -> str:
-    return _run_stage("append", sink, run_id, spark)
+def commit_for_run(sink: str, run_id: str, batch_id: str | None = None, spark=None) -> str:
+    return _run_stage("append", sink, run_id, batch_id, spark)
+
+
+def nothing_left(sink: str, run_id: str, batch_id: str | None) -> str | None:
+    """Why the run's remaining tasks have nothing to do (its batch was superseded: outdated by
+    another writer, or covered by a newer description), or None."""
+    with sink_and_store(sink) as (cfg, store):
+        batch = store.get_batch(batch_id, cfg.name) if batch_id else store.run_batch(cfg.name, run_id)
+        if batch is None or batch.state != SUPERSEDED:
+            return None
+        return f"batch {batch.batch_id} [{batch.lower}, {batch.upper}) is {batch.state}: {batch.message}"
 
 
 def compaction_check(sink: str) -> tuple[bool, str]:
@@ -89,7 +101,7 @@ def compaction_check(sink: str) -> tuple[bool, str]:
         return due(store, cfg)
 
 
-def compact_for_run(sink: str, run_id: str, spark=None) -> str:
+def compact_for_run(sink: str, run_id: str, batch_id: str | None = None, spark=None) -> str:
     """The DAG's ``compact`` job: advance since and consolidate the history before it."""
     from .compact import run_compact
     from .spark import get_session
@@ -110,14 +122,14 @@ def note_failure(store: MetadataStore, batch_id: str, exc: SinkError) -> None:
         log.warning("could not record the %s failure in the ledger: %s", kind, exc)
 
 
-def failure_verdict(sink: str, run_id: str) -> tuple[bool, str | None]:
+def failure_verdict(sink: str, run_id: str, batch_id: str | None = None) -> tuple[bool, str | None]:
     """(final?, message) of the run's batch after a failed task."""
     try:
         store = open_store()
     except SinkError as exc:
         return False, str(exc)
     try:
-        batch = store.run_batch(sink, run_id)
+        batch = store.get_batch(batch_id, sink) if batch_id else store.run_batch(sink, run_id)
         if batch is None or not batch.message:
             return False, None
         return batch.failure_kind == FINAL, batch.message

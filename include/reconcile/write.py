@@ -5,7 +5,8 @@
 1. Load the description from the ledger; a description that is no longer open (superseded by
    a newer mint, or already committed) is skipped, and says so.
 2. Roll the metadata forward to the Delta log (:func:`reconcile.append.sync`): if the shard's
-   upper has passed the description's ``lower``, the description is outdated and is marked so.
+   upper has passed the description's ``lower``, the description is outdated and is marked so;
+   the write ends there (only mint mints: the next run, or a rerun of this one, mints anew).
 3. Pin the Delta version to read (``read_version``), read persist as of it and the desired
    collection, compute ``correction(desired, persist, lower, upper)`` (a pure function) hash-
    partitioned into P partitions, and stage it as Parquet under a directory of this attempt's
@@ -51,13 +52,15 @@ log = logging.getLogger("reconcile.write")
 
 @dataclass
 class WriteResult:
-    outcome: str  # staged (by this attempt or another) | skipped | outdated
+    # staged (this attempt's files are the batch) | already_staged (another attempt's are) |
+    # skipped (committed, or not open) | outdated (superseded: nothing to append)
+    outcome: str
     message: str
     rows_ok: int = 0
     rows_err: int = 0
     drift_rows: int | None = 0  # None: not measurable (the foreign versions were vacuumed)
     partitions: dict | None = None
-    batch_id: str | None = None  # the staged batch (a re-mint stages a new one for the run)
+    batch_id: str | None = None
 
 
 def foreign_runs(entries: list[tuple[int, dict | None]], up_to: int) -> list[tuple[int, int]]:
@@ -160,7 +163,7 @@ def _stage_state(spark: SparkSession, cfg: SinkConfig, b) -> str | None:
 def _lost(b, stage_id: str) -> tuple[str, str]:
     """(outcome, message) for a write attempt whose manifest lost to the batch's state ``b``."""
     if b.state == STAGED:
-        return "staged", (
+        return "already_staged", (
             f"another attempt ({b.stage_id}) of this batch recorded its staged files first; deleted "
             f"this attempt's ({stage_id}); the append commits {b.stage_id}'s"
         )
@@ -201,17 +204,22 @@ def run_write(spark: SparkSession, store: MetadataStore, cfg: SinkConfig, batch_
                 **state,
             )
             return WriteResult("skipped", msg, batch_id=batch_id)
-        store.mark_superseded(batch_id, f"outdated before write: shard upper is {shard.upper}")
-        if desc.upper <= shard.upper or desc.run_id is None:
-            msg = event(log, "skipping write: the shard already covers this batch", shard_upper=shard.upper, **state)
-            return WriteResult("outdated", msg)
-        # The shard moved (another writer, or a crash that was just rolled forward): re-mint
-        # for this run from the new upper, as a retried mint would (DESIGN section 2).
-        fresh, why = store.mint(cfg.name, cfg.as_of, desc.run_id, desc.attempt, desc.upper)
-        event(log, f"re-minted: the shard's upper passed this batch's lower; {why}", shard_upper=shard.upper, **state)
-        if fresh is None:
-            return WriteResult("outdated", why)
-        return run_write(spark, store, cfg, fresh.batch_id)
+        store.mark_superseded(
+            batch_id, f"outdated before write: another writer moved the shard's upper to {shard.upper}"
+        )
+        rest = (
+            "the shard already covers this batch's interval"
+            if desc.upper <= shard.upper
+            else f"[{shard.upper}, {desc.upper}) is appended by the next run, or by clearing this whole run "
+            f"(its mint starts from {shard.upper})"
+        )
+        msg = event(
+            log,
+            f"not writing: the batch is outdated, another writer moved the shard's upper to {shard.upper}; {rest}",
+            shard_upper=shard.upper,
+            **state,
+        )
+        return WriteResult("outdated", msg)
 
     # Each attempt stages under a directory of its own; recording the manifest is a compare-
     # and-set on the attempt the batch names now (None, or a damaged attempt this one replaces).
@@ -226,7 +234,7 @@ def run_write(spark: SparkSession, store: MetadataStore, cfg: SinkConfig, batch_
                 f"({b.rows_ok} ok, {b.rows_err} error rows); the append commits it",
                 **state,
             )
-            return WriteResult("staged", msg, b.rows_ok or 0, b.rows_err or 0, b.drift_rows, batch_id=batch_id)
+            return WriteResult("already_staged", msg, b.rows_ok or 0, b.rows_err or 0, b.drift_rows, batch_id=batch_id)
         replaces = b.stage_id
         event(
             log,
