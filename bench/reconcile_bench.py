@@ -241,7 +241,7 @@ def upper_of(batch: int) -> int:
 
 def sink_batch(spark: SparkSession, store, cfg, batch: int) -> dict:
     """One batch of the sink (interval ``batch``): mint, write, append, each timed."""
-    from reconcile.pipeline import run_batch
+    from reconcile.sink.run import run_batch
 
     r = run_batch(spark, store, cfg, f"b{batch}", upper_of(batch))
     w, a = r.write, r.append
@@ -299,7 +299,7 @@ def timed(fn, *args) -> float:
 def sink_problems(spark: SparkSession, store, cfg, batch: int, references: dict[str, DataFrame]) -> list[str]:
     """What is wrong with the sink's content after ``batch`` (empty: nothing). It is read as of
     the batch's upper - 1, or as of since if compaction moved since there (history_hours: 0)."""
-    from reconcile import shard
+    from reconcile.storage import delta as shard
 
     t = max(upper_of(batch) - 1, store.get_shard(cfg.name).since)
     ok, errors = shard.read_as_of(spark, cfg, t)
@@ -322,7 +322,7 @@ def run_once(
     spark: SparkSession, store, work: Path, name: str, before: str, after: str, changes: int, partitions: int
 ) -> dict:
     """Set up fresh tables holding "before" (not timed), time a, b, c, d, check the contents."""
-    from reconcile.shard import table_path
+    from reconcile.storage.delta import table_path
 
     def delta_copy(label: str) -> str:
         path = str(work / label)
@@ -519,7 +519,7 @@ def nearest(batches: int, targets=(1, 50, 100, 200)) -> list[int]:
 
 
 def run_flat(spark: SparkSession, store, root: Path, args) -> dict:
-    from reconcile.compact import run_compact
+    from reconcile.sink.compact import run_compact
 
     modes = {"off": None, "on": {"history_hours": 0}}
     current = str(root / "desired_0")
@@ -642,8 +642,8 @@ def main(argv: list[str] | None = None) -> int:
 
     root = Path(tempfile.mkdtemp(prefix="bench-reconcile-"))
     os.environ["RECONCILE_WAREHOUSE"] = str(root / "warehouse")
-    from reconcile.metadata.store import MetadataStore
     from reconcile.spark import get_session
+    from reconcile.storage.ledger import MetadataStore
 
     t0 = time.perf_counter()
     spark = get_session("bench-reconcile", {"spark.sql.shuffle.partitions": str(args.partitions)})

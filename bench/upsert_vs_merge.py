@@ -94,11 +94,11 @@ def main(argv: list[str] | None = None) -> int:
     import os
 
     os.environ["RECONCILE_WAREHOUSE"] = str(root / "warehouse")
-    from reconcile import shard as storage
     from reconcile.config import load_file
-    from reconcile.metadata.store import MetadataStore
-    from reconcile.pipeline import run_batch
+    from reconcile.sink.run import run_batch
     from reconcile.spark import get_session
+    from reconcile.storage import delta as storage
+    from reconcile.storage.ledger import MetadataStore
 
     t0 = time.perf_counter()
     spark = get_session("bench-upsert", {"spark.sql.shuffle.partitions": str(args.partitions)})

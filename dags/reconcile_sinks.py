@@ -4,6 +4,6 @@ Each DAG is ``mint >> write >> append`` (see include/reconcile/airflow_dags.py).
 wires DAGs from the config files: nothing expensive runs at parse time.
 """
 
-from reconcile.airflow_dags import build_dags
+from reconcile.airflow.dags import build_dags
 
 globals().update(build_dags())

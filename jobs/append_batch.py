@@ -15,6 +15,6 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _job import main  # noqa: E402
 
 if __name__ == "__main__":
-    from reconcile.tasks import commit_for_run
+    from reconcile.airflow.tasks import commit_for_run
 
     main("append", commit_for_run)

@@ -13,7 +13,7 @@ app = FastAPI(title="Reconcile shards")
 
 @app.get("/", response_class=HTMLResponse)
 def overview() -> str:
-    from reconcile.ui import render_overview
+    from reconcile.airflow.ui import render_overview
 
     return render_overview()
 

@@ -40,13 +40,16 @@ from pathlib import Path
 
 import yaml
 
-from reconcile import append, check, compact, failpoints, pipeline
-from reconcile import shard as storage
+from reconcile import failpoints
 from reconcile.config import SinkConfig, load_file
 from reconcile.errors import SinkError
-from reconcile.metadata.models import COMMITTED
-from reconcile.metadata.store import MetadataStore
+from reconcile.model import COMMITTED
+from reconcile.sink import check, compact
+from reconcile.sink import run as pipeline
+from reconcile.sink.sync import sync
 from reconcile.spark import get_session
+from reconcile.storage import delta as storage
+from reconcile.storage.ledger import MetadataStore
 from tiny_spark import TINY_DATA_CONF
 
 log = logging.getLogger("reconcile.chaos")
@@ -275,7 +278,7 @@ class Schedule:
     def check(self, final: bool = False) -> list[str]:
         if not storage.exists(self.spark, self.cfg):
             return []
-        append.sync(self.spark, self.store, self.cfg)
+        sync(self.spark, self.store, self.cfg)
         problems = [v for v in check.violations(self.spark, self.store, self.cfg) if final or "staged files" not in v]
         committed = self.store.batches(self.cfg.name, (COMMITTED,))
         since = self.store.get_shard(self.cfg.name).since

@@ -134,7 +134,7 @@ def metadata_url(request, tmp_path):
 
 def _open_store(url, monkeypatch):
     """A MetadataStore on ``url``, also made the process's RECONCILE_METADATA_URL."""
-    from reconcile.metadata.store import MetadataStore
+    from reconcile.storage.ledger import MetadataStore
 
     monkeypatch.setenv("RECONCILE_METADATA_URL", url)
     s = MetadataStore(url)

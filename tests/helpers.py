@@ -13,8 +13,8 @@ from pathlib import Path
 
 import yaml
 
-from reconcile import pipeline
 from reconcile.config import SinkConfig, load_file
+from reconcile.sink import run as pipeline
 
 
 def make_sink(directory: Path, name: str, kind: str = "query", **fields) -> SinkConfig:
@@ -68,7 +68,7 @@ def run_batch(spark, store, cfg: SinkConfig, run_id: str, frontier: int, *, atte
 
 def shard_as_of(spark, cfg: SinkConfig, t: int) -> Counter:
     """The shard as of t as a multiset of (row..., error) tuples (read with plain Spark)."""
-    from reconcile import shard as storage
+    from reconcile.storage import delta as storage
 
     df = storage.read_updates(spark, cfg)
     out: Counter = Counter()
@@ -79,7 +79,7 @@ def shard_as_of(spark, cfg: SinkConfig, t: int) -> Counter:
 
 
 def update_log(spark, cfg: SinkConfig) -> list[tuple]:
-    from reconcile import shard as storage
+    from reconcile.storage import delta as storage
 
     return [tuple(r) for r in storage.read_updates(spark, cfg).collect()]
 

@@ -15,9 +15,9 @@ import sys
 from reconcile import settings
 from reconcile.config import load_sink
 from reconcile.errors import SinkError
-from reconcile.metadata.store import MetadataStore
-from reconcile.pipeline import run_batch
+from reconcile.sink.run import run_batch
 from reconcile.spark import get_session
+from reconcile.storage.ledger import MetadataStore
 
 
 def main(sink: str, attempt: int, runs: list[str]) -> int:

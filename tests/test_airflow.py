@@ -83,9 +83,9 @@ def test_dag_test_three_intervals_then_rerun_is_noop(airflow_db, spark, tmp_path
     from airflow.models.dagbag import DagBag
     from airflow.utils.state import DagRunState
 
-    from reconcile import shard as storage
     from reconcile.config import load_sink
-    from reconcile.metadata.store import MetadataStore
+    from reconcile.storage import delta as storage
+    from reconcile.storage.ledger import MetadataStore
 
     name = f"af_{tmp_path.name[-8:].replace('-', '_').lower()}"
     sinks, data = tmp_path / "sinks", tmp_path / "src"
@@ -144,7 +144,7 @@ def test_dag_test_runs_an_upsert_sink(airflow_db, spark, tmp_path, monkeypatch):
     from airflow.utils.state import DagRunState
 
     from reconcile.config import load_sink
-    from reconcile.metadata.store import MetadataStore
+    from reconcile.storage.ledger import MetadataStore
     from test_upsert import feed_rows, ok_rows
     from upsert_model import UpsertModel
 

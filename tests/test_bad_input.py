@@ -29,10 +29,9 @@ from sqlalchemy import update
 from sqlalchemy.exc import SQLAlchemyError
 
 from helpers import make_sink, run_batch, write_json_rows
-from reconcile import append, mint, tasks, write
-from reconcile import shard as storage
+from reconcile.airflow import tasks
 from reconcile.config import load_file
-from reconcile.correction import validate
+from reconcile.differential import validate
 from reconcile.errors import (
     BatchNotFound,
     ConfigError,
@@ -45,8 +44,12 @@ from reconcile.errors import (
     SourceError,
     StagedBatchInvalid,
 )
-from reconcile.metadata.models import COMMITTED, MINTED, STAGED, SUPERSEDED, Batch
-from reconcile.metadata.store import MetadataStore
+from reconcile.model import COMMITTED, MINTED, STAGED, SUPERSEDED
+from reconcile.sink import append, mint, write
+from reconcile.sink.sync import sync
+from reconcile.storage import delta as storage
+from reconcile.storage.ledger import MetadataStore
+from reconcile.storage.tables import Batch
 
 ROWS = [{"k": 1, "v": "a"}, {"k": 2, "v": "b"}, {"k": 3, "v": "c"}, {"k": 4, "v": "d"}]
 BAD_PG_URL = "postgresql+psycopg://nobody:secret@127.0.0.1:1/none"
@@ -474,7 +477,7 @@ def test_11_missing_shard_row(spark, warehouse, tmp_path, store, monkeypatch):
     text = assert_one_line(info.value, "ghost")
     assert "no shard row" in text and "'mint' task first" in text
     with pytest.raises(ShardNotFound) as info:
-        append.sync(spark, store, cfg)
+        sync(spark, store, cfg)
     assert_one_line(info.value, "ghost")
 
     # the Airflow tasks of a run that minted nothing say so, and touch nothing
@@ -694,7 +697,7 @@ def test_16_lower_behind_the_upper_is_never_committed(spark, warehouse, tmp_path
             spark, cfg, updates, {"batch_id": f"fake-{lower}", "lower": lower, "upper": 350, "run_id": "x"}
         )
         assert_nothing_committed(spark, store, cfg, before)
-    assert append.sync(spark, store, cfg).upper == 300
+    assert sync(spark, store, cfg).upper == 300
     assert (9, "zz", None) not in shard_rows(spark, cfg, 399)
 
 

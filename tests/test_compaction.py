@@ -13,9 +13,10 @@ from collections import Counter
 import pytest
 
 from helpers import make_sink, run_batch, shard_as_of, write_json_rows
-from reconcile import check, cli, compact, failpoints
-from reconcile import shard as storage
+from reconcile import cli, failpoints
 from reconcile.errors import FailPointHit, SinkError
+from reconcile.sink import check, compact
+from reconcile.storage import delta as storage
 from test_sink import AS_OF, CHANGELOG_NEW, as_of, changelog_model, committed_run, update_log
 
 

@@ -13,8 +13,8 @@ import pytest
 
 from helpers import make_sink, write_json_rows
 from reconcile.config import parse
-from reconcile.correction import as_of, correction, partition_of
-from reconcile.sources import read_desired
+from reconcile.differential import as_of, correction, partition_of
+from reconcile.kinds.sources import read_desired
 
 KV = [{"name": "k", "type": "bigint"}, {"name": "v", "type": "string"}]
 

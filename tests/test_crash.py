@@ -18,8 +18,9 @@ from pathlib import Path
 import pytest
 
 from helpers import make_sink, run_batch, shard_as_of, write_json_rows
-from reconcile import append, check, failpoints, mint, write
-from reconcile import shard as storage
+from reconcile import failpoints
+from reconcile.sink import append, check, mint, write
+from reconcile.storage import delta as storage
 
 ROOT = Path(__file__).resolve().parents[1]
 

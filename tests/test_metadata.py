@@ -16,8 +16,8 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from reconcile import errors
-from reconcile.metadata.models import COMMITTED, MINTED, OPEN_STATES, SUPERSEDED, Base, Batch, Shard
-from reconcile.metadata.store import (
+from reconcile.model import COMMITTED, MINTED, OPEN_STATES, SUPERSEDED
+from reconcile.storage.ledger import (
     CommitRecord,
     MetadataStore,
     current_revision,
@@ -26,6 +26,7 @@ from reconcile.metadata.store import (
     make_engine,
     upgrade,
 )
+from reconcile.storage.tables import Base, Batch, Shard
 
 TABLES = {"reconcile_shards", "reconcile_batches"}
 AS_OF = 100

@@ -15,8 +15,8 @@ from collections import Counter
 import pytest
 
 from helpers import make_sink, run_batch, shard_as_of, write_json_rows
-from reconcile import check
-from reconcile import shard as storage
+from reconcile.sink import check
+from reconcile.storage import delta as storage
 
 
 def _racers(cfg, frontiers: list[int], env: dict) -> list[subprocess.CompletedProcess]:
@@ -205,7 +205,7 @@ def _paused_write(spark, store, cfg, batch_id: str, monkeypatch):
     fail point ``write.after_partition_staged``); returns (release, join -> WriteResult)."""
     import threading
 
-    from reconcile import write
+    from reconcile.sink import write
 
     staged, release, result = threading.Event(), threading.Event(), {}
     me = threading.current_thread
@@ -244,7 +244,7 @@ MODEL = Counter({(1, "a", None): 1, (2, "b", None): 1, (3, "c", None): 2, (4, "d
 def test_a_zombie_write_that_loses_the_manifest_deletes_its_own_files(spark, warehouse, tmp_path, store, monkeypatch):
     """The zombie stages first but records last: the retry's files are the batch, the zombie
     deletes its own and says so; the append commits exactly one copy."""
-    from reconcile import append, mint, write
+    from reconcile.sink import append, mint, write
 
     cfg = _query_sink(tmp_path, "zombie_loses", ROWS)
     desc = mint.run_mint(store, cfg, "sched__1", 1, 300).description
@@ -266,7 +266,7 @@ def test_a_zombie_write_that_loses_the_manifest_deletes_its_own_files(spark, war
 def test_a_zombie_write_finishing_after_the_commit_says_so(spark, warehouse, tmp_path, sqlite_store, monkeypatch):
     """The retry writes and appends while the zombie is still writing: the zombie finds the
     batch committed, deletes its files and says so, and nothing is left staged."""
-    from reconcile import append, mint, write
+    from reconcile.sink import append, mint, write
 
     store = sqlite_store
     cfg = _query_sink(tmp_path, "zombie_late", ROWS)
@@ -288,8 +288,8 @@ def test_a_committed_batch_that_differs_from_its_manifest_is_reported(
 ):
     """What the old race committed (the union of two attempts' files) is caught twice: by the
     append's post-commit check and by ``check``, each naming the batch."""
-    from reconcile import append, mint, write
     from reconcile.errors import InconsistentState
+    from reconcile.sink import append, mint, write
 
     store = sqlite_store
     cfg = _query_sink(tmp_path, "union", ROWS)

@@ -151,9 +151,9 @@ def _done(runs, prefix: str, n: int) -> bool:
 
 
 def test_scheduler_runs_and_backfills_in_order(airflow_services, spark, tmp_path, warehouse):
-    from reconcile import shard as storage
     from reconcile.config import load_file
-    from reconcile.metadata.store import MetadataStore
+    from reconcile.storage import delta as storage
+    from reconcile.storage.ledger import MetadataStore
 
     env, sinks, start = airflow_services
     src = tmp_path / "src"

@@ -17,11 +17,12 @@ import pytest
 from delta.tables import DeltaTable
 
 from helpers import make_sink, model_query, normalize_errors, run_batch, write_json_rows
-from reconcile import append, check, failpoints, mint, write
-from reconcile import shard as storage
+from reconcile import failpoints
 from reconcile.errors import DescriptionOutdated, FailPointHit, InconsistentState, LostRace
-from reconcile.metadata.models import COMMITTED, MINTED, STAGED, SUPERSEDED
-from reconcile.metadata.store import MetadataStore
+from reconcile.model import COMMITTED, MINTED, STAGED, SUPERSEDED
+from reconcile.sink import append, check, mint, write
+from reconcile.storage import delta as storage
+from reconcile.storage.ledger import MetadataStore
 
 AS_OF = 100
 
@@ -605,7 +606,7 @@ def test_changelog_sink_history(spark, warehouse, tmp_path, sqlite_store):
 
 def test_read_as_of_splits_ok_rows_and_errors(spark, warehouse, tmp_path, sqlite_store):
     """The reading API: consolidated rows with their multiplicity, errors apart, as of any time."""
-    from reconcile.shard import read_as_of
+    from reconcile.storage.delta import read_as_of
 
     cfg = make_sink(tmp_path, "reader")
     write_json_rows(tmp_path / "src", [{"k": 1, "v": "a"}, {"k": 1, "v": "a"}, {"k": None, "v": "x"}])

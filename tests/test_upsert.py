@@ -8,9 +8,10 @@ from collections import Counter
 import pytest
 
 from helpers import make_sink, run_batch, shard_as_of, write_json_rows
-from reconcile import check, upsert
-from reconcile import shard as storage
 from reconcile.errors import SourceError
+from reconcile.kinds import upsert
+from reconcile.sink import check
+from reconcile.storage import delta as storage
 from upsert_model import UpsertModel
 
 UPSERT = {"source": {"format": "json", "path": "feed"}, "key": ["k"], "time_column": "ts", "offset_column": "off"}

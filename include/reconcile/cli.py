@@ -24,12 +24,12 @@ import argparse
 import sys
 from datetime import UTC, datetime
 
-from . import settings
-from .errors import SinkError
+from reconcile import settings
+from reconcile.errors import SinkError
 
 
 def _store():
-    from .metadata.store import MetadataStore
+    from reconcile.storage.ledger import MetadataStore
 
     return MetadataStore(settings.metadata_url())
 
@@ -41,7 +41,7 @@ def _ts(ms: int | None) -> str:
 
 
 def cmd_validate(args) -> int:
-    from .config import load_dir
+    from reconcile.config import load_dir
 
     configs, errors = load_dir(args.dir)
     for cfg in configs:
@@ -52,7 +52,7 @@ def cmd_validate(args) -> int:
 
 
 def cmd_db(args) -> int:
-    from .metadata.store import current_revision, downgrade, make_engine, upgrade
+    from reconcile.storage.ledger import current_revision, downgrade, make_engine, upgrade
 
     engine = make_engine(settings.metadata_url())
     if args.action == "upgrade":
@@ -96,7 +96,7 @@ def cmd_status(args) -> int:
 
 
 def show_shard(spark, store, cfg, as_of: int | None, *, log: bool, errors: bool, limit: int) -> None:
-    from . import shard as storage
+    from reconcile.storage import delta as storage
 
     updates = storage.read_updates(spark, cfg)
     if log:
@@ -117,8 +117,8 @@ def show_shard(spark, store, cfg, as_of: int | None, *, log: bool, errors: bool,
 
 
 def cmd_show(args) -> int:
-    from .config import load_sink
-    from .spark import get_session
+    from reconcile.config import load_sink
+    from reconcile.spark import get_session
 
     cfg = load_sink(args.sink)
     show_shard(
@@ -128,7 +128,7 @@ def cmd_show(args) -> int:
 
 
 def cmd_read_only(args) -> int:
-    from .config import load_sink
+    from reconcile.config import load_sink
 
     cfg = load_sink(args.sink)
     store = _store()
@@ -141,10 +141,10 @@ def cmd_read_only(args) -> int:
 def cmd_dry_run(args) -> int:
     from pyspark.sql import functions as F
 
-    from . import shard as storage
-    from .config import load_sink
-    from .spark import get_session
-    from .write import batch_correction
+    from reconcile.config import load_sink
+    from reconcile.sink.write import batch_correction
+    from reconcile.spark import get_session
+    from reconcile.storage import delta as storage
 
     cfg = load_sink(args.sink)
     store = _store()
@@ -182,10 +182,10 @@ def cmd_dry_run(args) -> int:
 
 def cmd_run(args) -> int:
     """One batch without Airflow: mint, write and append in this process."""
-    from .config import load_sink
-    from .errors import DescriptionOutdated
-    from .pipeline import run_batch
-    from .spark import get_session
+    from reconcile.config import load_sink
+    from reconcile.errors import DescriptionOutdated
+    from reconcile.sink.run import run_batch
+    from reconcile.spark import get_session
 
     cfg = load_sink(args.sink)
     store = _store()
@@ -210,14 +210,15 @@ def cmd_run(args) -> int:
 
 
 def cmd_check(args) -> int:
-    from . import append, check
-    from .config import load_sink
-    from .spark import get_session
+    from reconcile.config import load_sink
+    from reconcile.sink import check
+    from reconcile.sink.sync import sync
+    from reconcile.spark import get_session
 
     cfg = load_sink(args.sink)
     store = _store()
     spark = get_session("reconcile-check")
-    append.sync(spark, store, cfg)
+    sync(spark, store, cfg)
     problems = check.violations(spark, store, cfg)
     for p in problems:
         print(f"VIOLATION {p}")
@@ -227,9 +228,9 @@ def cmd_check(args) -> int:
 
 def cmd_compact(args) -> int:
     """Advance since and consolidate the history before it (also the DAG's compact task)."""
-    from .compact import run_compact
-    from .config import load_sink
-    from .spark import get_session
+    from reconcile.config import load_sink
+    from reconcile.sink.compact import run_compact
+    from reconcile.spark import get_session
 
     cfg = load_sink(args.sink)
     store = _store()
@@ -240,7 +241,7 @@ def cmd_compact(args) -> int:
 
 
 def cmd_demo(args) -> int:
-    from .demo import run_demo
+    from reconcile.demo import run_demo
 
     return run_demo(intervals=args.intervals)
 

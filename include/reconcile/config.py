@@ -16,7 +16,7 @@ from typing import Any
 
 import yaml
 
-from .errors import ConfigError
+from reconcile.errors import ConfigError
 
 NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
 SINK_NAME_RE = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
@@ -172,7 +172,7 @@ def _expand(raw: str) -> str:
     """Expand ${VAR} in a path; ${RECONCILE_HOME} defaults to the embedded default's home."""
     from string import Template
 
-    from . import settings
+    from reconcile import settings
 
     return Template(raw).safe_substitute({**os.environ, "RECONCILE_HOME": str(settings.home())})
 
@@ -400,7 +400,7 @@ def load_file(path: Path | str) -> SinkConfig:
 
 def load_dir(directory: Path | str | None = None) -> tuple[list[SinkConfig], list[ConfigError]]:
     """All sink configs of a folder: (valid configs, errors of the invalid files)."""
-    from . import settings
+    from reconcile import settings
 
     directory = Path(directory) if directory else settings.sinks_dir()
     configs: list[SinkConfig] = []

@@ -15,7 +15,7 @@ import sys
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-from . import settings
+from reconcile import settings
 
 LOG_LINE = re.compile(r"^\S+\s+\[\w+\s*\]\s+(.*?)\s+\[[\w.]+\]")
 DAYS: list[list[tuple[str | None, float]]] = [
@@ -64,9 +64,9 @@ def run_demo(intervals: int = 3, sink: str = "demo_orders") -> int:
         ["airflow", "db", "migrate"], env=env, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
     )
     start = datetime(2026, 1, 2, tzinfo=UTC)
-    from .cli import print_status, show_shard
-    from .config import load_sink
-    from .metadata.store import MetadataStore
+    from reconcile.cli import print_status, show_shard
+    from reconcile.config import load_sink
+    from reconcile.storage.ledger import MetadataStore
 
     for i in range(intervals):
         write_orders(min(i, len(DAYS) - 1))
@@ -84,7 +84,7 @@ def run_demo(intervals: int = 3, sink: str = "demo_orders") -> int:
         if proc.returncode != 0:
             print(f"run failed (exit {proc.returncode}); see {log_file}")
             return proc.returncode
-    from .spark import get_session
+    from reconcile.spark import get_session
 
     store = MetadataStore(settings.metadata_url())
     cfg = load_sink(sink)

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import os
 
-from .errors import FailPointHit
+from reconcile.errors import FailPointHit
 
 POINTS = (
     "write.after_partition_staged",

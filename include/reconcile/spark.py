@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import sys
 
-from . import settings
+from reconcile import settings
 
 DELTA_CONF = {
     "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",

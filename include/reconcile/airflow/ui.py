@@ -23,10 +23,10 @@ def _lag(ms: int) -> str:
 
 
 def render_overview(limit: int = 5) -> str:
-    from . import settings
-    from .config import load_dir
-    from .errors import SinkError
-    from .metadata.store import MetadataStore
+    from reconcile import settings
+    from reconcile.config import load_dir
+    from reconcile.errors import SinkError
+    from reconcile.storage.ledger import MetadataStore
 
     configs, errors = load_dir()
     rows = []

@@ -19,12 +19,6 @@ NAMING = {
     "pk": "pk_%(table_name)s",
 }
 
-# Ledger states. minted -> staged -> committed; minted/staged -> superseded (never appendable).
-MINTED, STAGED, COMMITTED, SUPERSEDED = "minted", "staged", "committed", "superseded"
-OPEN_STATES = (MINTED, STAGED)
-# Kinds of a batch's last failure: retrying cannot help / the task's retry may.
-FINAL, RETRYABLE = "final", "retryable"
-
 
 class Base(DeclarativeBase):
     metadata = MetaData(naming_convention=NAMING)
@@ -66,7 +60,7 @@ class Batch(Base):
     # The write attempt whose files are the batch (``_staging/<sink>/<batch_id>/<stage_id>/``).
     stage_id: Mapped[str | None] = mapped_column(String(40), nullable=True)
     message: Mapped[str | None] = mapped_column(Text, nullable=True)
-    failure_kind: Mapped[str | None] = mapped_column(String(16), nullable=True)  # FINAL | RETRYABLE
+    failure_kind: Mapped[str | None] = mapped_column(String(16), nullable=True)  # model.FailureKind
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
     updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
 

@@ -35,8 +35,8 @@ from pyspark.sql import Column as SCol
 from pyspark.sql import DataFrame, Window
 from pyspark.sql import functions as F
 
-from .config import SinkConfig
-from .correction import as_of, consolidate, lossy, partition_of
+from reconcile.config import SinkConfig
+from reconcile.differential import as_of, consolidate, lossy, partition_of
 
 INT = "bigint"
 

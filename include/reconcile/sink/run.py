@@ -13,11 +13,11 @@ from dataclasses import dataclass, field
 
 from pyspark.sql import SparkSession
 
-from .append import AppendResult, run_append
-from .config import SinkConfig
-from .metadata.store import MetadataStore
-from .mint import MintResult, run_mint
-from .write import WriteResult, run_write
+from reconcile.config import SinkConfig
+from reconcile.sink.append import AppendResult, run_append
+from reconcile.sink.mint import MintResult, run_mint
+from reconcile.sink.write import WriteResult, run_write
+from reconcile.storage.ledger import MetadataStore
 
 
 @dataclass

@@ -15,12 +15,13 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import datetime
 
-from . import settings
-from .config import SinkConfig, load_sink
-from .errors import Retryable, SinkError
-from .metadata.models import FINAL, RETRYABLE, SUPERSEDED, Batch
-from .metadata.store import MetadataStore
-from .mint import MintResult, desired_frontier, run_mint
+from reconcile import settings
+from reconcile.config import SinkConfig, load_sink
+from reconcile.errors import Retryable, SinkError
+from reconcile.model import FINAL, RETRYABLE, SUPERSEDED
+from reconcile.sink.mint import MintResult, desired_frontier, run_mint
+from reconcile.storage.ledger import MetadataStore
+from reconcile.storage.tables import Batch
 
 log = logging.getLogger("reconcile.tasks")
 
@@ -56,8 +57,8 @@ def mint_for_run(
 def _run_stage(stage: str, sink: str, run_id: str, batch_id: str | None = None, spark=None) -> str:
     """Run ``stage`` on the batch the run's mint minted (``batch_id``, handed forward by the DAG;
     without it, the run's newest batch)."""
-    from . import append, write
-    from .spark import get_session
+    from reconcile.sink import append, write
+    from reconcile.spark import get_session
 
     with sink_and_store(sink) as (cfg, store):
         batch: Batch | None = None
@@ -95,7 +96,7 @@ def nothing_left(sink: str, run_id: str, batch_id: str | None) -> str | None:
 
 def compaction_check(sink: str) -> tuple[bool, str]:
     """(due?, why): the DAG's ``compaction_due`` task (metadata only, no Spark)."""
-    from .compact import due
+    from reconcile.sink.compact import due
 
     with sink_and_store(sink) as (cfg, store):
         return due(store, cfg)
@@ -103,8 +104,8 @@ def compaction_check(sink: str) -> tuple[bool, str]:
 
 def compact_for_run(sink: str, run_id: str, batch_id: str | None = None, spark=None) -> str:
     """The DAG's ``compact`` job: advance since and consolidate the history before it."""
-    from .compact import run_compact
-    from .spark import get_session
+    from reconcile.sink.compact import run_compact
+    from reconcile.spark import get_session
 
     with sink_and_store(sink) as (cfg, store):
         spark = spark or get_session(f"reconcile-{sink}-compact")

@@ -28,12 +28,13 @@ from airflow.exceptions import AirflowException, AirflowFailException, AirflowSk
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 from airflow.sdk import DAG, Param, task
 
-from .config import SinkConfig, load_dir
-from .spark import submit_conf
+from reconcile import settings
+from reconcile.config import SinkConfig, load_dir
+from reconcile.spark import submit_conf
 
 # The batch the run's mint minted, handed forward: the batch written and appended is that one.
 BATCH_ID = "{{ (ti.xcom_pull(task_ids='mint') or {}).get('batch_id') }}"
-JOBS = Path(os.environ.get("RECONCILE_JOBS_DIR", Path(__file__).resolve().parents[2] / "jobs"))
+JOBS = Path(os.environ.get("RECONCILE_JOBS_DIR", settings.PROJECT_ROOT / "jobs"))
 
 
 class ReconcileSparkSubmitOperator(SparkSubmitOperator):
@@ -54,7 +55,7 @@ class ReconcileSparkSubmitOperator(SparkSubmitOperator):
         self.stage = stage
 
     def execute(self, context):
-        from .tasks import failure_verdict, nothing_left
+        from reconcile.airflow.tasks import failure_verdict, nothing_left
 
         batch_id = (context["ti"].xcom_pull(task_ids="mint") or {}).get("batch_id")
         try:
@@ -102,7 +103,7 @@ def build_dag(cfg: SinkConfig) -> DAG:
 
         @task(task_id="mint")
         def mint(sink: str = cfg.name, **context) -> dict:
-            from .tasks import mint_for_run
+            from reconcile.airflow.tasks import mint_for_run
 
             dag_run = context["dag_run"]
             result = mint_for_run(
@@ -123,7 +124,7 @@ def build_dag(cfg: SinkConfig) -> DAG:
 
         @task(task_id="compaction_due")
         def compaction_due(sink: str = cfg.name) -> str:
-            from .tasks import compaction_check
+            from reconcile.airflow.tasks import compaction_check
 
             due, why = compaction_check(sink)
             if not due:

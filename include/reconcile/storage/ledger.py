@@ -19,7 +19,6 @@ import logging
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from functools import lru_cache
 from pathlib import Path
@@ -31,9 +30,10 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.exc import IntegrityError, InterfaceError, OperationalError
 from sqlalchemy.orm import Session
 
-from ..errors import BatchNotFound, InconsistentState, MetadataUnavailable, ShardNotFound, UpperMismatch
-from ..failpoints import failpoint
-from .models import COMMITTED, MINTED, OPEN_STATES, STAGED, SUPERSEDED, Batch, Shard
+from reconcile.errors import BatchNotFound, InconsistentState, MetadataUnavailable, ShardNotFound, UpperMismatch
+from reconcile.failpoints import failpoint
+from reconcile.model import COMMITTED, MINTED, OPEN_STATES, STAGED, SUPERSEDED, BatchDescription, CommitRecord
+from reconcile.storage.tables import Batch, Shard
 
 log = logging.getLogger("reconcile.metadata")
 MIGRATIONS = Path(__file__).parent / "migrations"
@@ -52,40 +52,6 @@ def head() -> str:
 
 def now() -> datetime:
     return datetime.now(UTC)
-
-
-@dataclass(frozen=True)
-class BatchDescription:
-    """``(lower, upper)`` plus the identity of the run that minted it."""
-
-    sink: str
-    batch_id: str
-    lower: int
-    upper: int
-    run_id: str | None
-    attempt: int
-
-    def __post_init__(self) -> None:
-        assert self.lower < self.upper, f"invalid batch description {self}: lower >= upper"
-
-    @classmethod
-    def of(cls, b: Batch) -> BatchDescription:
-        return cls(b.shard, b.batch_id, b.lower, b.upper, b.run_id, b.attempt)
-
-
-@dataclass(frozen=True)
-class CommitRecord:
-    """A batch commit as recorded in a Delta version's commit metadata."""
-
-    version: int
-    batch_id: str
-    lower: int
-    upper: int
-    run_id: str | None = None
-    rows_ok: int | None = None
-    rows_err: int | None = None
-    source_offset: int | None = None
-    late_commands: int | None = None
 
 
 def make_engine(url: str) -> Engine:

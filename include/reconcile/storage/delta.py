@@ -29,10 +29,10 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import StructType
 
-from . import settings
-from .config import SinkConfig
-from .errors import Retryable, ShardSchemaChanged, brief
-from .metadata.store import CommitRecord
+from reconcile import settings
+from reconcile.config import SinkConfig
+from reconcile.errors import Retryable, ShardSchemaChanged, brief
+from reconcile.model import CommitRecord
 
 log = logging.getLogger("reconcile.shard")
 META_KEY = "reconcile"
@@ -77,7 +77,7 @@ def writer(df: DataFrame, meta: dict, mode: str):
     The metadata is an option of this one write, never the session-wide
     ``spark.databricks.delta.commitInfo.userMetadata``: writers sharing a SparkSession (threads,
     a notebook) would otherwise stamp each other's commits, and a batch commit stamped as
-    anything else is invisible to :func:`reconcile.append.sync`.
+    anything else is invisible to :func:`reconcile.sink.sync.sync`.
     """
     return df.write.format("delta").mode(mode).option("userMetadata", json.dumps({META_KEY: meta}, sort_keys=True))
 
@@ -164,7 +164,7 @@ def read_as_of(spark: SparkSession, cfg: SinkConfig, t: int) -> tuple[DataFrame,
 
     Exact for ``t >= since`` (the caller checks the shard's since in the metadata table).
     """
-    from .correction import as_of
+    from reconcile.differential import as_of
 
     snap = as_of(cfg, read_updates(spark, cfg), t).withColumnRenamed("_diff", "_count")
     ok = snap.where(F.col("_error").isNull()).drop("_error")
@@ -430,7 +430,7 @@ def committed_stats(spark: SparkSession, cfg: SinkConfig, versions: dict[int, in
     """Per Delta version (``{version: its batch's partition count P}``) and hash partition: the
     statistics of the rows that version added, in one Spark job. Versions whose added files are
     no longer all on storage (vacuumed after a compaction) are left out: not verifiable."""
-    from .correction import partition_of
+    from reconcile.differential import partition_of
 
     root = table_path(cfg)
     present = set(list_files(spark, root))

@@ -12,9 +12,9 @@ from __future__ import annotations
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from .config import SinkConfig, Source
-from .correction import lossy, validate
-from .errors import SourceError, brief
+from reconcile.config import SinkConfig, Source
+from reconcile.differential import lossy, validate
+from reconcile.errors import SourceError, brief
 
 
 def read_source(spark: SparkSession, cfg: SinkConfig, src: Source, field: str) -> DataFrame:

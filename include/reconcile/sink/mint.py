@@ -20,9 +20,10 @@ import logging
 from dataclasses import dataclass
 from datetime import datetime
 
-from .config import SinkConfig
-from .log import event
-from .metadata.store import BatchDescription, MetadataStore
+from reconcile.config import SinkConfig
+from reconcile.log import event
+from reconcile.model import BatchDescription
+from reconcile.storage.ledger import MetadataStore
 
 log = logging.getLogger("reconcile.mint")
 

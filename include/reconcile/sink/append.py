@@ -47,13 +47,16 @@ from dataclasses import dataclass
 
 from pyspark.sql import SparkSession
 
-from . import shard as storage
-from .config import SinkConfig
-from .errors import DescriptionOutdated, InconsistentState, LostRace, Retryable, StagedBatchInvalid, brief
-from .failpoints import failpoint
-from .log import event
-from .metadata.models import COMMITTED, MINTED, OPEN_STATES, SUPERSEDED, Shard
-from .metadata.store import BatchDescription, MetadataStore
+from reconcile.config import SinkConfig
+from reconcile.errors import DescriptionOutdated, InconsistentState, LostRace, Retryable, StagedBatchInvalid, brief
+from reconcile.failpoints import failpoint
+from reconcile.log import event
+from reconcile.model import COMMITTED, MINTED, SUPERSEDED, BatchDescription
+from reconcile.sink.sync import gc_staged, sync
+from reconcile.sink.verify import commit_differences, differences
+from reconcile.storage import delta as storage
+from reconcile.storage.ledger import MetadataStore
+from reconcile.storage.tables import Shard
 
 log = logging.getLogger("reconcile.append")
 
@@ -63,42 +66,6 @@ class AppendResult:
     outcome: str  # committed | recovered | already_committed | covered
     message: str
     delta_version: int | None = None
-
-
-def sync(spark: SparkSession, store: MetadataStore, cfg: SinkConfig) -> Shard:
-    """Roll the metadata forward to every batch commit in the Delta log it has not absorbed."""
-    shard = store.get_shard(cfg.name)
-    if not storage.exists(spark, cfg):
-        return shard
-    latest, entries = storage.history_since(spark, cfg, shard.delta_version)
-    for rec in storage.batch_commits(entries):
-        if store.absorb_commit(cfg.name, rec):
-            event(
-                log,
-                "rolled metadata forward to a Delta batch commit",
-                sink=cfg.name,
-                batch=rec.batch_id,
-                lower=rec.lower,
-                upper=rec.upper,
-                delta_version=rec.version,
-            )
-    if entries:
-        store.note_delta_version(cfg.name, latest)
-    return store.get_shard(cfg.name)
-
-
-def gc_staged(spark: SparkSession, store: MetadataStore, cfg: SinkConfig) -> list[str]:
-    """Delete staged files of every batch that can never be appended (seed 002, batch.delete())."""
-    shard = store.get_shard(cfg.name)
-    keep = {b.batch_id for b in store.batches(cfg.name, OPEN_STATES) if b.lower >= shard.upper}
-    deleted = []
-    for batch_id in storage.list_dirs(spark, storage.staging_root(cfg)):
-        if batch_id not in keep:
-            storage.delete_path(spark, storage.staging_path(cfg, batch_id))
-            deleted.append(batch_id)
-    if deleted:
-        event(log, "deleted outdated staged batches", sink=cfg.name, batches=",".join(deleted), upper=shard.upper)
-    return deleted
 
 
 def parse_manifest(cfg: SinkConfig, batch_id: str, text: str | None) -> dict:
@@ -136,39 +103,10 @@ def verify_staged(spark: SparkSession, cfg: SinkConfig, batch_id: str, manifest:
         stats = storage.partition_stats(cfg, staged)
     except Exception as exc:  # unreadable (corrupted) parquet
         raise StagedBatchInvalid(f"staged batch {batch_id} is unreadable: {brief(exc, 300)}", sink=cfg.name) from None
-    wrong = _differences(manifest, stats, f"staged partition {{p}} of batch {batch_id}")
+    wrong = differences(manifest, stats, f"staged partition {{p}} of batch {batch_id}")
     if wrong:
         raise StagedBatchInvalid(wrong[0], sink=cfg.name)
     return staged
-
-
-def _differences(manifest: dict, stats: dict[int, dict], what: str) -> list[str]:
-    """Partitions whose rows or checksum differ from the manifest's; ``what`` names one
-    (``{p}``: the partition)."""
-    out = []
-    for p, want in sorted(manifest["parts"].items(), key=lambda kv: int(kv[0])):
-        got = stats.get(int(p), {"rows": 0, "checksum": "0"})
-        if got["rows"] != want["rows"] or got["checksum"] != want["checksum"]:
-            out.append(
-                f"{what.format(p=p)} has {got['rows']} rows/checksum {got['checksum']}, "
-                f"the manifest says {want['rows']}/{want['checksum']}"
-            )
-    for p in sorted(set(stats) - {int(p) for p in manifest["parts"]})[:3]:
-        out.append(f"{what.format(p=p)} has {stats[p]['rows']} rows, the manifest has no such partition")
-    return out
-
-
-def commit_differences(spark: SparkSession, cfg: SinkConfig, batches: dict[int, dict]) -> tuple[list[str], int]:
-    """Committed batches checked against their descriptions: ``{Delta version: manifest}`` ->
-    (one line per batch whose Delta version's rows differ from its manifest, versions
-    checked). Versions whose files were vacuumed after a compaction cannot be checked."""
-    stats = storage.committed_stats(spark, cfg, {v: int(m["partitions"]) for v, m in batches.items()})
-    out = []
-    for v, got in sorted(stats.items()):
-        m = batches[v]
-        what = f"batch {m['batch_id']} [{m['lower']}, {m['upper']}): Delta version {v}'s partition {{p}}"
-        out += _differences(m, got, what)[:3]
-    return out, len(stats)
 
 
 def _outdated(
@@ -223,7 +161,7 @@ def _outdated(
 
 def _upsert_check(spark: SparkSession, cfg: SinkConfig, staged, desc: BatchDescription, state: dict) -> list[str]:
     """After an upsert commit: every key the batch touched has at most one value, count 1."""
-    from . import upsert
+    from reconcile.kinds import upsert
 
     broken = upsert.violations(cfg, storage.read_updates(spark, cfg), desc.upper - 1, keys=staged)
     for v in broken:

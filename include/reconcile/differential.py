@@ -27,7 +27,7 @@ from pyspark.sql import Column as SCol
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
-from .config import SinkConfig
+from reconcile.config import SinkConfig
 
 META = ("_error", "_time", "_diff")
 

@@ -4,7 +4,7 @@
 
 1. Load the description from the ledger; a description that is no longer open (superseded by
    a newer mint, or already committed) is skipped, and says so.
-2. Roll the metadata forward to the Delta log (:func:`reconcile.append.sync`): if the shard's
+2. Roll the metadata forward to the Delta log (:func:`reconcile.sink.sync.sync`): if the shard's
    upper has passed the description's ``lower``, the description is outdated and is marked so;
    the write ends there (only mint mints: the next run, or a rerun of this one, mints anew).
 3. Pin the Delta version to read (``read_version``), read persist as of it and the desired
@@ -35,17 +35,17 @@ from dataclasses import dataclass
 from pyspark.sql import DataFrame, Row, SparkSession
 from pyspark.sql import functions as F
 
-from . import shard as storage
-from . import upsert
-from .append import sync
-from .config import SinkConfig
-from .correction import consolidate, correction
-from .errors import brief
-from .failpoints import failpoint
-from .log import event
-from .metadata.models import COMMITTED, OPEN_STATES, STAGED
-from .metadata.store import BatchDescription, MetadataStore
-from .sources import read_desired, read_feed
+from reconcile.config import SinkConfig
+from reconcile.differential import consolidate, correction
+from reconcile.errors import brief
+from reconcile.failpoints import failpoint
+from reconcile.kinds import upsert
+from reconcile.kinds.sources import read_desired, read_feed
+from reconcile.log import event
+from reconcile.model import COMMITTED, OPEN_STATES, STAGED, BatchDescription
+from reconcile.sink.sync import sync
+from reconcile.storage import delta as storage
+from reconcile.storage.ledger import MetadataStore
 
 log = logging.getLogger("reconcile.write")
 

@@ -39,15 +39,15 @@ from dataclasses import dataclass
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
-from . import shard as storage
-from .append import sync
-from .config import SinkConfig
-from .correction import consolidate
-from .errors import SinkError
-from .failpoints import failpoint
-from .log import event
-from .metadata.models import COMMITTED
-from .metadata.store import MetadataStore
+from reconcile.config import SinkConfig
+from reconcile.differential import consolidate
+from reconcile.errors import SinkError
+from reconcile.failpoints import failpoint
+from reconcile.log import event
+from reconcile.model import COMMITTED
+from reconcile.sink.sync import sync
+from reconcile.storage import delta as storage
+from reconcile.storage.ledger import MetadataStore
 
 log = logging.getLogger("reconcile.compact")
 HOUR_MS = 3_600_000

@@ -25,10 +25,10 @@ import json
 
 from pyspark.sql import SparkSession
 
-from . import shard as storage
-from .config import SinkConfig
-from .metadata.models import COMMITTED, OPEN_STATES
-from .metadata.store import MetadataStore
+from reconcile.config import SinkConfig
+from reconcile.model import COMMITTED, OPEN_STATES
+from reconcile.storage import delta as storage
+from reconcile.storage.ledger import MetadataStore
 
 
 def violations(spark: SparkSession, store: MetadataStore, cfg: SinkConfig, *, synced: bool = True) -> list[str]:
@@ -74,7 +74,7 @@ def violations(spark: SparkSession, store: MetadataStore, cfg: SinkConfig, *, sy
             )
     out += batch_differences(spark, store, cfg, entries)
     if cfg.kind == "upsert" and commits:
-        from . import upsert
+        from reconcile.kinds import upsert
 
         out += upsert.violations(cfg, storage.read_updates(spark, cfg), commits[-1].upper - 1)
     keep = {b.batch_id for b in store.batches(cfg.name, OPEN_STATES) if b.lower >= shard.upper}
@@ -87,7 +87,7 @@ def violations(spark: SparkSession, store: MetadataStore, cfg: SinkConfig, *, sy
 def batch_differences(spark: SparkSession, store: MetadataStore, cfg: SinkConfig, entries: list) -> list[str]:
     """Invariant 6: each batch's Delta version against its description (the commit's own
     per-partition counts and checksums, else the ledger's manifest)."""
-    from .append import commit_differences
+    from reconcile.sink.verify import commit_differences
 
     ledger = {b.batch_id: b.manifest for b in store.batches(cfg.name, (COMMITTED,)) if b.manifest}
     described: dict[int, dict] = {}

@@ -1,0 +1,91 @@
+"""The protocol's vocabulary: batch descriptions, commit records, ledger states and outcomes.
+
+Plain values shared by every layer; this module imports nothing of the sink.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Protocol
+
+
+class BatchState(StrEnum):
+    """A description's life in the ledger: minted -> staged -> committed; an open (minted or
+    staged) description that can never be appended is superseded."""
+
+    MINTED = "minted"
+    STAGED = "staged"
+    COMMITTED = "committed"
+    SUPERSEDED = "superseded"
+
+
+MINTED, STAGED, COMMITTED, SUPERSEDED = BatchState
+OPEN_STATES: tuple[str, ...] = (MINTED, STAGED)
+
+
+class FailureKind(StrEnum):
+    """A batch's last failure: retrying cannot help (``final``) or the task's retry may."""
+
+    FINAL = "final"
+    RETRYABLE = "retryable"
+
+
+FINAL, RETRYABLE = FailureKind
+
+
+class Outcome(StrEnum):
+    """How a stage ended (equal to its string value, which the messages and tests use)."""
+
+    STAGED = "staged"  # write: this attempt's files are the batch
+    ALREADY_STAGED = "already_staged"  # write: another attempt's files are the batch
+    SKIPPED = "skipped"  # write: the batch is committed or no longer open
+    OUTDATED = "outdated"  # write: another writer moved the shard past lower; nothing to append
+    COMMITTED = "committed"  # append: this attempt committed the batch
+    RECOVERED = "recovered"  # append: an earlier attempt had committed it; metadata rolled forward
+    ALREADY_COMMITTED = "already_committed"  # append: committed before (or by another attempt meanwhile)
+    COVERED = "covered"  # append: another batch committed [lower, upper) already
+    SUPERSEDED = "superseded"  # append: a newer description of lower covers this one
+
+
+class _BatchRow(Protocol):
+    shard: str
+    batch_id: str
+    lower: int
+    upper: int
+    run_id: str | None
+    attempt: int
+
+
+@dataclass(frozen=True)
+class BatchDescription:
+    """``(lower, upper)`` plus the identity of the run that minted it."""
+
+    sink: str
+    batch_id: str
+    lower: int
+    upper: int
+    run_id: str | None
+    attempt: int
+
+    def __post_init__(self) -> None:
+        assert self.lower < self.upper, f"invalid batch description {self}: lower >= upper"
+
+    @classmethod
+    def of(cls, b: _BatchRow) -> BatchDescription:
+        return cls(b.shard, b.batch_id, b.lower, b.upper, b.run_id, b.attempt)
+
+
+@dataclass(frozen=True)
+class CommitRecord:
+    """A batch commit as recorded in a Delta version's commit metadata."""
+
+    version: int
+    batch_id: str
+    lower: int
+    upper: int
+    run_id: str | None = None
+    rows_ok: int | None = None
+    rows_err: int | None = None
+    source_offset: int | None = None
+    late_commands: int | None = None
