@@ -31,7 +31,6 @@ from sqlalchemy.exc import SQLAlchemyError
 from helpers import make_sink, run_batch, write_json_rows
 from reconcile.airflow import tasks
 from reconcile.config import load_file
-from reconcile.differential import validate
 from reconcile.errors import (
     BatchNotFound,
     ConfigError,
@@ -44,6 +43,7 @@ from reconcile.errors import (
     SourceError,
     StagedBatchInvalid,
 )
+from reconcile.kinds.decode import validate
 from reconcile.model import COMMITTED, MINTED, STAGED, SUPERSEDED
 from reconcile.sink import append, mint, write
 from reconcile.sink.sync import sync

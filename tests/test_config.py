@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from reconcile.config import Column, Source, load_dir, load_file
+from reconcile.config import ChangelogSink, Column, QuerySink, Source, UpsertSink, load_dir, load_file
 from reconcile.errors import ConfigError
 
 QUERY = {
@@ -119,7 +119,8 @@ def test_query_config_parses_into_fields(tmp_path):
         Source("users", "delta", "/abs/users"),
         Source("events", "parquet", "s3://bucket/events"),
     )
-    assert cfg.source is None and cfg.time_column is None
+    assert isinstance(cfg, QuerySink)  # one model per kind: no other kind's fields
+    assert not hasattr(cfg, "source") and not hasattr(cfg, "time_column")
 
 
 def test_changelog_config_parses_with_defaults(tmp_path):
@@ -135,12 +136,12 @@ def test_changelog_config_parses_with_defaults(tmp_path):
     assert (cfg.partitions, cfg.retries, cfg.read_only, cfg.catchup) == (4, 2, False, False)
     assert cfg.vacuum_retention_hours == 168
     assert (cfg.history_retention_hours, cfg.compact_every_batches) == (168, 20)
-    assert cfg.sources == () and cfg.sql is None
+    assert isinstance(cfg, ChangelogSink) and not hasattr(cfg, "sql")
 
 
 def test_upsert_config_parses_keys_values_and_delete_marker(tmp_path):
     cfg = load_file(write(tmp_path, "customers.yaml", UPSERT))
-    assert cfg.kind == "upsert"
+    assert cfg.kind == "upsert" and isinstance(cfg, UpsertSink)
     assert cfg.source == Source("source", "parquet", str((tmp_path / "cdc" / "customers").resolve()))
     assert cfg.key_columns == ("id", "region") and cfg.value_columns == ["name", "score"]
     assert (cfg.time_column, cfg.offset_column) == ("ts", "lsn")
@@ -286,3 +287,23 @@ def test_load_dir_separates_valid_configs_and_errors(tmp_path):
     assert [(e.path, e.field) for e in errors] == [(str(b), "name"), (str(c), "partitions")]
     assert str(a) in str(errors[0]) and "'orders'" in str(errors[0])
     assert all("\n" not in str(e) for e in errors)
+
+
+def test_schema_command_prints_a_json_schema_that_accepts_the_examples(tmp_path, capsys):
+    """`python -m reconcile schema`: editors complete and check sink files with it."""
+    import json
+
+    from reconcile.cli import main
+
+    assert main(["schema"]) == 0
+    schema = json.loads(capsys.readouterr().out)
+    kinds = schema["discriminator"]["mapping"]
+    assert set(kinds) == {"query", "changelog", "upsert"}
+    query = schema["$defs"]["QuerySink"]
+    assert query["additionalProperties"] is False and "schema" in query["properties"]
+    assert set(query["required"]) >= {"kind", "schema", "start_date", "query"}
+
+
+def test_unknown_field_is_named_with_where_to_look(tmp_path):
+    err = expect_error(tmp_path, variant(UPSERT, **{"upsert.source.compression": "gzip"}), "upsert.source.compression")
+    assert "unknown field" in str(err) and "reconcile schema" in str(err)

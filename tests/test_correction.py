@@ -13,8 +13,19 @@ import pytest
 
 from helpers import make_sink, write_json_rows
 from reconcile.config import parse
-from reconcile.differential import as_of, correction, partition_of
-from reconcile.kinds.sources import read_desired
+from reconcile.differential import as_of, partition_of
+from reconcile.kinds import changelog, desired, query
+
+
+def correction(cfg, desired_frame, persist, lower, upper):
+    """The kind's own correction (query: a snapshot at upper - 1; changelog: advanced times)."""
+    kind = query if cfg.kind == "query" else changelog
+    return kind.correction(cfg, desired_frame, persist, lower, upper)
+
+
+def read_desired(spark, cfg):
+    return desired(spark, cfg)
+
 
 KV = [{"name": "k", "type": "bigint"}, {"name": "v", "type": "string"}]
 

@@ -2,6 +2,7 @@
 
 Commands:
   validate                 check every sink config in RECONCILE_SINKS_DIR
+  schema                   print the JSON schema of a sink config file (for editors)
   db upgrade|downgrade|current
                            manage the metadata table's schema (Alembic)
   status SINK              frontiers, read-only flag and the last batches of a shard
@@ -49,6 +50,15 @@ def cmd_validate(args) -> int:
     for err in errors:
         print(f"INVALID {err}")
     return 1 if errors else 0
+
+
+def cmd_schema(args) -> int:
+    import json
+
+    from reconcile.config import json_schema
+
+    print(json.dumps(json_schema(), indent=2, sort_keys=True))
+    return 0
 
 
 def cmd_db(args) -> int:
@@ -254,6 +264,7 @@ def main(argv: list[str] | None = None) -> int:
     v = sub.add_parser("validate")
     v.add_argument("--dir", default=None)
     v.set_defaults(fn=cmd_validate)
+    sub.add_parser("schema").set_defaults(fn=cmd_schema)
     d = sub.add_parser("db")
     d.add_argument("action", choices=["upgrade", "downgrade", "current"])
     d.add_argument("revision", nargs="?")

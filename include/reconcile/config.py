@@ -1,20 +1,39 @@
-"""Sink configs: one YAML file per sink, validated into a frozen :class:`SinkConfig`.
+"""Sink configs: one YAML file per sink, validated by pydantic into one frozen model per kind.
 
-Every problem is reported as a :class:`~reconcile.errors.ConfigError` naming the file and the
-field. Identifiers (sink, column and source names) must be plain names so that nothing in a
-config can inject SQL or a path.
+``kind`` picks the model (:class:`QuerySink`, :class:`ChangelogSink`, :class:`UpsertSink`, all
+:class:`SinkConfig`); unknown fields are refused. Every problem is one
+:class:`~reconcile.errors.ConfigError` line naming the file and the field (``schema[1].name``,
+``upsert.key[0]``). Identifiers (sink, column and source names) must be plain names, so nothing in
+a config can inject SQL or a path. ``python -m reconcile schema`` prints the JSON schema.
 """
 
 from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, date, datetime
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal
 
 import yaml
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    StrictBool,
+    StrictFloat,
+    StrictInt,
+    StrictStr,
+    TypeAdapter,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
+from pydantic.dataclasses import dataclass
 
 from reconcile.errors import ConfigError
 
@@ -30,142 +49,93 @@ RESERVED = ("_time", "_diff", "_error", "_part")
 SCHEDULE_PRESETS = ("@once", "@hourly", "@daily", "@weekly", "@monthly", "@yearly", "none")
 
 
-@dataclass(frozen=True)
+class FieldError(ValueError):
+    """A problem found by a validator that spans fields: names the field it is about."""
+
+    def __init__(self, field: str, message: str):
+        super().__init__(message)
+        self.field = field
+
+
+# -- value types ---------------------------------------------------------------------------------
+
+
+def _identifier(value: str) -> str:
+    if not NAME_RE.match(value):
+        raise ValueError(
+            f"{value!r} is not a plain identifier (letters, digits, underscore; not starting with a digit)"
+        )
+    return value
+
+
+def _sink_name(value: str) -> str:
+    if not SINK_NAME_RE.match(value):
+        raise ValueError(f"{value!r} is not a valid sink name (lowercase letters, digits, underscore)")
+    return value
+
+
+def _spark_type(value: str) -> str:
+    value = value.strip().lower()
+    if not TYPE_RE.match(value):
+        raise ValueError(f"{value!r} is not a supported type")
+    return value
+
+
+def _to_datetime(value: Any) -> datetime:
+    if isinstance(value, datetime):
+        dt = value
+    elif isinstance(value, date):  # a YAML date
+        dt = datetime(value.year, value.month, value.day)
+    elif isinstance(value, str):
+        try:
+            dt = datetime.fromisoformat(value.replace("Z", "+00:00"))
+        except ValueError:
+            raise ValueError(f"{value!r} is not an ISO-8601 date-time") from None
+    else:
+        raise ValueError(f"expected an ISO-8601 date-time, got {type(value).__name__}")
+    return dt if dt.tzinfo else dt.replace(tzinfo=UTC)
+
+
+def _to_millis(value: Any) -> int:
+    if isinstance(value, bool):
+        raise ValueError("expected epoch milliseconds or an ISO-8601 date-time")
+    if isinstance(value, int):
+        if value < 0:
+            raise ValueError("must not be negative")
+        return value
+    return int(_to_datetime(value).timestamp() * 1000)
+
+
+Identifier = Annotated[StrictStr, AfterValidator(_identifier)]
+SinkName = Annotated[StrictStr, AfterValidator(_sink_name)]
+SparkType = Annotated[StrictStr, AfterValidator(_spark_type)]
+NonNegative = Annotated[StrictInt, Field(ge=0)]
+DateTime = Annotated[datetime, BeforeValidator(_to_datetime)]
+Millis = Annotated[int, BeforeValidator(_to_millis)]
+
+
+@dataclass(frozen=True, config=ConfigDict(extra="forbid"))
 class Column:
-    name: str
-    type: str
-    nullable: bool = True
+    name: Identifier
+    type: SparkType
+    nullable: StrictBool = True
 
 
 @dataclass(frozen=True)
 class Source:
+    """A source as the sink reads it: its name, format, resolved location and options."""
+
     name: str
     format: str
     path: str
     options: tuple[tuple[str, str], ...] = ()
 
 
-@dataclass(frozen=True)
-class SinkConfig:
-    name: str
-    kind: str
-    columns: tuple[Column, ...]
-    partitions: int
-    schedule: str | None
-    start_date: datetime
-    as_of: int
-    path: str
-    catchup: bool = False
-    retries: int = 2
-    read_only: bool = False
-    # query
-    sources: tuple[Source, ...] = ()
-    sql: str | None = None
-    # changelog
-    source: Source | None = None
-    time_column: str | None = None
-    diff_column: str | None = None
-    # upsert (source and time_column shared with changelog)
-    key_columns: tuple[str, ...] = ()
-    offset_column: str | None = None
-    delete_column: str | None = None
-    delete_values: tuple[str, ...] = ()
-    vacuum_retention_hours: int = 168
-    history_retention_hours: int = 168
-    compact_every_batches: int = 20
-    description: str = ""
-
-    @property
-    def column_names(self) -> list[str]:
-        return [c.name for c in self.columns]
-
-    @property
-    def value_columns(self) -> list[str]:
-        """Upsert sinks: the schema's columns that are not part of the key."""
-        keys = {k.lower() for k in self.key_columns}
-        return [c.name for c in self.columns if c.name.lower() not in keys]
-
-    @property
-    def ddl(self) -> str:
-        """Spark DDL of the shard's Delta table."""
-        cols = [f"`{c.name}` {c.type}" for c in self.columns]
-        return ", ".join(cols + ["`_time` BIGINT", "`_diff` BIGINT", "`_error` STRING"])
+# -- the YAML's sections -------------------------------------------------------------------------
 
 
-def to_millis(value: Any, path: str, fld: str) -> int:
-    if isinstance(value, bool):
-        raise ConfigError(path, fld, "expected epoch milliseconds or an ISO-8601 date-time")
-    if isinstance(value, int):
-        if value < 0:
-            raise ConfigError(path, fld, "must not be negative")
-        return value
-    dt = to_datetime(value, path, fld)
-    return int(dt.timestamp() * 1000)
-
-
-def to_datetime(value: Any, path: str, fld: str) -> datetime:
-    if isinstance(value, datetime):
-        dt = value
-    elif hasattr(value, "isoformat") and not isinstance(value, str):  # a YAML date
-        dt = datetime.fromisoformat(value.isoformat())
-    elif isinstance(value, str):
-        try:
-            dt = datetime.fromisoformat(value.replace("Z", "+00:00"))
-        except ValueError:
-            raise ConfigError(path, fld, f"{value!r} is not an ISO-8601 date-time") from None
-    else:
-        raise ConfigError(path, fld, f"expected an ISO-8601 date-time, got {type(value).__name__}")
-    return dt if dt.tzinfo else dt.replace(tzinfo=UTC)
-
-
-def _valid_cron(expr: str) -> bool:
-    if len(expr.split()) != 5:
-        return False
-    from croniter import croniter
-
-    return bool(croniter.is_valid(expr))
-
-
-class _Reader:
-    """Typed access to one mapping of a config file, with errors naming file and field."""
-
-    def __init__(self, path: str, data: Any, prefix: str = ""):
-        self.path, self.prefix = path, prefix
-        if not isinstance(data, dict):
-            raise ConfigError(path, prefix or "<root>", "expected a mapping")
-        self.data = data
-
-    def _f(self, key: str) -> str:
-        return f"{self.prefix}.{key}" if self.prefix else key
-
-    def get(self, key: str, typ: type | tuple[type, ...], default: Any = ..., *, required: bool = False):
-        if key not in self.data or self.data[key] is None:
-            if required or default is ...:
-                raise ConfigError(self.path, self._f(key), "is required")
-            return default
-        value = self.data[key]
-        if typ is int and isinstance(value, bool) or not isinstance(value, typ):
-            names = typ.__name__ if isinstance(typ, type) else " or ".join(t.__name__ for t in typ)
-            raise ConfigError(self.path, self._f(key), f"expected {names}, got {type(value).__name__} {value!r}")
-        return value
-
-    def name(self, key: str, *, regex: re.Pattern = NAME_RE) -> str:
-        value = self.get(key, str, required=True)
-        if not regex.match(value):
-            raise ConfigError(
-                self.path,
-                self._f(key),
-                f"{value!r} is not a plain identifier (letters, digits, underscore; not starting with a digit)",
-            )
-        return value
-
-    def sub(self, key: str) -> _Reader:
-        return _Reader(self.path, self.get(key, dict, required=True), self._f(key))
-
-    def unknown(self, allowed: set[str]) -> None:
-        extra = sorted(set(self.data) - allowed)
-        if extra:
-            raise ConfigError(self.path, self._f(extra[0]), f"unknown field; allowed: {sorted(allowed)}")
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
 
 
 def _expand(raw: str) -> str:
@@ -177,214 +147,331 @@ def _expand(raw: str) -> str:
     return Template(raw).safe_substitute({**os.environ, "RECONCILE_HOME": str(settings.home())})
 
 
-def _source(r: _Reader, name: str, base: Path) -> Source:
-    r.unknown({"format", "path", "options"})
-    fmt = r.get("format", str, required=True)
-    if fmt not in FORMATS:
-        raise ConfigError(r.path, r._f("format"), f"{fmt!r} is not one of {list(FORMATS)}")
-    raw = _expand(r.get("path", str, required=True))
-    if "\x00" in raw or not raw.strip():
-        raise ConfigError(r.path, r._f("path"), "must be a non-empty path or URI")
-    if "://" in raw or raw.startswith("/"):
-        location = raw
+class SourceSpec(_Section):
+    format: Literal["delta", "parquet", "csv", "json"]
+    path: StrictStr = Field(description="a path (relative to the config file) or URI; ${VAR} is expanded")
+    options: dict[StrictStr, StrictStr | StrictBool | StrictInt | StrictFloat] = {}
+
+    @field_validator("path")
+    @classmethod
+    def _location(cls, raw: str, info: ValidationInfo) -> str:
+        raw = _expand(raw)
+        if "\x00" in raw or not raw.strip():
+            raise ValueError("must be a non-empty path or URI")
+        if "://" in raw or raw.startswith("/"):
+            return raw
+        base = Path((info.context or {}).get("base", "."))
+        return str((base / raw).resolve())
+
+    def resolved(self, name: str) -> Source:
+        opts = tuple(sorted((k, str(v).lower() if isinstance(v, bool) else str(v)) for k, v in self.options.items()))
+        return Source(name, self.format, self.path, opts)
+
+
+class Retention(_Section):
+    vacuum_hours: NonNegative = 168
+    history_hours: NonNegative = 168
+
+
+class Compaction(_Section):
+    every_batches: NonNegative = Field(default=20, description="0: compact only by hand")
+
+
+class QuerySpec(_Section):
+    sources: dict[Identifier, SourceSpec] = {}
+    sql: StrictStr
+
+    @field_validator("sql")
+    @classmethod
+    def _not_empty(cls, sql: str) -> str:
+        if not sql.strip():
+            raise ValueError("must not be empty")
+        return sql
+
+
+class ChangelogSpec(_Section):
+    source: SourceSpec
+    time_column: Identifier
+    diff_column: Identifier
+
+
+class DeleteSpec(_Section):
+    column: Identifier
+    values: list[StrictStr | StrictInt] = Field(min_length=1)
+
+
+class UpsertSpec(_Section):
+    source: SourceSpec
+    key: StrictStr | list[StrictStr]
+    time_column: Identifier
+    offset_column: Identifier
+    delete: DeleteSpec | None = None
+
+
+# -- the sinks -----------------------------------------------------------------------------------
+
+
+class SinkConfig(BaseModel):
+    """What every sink has; :class:`QuerySink`, :class:`ChangelogSink` and :class:`UpsertSink`
+    add their kind's section."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=False)
+
+    name: SinkName
+    kind: str
+    description: StrictStr = ""
+    columns: tuple[Column, ...] = Field(alias="schema", min_length=1)
+    partitions: StrictInt = Field(4, ge=1, le=4096)
+    schedule: StrictStr | None = Field("@daily", description="cron, a preset, or 'none'")
+    start_date: DateTime
+    as_of: Millis = Field(description="epoch ms or ISO date-time; default: start_date")
+    catchup: StrictBool = False
+    retries: NonNegative = 2
+    read_only: StrictBool = False
+    retention: Retention = Retention()
+    compaction: Compaction = Compaction()
+    _path: str = PrivateAttr("")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _as_of_defaults_to_start(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "as_of" not in data and "start_date" in data:
+            data = {**data, "as_of": data["start_date"]}
+        return data
+
+    @field_validator("columns")
+    @classmethod
+    def _distinct_names(cls, columns: tuple[Column, ...]) -> tuple[Column, ...]:
+        seen: set[str] = set()
+        for i, c in enumerate(columns):
+            if c.name.lower() in RESERVED:
+                raise FieldError(f"schema[{i}].name", f"{c.name!r} is reserved by the sink")
+            if c.name.lower() in seen:
+                raise FieldError(f"schema[{i}].name", f"duplicate column {c.name!r}")
+            seen.add(c.name.lower())
+        return columns
+
+    @field_validator("schedule")
+    @classmethod
+    def _schedule(cls, value: str | None) -> str | None:
+        if value is None or value == "none":
+            return None
+        if value in SCHEDULE_PRESETS or _valid_cron(value):
+            return value
+        raise ValueError(f"{value!r} is not a valid cron expression or one of {list(SCHEDULE_PRESETS)}")
+
+    def model_post_init(self, context: Any) -> None:
+        self._path = str((context or {}).get("path", ""))
+
+    @property
+    def path(self) -> str:
+        """The config file it was read from."""
+        return self._path
+
+    @property
+    def base(self) -> Path:
+        return Path(self._path).resolve().parent
+
+    @property
+    def column_names(self) -> list[str]:
+        return [c.name for c in self.columns]
+
+    @property
+    def ddl(self) -> str:
+        """Spark DDL of the shard's Delta table."""
+        cols = [f"`{c.name}` {c.type}" for c in self.columns]
+        return ", ".join(cols + ["`_time` BIGINT", "`_diff` BIGINT", "`_error` STRING"])
+
+    @property
+    def vacuum_retention_hours(self) -> int:
+        return self.retention.vacuum_hours
+
+    @property
+    def history_retention_hours(self) -> int:
+        return self.retention.history_hours
+
+    @property
+    def compact_every_batches(self) -> int:
+        return self.compaction.every_batches
+
+
+class QuerySink(SinkConfig):
+    """A snapshot: a Spark SQL query over named sources, refreshed at each batch's ``upper - 1``."""
+
+    kind: Literal["query"]
+    query: QuerySpec
+
+    @property
+    def sources(self) -> tuple[Source, ...]:
+        return tuple(spec.resolved(name) for name, spec in self.query.sources.items())
+
+    @property
+    def sql(self) -> str:
+        return self.query.sql
+
+
+class ChangelogSink(SinkConfig):
+    """A change log ``(row, time, diff)``: its history is known and kept as it is."""
+
+    kind: Literal["changelog"]
+    changelog: ChangelogSpec
+
+    @property
+    def source(self) -> Source:
+        return self.changelog.source.resolved("source")
+
+    @property
+    def time_column(self) -> str:
+        return self.changelog.time_column
+
+    @property
+    def diff_column(self) -> str:
+        return self.changelog.diff_column
+
+
+class UpsertSink(SinkConfig):
+    """A feed of keyed commands ``(key, value or delete, time, offset)``: one value per key."""
+
+    kind: Literal["upsert"]
+    upsert: UpsertSpec
+
+    @model_validator(mode="after")
+    def _keys_and_feed_columns(self) -> UpsertSink:
+        u, names = self.upsert, {c.name.lower(): c for c in self.columns}
+        keys = [u.key] if isinstance(u.key, str) else u.key
+        if not keys:
+            raise FieldError("upsert.key", "must name at least one column of the schema")
+        for i, k in enumerate(keys):
+            if k.lower() not in names:
+                raise FieldError(f"upsert.key[{i}]", f"{k!r} is not a column of the schema ({sorted(names)})")
+        if len({k.lower() for k in keys}) != len(keys):
+            raise FieldError("upsert.key", "lists a column twice")
+        for fld, col in (("time_column", u.time_column), ("offset_column", u.offset_column)):
+            if col.lower() in names:
+                raise FieldError(
+                    f"upsert.{fld}",
+                    f"{col!r} is a column of the schema; the command's time and offset are not stored in the shard",
+                )
+        if u.time_column.lower() == u.offset_column.lower():
+            raise FieldError("upsert.offset_column", "must differ from time_column")
+        if u.delete is not None:
+            if u.delete.column.lower() in names or u.delete.column.lower() in (
+                u.time_column.lower(),
+                u.offset_column.lower(),
+            ):
+                raise FieldError("upsert.delete.column", f"{u.delete.column!r} must be a column of its own in the feed")
+        elif not self.value_columns:
+            raise FieldError(
+                "upsert.delete",
+                "the schema has no value columns, so a delete cannot be a null value: set delete.column and delete.values",
+            )
+        return self
+
+    @property
+    def source(self) -> Source:
+        return self.upsert.source.resolved("source")
+
+    @property
+    def key_columns(self) -> tuple[str, ...]:
+        names = {c.name.lower(): c.name for c in self.columns}
+        keys = [self.upsert.key] if isinstance(self.upsert.key, str) else self.upsert.key
+        return tuple(names[k.lower()] for k in keys)
+
+    @property
+    def value_columns(self) -> list[str]:
+        """The schema's columns that are not part of the key."""
+        keys = {k.lower() for k in ([self.upsert.key] if isinstance(self.upsert.key, str) else self.upsert.key)}
+        return [c.name for c in self.columns if c.name.lower() not in keys]
+
+    @property
+    def time_column(self) -> str:
+        return self.upsert.time_column
+
+    @property
+    def offset_column(self) -> str:
+        return self.upsert.offset_column
+
+    @property
+    def delete_column(self) -> str | None:
+        return self.upsert.delete.column if self.upsert.delete else None
+
+    @property
+    def delete_values(self) -> tuple[str, ...]:
+        return tuple(str(v) for v in self.upsert.delete.values) if self.upsert.delete else ()
+
+
+AnySink = Annotated[QuerySink | ChangelogSink | UpsertSink, Field(discriminator="kind")]
+_ADAPTER: TypeAdapter[QuerySink | ChangelogSink | UpsertSink] = TypeAdapter(AnySink)
+
+
+def json_schema() -> dict:
+    """The JSON schema of a sink file (for editors: completion and checks as you type)."""
+    schema = _ADAPTER.json_schema(by_alias=True)
+    schema["title"] = "Reconcile sink config"
+    return schema
+
+
+def _valid_cron(expr: str) -> bool:
+    if len(expr.split()) != 5:
+        return False
+    from croniter import croniter
+
+    return bool(croniter.is_valid(expr))
+
+
+# -- errors: one line, naming the file and the field ---------------------------------------------
+
+
+_UNION_MEMBER = re.compile(r"^(str|int|bool|float|none|list\[.*\]|dict\[.*\]|[a-z-]+\[.*\])$")
+
+
+def _field(loc: tuple) -> str:
+    """``('schema', 1, 'name')`` -> ``schema[1].name`` (without pydantic's ``[key]`` and union
+    member labels)."""
+    out = ""
+    for part in loc:
+        if part == "[key]" or (isinstance(part, str) and _UNION_MEMBER.match(part)):
+            continue
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out or "<root>"
+
+
+def _config_error(exc: ValidationError, path: str, sink: str | None) -> ConfigError:
+    err = exc.errors()[0]
+    kind, loc, ctx = err["type"], tuple(err["loc"]), err.get("ctx") or {}
+    if kind in ("union_tag_not_found", "union_tag_invalid"):
+        got = ctx.get("tag")
+        why = "is required" if kind == "union_tag_not_found" else f"{got!r} is not one of {list(KINDS)}"
+        return ConfigError(path, "kind", why, sink=sink)
+    loc = loc[1:]  # the first element is the kind picked by the discriminator
+    cause = ctx.get("error")
+    if isinstance(cause, FieldError):
+        return ConfigError(path, cause.field, str(cause), sink=sink)
+    if kind == "missing":
+        message = "is required"
+    elif kind == "extra_forbidden":
+        message = "unknown field (`python -m reconcile schema` lists the allowed ones)"
+    elif isinstance(cause, ValueError):
+        message = str(cause)
     else:
-        location = str((base / raw).resolve())
-    options = r.get("options", dict, {})
-    for k, v in options.items():
-        if not isinstance(k, str) or not isinstance(v, (str, int, bool, float)):
-            raise ConfigError(r.path, r._f(f"options.{k}"), "options are string keys to scalars")
-    return Source(
-        name,
-        fmt,
-        location,
-        tuple(sorted((k, str(v).lower() if isinstance(v, bool) else str(v)) for k, v in options.items())),
-    )
-
-
-def _upsert(u: _Reader, base: Path, columns: list[Column], sink: str) -> dict[str, Any]:
-    """The ``upsert:`` section: a feed of keyed commands (key, value or delete, time, offset)."""
-    u.unknown({"source", "key", "time_column", "offset_column", "delete"})
-    names = {c.name.lower(): c for c in columns}
-    keys = u.get("key", (list, str), required=True)
-    keys = [keys] if isinstance(keys, str) else keys
-    if not keys:
-        raise ConfigError(u.path, "upsert.key", "must name at least one column of the schema", sink=sink)
-    for i, k in enumerate(keys):
-        if not isinstance(k, str) or k.lower() not in names:
-            raise ConfigError(
-                u.path, f"upsert.key[{i}]", f"{k!r} is not a column of the schema ({sorted(names)})", sink=sink
-            )
-    if len({k.lower() for k in keys}) != len(keys):
-        raise ConfigError(u.path, "upsert.key", "lists a column twice", sink=sink)
-    time_col, offset_col = u.name("time_column"), u.name("offset_column")
-    for fld, col in (("time_column", time_col), ("offset_column", offset_col)):
-        if col.lower() in names:
-            raise ConfigError(
-                u.path,
-                f"upsert.{fld}",
-                f"{col!r} is a column of the schema; the command's time and offset are not stored in the shard",
-                sink=sink,
-            )
-    if time_col.lower() == offset_col.lower():
-        raise ConfigError(u.path, "upsert.offset_column", "must differ from time_column", sink=sink)
-    kw: dict[str, Any] = dict(
-        source=_source(u.sub("source"), "source", base),
-        key_columns=tuple(names[k.lower()].name for k in keys),
-        time_column=time_col,
-        offset_column=offset_col,
-    )
-    values = [c for c in columns if c.name.lower() not in {k.lower() for k in keys}]
-    if "delete" in u.data:
-        d = u.sub("delete")
-        d.unknown({"column", "values"})
-        dcol = d.name("column")
-        if dcol.lower() in names or dcol.lower() in (time_col.lower(), offset_col.lower()):
-            raise ConfigError(
-                u.path, "upsert.delete.column", f"{dcol!r} must be a column of its own in the feed", sink=sink
-            )
-        dvals = d.get("values", list, required=True)
-        if not dvals or not all(isinstance(v, (str, int)) and not isinstance(v, bool) for v in dvals):
-            raise ConfigError(
-                u.path, "upsert.delete.values", "must list the strings or integers that mark a delete", sink=sink
-            )
-        kw.update(delete_column=dcol, delete_values=tuple(str(v) for v in dvals))
-    elif not values:
-        raise ConfigError(
-            u.path,
-            "upsert.delete",
-            "the schema has no value columns, so a delete cannot be a null value: set delete.column and delete.values",
-            sink=sink,
-        )
-    return kw
-
-
-TOP_FIELDS = {
-    "name",
-    "kind",
-    "description",
-    "schema",
-    "partitions",
-    "schedule",
-    "start_date",
-    "as_of",
-    "catchup",
-    "retries",
-    "read_only",
-    "query",
-    "changelog",
-    "upsert",
-    "retention",
-    "compaction",
-}
+        message = f"{err['msg']}, got {type(err['input']).__name__} {err['input']!r}"
+    return ConfigError(path, _field(loc), " ".join(message.split()), sink=sink)
 
 
 def parse(data: Any, path: str, default_name: str | None = None) -> SinkConfig:
     """Validate one config mapping. ``path`` names the file in messages."""
-    r = _Reader(path, data)
-    r.unknown(TOP_FIELDS)
-    if "name" in r.data:
-        name = r.name("name", regex=SINK_NAME_RE)
-    else:
-        name = default_name or ""
-        if not SINK_NAME_RE.match(name):
-            raise ConfigError(path, "name", f"file stem {name!r} is not a valid sink name; set 'name'")
-    kind = r.get("kind", str, required=True)
-    if kind not in KINDS:
-        raise ConfigError(path, "kind", f"{kind!r} is not one of {list(KINDS)}", sink=name)
-
-    schema = r.get("schema", list, required=True)
-    if not schema:
-        raise ConfigError(path, "schema", "must list at least one column", sink=name)
-    columns: list[Column] = []
-    seen: set[str] = set()
-    for i, raw in enumerate(schema):
-        c = _Reader(path, raw, f"schema[{i}]")
-        c.unknown({"name", "type", "nullable"})
-        cname = c.name("name")
-        if cname.lower() in RESERVED:
-            raise ConfigError(path, f"schema[{i}].name", f"{cname!r} is reserved by the sink")
-        if cname.lower() in seen:
-            raise ConfigError(path, f"schema[{i}].name", f"duplicate column {cname!r}")
-        seen.add(cname.lower())
-        ctype = c.get("type", str, required=True).strip().lower()
-        if not TYPE_RE.match(ctype):
-            raise ConfigError(path, f"schema[{i}].type", f"{ctype!r} is not a supported type")
-        columns.append(Column(cname, ctype, c.get("nullable", bool, True)))
-
-    partitions = r.get("partitions", int, 4)
-    if not 1 <= partitions <= 4096:
-        raise ConfigError(path, "partitions", "must be between 1 and 4096", sink=name)
-    schedule = r.get("schedule", str, "@daily")
-    if schedule == "none":
-        schedule = None
-    elif not (schedule in SCHEDULE_PRESETS or _valid_cron(schedule)):
-        raise ConfigError(
-            path, "schedule", f"{schedule!r} is not a valid cron expression or one of {list(SCHEDULE_PRESETS)}"
-        )
-    start = to_datetime(r.get("start_date", (str, datetime, object), required=True), path, "start_date")
-    as_of = to_millis(r.data.get("as_of", start), path, "as_of")
-    retries = r.get("retries", int, 2)
-    if retries < 0:
-        raise ConfigError(path, "retries", "must not be negative", sink=name)
-    retention = r.get("retention", dict, {})
-    rr = _Reader(path, retention, "retention")
-    rr.unknown({"vacuum_hours", "history_hours"})
-    vacuum = rr.get("vacuum_hours", int, 168)
-    if vacuum < 0:
-        raise ConfigError(path, "retention.vacuum_hours", "must not be negative", sink=name)
-    history = rr.get("history_hours", int, 168)
-    if history < 0:
-        raise ConfigError(path, "retention.history_hours", "must not be negative", sink=name)
-    compaction = _Reader(path, r.get("compaction", dict, {}), "compaction")
-    compaction.unknown({"every_batches"})
-    every = compaction.get("every_batches", int, 20)
-    if every < 0:
-        raise ConfigError(path, "compaction.every_batches", "must not be negative (0: compact only by hand)", sink=name)
-
-    base = Path(path).resolve().parent
-    kw: dict[str, Any] = {}
-    if kind == "query":
-        q = r.sub("query")
-        q.unknown({"sources", "sql"})
-        srcs = q.get("sources", dict, {})
-        sources = []
-        for sname, sdef in srcs.items():
-            if not isinstance(sname, str) or not NAME_RE.match(sname):
-                raise ConfigError(path, f"query.sources.{sname}", "source names must be plain identifiers")
-            sources.append(_source(_Reader(path, sdef, f"query.sources.{sname}"), sname, base))
-        sql = q.get("sql", str, required=True)
-        if not sql.strip():
-            raise ConfigError(path, "query.sql", "must not be empty")
-        kw.update(sources=tuple(sources), sql=sql)
-    elif kind == "changelog":
-        c = r.sub("changelog")
-        c.unknown({"source", "time_column", "diff_column"})
-        kw.update(
-            source=_source(c.sub("source"), "source", base),
-            time_column=c.name("time_column"),
-            diff_column=c.name("diff_column"),
-        )
-    else:
-        kw.update(_upsert(r.sub("upsert"), base, columns, name))
-
-    return SinkConfig(
-        name=name,
-        kind=kind,
-        columns=tuple(columns),
-        partitions=partitions,
-        schedule=schedule,
-        start_date=start,
-        as_of=as_of,
-        path=str(path),
-        catchup=r.get("catchup", bool, False),
-        retries=retries,
-        read_only=r.get("read_only", bool, False),
-        vacuum_retention_hours=vacuum,
-        history_retention_hours=history,
-        compact_every_batches=every,
-        description=r.get("description", str, ""),
-        **kw,
-    )
+    if not isinstance(data, dict):
+        raise ConfigError(path, "<root>", "expected a mapping")
+    if "name" not in data:
+        if not SINK_NAME_RE.match(default_name or ""):
+            raise ConfigError(path, "name", f"file stem {default_name!r} is not a valid sink name; set 'name'")
+        data = {**data, "name": default_name}
+    sink = data["name"] if isinstance(data.get("name"), str) else None
+    context = {"path": path, "base": str(Path(path).resolve().parent)}
+    try:
+        return _ADAPTER.validate_python(data, context=context)
+    except ValidationError as exc:
+        raise _config_error(exc, path, sink) from None
 
 
 def load_file(path: Path | str) -> SinkConfig:

@@ -32,11 +32,12 @@ window; the feedback read is a consolidation of the shard joined with the touche
 from __future__ import annotations
 
 from pyspark.sql import Column as SCol
-from pyspark.sql import DataFrame, Window
+from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
-from reconcile.config import SinkConfig
-from reconcile.differential import as_of, consolidate, lossy, partition_of
+from reconcile.config import UpsertSink
+from reconcile.differential import as_of, consolidate, partition_of
+from reconcile.kinds.decode import lossy, read_source, require_columns
 
 INT = "bigint"
 
@@ -45,20 +46,27 @@ def _c(name: str) -> SCol:
     return F.col(f"`{name}`")
 
 
-def _feed_columns(cfg: SinkConfig) -> list[str]:
-    """An upsert feed's time and offset columns (both required by the config)."""
-    assert cfg.time_column and cfg.offset_column, f"sink {cfg.name} is not an upsert sink"
+def _feed_columns(cfg: UpsertSink) -> list[str]:
+    """An upsert feed's time and offset columns."""
     return [cfg.time_column, cfg.offset_column]
 
 
-def _raw_time(cfg: SinkConfig) -> tuple[SCol, SCol]:
+def read_feed(spark: SparkSession, cfg: UpsertSink) -> DataFrame:
+    """The sink's command feed, raw (validated per command in :func:`commands`)."""
+    df = read_source(spark, cfg, cfg.source, "upsert.source")
+    needed = cfg.column_names + _feed_columns(cfg) + ([cfg.delete_column] if cfg.delete_column else [])
+    require_columns(cfg, df, needed, "upsert.source")
+    return df
+
+
+def _raw_time(cfg: UpsertSink) -> tuple[SCol, SCol]:
     traw, oraw = (_c(c) for c in _feed_columns(cfg))
     t = F.when(~lossy(traw, traw.try_cast(INT), INT), traw.try_cast(INT))
     o = F.when(~lossy(oraw, oraw.try_cast(INT), INT), oraw.try_cast(INT))
     return t, o
 
 
-def eligibility(cfg: SinkConfig, lower: int, upper: int, watermark: int | None) -> tuple[SCol, SCol]:
+def eligibility(cfg: UpsertSink, lower: int, upper: int, watermark: int | None) -> tuple[SCol, SCol]:
     """(eligible, late) over a raw feed: see the module doc, point 1."""
     t, o = _raw_time(cfg)
     if watermark is None:
@@ -69,7 +77,7 @@ def eligibility(cfg: SinkConfig, lower: int, upper: int, watermark: int | None) 
     return eligible, late
 
 
-def feed_progress(cfg: SinkConfig, feed: DataFrame, lower: int, upper: int, watermark: int | None) -> DataFrame:
+def feed_progress(cfg: UpsertSink, feed: DataFrame, lower: int, upper: int, watermark: int | None) -> DataFrame:
     """One row: the feed's highest offset (the new watermark), commands eligible, late ones."""
     _, o = _raw_time(cfg)
     eligible, late = eligibility(cfg, lower, upper, watermark)
@@ -80,7 +88,7 @@ def feed_progress(cfg: SinkConfig, feed: DataFrame, lower: int, upper: int, wate
     )
 
 
-def commands(cfg: SinkConfig, feed: DataFrame, lower: int, upper: int, watermark: int | None) -> DataFrame:
+def commands(cfg: UpsertSink, feed: DataFrame, lower: int, upper: int, watermark: int | None) -> DataFrame:
     """Eligible commands, validated: key and value columns in the sink's types, ``_error``
     (a problem of the value, or of the command), ``_unkeyed`` (cannot be keyed or placed),
     ``_del``, ``_time`` (effective: at least ``lower``) and ``_off``."""
@@ -149,7 +157,7 @@ def commands(cfg: SinkConfig, feed: DataFrame, lower: int, upper: int, watermark
     )
 
 
-def upsert_correction(cfg: SinkConfig, cmds: DataFrame, persist: DataFrame, lower: int) -> DataFrame:
+def upsert_correction(cfg: UpsertSink, cmds: DataFrame, persist: DataFrame, lower: int) -> DataFrame:
     """The batch's updates (update frame plus ``_part``), consolidated per (row, time)."""
     keys, values = list(cfg.key_columns), cfg.value_columns
     cols = cfg.column_names
@@ -208,7 +216,7 @@ def upsert_correction(cfg: SinkConfig, cmds: DataFrame, persist: DataFrame, lowe
 
 
 def violations(
-    cfg: SinkConfig, updates: DataFrame, t: int, keys: DataFrame | None = None, limit: int = 10
+    cfg: UpsertSink, updates: DataFrame, t: int, keys: DataFrame | None = None, limit: int = 10
 ) -> list[str]:
     """Upsert invariants as of ``t``: each key has at most one value (ok or error), and every
     consolidated count is 1. ``keys`` restricts the check (e.g. to the keys a batch touched)."""

@@ -47,6 +47,7 @@ from dataclasses import dataclass
 
 from pyspark.sql import SparkSession
 
+from reconcile import kinds
 from reconcile.config import SinkConfig
 from reconcile.errors import DescriptionOutdated, InconsistentState, LostRace, Retryable, StagedBatchInvalid, brief
 from reconcile.failpoints import failpoint
@@ -159,13 +160,12 @@ def _outdated(
     )
 
 
-def _upsert_check(spark: SparkSession, cfg: SinkConfig, staged, desc: BatchDescription, state: dict) -> list[str]:
-    """After an upsert commit: every key the batch touched has at most one value, count 1."""
-    from reconcile.kinds import upsert
-
-    broken = upsert.violations(cfg, storage.read_updates(spark, cfg), desc.upper - 1, keys=staged)
+def _kind_check(spark: SparkSession, cfg: SinkConfig, staged, desc: BatchDescription, state: dict) -> list[str]:
+    """After a commit: the kind's invariants for the rows the batch touched (upsert: each touched
+    key has at most one value, count 1)."""
+    broken = kinds.invariants(cfg, storage.read_updates(spark, cfg), desc.upper - 1, keys=staged)
     for v in broken:
-        event(log, f"upsert invariant violated after commit: {v}", level=logging.ERROR, **state)
+        event(log, f"{cfg.kind} invariant violated after commit: {v}", level=logging.ERROR, **state)
     return broken
 
 
@@ -266,8 +266,8 @@ def run_append(spark: SparkSession, store: MetadataStore, cfg: SinkConfig, batch
             )
             return AppendResult("already_committed", msg, b.delta_version)
         wrong, _ = commit_differences(spark, cfg, {b.delta_version: meta})
-        broken = _upsert_check(spark, cfg, staged, desc, state) if cfg.kind == "upsert" else []
-        extra = {"late_commands": b.late_commands, "invariant_violations": len(broken)} if cfg.kind == "upsert" else {}
+        broken = _kind_check(spark, cfg, staged, desc, state)
+        extra = {"late_commands": b.late_commands, "invariant_violations": len(broken)} if kinds.reads_feed(cfg) else {}
         if wrong:
             event(log, f"the committed batch does not match its manifest: {wrong[0]}", level=logging.ERROR, **state)
             raise InconsistentState(

@@ -25,6 +25,7 @@ import json
 
 from pyspark.sql import SparkSession
 
+from reconcile import kinds
 from reconcile.config import SinkConfig
 from reconcile.model import COMMITTED, OPEN_STATES
 from reconcile.storage import delta as storage
@@ -73,10 +74,8 @@ def violations(spark: SparkSession, store: MetadataStore, cfg: SinkConfig, *, sy
                 f"one of its batches or compactions ({meta}): the metadata can never absorb it"
             )
     out += batch_differences(spark, store, cfg, entries)
-    if cfg.kind == "upsert" and commits:
-        from reconcile.kinds import upsert
-
-        out += upsert.violations(cfg, storage.read_updates(spark, cfg), commits[-1].upper - 1)
+    if commits:
+        out += kinds.invariants(cfg, storage.read_updates(spark, cfg), commits[-1].upper - 1)
     keep = {b.batch_id for b in store.batches(cfg.name, OPEN_STATES) if b.lower >= shard.upper}
     stale = sorted(set(storage.list_dirs(spark, storage.staging_root(cfg))) - keep)
     if stale:

@@ -35,12 +35,11 @@ from dataclasses import dataclass
 from pyspark.sql import DataFrame, Row, SparkSession
 from pyspark.sql import functions as F
 
+from reconcile import kinds
 from reconcile.config import SinkConfig
-from reconcile.differential import consolidate, correction
+from reconcile.differential import consolidate
 from reconcile.errors import brief
 from reconcile.failpoints import failpoint
-from reconcile.kinds import upsert
-from reconcile.kinds.sources import read_desired, read_feed
 from reconcile.log import event
 from reconcile.model import COMMITTED, OPEN_STATES, STAGED, BatchDescription
 from reconcile.sink.sync import sync
@@ -110,38 +109,19 @@ def _first(df: DataFrame) -> Row:
     return row
 
 
-@dataclass
-class Correction:
-    updates: DataFrame  # update frame plus _part
-    source_offset: int | None = None  # upsert: the feed's highest offset (the next watermark)
-    late_commands: int | None = None  # upsert: commands applied late, at lower
-    commands: int | None = None  # upsert: eligible commands
-
-
 def watermark(store: MetadataStore, cfg: SinkConfig) -> int | None:
-    """Upsert: the highest feed offset any committed batch has read (None: nothing read yet)."""
+    """A command feed's watermark: the highest offset any committed batch has read (None:
+    nothing read yet)."""
     seen = [b.source_offset for b in store.batches(cfg.name, (COMMITTED,)) if b.source_offset is not None]
     return max(seen) if seen else None
 
 
 def batch_correction(
     spark: SparkSession, store: MetadataStore, cfg: SinkConfig, persist: DataFrame, lower: int, upper: int
-) -> Correction:
+) -> kinds.Correction:
     """The correction of ``(lower, upper)`` against ``persist``, for any kind of sink."""
-    if cfg.kind != "upsert":
-        return Correction(correction(cfg, read_desired(spark, cfg), persist, lower, upper))
-    feed = read_feed(spark, cfg)
-    wm = watermark(store, cfg)
-    progress = _first(upsert.feed_progress(cfg, feed, lower, upper, wm))
-    offsets = [x for x in (wm, progress["max_offset"]) if x is not None]
-    new_wm = max(offsets) if offsets else None
-    cmds = upsert.commands(cfg, feed, lower, upper, wm)
-    return Correction(
-        upsert.upsert_correction(cfg, cmds, persist, lower),
-        new_wm,
-        int(progress["late"] or 0),
-        int(progress["commands"] or 0),
-    )
+    wm = watermark(store, cfg) if kinds.reads_feed(cfg) else None
+    return kinds.correction(spark, cfg, persist, lower, upper, wm)
 
 
 def _stage_state(spark: SparkSession, cfg: SinkConfig, b) -> str | None:
@@ -286,9 +266,8 @@ def run_write(spark: SparkSession, store: MetadataStore, cfg: SinkConfig, batch_
         "read_version": read_version,
         "parts": parts,
     }
-    feed = {}
-    if cfg.kind == "upsert":
-        feed = dict(commands=corr.commands, late_commands=corr.late_commands, source_offset=corr.source_offset)
+    feed = corr.feed
+    if feed:
         manifest.update(feed)
         if corr.late_commands:
             event(

@@ -1,0 +1,70 @@
+"""Query sinks: a Spark SQL query over named sources, a snapshot refreshed at ``upper - 1``.
+
+Its value is known only when the run evaluates it (seed 002's ``apply_refresh``), so::
+
+    correction = consolidate( snapshot - persist as of (upper - 1) ),  all stamped at upper - 1
+
+and the shard as of ``upper - 1`` equals the query's result (drift included in the repair) while
+every earlier time keeps what it had.
+"""
+
+from __future__ import annotations
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from reconcile.config import QuerySink
+from reconcile.differential import difference
+from reconcile.errors import SourceError, brief
+from reconcile.kinds.decode import read_source, require_columns, validate
+
+WRITES = ("InsertIntoStatement", "OverwriteByExpression", "AppendData", "ReplaceData", "WriteDelta")
+
+
+def require_query(spark: SparkSession, cfg: QuerySink) -> None:
+    """Refuse query.sql that is not a plain query *before* running it: ``spark.sql`` executes
+    commands (DELETE, INSERT, DROP, SET ...) at once."""
+    jvm = spark._jvm
+    assert jvm is not None, "the sink needs a classic SparkSession (py4j), not Spark Connect"
+    try:
+        plan = spark._jsparkSession.sessionState().sqlParser().parsePlan(cfg.sql)
+    except Exception as exc:
+        text = brief(exc, 300)
+        raise SourceError(f"query.sql does not run (it does not parse): {text}", sink=cfg.name) from None
+    command = jvm.java.lang.Class.forName("org.apache.spark.sql.catalyst.plans.logical.Command")
+    kind = plan.getClass().getSimpleName()
+    while kind == "UnresolvedWith":  # WITH ... <statement>: look at the statement
+        plan = plan.child()
+        kind = plan.getClass().getSimpleName()
+    if command.isInstance(plan) or kind in WRITES:
+        raise SourceError(
+            f"query.sql must be a query (SELECT/WITH/VALUES), not a command ({kind}); nothing was run.",
+            sink=cfg.name,
+        )
+
+
+def desired(spark: SparkSession, cfg: QuerySink) -> DataFrame:
+    """The query's result as an update frame (``_diff`` = 1 per row, no time)."""
+    for src in cfg.sources:
+        read_source(spark, cfg, src, f"query.sources.{src.name}").createOrReplaceTempView(src.name)
+    require_query(spark, cfg)
+    try:
+        df = spark.sql(cfg.sql)
+        df.schema  # noqa: B018
+    except Exception as exc:
+        text = brief(exc, 400)
+        raise SourceError(f"query.sql does not run: {text}", sink=cfg.name) from None
+    require_columns(cfg, df, cfg.column_names, "the result of query.sql")
+    extra = sorted({c.lower() for c in df.columns} - {c.lower() for c in cfg.column_names})
+    if extra:
+        raise SourceError(
+            f"the result of query.sql has column(s) {extra} that are not in the sink's schema",
+            sink=cfg.name,
+        )
+    return validate(cfg, df, F.lit(1), None)
+
+
+def correction(cfg: QuerySink, snapshot: DataFrame, persist: DataFrame, lower: int, upper: int) -> DataFrame:
+    """The snapshot's correction for ``(lower, upper)``: update frame plus ``_part``."""
+    assert lower < upper, f"invalid description [{lower}, {upper})"
+    return difference(cfg, snapshot, persist.where(F.col("_time") < upper), F.lit(upper - 1).cast("bigint"))
