@@ -254,9 +254,9 @@ def run_append(spark: SparkSession, store: MetadataStore, cfg: SinkConfig, batch
     if b.state == COMMITTED and b.delta_version is not None:
         info = storage.commit_info(spark, cfg, b.delta_version)
         ours = (storage.reconcile_meta(info) or {}).get("commit_id") == commit_id
-        storage.delete_path(spark, storage.staging_path(cfg, batch_id))
-        gc_staged(spark, store, cfg)
         if not ours:
+            storage.delete_path(spark, storage.staging_path(cfg, batch_id))
+            gc_staged(spark, store, cfg)
             msg = event(
                 log,
                 f"another attempt of this batch committed it in Delta version {b.delta_version} while this "
@@ -266,7 +266,9 @@ def run_append(spark: SparkSession, store: MetadataStore, cfg: SinkConfig, batch
             )
             return AppendResult("already_committed", msg, b.delta_version)
         wrong, _ = commit_differences(spark, cfg, {b.delta_version: meta})
-        broken = _kind_check(spark, cfg, staged, desc, state)
+        broken = _kind_check(spark, cfg, staged, desc, state)  # reads the staged keys: before the cleanup
+        storage.delete_path(spark, storage.staging_path(cfg, batch_id))
+        gc_staged(spark, store, cfg)
         extra = {"late_commands": b.late_commands, "invariant_violations": len(broken)} if kinds.reads_feed(cfg) else {}
         if wrong:
             event(log, f"the committed batch does not match its manifest: {wrong[0]}", level=logging.ERROR, **state)
