@@ -54,20 +54,22 @@ def test_invalid_config_is_visible_without_hiding_valid_sinks(airflow_db, tmp_pa
     assert "bad.yaml" in placeholder.doc_md and "schema" in placeholder.doc_md
 
 
-def _sink(sinks_dir: Path, data_dir: Path, name: str, **extra) -> None:
+def _sink(sinks_dir: Path, data_dir: Path, name: str, kind: str = "query", **extra) -> None:
+    """A daily sink over ``data_dir``; a query sink unless ``kind`` and its section are given."""
     sinks_dir.mkdir(exist_ok=True)
+    query = {"query": {"sources": {"src": {"format": "json", "path": str(data_dir)}}, "sql": "SELECT k, v FROM src"}}
     (sinks_dir / f"{name}.yaml").write_text(
         yaml.safe_dump(
             {
                 "name": name,
-                "kind": "query",
+                "kind": kind,
                 "schema": [{"name": "k", "type": "bigint", "nullable": False}, {"name": "v", "type": "string"}],
                 "partitions": 2,
                 "schedule": "@daily",
                 "start_date": "2026-01-01",
                 "as_of": "2026-01-01T00:00:00Z",
                 "retries": 1,
-                "query": {"sources": {"src": {"format": "json", "path": str(data_dir)}}, "sql": "SELECT k, v FROM src"},
+                **(query if kind == "query" else {}),
                 **extra,
             }
         )
@@ -150,27 +152,9 @@ def test_dag_test_runs_an_upsert_sink(airflow_db, spark, tmp_path, monkeypatch):
 
     name = f"afu_{tmp_path.name[-8:].replace('-', '_').lower()}"
     sinks = tmp_path / "sinks"
-    sinks.mkdir()
-    (sinks / f"{name}.yaml").write_text(
-        yaml.safe_dump(
-            {
-                "name": name,
-                "kind": "upsert",
-                "schema": [{"name": "k", "type": "bigint", "nullable": False}, {"name": "v", "type": "string"}],
-                "partitions": 2,
-                "schedule": "@daily",
-                "start_date": "2026-01-01",
-                "as_of": "2026-01-01T00:00:00Z",
-                "retries": 1,
-                "upsert": {
-                    "source": {"format": "json", "path": str(tmp_path / "feed")},
-                    "key": ["k"],
-                    "time_column": "ts",
-                    "offset_column": "off",
-                },
-            }
-        )
-    )
+    feed_source = {"format": "json", "path": str(tmp_path / "feed")}
+    upsert = {"source": feed_source, "key": ["k"], "time_column": "ts", "offset_column": "off"}
+    _sink(sinks, tmp_path / "feed", name, kind="upsert", upsert=upsert)
     monkeypatch.setenv("RECONCILE_SINKS_DIR", str(sinks))
     monkeypatch.setenv("RECONCILE_WAREHOUSE", str(tmp_path / "wh"))
     monkeypatch.setenv("RECONCILE_METADATA_URL", f"sqlite:///{tmp_path / 'meta.db'}")
@@ -195,4 +179,57 @@ def test_dag_test_runs_an_upsert_sink(airflow_db, spark, tmp_path, monkeypatch):
         assert ok_rows(shard_as_of(spark, cfg, t)) == model.as_of(t), t
     store = MetadataStore(f"sqlite:///{tmp_path / 'meta.db'}")
     assert [b.late_commands for b in store.batches(name, ("committed",))] == [0, 1]
+    store.dispose()
+
+
+@pytest.mark.slow
+def test_an_outdated_batch_skips_the_rest_of_its_run_with_the_reason(airflow_db, spark, tmp_path, monkeypatch):
+    """Only mint mints: the batch id goes to write by XCom. Another writer committed past the
+    run's lower (to Delta; it died before the ledger heard of it, so mint could not know): write
+    finds the batch outdated, and the run ends green with write, append and compaction skipped,
+    the reason in the ledger."""
+    from airflow.models.dagbag import DagBag
+    from airflow.utils.state import DagRunState
+
+    from helpers import run_batch
+    from reconcile import failpoints
+    from reconcile.config import load_sink
+    from reconcile.errors import FailPointHit
+    from reconcile.storage.ledger import MetadataStore
+
+    name = f"afo_{tmp_path.name[-8:].replace('-', '_').lower()}"
+    sinks, data = tmp_path / "sinks", tmp_path / "src"
+    _sink(sinks, data, name)
+    url = f"sqlite:///{tmp_path / 'meta.db'}"
+    monkeypatch.setenv("RECONCILE_SINKS_DIR", str(sinks))
+    monkeypatch.setenv("RECONCILE_WAREHOUSE", str(tmp_path / "wh"))
+    monkeypatch.setenv("RECONCILE_METADATA_URL", url)
+    dag = DagBag(dag_folder=str(ROOT / "dags"), include_examples=False).get_dag(name)
+    cfg = load_sink(name)
+    rows = [{"k": 1, "v": "a"}, {"k": 2, "v": "b"}]
+    write_json_rows(data, rows)
+    day1, day2 = datetime(2026, 1, 2, tzinfo=UTC), datetime(2026, 1, 3, tzinfo=UTC)
+    store = MetadataStore(url)
+    failpoints.arm("append.after_delta_commit", "raise")
+    try:
+        with pytest.raises(FailPointHit):
+            run_batch(spark, store, cfg, "manual__other", int(day2.timestamp() * 1000))
+    finally:
+        failpoints.disarm_all()
+    assert store.get_shard(name).upper == cfg.as_of  # the ledger is behind the Delta log
+
+    run = dag.test(logical_date=day1)
+    assert run.state == DagRunState.SUCCESS
+    tis = {ti.task_id: ti.state for ti in run.get_task_instances()}
+    assert tis == {
+        "mint": "success",
+        "write": "skipped",
+        "append": "skipped",
+        "compaction_due": "skipped",
+        "compact": "skipped",
+    }, tis
+    batch = store.run_batch(name, run.run_id)
+    assert batch.state == "superseded" and "another writer moved the shard's upper" in batch.message, batch.message
+    assert store.get_shard(name).upper == int(day2.timestamp() * 1000)  # write's sync rolled it forward
+    assert shard_as_of(spark, cfg, int(day2.timestamp() * 1000) - 1) == _model(rows)
     store.dispose()

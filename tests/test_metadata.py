@@ -16,16 +16,8 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from reconcile import errors
-from reconcile.model import COMMITTED, MINTED, OPEN_STATES, SUPERSEDED
-from reconcile.storage.ledger import (
-    CommitRecord,
-    MetadataStore,
-    current_revision,
-    downgrade,
-    head,
-    make_engine,
-    upgrade,
-)
+from reconcile.model import COMMITTED, MINTED, OPEN_STATES, SUPERSEDED, CommitRecord
+from reconcile.storage.ledger import MetadataStore, current_revision, downgrade, head, make_engine, now, upgrade
 from reconcile.storage.tables import Base, Batch, Shard
 
 TABLES = {"reconcile_shards", "reconcile_batches"}
@@ -58,6 +50,29 @@ def race(n: int, fn):
 
 
 # --- migrations -------------------------------------------------------------------------------
+
+
+def test_migration_0003_moves_the_final_prefix_into_failure_kind(metadata_url):
+    """Ledgers written before 0003 marked final failures with a ``final: `` message prefix."""
+    from sqlalchemy import text
+
+    engine = make_engine(metadata_url)
+    try:
+        upgrade(engine, "0002")
+        row = "INSERT INTO reconcile_batches (batch_id, shard, lower, upper, state, attempt, message, created_at, updated_at) "
+        with engine.begin() as c:
+            c.execute(text(row + "VALUES ('b1', 's', 1, 2, 'staged', 1, 'final: bad input', :t, :t)"), {"t": now()})
+            c.execute(text(row + "VALUES ('b2', 's', 2, 3, 'minted', 1, 'lost the database', :t, :t)"), {"t": now()})
+        upgrade(engine)
+        with engine.connect() as c:
+            got = dict(c.execute(text("SELECT batch_id, failure_kind || ':' || message FROM reconcile_batches")).all())
+        assert got == {"b1": "final:bad input", "b2": "retryable:lost the database"}
+        downgrade(engine, "0002")
+        with engine.connect() as c:
+            back = c.execute(text("SELECT message FROM reconcile_batches WHERE batch_id = 'b1'")).scalar()
+        assert back == "final: bad input"
+    finally:
+        engine.dispose()
 
 
 def test_upgrade_downgrade_upgrade(metadata_url):
@@ -280,19 +295,7 @@ def test_mint_while_another_process_creates_the_shard_row(store):
         with Session(other) as s:
             s.begin()
             t = datetime.now(UTC)
-            s.add(
-                Shard(
-                    name="fresh",
-                    upper=0,
-                    since=0,
-                    as_of=AS_OF,
-                    last_minted_lower=None,
-                    read_only=False,
-                    delta_version=-1,
-                    created_at=t,
-                    updated_at=t,
-                )
-            )
+            s.add(Shard(**Shard.initial("fresh", AS_OF, at=t)))
             s.flush()
             thread = threading.Thread(target=mint)
             thread.start()

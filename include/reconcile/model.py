@@ -89,3 +89,33 @@ class CommitRecord:
     rows_err: int | None = None
     source_offset: int | None = None
     late_commands: int | None = None
+
+    def summary(self) -> dict:
+        """The fields a log line shows."""
+        return {"batch": self.batch_id, "lower": self.lower, "upper": self.upper, "delta_version": self.version}
+
+
+@dataclass(frozen=True)
+class Staged:
+    """What a write attempt staged, as the ledger records it: the attempt (``stage_id``, the
+    directory of its files), its manifest (files, sizes, rows and checksum per partition) and
+    the batch's counts."""
+
+    stage_id: str
+    manifest: dict
+    rows_ok: int
+    rows_err: int
+    read_version: int
+    drift_rows: int | None
+    source_offset: int | None = None
+    late_commands: int | None = None
+
+    def summary(self) -> dict:
+        """The fields a log line shows."""
+        return {
+            "stage": self.stage_id,
+            "rows_ok": self.rows_ok,
+            "rows_err": self.rows_err,
+            "drift_rows": self.drift_rows,
+            "read_version": self.read_version,
+        }

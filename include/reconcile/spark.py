@@ -12,35 +12,53 @@ import sys
 
 from reconcile import settings
 
-DELTA_CONF = {
+# What the sink needs wherever it runs: Delta, and commit info (the sink reads its own commits'
+# metadata); times in UTC.
+SINK_CONF = {
     "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
     "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
-    # The sink relies on reading its own commits' metadata; keep commit info on.
     "spark.databricks.delta.commitInfo.enabled": "true",
+    "spark.sql.session.timeZone": "UTC",
+    "spark.ui.showConsoleProgress": "false",
 }
 
+# The embedded default only (a session this process creates on local[*]): no UI, a driver that
+# fits a laptop.
 LOCAL_CONF = {
     "spark.ui.enabled": "false",
-    "spark.ui.showConsoleProgress": "false",
+    "spark.driver.memory": "2g",
+}
+
+# Sized for one machine's cores; set at runtime on any session whose master is local[...]
+# (a spark-submit job on local Spark too), unless the session was given its own value. A
+# cluster keeps its defaults or what its operators configure.
+LOCAL_SQL_CONF = {
     "spark.sql.shuffle.partitions": "8",
     "spark.databricks.delta.snapshotPartitions": "4",
-    "spark.sql.session.timeZone": "UTC",
-    "spark.driver.memory": "2g",
 }
 
 
 def submit_conf() -> dict[str, str]:
-    """Spark conf for spark-submit of the jobs/ scripts (used by the DAG's operators)."""
-    conf = dict(DELTA_CONF)
+    """Spark conf for spark-submit of the jobs/ scripts (the DAG's operators): what the sink
+    needs, Delta's jars and the driver's interpreter; nothing tuned for one machine."""
+    conf = dict(SINK_CONF)
     jars = settings.spark_jars()
     if jars:
         conf["spark.jars"] = ",".join(jars)
     else:
         conf["spark.jars.packages"] = settings.DELTA_PACKAGES
-    conf.update({k: v for k, v in LOCAL_CONF.items() if k != "spark.driver.memory"})
     # The driver runs the reconcile package: use the interpreter that has it installed.
     conf["spark.pyspark.driver.python"] = sys.executable
     return conf
+
+
+def _tune_local(spark) -> None:
+    if not spark.sparkContext.master.startswith("local"):
+        return
+    given = spark.sparkContext.getConf()
+    for k, v in LOCAL_SQL_CONF.items():
+        if not given.contains(k):
+            spark.conf.set(k, v)
 
 
 def get_session(app_name: str = "reconcile", extra: dict[str, str] | None = None):
@@ -62,8 +80,9 @@ def get_session(app_name: str = "reconcile", extra: dict[str, str] | None = None
             builder = builder.config("spark.jars.packages", settings.DELTA_PACKAGES)
         for k, v in LOCAL_CONF.items():
             builder = builder.config(k, v)
-    for k, v in {**DELTA_CONF, **(extra or {})}.items():
+    for k, v in {**SINK_CONF, **(extra or {})}.items():
         builder = builder.config(k, v)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("WARN")
+    _tune_local(spark)
     return spark

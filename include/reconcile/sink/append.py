@@ -110,6 +110,11 @@ def verify_staged(spark: SparkSession, cfg: SinkConfig, batch_id: str, manifest:
     return staged
 
 
+def _nothing_to_append(outcome: str, why: str, shard: Shard, state: dict) -> AppendResult:
+    msg = event(log, f"nothing to append: {why}; deleted this batch's staged files", shard_upper=shard.upper, **state)
+    return AppendResult(outcome, msg)
+
+
 def _outdated(
     spark: SparkSession, store: MetadataStore, cfg: SinkConfig, desc: BatchDescription, shard: Shard, state: dict
 ) -> AppendResult:
@@ -121,14 +126,8 @@ def _outdated(
         storage.delete_path(spark, storage.staging_path(cfg, desc.batch_id))
         newer = store.superseder(b)
         if newer is not None and newer.upper >= desc.upper:
-            msg = event(
-                log,
-                f"nothing to append: batch {newer.batch_id} of run {newer.run_id} superseded this one "
-                f"and covers [{desc.lower}, {desc.upper}) (up to {newer.upper}); deleted this batch's staged files",
-                shard_upper=shard.upper,
-                **state,
-            )
-            return AppendResult("superseded", msg)
+            why = f"batch {newer.batch_id} of run {newer.run_id} superseded this one and covers [{desc.lower}, {desc.upper}) (up to {newer.upper})"
+            return _nothing_to_append("superseded", why, shard, state)
         event(log, f"not appending: {why}", level=logging.WARNING, shard_upper=shard.upper, **state)
         raise DescriptionOutdated(
             f"batch {desc.batch_id} [{desc.lower}, {desc.upper}) was {why}; its staged files were "
@@ -141,13 +140,7 @@ def _outdated(
     storage.delete_path(spark, storage.staging_path(cfg, desc.batch_id))
     gc_staged(spark, store, cfg)
     if shard.upper >= desc.upper:
-        msg = event(
-            log,
-            f"nothing to append: {who} already covered [{desc.lower}, {desc.upper}); deleted this batch's staged files",
-            shard_upper=shard.upper,
-            **state,
-        )
-        return AppendResult("covered", msg)
+        return _nothing_to_append("covered", f"{who} already covered [{desc.lower}, {desc.upper})", shard, state)
     event(log, f"append lost the race to {who}", level=logging.WARNING, shard_upper=shard.upper, **state)
     raise LostRace(
         f"batch {desc.batch_id} [{desc.lower}, {desc.upper}) is outdated: {who} moved the shard's "

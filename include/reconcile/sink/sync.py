@@ -32,15 +32,7 @@ def sync(spark: SparkSession, store: MetadataStore, cfg: SinkConfig) -> Shard:
     latest, entries = storage.history_since(spark, cfg, shard.delta_version)
     for rec in storage.batch_commits(entries):
         if store.absorb_commit(cfg.name, rec):
-            event(
-                log,
-                "rolled metadata forward to a Delta batch commit",
-                sink=cfg.name,
-                batch=rec.batch_id,
-                lower=rec.lower,
-                upper=rec.upper,
-                delta_version=rec.version,
-            )
+            event(log, "rolled metadata forward to a Delta batch commit", sink=cfg.name, **rec.summary())
     if entries:
         store.note_delta_version(cfg.name, latest)
     return store.get_shard(cfg.name)

@@ -41,7 +41,7 @@ from reconcile.differential import consolidate
 from reconcile.errors import brief
 from reconcile.failpoints import failpoint
 from reconcile.log import event
-from reconcile.model import COMMITTED, OPEN_STATES, STAGED, BatchDescription
+from reconcile.model import COMMITTED, OPEN_STATES, STAGED, BatchDescription, Staged
 from reconcile.sink.sync import sync
 from reconcile.storage import delta as storage
 from reconcile.storage.ledger import MetadataStore
@@ -277,18 +277,8 @@ def run_write(spark: SparkSession, store: MetadataStore, cfg: SinkConfig, batch_
                 level=logging.WARNING,
                 **state,
             )
-    won, now_b = store.mark_staged(
-        batch_id,
-        stage_id=stage_id,
-        replaces=replaces,
-        manifest=manifest,
-        rows_ok=rows_ok,
-        rows_err=rows_err,
-        read_version=read_version,
-        drift_rows=drift,
-        source_offset=corr.source_offset,
-        late_commands=corr.late_commands,
-    )
+    staged = Staged(stage_id, manifest, rows_ok, rows_err, read_version, drift, corr.source_offset, corr.late_commands)
+    won, now_b = store.mark_staged(batch_id, staged, replaces=replaces)
     if not won:
         storage.delete_path(spark, path)
         if now_b.state not in OPEN_STATES:
@@ -298,16 +288,5 @@ def run_write(spark: SparkSession, store: MetadataStore, cfg: SinkConfig, batch_
     if replaces is not None:
         storage.delete_path(spark, storage.staging_path(cfg, batch_id, replaces))
     failpoint("write.after_staged")
-    msg = event(
-        log,
-        "staged batch",
-        stage=stage_id,
-        rows_ok=rows_ok,
-        rows_err=rows_err,
-        drift_rows=drift,
-        read_version=read_version,
-        partitions=cfg.partitions,
-        **feed,
-        **state,
-    )
+    msg = event(log, "staged batch", **staged.summary(), partitions=cfg.partitions, **feed, **state)
     return WriteResult("staged", msg, rows_ok, rows_err, drift, parts, batch_id)

@@ -32,7 +32,7 @@ from sqlalchemy.orm import Session
 
 from reconcile.errors import BatchNotFound, InconsistentState, MetadataUnavailable, ShardNotFound, UpperMismatch
 from reconcile.failpoints import failpoint
-from reconcile.model import COMMITTED, MINTED, OPEN_STATES, STAGED, SUPERSEDED, BatchDescription, CommitRecord
+from reconcile.model import COMMITTED, MINTED, OPEN_STATES, STAGED, SUPERSEDED, BatchDescription, CommitRecord, Staged
 from reconcile.storage.tables import Batch, Shard
 
 log = logging.getLogger("reconcile.metadata")
@@ -169,17 +169,7 @@ class MetadataStore:
         first mints of a new shard both succeed and share one row)."""
         with self.tx() as s:
             t = now()
-            values = dict(
-                name=name,
-                upper=0,
-                since=0,
-                as_of=as_of,
-                last_minted_lower=None,
-                read_only=read_only,
-                delta_version=-1,
-                created_at=t,
-                updated_at=t,
-            )
+            values = Shard.initial(name, as_of, read_only=read_only, at=t)
             dialect = self.engine.dialect.name
             if dialect in ("postgresql", "sqlite"):
                 insert = pg_insert if dialect == "postgresql" else sqlite_insert
@@ -355,23 +345,10 @@ class MetadataStore:
                 select(Batch).where(Batch.shard == name, Batch.lower == lower, Batch.state == COMMITTED)
             ).first()
 
-    def mark_staged(
-        self,
-        batch_id: str,
-        *,
-        stage_id: str,
-        replaces: str | None,
-        manifest: dict,
-        rows_ok: int,
-        rows_err: int,
-        read_version: int,
-        drift_rows: int | None,
-        source_offset: int | None = None,
-        late_commands: int | None = None,
-    ) -> tuple[bool, Batch]:
-        """Record write attempt ``stage_id``'s files as the batch: a compare-and-set that holds
-        only while the batch is open and its recorded attempt is still ``replaces`` (None: no
-        attempt recorded yet). Of several attempts of one batch writing at once, exactly one
+    def mark_staged(self, batch_id: str, staged: Staged, *, replaces: str | None) -> tuple[bool, Batch]:
+        """Record write attempt ``staged.stage_id``'s files as the batch: a compare-and-set that
+        holds only while the batch is open and its recorded attempt is still ``replaces`` (None:
+        no attempt recorded yet). Of several attempts of one batch writing at once, exactly one
         wins; the others get (False, the batch as it is now) and must delete their own files."""
         with self.tx() as s:
             b = s.get(Batch, batch_id)
@@ -382,11 +359,11 @@ class MetadataStore:
             if b.state not in OPEN_STATES or b.stage_id != replaces:
                 return False, b
             b.state = STAGED
-            b.stage_id = stage_id
-            b.manifest = json.dumps(manifest, sort_keys=True)
-            b.rows_ok, b.rows_err = rows_ok, rows_err
-            b.read_version, b.drift_rows = read_version, drift_rows
-            b.source_offset, b.late_commands = source_offset, late_commands
+            b.stage_id = staged.stage_id
+            b.manifest = json.dumps(staged.manifest, sort_keys=True)
+            b.rows_ok, b.rows_err = staged.rows_ok, staged.rows_err
+            b.read_version, b.drift_rows = staged.read_version, staged.drift_rows
+            b.source_offset, b.late_commands = staged.source_offset, staged.late_commands
             b.message = b.failure_kind = None
             b.updated_at = now()
             return True, b

@@ -38,6 +38,12 @@ class Shard(Base):
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
     updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
 
+    @staticmethod
+    def initial(name: str, as_of: int, *, read_only: bool = False, at: datetime) -> dict:
+        """The row of a new shard: nothing written yet (upper 0), no Delta version absorbed."""
+        fresh = dict(upper=0, since=0, last_minted_lower=None, delta_version=-1, created_at=at, updated_at=at)
+        return dict(name=name, as_of=as_of, read_only=read_only, **fresh)
+
 
 class Batch(Base):
     __tablename__ = "reconcile_batches"
