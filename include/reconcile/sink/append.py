@@ -194,7 +194,16 @@ def run_append(spark: SparkSession, store: MetadataStore, cfg: SinkConfig, batch
     try:
         staged = verify_staged(spark, cfg, batch_id, parse_manifest(cfg, batch_id, b.manifest))
     except StagedBatchInvalid:
+        sync(spark, store, cfg)  # another attempt may have committed it and cleaned up meanwhile
         now_b = store.get_batch(batch_id, cfg.name)
+        if now_b.state == COMMITTED:
+            msg = event(
+                log,
+                f"another attempt of this batch committed it (Delta version {now_b.delta_version}) while this "
+                "one verified its staged files; nothing more to do",
+                **state,
+            )
+            return AppendResult("already_committed", msg, now_b.delta_version)
         if now_b.state == b.state and now_b.stage_id == b.stage_id:
             raise
         raise Retryable(  # not damage: another attempt of the batch moved on meanwhile
