@@ -12,7 +12,7 @@ that cancel meet in one partition and each partition's correction is computed in
 from __future__ import annotations
 
 from pyspark.sql import Column as SCol
-from pyspark.sql import DataFrame
+from pyspark.sql import DataFrame, Row
 from pyspark.sql import functions as F
 
 from reconcile.config import SinkConfig
@@ -67,3 +67,10 @@ def difference(cfg: SinkConfig, desired: DataFrame, persist: DataFrame, time: SC
     both = d.unionByName(p).withColumn("_part", partition_of(cfg))
     # Shuffle once by partition; the aggregation below reuses that distribution.
     return consolidate(cfg, both.repartition(cfg.partitions, "_part"))
+
+
+def one_row(df: DataFrame) -> Row:
+    """The single row of an aggregation without groups."""
+    row = df.first()
+    assert row is not None, "an aggregation without groups returns one row"
+    return row

@@ -54,6 +54,12 @@ def mint_for_run(
         return run_mint(store, cfg, run_id, attempt, desired_frontier(data_interval_end, start), read_only=read_only)
 
 
+def run_batch_of(store: MetadataStore, sink: str, run_id: str, batch_id: str | None) -> Batch | None:
+    """The batch the run's mint minted (``batch_id``, handed forward by the DAG; without it, the
+    run's newest batch)."""
+    return store.get_batch(batch_id, sink) if batch_id else store.run_batch(sink, run_id)
+
+
 def _run_stage(stage: str, sink: str, run_id: str, batch_id: str | None = None, spark=None) -> str:
     """Run ``stage`` on the batch the run's mint minted (``batch_id``, handed forward by the DAG;
     without it, the run's newest batch)."""
@@ -63,7 +69,7 @@ def _run_stage(stage: str, sink: str, run_id: str, batch_id: str | None = None, 
     with sink_and_store(sink) as (cfg, store):
         batch: Batch | None = None
         try:
-            batch = store.get_batch(batch_id, cfg.name) if batch_id else store.run_batch(cfg.name, run_id)
+            batch = run_batch_of(store, cfg.name, run_id, batch_id)
             if batch is None:
                 return f"run {run_id} minted no batch for sink {sink!r}: nothing to {stage}"
             spark = spark or get_session(f"reconcile-{sink}-{stage}")
@@ -88,7 +94,7 @@ def nothing_left(sink: str, run_id: str, batch_id: str | None) -> str | None:
     """Why the run's remaining tasks have nothing to do (its batch was superseded: outdated by
     another writer, or covered by a newer description), or None."""
     with sink_and_store(sink) as (cfg, store):
-        batch = store.get_batch(batch_id, cfg.name) if batch_id else store.run_batch(cfg.name, run_id)
+        batch = run_batch_of(store, cfg.name, run_id, batch_id)
         if batch is None or batch.state != SUPERSEDED:
             return None
         return f"batch {batch.batch_id} [{batch.lower}, {batch.upper}) is {batch.state}: {batch.message}"
@@ -130,7 +136,7 @@ def failure_verdict(sink: str, run_id: str, batch_id: str | None = None) -> tupl
     except SinkError as exc:
         return False, str(exc)
     try:
-        batch = store.get_batch(batch_id, sink) if batch_id else store.run_batch(sink, run_id)
+        batch = run_batch_of(store, sink, run_id, batch_id)
         if batch is None or not batch.message:
             return False, None
         return batch.failure_kind == FINAL, batch.message

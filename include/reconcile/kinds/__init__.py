@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pyspark.sql import DataFrame, SparkSession
 
 from reconcile.config import ChangelogSink, QuerySink, SinkConfig, UpsertSink
+from reconcile.differential import one_row
 
 
 @dataclass
@@ -50,7 +51,7 @@ def correction(
         return Correction(changelog.correction(cfg, changelog.desired(spark, cfg), persist, lower, upper))
     assert isinstance(cfg, UpsertSink), f"unknown kind {cfg.kind!r}"
     feed = upsert.read_feed(spark, cfg)
-    progress = feed_progress_row(upsert.feed_progress(cfg, feed, lower, upper, watermark))
+    progress = one_row(upsert.feed_progress(cfg, feed, lower, upper, watermark))
     offsets = [x for x in (watermark, progress["max_offset"]) if x is not None]
     cmds = upsert.commands(cfg, feed, lower, upper, watermark)
     return Correction(
@@ -59,12 +60,6 @@ def correction(
         int(progress["late"] or 0),
         int(progress["commands"] or 0),
     )
-
-
-def feed_progress_row(df: DataFrame):
-    row = df.first()
-    assert row is not None, "an aggregation without groups returns one row"
-    return row
 
 
 def desired(spark: SparkSession, cfg: SinkConfig) -> DataFrame:

@@ -40,7 +40,6 @@ The Delta log is the linearization point and the source of truth; the metadata r
 
 from __future__ import annotations
 
-import json
 import logging
 import uuid
 from dataclasses import dataclass
@@ -54,7 +53,7 @@ from reconcile.failpoints import failpoint
 from reconcile.log import event
 from reconcile.model import COMMITTED, MINTED, SUPERSEDED, BatchDescription
 from reconcile.sink.sync import gc_staged, sync
-from reconcile.sink.verify import commit_differences, differences
+from reconcile.sink.verify import commit_differences, differences, parse_manifest, staged_files
 from reconcile.storage import delta as storage
 from reconcile.storage.ledger import MetadataStore
 from reconcile.storage.tables import Shard
@@ -69,36 +68,11 @@ class AppendResult:
     delta_version: int | None = None
 
 
-def parse_manifest(cfg: SinkConfig, batch_id: str, text: str | None) -> dict:
-    try:
-        manifest = json.loads(text or "")
-        manifest["parts"].items()
-        return manifest
-    except (ValueError, KeyError, TypeError, AttributeError):
-        raise StagedBatchInvalid(f"batch {batch_id} has no readable manifest in the ledger.", sink=cfg.name) from None
-
-
 def verify_staged(spark: SparkSession, cfg: SinkConfig, batch_id: str, manifest: dict):
     """The staged DataFrame of exactly the files the manifest names, after checking them
     against it (present with their sizes, no stranger in the attempt's directory, rows and
     checksum per partition)."""
-    path = storage.staging_path(cfg, batch_id, manifest.get("stage_id"))
-    if not storage.path_exists(spark, path):
-        raise StagedBatchInvalid(f"staged batch {batch_id} misses its folder {path}", sink=cfg.name)
-    files = storage.list_files(spark, path)
-    expected_files: dict[str, int] = {}
-    for part in manifest["parts"].values():
-        expected_files.update(part["files"])
-    missing = sorted(set(expected_files) - set(files))
-    if missing:
-        raise StagedBatchInvalid(f"staged batch {batch_id} misses file(s) {missing[:3]} under {path}", sink=cfg.name)
-    changed = sorted(k for k, size in expected_files.items() if files[k] != size)
-    unknown = sorted(set(files) - set(expected_files))
-    if changed or unknown:
-        raise StagedBatchInvalid(
-            f"staged batch {batch_id} does not match its manifest: changed {changed[:3]}, unexpected {unknown[:3]}",
-            sink=cfg.name,
-        )
+    path, expected_files = staged_files(spark, cfg, batch_id, manifest)
     try:
         staged = storage.read_staged(spark, cfg, path, list(expected_files))
         stats = storage.partition_stats(cfg, staged)

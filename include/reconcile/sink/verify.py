@@ -3,10 +3,45 @@ manifest's row counts and checksums."""
 
 from __future__ import annotations
 
+import json
+
 from pyspark.sql import SparkSession
 
 from reconcile.config import SinkConfig
+from reconcile.errors import StagedBatchInvalid
 from reconcile.storage import delta as storage
+
+
+def parse_manifest(cfg: SinkConfig, batch_id: str, text: str | None) -> dict:
+    try:
+        manifest = json.loads(text or "")
+        manifest["parts"].items()
+        return manifest
+    except (ValueError, KeyError, TypeError, AttributeError):
+        raise StagedBatchInvalid(f"batch {batch_id} has no readable manifest in the ledger.", sink=cfg.name) from None
+
+
+def staged_files(spark: SparkSession, cfg: SinkConfig, batch_id: str, manifest: dict) -> tuple[str, dict[str, int]]:
+    """(the write attempt's directory, {file: size} the manifest names), after checking that
+    exactly those files are there with their sizes; else :class:`StagedBatchInvalid`."""
+    path = storage.staging_path(cfg, batch_id, manifest.get("stage_id"))
+    if not storage.path_exists(spark, path):
+        raise StagedBatchInvalid(f"staged batch {batch_id} misses its folder {path}", sink=cfg.name)
+    files = storage.list_files(spark, path)
+    expected: dict[str, int] = {}
+    for part in manifest["parts"].values():
+        expected.update(part["files"])
+    missing = sorted(set(expected) - set(files))
+    if missing:
+        raise StagedBatchInvalid(f"staged batch {batch_id} misses file(s) {missing[:3]} under {path}", sink=cfg.name)
+    changed = sorted(k for k, size in expected.items() if files[k] != size)
+    unknown = sorted(set(files) - set(expected))
+    if changed or unknown:
+        raise StagedBatchInvalid(
+            f"staged batch {batch_id} does not match its manifest: changed {changed[:3]}, unexpected {unknown[:3]}",
+            sink=cfg.name,
+        )
+    return path, expected
 
 
 def differences(manifest: dict, stats: dict[int, dict], what: str) -> list[str]:

@@ -28,21 +28,21 @@ diffs that the foreign Delta versions changed below ``upper``, computed by Delta
 
 from __future__ import annotations
 
-import json
 import logging
 from dataclasses import dataclass
 
-from pyspark.sql import DataFrame, Row, SparkSession
+from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from reconcile import kinds
 from reconcile.config import SinkConfig
-from reconcile.differential import consolidate
-from reconcile.errors import brief
+from reconcile.differential import consolidate, one_row
+from reconcile.errors import StagedBatchInvalid, brief
 from reconcile.failpoints import failpoint
 from reconcile.log import event
 from reconcile.model import COMMITTED, OPEN_STATES, STAGED, BatchDescription, Staged
 from reconcile.sink.sync import sync
+from reconcile.sink.verify import parse_manifest, staged_files
 from reconcile.storage import delta as storage
 from reconcile.storage.ledger import MetadataStore
 
@@ -90,7 +90,7 @@ def drift_rows(spark: SparkSession, store: MetadataStore, cfg: SinkConfig, read_
             changed = consolidate(
                 cfg, after.unionByName(before.withColumn("_diff", -F.col("_diff"))), partitioned=False
             )
-            total += int(_first(changed.agg(F.sum(F.abs("_diff"))))[0] or 0)
+            total += int(one_row(changed.agg(F.sum(F.abs("_diff"))))[0] or 0)
         except Exception as exc:  # those versions were vacuumed: the drift is repaired, not measured
             event(
                 log,
@@ -100,13 +100,6 @@ def drift_rows(spark: SparkSession, store: MetadataStore, cfg: SinkConfig, read_
             )
             return None
     return total
-
-
-def _first(df: DataFrame) -> Row:
-    """The one row of an aggregation."""
-    row = df.first()
-    assert row is not None, "an aggregation without groups returns one row"
-    return row
 
 
 def watermark(store: MetadataStore, cfg: SinkConfig) -> int | None:
@@ -125,19 +118,13 @@ def batch_correction(
 
 
 def _stage_state(spark: SparkSession, cfg: SinkConfig, b) -> str | None:
-    """Why the batch's recorded attempt cannot be appended as it is (None: its files are intact:
-    every file its manifest names is there with its size)."""
+    """Why the batch's recorded attempt cannot be appended as it is (None: exactly the files its
+    manifest names are there, with their sizes)."""
     try:
-        manifest = json.loads(b.manifest or "")
-        want = {f: size for part in manifest["parts"].values() for f, size in part["files"].items()}
-    except (ValueError, KeyError, TypeError, AttributeError):
-        return "its manifest is unreadable"
-    have = storage.list_files(spark, storage.staging_path(cfg, b.batch_id, b.stage_id))
-    bad = sorted(f for f, size in want.items() if have.get(f) != size)
-    if bad:
-        return f"its staged file(s) {bad[:3]} are missing or changed"
-    unknown = sorted(set(have) - set(want))
-    return f"file(s) {unknown[:3]} that its manifest does not name are among its staged files" if unknown else None
+        staged_files(spark, cfg, b.batch_id, parse_manifest(cfg, b.batch_id, b.manifest))
+    except StagedBatchInvalid as exc:
+        return str(exc)
+    return None
 
 
 def _lost(b, stage_id: str) -> tuple[str, str]:
