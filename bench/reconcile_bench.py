@@ -299,7 +299,7 @@ def timed(fn, *args) -> float:
 def sink_problems(spark: SparkSession, store, cfg, batch: int, references: dict[str, DataFrame]) -> list[str]:
     """What is wrong with the sink's content after ``batch`` (empty: nothing). It is read as of
     the batch's upper - 1, or as of since if compaction moved since there (history_hours: 0)."""
-    from reconcile.storage import delta as shard
+    from reconcile.storage import frames as shard
 
     t = max(upper_of(batch) - 1, store.get_shard(cfg.name).since)
     ok, errors = shard.read_as_of(spark, cfg, t)

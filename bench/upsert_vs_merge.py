@@ -97,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
     from reconcile.config import load_file
     from reconcile.sink.run import run_batch
     from reconcile.spark import get_session
-    from reconcile.storage import delta as storage
+    from reconcile.storage import frames
     from reconcile.storage.ledger import MetadataStore
 
     t0 = time.perf_counter()
@@ -166,7 +166,7 @@ def main(argv: list[str] | None = None) -> int:
             )
 
         # Both tables must hold the same rows.
-        ok, _ = storage.read_as_of(spark, cfg, AS_OF + (args.batches + 1) * WIDTH - 1)
+        ok, _ = frames.read_as_of(spark, cfg, AS_OF + (args.batches + 1) * WIDTH - 1)
         bad_counts = ok.where("_count != 1").count()
         sink_rows = ok.drop("_count")
         merged = spark.read.format("delta").load(target)

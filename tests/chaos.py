@@ -49,6 +49,7 @@ from reconcile.sink import run as pipeline
 from reconcile.sink.sync import sync
 from reconcile.spark import get_session
 from reconcile.storage import delta as storage
+from reconcile.storage import frames
 from reconcile.storage.ledger import MetadataStore
 from tiny_spark import TINY_DATA_CONF
 
@@ -248,7 +249,7 @@ class Schedule:
         from delta.tables import DeltaTable
         from pyspark.sql import functions as F
 
-        if not storage.exists(self.spark, self.cfg):
+        if not storage.exists(self.cfg):
             return
         path = storage.table_path(self.cfg)
         choice = self.rng.choice(["delete", "duplicate", "insert"])
@@ -256,7 +257,7 @@ class Schedule:
         if choice == "delete":
             DeltaTable.forPath(self.spark, path).delete(F.col("k") == k)
         else:
-            df = storage.read_updates(self.spark, self.cfg)
+            df = frames.read_updates(self.spark, self.cfg)
             if choice == "duplicate":
                 df = df.where(F.col("k") == k).limit(1)
             else:
@@ -276,13 +277,15 @@ class Schedule:
         return +out
 
     def check(self, final: bool = False) -> list[str]:
-        if not storage.exists(self.spark, self.cfg):
+        if not storage.exists(self.cfg):
             return []
-        sync(self.spark, self.store, self.cfg)
-        problems = [v for v in check.violations(self.spark, self.store, self.cfg) if final or "staged files" not in v]
+        sync(self.store, self.cfg)
+        problems = [
+            v for v in check.violations(self.store, self.cfg, spark=self.spark) if final or "staged files" not in v
+        ]
         committed = self.store.batches(self.cfg.name, (COMMITTED,))
         since = self.store.get_shard(self.cfg.name).since
-        updates = storage.read_updates(self.spark, self.cfg).select("k", "v", "_error", "_time", "_diff").collect()
+        updates = frames.read_updates(self.spark, self.cfg).select("k", "v", "_error", "_time", "_diff").collect()
         for b in committed:
             if b.upper <= self.tampered_below:
                 continue  # history rewritten behind the sink's back; repaired at a later time

@@ -68,9 +68,9 @@ def run_batch(spark, store, cfg: SinkConfig, run_id: str, frontier: int, *, atte
 
 def shard_as_of(spark, cfg: SinkConfig, t: int) -> Counter:
     """The shard as of t as a multiset of (row..., error) tuples (read with plain Spark)."""
-    from reconcile.storage import delta as storage
+    from reconcile.storage import frames
 
-    df = storage.read_updates(spark, cfg)
+    df = frames.read_updates(spark, cfg)
     out: Counter = Counter()
     for r in df.collect():
         if r["_time"] <= t:
@@ -79,9 +79,9 @@ def shard_as_of(spark, cfg: SinkConfig, t: int) -> Counter:
 
 
 def update_log(spark, cfg: SinkConfig) -> list[tuple]:
-    from reconcile.storage import delta as storage
+    from reconcile.storage import frames
 
-    return [tuple(r) for r in storage.read_updates(spark, cfg).collect()]
+    return [tuple(r) for r in frames.read_updates(spark, cfg).collect()]
 
 
 def model_query(rows: Iterable[dict], cfg: SinkConfig) -> Counter:
@@ -112,4 +112,23 @@ def normalize_errors(counter: Counter, cfg: SinkConfig) -> Counter:
         else:
             cols = sorted({c.name for c in cfg.columns if f"column '{c.name}'" in err})
             out[("ERROR",) + tuple(cols)] += n
+    return out
+
+
+def leftover_staged(store, cfg: SinkConfig) -> list[str]:
+    """Staged directories that should be gone: every directory under the table's ``batches/``
+    must be the committed attempt of a committed batch, or belong to a batch that can still be
+    committed (open, lower at or after the shard's upper)."""
+    from reconcile.model import COMMITTED, OPEN_STATES
+    from reconcile.storage import delta as storage
+
+    upper = store.get_shard(cfg.name).upper
+    out = []
+    for batch_id in storage.list_dirs(storage.staging_root(cfg)):
+        b = store.get_batch(batch_id, cfg.name)
+        stages = storage.list_dirs(storage.staging_path(cfg, batch_id))
+        if b.state == COMMITTED:
+            out += [f"{batch_id}/{s}" for s in stages if s != b.stage_id]
+        elif not (b.state in OPEN_STATES and b.lower >= upper):
+            out.append(batch_id)
     return out

@@ -1,7 +1,8 @@
 """Airflow itself: the DAG file imports cleanly, and dag.test() runs a sink end to end.
 
-The write and append tasks really spark-submit jobs/*.py on local Spark; the shard is checked
-against the plain-Python model of the source after every run.
+The write task really spark-submits jobs/write_correction.py on local Spark; the append runs in the
+worker without a JVM. The shard is checked against the plain-Python model of the source after
+every run.
 """
 
 from __future__ import annotations
@@ -87,6 +88,7 @@ def test_dag_test_three_intervals_then_rerun_is_noop(airflow_db, spark, tmp_path
 
     from reconcile.config import load_sink
     from reconcile.storage import delta as storage
+    from reconcile.storage import frames
     from reconcile.storage.ledger import MetadataStore
 
     name = f"af_{tmp_path.name[-8:].replace('-', '_').lower()}"
@@ -121,13 +123,13 @@ def test_dag_test_three_intervals_then_rerun_is_noop(airflow_db, spark, tmp_path
     for rows, day in zip(sources, days):  # history stays readable as of every upper - 1 >= since
         if int(day.timestamp() * 1000) - 1 >= since:
             assert shard_as_of(spark, cfg, int(day.timestamp() * 1000) - 1) == _model(rows)
-    times = {r["_time"] for r in storage.read_updates(spark, cfg).select("_time").collect()}
+    times = {r["_time"] for r in frames.read_updates(spark, cfg).select("_time").collect()}
     assert min(times) == since  # the updates before since were folded into it
 
     assert store.get_shard(name).upper == int(days[-1].timestamp() * 1000)
     committed = [b for b in store.batches(name) if b.state == "committed"]
     assert [b.lower for b in committed] == [cfg.as_of] + [int(d.timestamp() * 1000) for d in days[:-1]]
-    version = storage.latest_version(spark, cfg)
+    version = storage.latest_version(cfg)
 
     # Rerunning a covered interval (with a changed source) mints nothing and writes nothing.
     write_json_rows(data, [{"k": 9, "v": "z"}])
@@ -135,7 +137,7 @@ def test_dag_test_three_intervals_then_rerun_is_noop(airflow_db, spark, tmp_path
     assert run.state == DagRunState.SUCCESS
     tis = {ti.task_id: ti.state for ti in run.get_task_instances()}
     assert tis["mint"] == "skipped" and tis["append"] == "skipped", tis
-    assert storage.latest_version(spark, cfg) == version
+    assert storage.latest_version(cfg) == version
     assert store.get_shard(name).upper == int(days[-1].timestamp() * 1000)
     store.dispose()
 

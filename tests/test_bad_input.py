@@ -28,7 +28,7 @@ from pyspark.sql import functions as F
 from sqlalchemy import update
 from sqlalchemy.exc import SQLAlchemyError
 
-from helpers import make_sink, run_batch, write_json_rows
+from helpers import leftover_staged, make_sink, run_batch, write_json_rows
 from reconcile.airflow import tasks
 from reconcile.config import load_file
 from reconcile.errors import (
@@ -45,9 +45,10 @@ from reconcile.errors import (
 )
 from reconcile.kinds.decode import validate
 from reconcile.model import COMMITTED, MINTED, STAGED, SUPERSEDED
-from reconcile.sink import append, mint, write
+from reconcile.sink import append, check, mint, write
 from reconcile.sink.sync import sync
 from reconcile.storage import delta as storage
+from reconcile.storage import frames
 from reconcile.storage.ledger import MetadataStore
 from reconcile.storage.tables import Batch
 
@@ -82,8 +83,8 @@ def snapshot(spark, store, cfg) -> Snapshot:
     except ShardNotFound:
         upper = None
     version, commits = None, ()
-    if storage.exists(spark, cfg):
-        version, entries = storage.history_since(spark, cfg, -1)
+    if storage.exists(cfg):
+        version, entries = storage.history_since(cfg, -1)
         commits = tuple((c.lower, c.upper, c.batch_id) for c in storage.batch_commits(entries))
     committed = tuple(b.batch_id for b in store.batches(cfg.name, (COMMITTED,)))
     return Snapshot(upper, version, commits, committed)
@@ -95,7 +96,7 @@ def assert_nothing_committed(spark, store, cfg, before: Snapshot, *, unstaged: s
     after = snapshot(spark, store, cfg)
     assert after == before, f"something was committed: {before} -> {after}"
     if unstaged is not None:
-        assert storage.list_files(spark, storage.staging_path(cfg, unstaged)) == {}
+        assert storage.list_files(storage.staging_path(cfg, unstaged)) == {}
         assert store.get_batch(unstaged).state != COMMITTED
 
 
@@ -104,7 +105,7 @@ def new_sink(spark, tmp_path: Path, name: str, kind: str = "query", rows=ROWS, *
     cfg = make_sink(tmp_path, name, kind=kind, as_of=fields.pop("as_of", 0), **fields)
     if rows is not None:
         write_json_rows(tmp_path / ("log" if kind == "changelog" else "src"), rows)
-    storage.ensure_table(spark, cfg)
+    frames.ensure_table(spark, cfg)
     return cfg
 
 
@@ -114,7 +115,7 @@ def staged_batch(spark, store, cfg, run_id: str = "run-1", frontier: int = 200):
     assert desc is not None
     w = write.run_write(spark, store, cfg, desc.batch_id)
     assert w.outcome == "staged", w.message
-    files = storage.list_files(spark, stage_dir(store, cfg, desc.batch_id))
+    files = storage.list_files(stage_dir(store, cfg, desc.batch_id))
     assert files, "the batch staged no files"
     return desc, files
 
@@ -127,7 +128,7 @@ def stage_dir(store, cfg, batch_id: str) -> str:
 def shard_rows(spark, cfg, t: int) -> Counter:
     """The shard as of t: (k, v, _error) -> multiplicity, read with plain Spark."""
     out: Counter = Counter()
-    for r in storage.read_updates(spark, cfg).collect():
+    for r in frames.read_updates(spark, cfg).collect():
         if r["_time"] <= t:
             out[(r["k"], r["v"], r["_error"])] += r["_diff"]
     return +out
@@ -366,7 +367,7 @@ def test_08_zero_null_and_fractional_diffs_become_error_rows(spark, warehouse, t
     batch = store.get_batch(m.description.batch_id)
     assert (batch.rows_ok, batch.rows_err) == (1, 3)
 
-    log = [r.asDict() for r in storage.read_updates(spark, cfg).collect()]
+    log = [r.asDict() for r in frames.read_updates(spark, cfg).collect()]
     assert [(r["k"], r["v"], r["_time"], r["_diff"]) for r in log if r["_error"] is None] == [(4, "ok", 150, 2)]
     errs = [r for r in log if r["_error"] is not None]
     assert sorted((r["_time"], r["_diff"]) for r in errs) == [(150, 1)] * 3
@@ -393,7 +394,7 @@ def test_18_non_integer_times_in_a_changelog_become_error_rows(spark, warehouse,
     batch = store.get_batch(m.description.batch_id)
     assert (batch.rows_ok, batch.rows_err) == (1, 3)
 
-    log = [r.asDict() for r in storage.read_updates(spark, cfg).collect()]
+    log = [r.asDict() for r in frames.read_updates(spark, cfg).collect()]
     assert [(r["k"], r["v"], r["_time"], r["_diff"]) for r in log if r["_error"] is None] == [(4, "ok", 120, 1)]
     errs = [r for r in log if r["_error"] is not None]
     assert len(errs) == 3 and all(r["_diff"] == 1 and 0 <= r["_time"] < 200 for r in errs)
@@ -477,7 +478,7 @@ def test_11_missing_shard_row(spark, warehouse, tmp_path, store, monkeypatch):
     text = assert_one_line(info.value, "ghost")
     assert "no shard row" in text and "'mint' task first" in text
     with pytest.raises(ShardNotFound) as info:
-        sync(spark, store, cfg)
+        sync(store, cfg)
     assert_one_line(info.value, "ghost")
 
     # the Airflow tasks of a run that minted nothing say so, and touch nothing
@@ -486,20 +487,20 @@ def test_11_missing_shard_row(spark, warehouse, tmp_path, store, monkeypatch):
     assert tasks.stage_for_run("ghost", "run-1") == "run run-1 minted no batch for sink 'ghost': nothing to write"
     with pytest.raises(ShardNotFound):
         store.get_shard("ghost")
-    assert not storage.exists(spark, cfg)
+    assert not storage.exists(cfg)
 
     # a batch id that is not in the ledger
     with pytest.raises(BatchNotFound) as info:
-        append.run_append(spark, store, cfg, "0-doesnotexist")
+        append.run_append(store, cfg, "0-doesnotexist")
     text = str(info.value)
     assert "\n" not in text and "'0-doesnotexist'" in text and "Remedy: clear the whole DAG run" in text
-    assert not storage.exists(spark, cfg)
+    assert not storage.exists(cfg)
 
 
 def test_11b_missing_batch_names_the_sink(spark, warehouse, tmp_path, sqlite_store):
     cfg = make_sink(tmp_path, "ghost")
     with pytest.raises(BatchNotFound) as info:
-        append.run_append(spark, sqlite_store, cfg, "0-doesnotexist")
+        append.run_append(sqlite_store, cfg, "0-doesnotexist")
     assert_one_line(info.value, "ghost")
 
 
@@ -509,7 +510,7 @@ def test_11c_append_before_write_is_refused(spark, warehouse, tmp_path, sqlite_s
     desc = mint.run_mint(store, cfg, "run-1", 1, 200).description
     before = snapshot(spark, store, cfg)
     with pytest.raises(StagedBatchInvalid) as info:
-        append.run_append(spark, store, cfg, desc.batch_id)
+        append.run_append(store, cfg, desc.batch_id)
     text = assert_one_line(info.value, "unstaged")
     assert "minted but never staged" in text and "clear the run's 'write' task" in text
     assert_nothing_committed(spark, store, cfg, before, unstaged=desc.batch_id)
@@ -529,7 +530,7 @@ def test_12_missing_staged_part_then_recovery(spark, warehouse, tmp_path, sqlite
     (root / victim).unlink()
 
     with pytest.raises(StagedBatchInvalid) as info:
-        append.run_append(spark, store, cfg, desc.batch_id)
+        append.run_append(store, cfg, desc.batch_id)
     text = assert_one_line(info.value, "lostpart")
     assert "misses file(s)" in text and victim in text and desc.batch_id in text
     assert "clear the run's 'write' task" in text and "then 'append'" in text
@@ -541,17 +542,17 @@ def test_12_missing_staged_part_then_recovery(spark, warehouse, tmp_path, sqlite
     extra = root / victim.split("/")[0] / "part-99999-extra.snappy.parquet"
     extra.write_bytes(content)
     with pytest.raises(StagedBatchInvalid) as info:
-        append.run_append(spark, store, cfg, desc.batch_id)
+        append.run_append(store, cfg, desc.batch_id)
     text = assert_one_line(info.value, "lostpart")
     assert "does not match its manifest" in text and "unexpected" in text and extra.name in text
     assert_nothing_committed(spark, store, cfg, before)
 
     # the remedy: clear 'write' (re-stages), then 'append'
     assert write.run_write(spark, store, cfg, desc.batch_id).outcome == "staged"
-    assert append.run_append(spark, store, cfg, desc.batch_id).outcome == "committed"
+    assert append.run_append(store, cfg, desc.batch_id).outcome == "committed"
     assert store.get_shard(cfg.name).upper == 200
     assert shard_rows(spark, cfg, 199) == Counter({(r["k"], r["v"], None): 1 for r in ROWS})
-    assert not storage.list_dirs(spark, storage.staging_root(cfg))
+    assert leftover_staged(store, cfg) == []
 
 
 def test_12b_missing_staged_folder_of_an_empty_batch(spark, warehouse, tmp_path, sqlite_store):
@@ -562,9 +563,9 @@ def test_12b_missing_staged_folder_of_an_empty_batch(spark, warehouse, tmp_path,
     w = write.run_write(spark, store, cfg, desc.batch_id)
     assert (w.outcome, w.rows_ok, w.rows_err) == ("staged", 0, 0)
     before = snapshot(spark, store, cfg)
-    storage.delete_path(spark, storage.staging_path(cfg, desc.batch_id))
+    storage.delete_path(storage.staging_path(cfg, desc.batch_id))
     with pytest.raises(StagedBatchInvalid) as info:
-        append.run_append(spark, store, cfg, desc.batch_id)
+        append.run_append(store, cfg, desc.batch_id)
     assert_one_line(info.value, "emptylost")
     assert_nothing_committed(spark, store, cfg, before)
 
@@ -581,15 +582,15 @@ def test_13_corrupted_staged_part(spark, warehouse, tmp_path, sqlite_store):
     (root / first).write_bytes(b"\x00garbage" * (files[first] // 8) + b"x" * (files[first] % 8))
     assert (root / first).stat().st_size == files[first]
     with pytest.raises(StagedBatchInvalid) as info:
-        append.run_append(spark, store, cfg, desc.batch_id)
+        append.run_append(store, cfg, desc.batch_id)
     text = assert_one_line(info.value, "corrupt")
-    assert f"staged batch {desc.batch_id} is unreadable" in text
+    assert f"staged batch {desc.batch_id}" in text and "changed after it was staged" in text and first in text
     assert_nothing_committed(spark, store, cfg, before)
 
     # garbage of another length: refused from the manifest's sizes, before reading
     (root / first).write_bytes(b"garbage")
     with pytest.raises(StagedBatchInvalid) as info:
-        append.run_append(spark, store, cfg, desc.batch_id)
+        append.run_append(store, cfg, desc.batch_id)
     text = assert_one_line(info.value, "corrupt")
     assert "does not match its manifest" in text and first in text
     assert_nothing_committed(spark, store, cfg, before)
@@ -604,16 +605,24 @@ def test_14_manifest_not_matching_its_parts(spark, warehouse, tmp_path, sqlite_s
     original = json.loads(store.get_batch(desc.batch_id).manifest)
     p, part = next((p, part) for p, part in sorted(original["parts"].items()) if part["rows"])
 
-    for key, value in (("rows", part["rows"] + 1), ("checksum", str(int(part["checksum"]) + 1))):
-        tampered = json.loads(json.dumps(original))
-        tampered["parts"][p][key] = value
-        set_batch(store, desc.batch_id, manifest=json.dumps(tampered))
-        with pytest.raises(StagedBatchInvalid) as info:
-            append.run_append(spark, store, cfg, desc.batch_id)
-        text = assert_one_line(info.value, "manifest")
-        assert f"staged partition {p} of batch {desc.batch_id}" in text and "the manifest says" in text
-        assert str(value) in text
-        assert_nothing_committed(spark, store, cfg, before)
+    # rows are checked against the files' footers, contents against their digests (no row read)
+    tampered = json.loads(json.dumps(original))
+    tampered["parts"][p]["rows"] = part["rows"] + 1
+    set_batch(store, desc.batch_id, manifest=json.dumps(tampered))
+    with pytest.raises(StagedBatchInvalid) as info:
+        append.run_append(store, cfg, desc.batch_id)
+    text = assert_one_line(info.value, "manifest")
+    assert f"staged partition {p} of batch {desc.batch_id}" in text and "the manifest says" in text
+    assert str(part["rows"] + 1) in text
+    assert_nothing_committed(spark, store, cfg, before)
+    tampered = json.loads(json.dumps(original))
+    rel = next(iter(part["digests"]))
+    tampered["parts"][p]["digests"][rel] = "0" * 64
+    set_batch(store, desc.batch_id, manifest=json.dumps(tampered))
+    with pytest.raises(StagedBatchInvalid) as info:
+        append.run_append(store, cfg, desc.batch_id)
+    assert "changed after it was staged" in assert_one_line(info.value, "manifest") and rel in str(info.value)
+    assert_nothing_committed(spark, store, cfg, before)
 
     # a partition that the manifest says is empty, but holds the rows
     empty = next(q for q, part in sorted(original["parts"].items()) if not part["rows"])
@@ -621,12 +630,19 @@ def test_14_manifest_not_matching_its_parts(spark, warehouse, tmp_path, sqlite_s
     tampered["parts"][empty]["rows"] = 1
     set_batch(store, desc.batch_id, manifest=json.dumps(tampered))
     with pytest.raises(StagedBatchInvalid) as info:
-        append.run_append(spark, store, cfg, desc.batch_id)
+        append.run_append(store, cfg, desc.batch_id)
     assert f"staged partition {empty} of batch" in assert_one_line(info.value, "manifest")
     assert_nothing_committed(spark, store, cfg, before)
 
-    set_batch(store, desc.batch_id, manifest=json.dumps(original))  # restored: it appends
-    assert append.run_append(spark, store, cfg, desc.batch_id).outcome == "committed"
+    # a checksum that does not describe the rows: the append (no row read) commits the files it
+    # staged, and the deep check (rows read back) names the batch and partition
+    tampered = json.loads(json.dumps(original))
+    tampered["parts"][p]["checksum"] = str(int(part["checksum"]) + 1)
+    set_batch(store, desc.batch_id, manifest=json.dumps(tampered))
+    assert append.run_append(store, cfg, desc.batch_id).outcome == "committed"
+    assert check.violations(store, cfg) == []  # the log matches the manifest: files and rows
+    found = check.violations(store, cfg, spark=spark)
+    assert len(found) == 1 and f"batch {desc.batch_id}" in found[0] and f"partition {p}" in found[0], found
 
 
 @pytest.mark.parametrize("manifest", [None, "{}", "{not json"], ids=["null", "no_parts", "not_json"])
@@ -637,7 +653,7 @@ def test_14b_malformed_manifest_is_staged_batch_invalid(spark, warehouse, tmp_pa
     set_batch(store, desc.batch_id, state=STAGED, manifest=manifest)
     before = snapshot(spark, store, cfg)
     with pytest.raises(StagedBatchInvalid) as info:
-        append.run_append(spark, store, cfg, desc.batch_id)
+        append.run_append(store, cfg, desc.batch_id)
     assert_one_line(info.value, "nomanifest")
     assert_nothing_committed(spark, store, cfg, before)
 
@@ -655,16 +671,16 @@ def test_15_stale_staged_batch_of_an_older_lower(spark, warehouse, tmp_path, sql
     before = snapshot(spark, store, cfg)
     assert before.upper == 300
 
-    result = append.run_append(spark, store, cfg, a.batch_id)
+    result = append.run_append(store, cfg, a.batch_id)
     assert result.outcome == "covered", result.message
     assert "already covered" in result.message and "\n" not in result.message
     assert_nothing_committed(spark, store, cfg, before, unstaged=a.batch_id)
-    assert a.batch_id not in storage.list_dirs(spark, storage.staging_root(cfg))
+    assert a.batch_id not in storage.list_dirs(storage.staging_root(cfg))
     # rewriting the stale batch is a no-op as well
     assert write.run_write(spark, store, cfg, a.batch_id).outcome == "skipped"
     assert_nothing_committed(spark, store, cfg, before, unstaged=a.batch_id)
 
-    lowers = [c.lower for c in storage.batch_commits(storage.history_since(spark, cfg, -1)[1])]
+    lowers = [c.lower for c in storage.batch_commits(storage.history_since(cfg, -1)[1])]
     assert lowers == [0] and len(set(lowers)) == len(lowers)
     assert shard_rows(spark, cfg, 299) == Counter({(r["k"], r["v"], None): 1 for r in ROWS})
 
@@ -681,7 +697,7 @@ def test_16_lower_behind_the_upper_is_never_committed(spark, warehouse, tmp_path
     assert before.upper == 300 and [c[0] for c in before.commits] == [100]
 
     with pytest.raises(LostRace) as info:
-        append.run_append(spark, store, cfg, a.batch_id)
+        append.run_append(store, cfg, a.batch_id)
     assert isinstance(info.value, DescriptionOutdated)
     text = assert_one_line(info.value, "oldlower")
     assert "upper to 300" in text and "nothing was written" in text and "run-a" in text
@@ -689,15 +705,16 @@ def test_16_lower_behind_the_upper_is_never_committed(spark, warehouse, tmp_path
     assert store.get_batch(a.batch_id).state == SUPERSEDED
 
     # Delta itself refuses a batch commit whose lower (txnVersion) is not above the last one
-    updates = spark.createDataFrame(
-        [{"k": 9, "v": "zz", "_error": None, "_time": 150, "_diff": 1}], storage.schema(cfg)
-    )
+    staged = tmp_path / "warehouse" / cfg.name / "batches" / "fake"
+    spark.createDataFrame(
+        [{"k": 9, "v": "zz", "_error": None, "_time": 150, "_diff": 1}], frames.schema(cfg)
+    ).write.parquet(str(staged))
+    files = [(f"batches/fake/{f.name}", f.stat().st_size, {"numRecords": 1}) for f in staged.glob("*.parquet")]
     for lower in (50, 100):
-        storage.commit_batch(
-            spark, cfg, updates, {"batch_id": f"fake-{lower}", "lower": lower, "upper": 350, "run_id": "x"}
-        )
+        meta = {"batch_id": f"fake-{lower}", "lower": lower, "upper": 350, "run_id": "x"}
+        assert storage.commit_files(cfg, files, meta, lower) is None
         assert_nothing_committed(spark, store, cfg, before)
-    assert sync(spark, store, cfg).upper == 300
+    assert sync(store, cfg).upper == 300
     assert (9, "zz", None) not in shard_rows(spark, cfg, 399)
 
 
@@ -708,13 +725,13 @@ def test_17_schema_changed_behind_the_sinks_back(spark, warehouse, tmp_path, sql
     store = sqlite_store
     cfg = new_sink(spark, tmp_path, "altered")
     desc, _ = staged_batch(spark, store, cfg)
-    good_version = storage.latest_version(spark, cfg)
+    good_version = storage.latest_version(cfg)
     spark.sql(f"ALTER TABLE delta.`{storage.table_path(cfg)}` ADD COLUMNS (extra STRING)")
     before = snapshot(spark, store, cfg)
     assert before.version == good_version + 1
 
     with pytest.raises(ShardSchemaChanged) as info:
-        append.run_append(spark, store, cfg, desc.batch_id)
+        append.run_append(store, cfg, desc.batch_id)
     text = assert_one_line(info.value, "altered")
     assert "'extra'" in text and "RESTORE" in text
     assert_nothing_committed(spark, store, cfg, before)

@@ -41,7 +41,7 @@ def _query_history(spark, store, tmp_path, cfg, batches: int, start: int = 0) ->
 
 
 def _data_files(spark, cfg) -> list[str]:
-    return [f for f in storage.list_files(spark, storage.table_path(cfg)) if not f.startswith("_delta_log/")]
+    return [f for f in storage.list_files(storage.table_path(cfg)) if not f.startswith("_delta_log/")]
 
 
 def _consolidated(log: list[dict], cfg) -> bool:
@@ -70,7 +70,7 @@ def test_compaction_keeps_every_read_at_or_after_since(spark, warehouse, tmp_pat
     assert _consolidated(after, cfg)
     for t in range(300, 420):
         assert as_of(after, cfg, t) == changelog_model(CHANGELOG_NEW, t), f"as of {t}"
-    assert check.violations(spark, store, cfg) == []
+    assert check.violations(store, cfg, spark=spark) == []
     # a read below since is refused with the reason
     assert cli.main(["show", cfg.name, "--as-of", "299"]) == 2
 
@@ -116,7 +116,7 @@ def test_compaction_advances_since_from_retention_and_batches_go_on(
     history += _query_history(spark, store, tmp_path, cfg, 2, start=3)
     for u, rows in history[2:]:  # as of upper - 1 of the compacted batch and of those after it
         assert shard_as_of(spark, cfg, u - 1) == _model(rows), f"as of {u - 1}"
-    assert check.violations(spark, store, cfg) == []
+    assert check.violations(store, cfg, spark=spark) == []
 
 
 def test_compaction_loses_to_a_batch_that_commits_after_it_read(spark, warehouse, tmp_path, sqlite_store, monkeypatch):
@@ -139,7 +139,7 @@ def test_compaction_loses_to_a_batch_that_commits_after_it_read(spark, warehouse
 
     for u, rows in history:
         assert shard_as_of(spark, cfg, u - 1) == _model(rows), f"as of {u - 1}"
-    assert check.violations(spark, store, cfg) == []
+    assert check.violations(store, cfg, spark=spark) == []
     assert compact.run_compact(spark, store, cfg).outcome == "compacted"
     assert shard_as_of(spark, cfg, history[-1][0] - 1) == _model(history[-1][1])
 
@@ -184,7 +184,7 @@ def test_compaction_racing_appends_in_threads(spark, warehouse, tmp_path, store)
         if u - 1 >= since:
             assert shard_as_of(spark, cfg, u - 1) == _model(rows), f"as of {u - 1}"
     assert store.get_shard(cfg.name).upper == history[-1][0]
-    assert check.violations(spark, store, cfg) == []
+    assert check.violations(store, cfg, spark=spark) == []
 
 
 @pytest.mark.parametrize("point", ["compact.after_since", "compact.after_commit"])
@@ -206,7 +206,7 @@ def test_compaction_crash_then_rerun(spark, warehouse, tmp_path, sqlite_store, p
     history += _query_history(spark, store, tmp_path, cfg, 1, start=3)
     for u, rows in history[-2:]:
         assert shard_as_of(spark, cfg, u - 1) == _model(rows)
-    assert check.violations(spark, store, cfg) == []
+    assert check.violations(store, cfg, spark=spark) == []
 
 
 def test_compaction_refuses_a_since_past_the_upper_and_waits_without_batches(spark, warehouse, tmp_path, sqlite_store):

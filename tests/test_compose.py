@@ -28,7 +28,6 @@ GENERATED = {"./.jars": "scripts/fetch_jars.sh"}  # bind source -> the script th
 DEPLOYED = [
     "dags/reconcile_sinks.py",
     "jobs/write_correction.py",
-    "jobs/append_batch.py",
     "requirements.txt",
     "scripts/fetch_jars.sh",
     "docker/postgres-init/01-databases.sql",

@@ -30,11 +30,14 @@ def _model(rows) -> Counter:
 
 
 def run_job_killed_at(stage: str, cfg, run_id: str, point: str) -> subprocess.CompletedProcess:
-    script = ROOT / "jobs" / ("write_correction.py" if stage == "write" else "append_batch.py")
+    if stage == "write":
+        cmd = [sys.executable, str(ROOT / "jobs" / "write_correction.py"), "--sink", cfg.name, "--run-id", run_id]
+    else:  # the append runs without a JVM: the CLI's append is the DAG's task
+        cmd = [sys.executable, "-m", "reconcile", "append", cfg.name, "--run-id", run_id]
     env = {**os.environ, "RECONCILE_FAILPOINTS": f"{point}=kill"}
     env.pop("PYSPARK_GATEWAY_PORT", None)
     proc = subprocess.run(
-        [sys.executable, str(script), "--sink", cfg.name, "--run-id", run_id],
+        cmd,
         env=env,
         capture_output=True,
         text=True,
@@ -47,7 +50,7 @@ def run_job_killed_at(stage: str, cfg, run_id: str, point: str) -> subprocess.Co
 def assert_converged(spark, store, cfg, history: list[tuple[int, list[dict]]]) -> None:
     for upper, rows in history:
         assert shard_as_of(spark, cfg, upper - 1) == _model(rows), f"as of {upper - 1}"
-    assert check.violations(spark, store, cfg) == []
+    assert check.violations(store, cfg, spark=spark) == []
 
 
 CASES = [
@@ -90,7 +93,7 @@ def test_killed_process_then_recovery(spark, warehouse, tmp_path, sqlite_store, 
             # keeps them; killed before, the retry stages its own
             want = "already_staged" if point == "write.after_staged" else "staged"
             assert write.run_write(spark, store, cfg, desc.batch_id).outcome == want
-        result = append.run_append(spark, store, cfg, store.run_batch(cfg.name, "run-1").batch_id)
+        result = append.run_append(store, cfg, store.run_batch(cfg.name, "run-1").batch_id)
         assert result.outcome in ("committed", "recovered"), result
         history.append((base + 100, rows1))
     elif recovery == "rerun":  # on call clears the whole run: mint, write, append again
@@ -107,7 +110,7 @@ def test_killed_process_then_recovery(spark, warehouse, tmp_path, sqlite_store, 
     assert_converged(spark, store, cfg, history)
     if recovery == "next_run" and stage == "append":
         # The killed batch had reached Delta: it was rolled forward, not appended twice.
-        lowers = [c.lower for c in storage.batch_commits(storage.history_since(spark, cfg, -1)[1])]
+        lowers = [c.lower for c in storage.batch_commits(storage.history_since(cfg, -1)[1])]
         assert base in lowers
 
 
@@ -154,7 +157,7 @@ def test_killed_upsert_process_then_recovery(
             # keeps them; killed before, the retry stages its own
             want = "already_staged" if point == "write.after_staged" else "staged"
             assert write.run_write(spark, store, cfg, desc.batch_id).outcome == want
-        result = append.run_append(spark, store, cfg, store.run_batch(cfg.name, "run-1").batch_id)
+        result = append.run_append(store, cfg, store.run_batch(cfg.name, "run-1").batch_id)
         assert result.outcome in ("committed", "recovered"), result
     model.batch(feed, 200, 300)
 
@@ -167,7 +170,7 @@ def test_killed_upsert_process_then_recovery(
         assert ok_rows(shard_as_of(spark, cfg, t)) == model.as_of(t), f"as of {t}"
     assert model.as_of(399)[(1, "newer", None)] == 1
     assert sum(b.late_commands or 0 for b in store.batches(cfg.name, ("committed",))) == model.late == 1
-    assert check.violations(spark, store, cfg) == []
+    assert check.violations(store, cfg, spark=spark) == []
 
 
 def test_failpoints_are_off_by_default_and_reject_unknown_names():

@@ -53,13 +53,13 @@ def test_racing_processes_commit_each_lower_once(spark, warehouse, tmp_path, sto
             assert "superseded by batch" in r.stdout or "lost the race" in r.stdout or "committed lower" in r.stdout, (
                 r.stdout
             )
-    commits = storage.batch_commits(storage.history_since(spark, cfg, -1)[1])
+    commits = storage.batch_commits(storage.history_since(cfg, -1)[1])
     lowers = [c.lower for c in commits]
     assert lowers and len(lowers) == len(set(lowers)), lowers
     # One more run settles whatever the race left; then everything agrees with the model.
     run_batch(spark, store, cfg, "settle", 500)
     assert shard_as_of(spark, cfg, 499) == Counter({(1, "a", None): 1, (2, "b", None): 2})
-    assert check.violations(spark, store, cfg) == []
+    assert check.violations(store, cfg, spark=spark) == []
 
 
 def test_racing_processes_on_an_upsert_sink(spark, warehouse, tmp_path, store, monkeypatch):
@@ -88,14 +88,14 @@ def test_racing_processes_on_an_upsert_sink(spark, warehouse, tmp_path, store, m
     for r in _racers(cfg, [300, 300, 400], env):
         assert r.returncode in (0, 3), f"racer crashed: {r.returncode}\n{r.stdout[-1500:]}\n{r.stderr[-1500:]}"
     run_batch(spark, store, cfg, "settle", 500)
-    commits = storage.batch_commits(storage.history_since(spark, cfg, -1)[1])
+    commits = storage.batch_commits(storage.history_since(cfg, -1)[1])
     assert len({c.lower for c in commits}) == len(commits)
     # Whichever racer won each lower, every command was applied once, in time order.
     model = UpsertModel()
     model.batch(feed, cfg.as_of, 500)
     for c in commits:
         assert ok_rows(shard_as_of(spark, cfg, c.upper - 1)) == model.as_of(c.upper - 1), c
-    assert check.violations(spark, store, cfg) == []
+    assert check.violations(store, cfg, spark=spark) == []
 
 
 # -- attempts of the *same* run at once: a zombie task and its retries ----------------------------
@@ -176,7 +176,7 @@ def test_attempts_of_one_run_racing_commit_the_batch_once(spark, warehouse, tmp_
             "LostRace",
         )
     ]
-    commits = storage.batch_commits(storage.history_since(spark, cfg, -1)[1])
+    commits = storage.batch_commits(storage.history_since(cfg, -1)[1])
     lowers = [c.lower for c in commits]
     if len(set(lowers)) != len(lowers) or not set(lowers) <= set(bounds[:-1]):
         problems.append(f"committed lowers {lowers}, want each of {bounds[:-1]} at most once")
@@ -187,7 +187,7 @@ def test_attempts_of_one_run_racing_commit_the_batch_once(spark, warehouse, tmp_
                 f"as of {c.upper - 1} (batch {c.batch_id}): the shard holds {sum(got.values())} "
                 f"rows, the model {sum(want.values())}"
             )
-    problems += [f"check: {v}" for v in check.violations(spark, store, cfg)]
+    problems += [f"check: {v}" for v in check.violations(store, cfg, spark=spark)]
     assert problems == [], "\n".join(problems)
 
 
@@ -250,11 +250,11 @@ def test_a_zombie_write_that_loses_the_manifest_deletes_its_own_files(spark, war
     assert "another attempt" in zombie.message and "recorded its staged files first" in zombie.message
     assert "clear" not in zombie.message
     b = store.get_batch(desc.batch_id)
-    assert storage.list_dirs(spark, storage.staging_path(cfg, desc.batch_id)) == [b.stage_id]
-    a = append.run_append(spark, store, cfg, desc.batch_id)
+    assert storage.list_dirs(storage.staging_path(cfg, desc.batch_id)) == [b.stage_id]
+    a = append.run_append(store, cfg, desc.batch_id)
     assert a.outcome == "committed", a.message
     assert shard_as_of(spark, cfg, 299) == MODEL
-    assert check.violations(spark, store, cfg) == []
+    assert check.violations(store, cfg, spark=spark) == []
 
 
 def test_a_zombie_write_finishing_after_the_commit_says_so(spark, warehouse, tmp_path, sqlite_store, monkeypatch):
@@ -267,14 +267,14 @@ def test_a_zombie_write_finishing_after_the_commit_says_so(spark, warehouse, tmp
     desc = mint.run_mint(store, cfg, "sched__1", 1, 300).description
     join = _paused_write(spark, store, cfg, desc.batch_id, monkeypatch)
     assert write.run_write(spark, store, cfg, desc.batch_id).outcome == "staged"
-    assert append.run_append(spark, store, cfg, desc.batch_id).outcome == "committed"
+    assert append.run_append(store, cfg, desc.batch_id).outcome == "committed"
     zombie = join()
     assert zombie.outcome == "skipped", zombie.message
     assert "another attempt of this batch committed it" in zombie.message
-    again = append.run_append(spark, store, cfg, desc.batch_id)  # the zombie's own append
+    again = append.run_append(store, cfg, desc.batch_id)  # the zombie's own append
     assert again.outcome == "already_committed", again.message
     assert shard_as_of(spark, cfg, 299) == MODEL
-    assert check.violations(spark, store, cfg) == []  # includes: no staged files left
+    assert check.violations(store, cfg, spark=spark) == []  # includes: no staged files left
 
 
 def test_a_committed_batch_that_differs_from_its_manifest_is_reported(
@@ -292,11 +292,11 @@ def test_a_committed_batch_that_differs_from_its_manifest_is_reported(
     real = append.verify_staged
     monkeypatch.setattr(append, "verify_staged", lambda *a: (lambda df: df.unionByName(df))(real(*a)))
     with pytest.raises(InconsistentState) as info:
-        append.run_append(spark, store, cfg, desc.batch_id)
+        append.run_append(store, cfg, desc.batch_id)
     text = str(info.value)
     assert "\n" not in text and desc.batch_id in text and "does not match the batch's manifest" in text
     assert shard_as_of(spark, cfg, 299) == MODEL + MODEL  # committed twice over: the broken promise
-    problems = check.violations(spark, store, cfg)
+    problems = check.violations(store, cfg, spark=spark)
     assert len(problems) >= 1 and all(desc.batch_id in p and "the manifest says" in p for p in problems), problems
     monkeypatch.setattr(append, "verify_staged", real)
     # the next batch repairs the contents; the broken batch stays reported (the log keeps it)
@@ -304,4 +304,4 @@ def test_a_committed_batch_that_differs_from_its_manifest_is_reported(
 
     run_batch(spark, store, cfg, "sched__2", 400)
     assert shard_as_of(spark, cfg, 399) == MODEL
-    assert [p for p in check.violations(spark, store, cfg) if desc.batch_id not in p] == []
+    assert [p for p in check.violations(store, cfg, spark=spark) if desc.batch_id not in p] == []

@@ -168,7 +168,7 @@ def test_scheduler_runs_and_backfills_in_order(airflow_services, spark, tmp_path
         _wait(env, dag_id, lambda runs: _done(runs, "scheduled__", 1), "the scheduled run")
     store.set_read_only("sched_catchup", False)
     covered = load_file(sinks / "sched_covered.yaml")
-    version = storage.latest_version(spark, covered)
+    version = storage.latest_version(covered)
     upper = store.get_shard("sched_covered").upper
     assert upper > AS_OF + 300 * DAY  # the scheduled run reached today
 
@@ -178,7 +178,7 @@ def test_scheduler_runs_and_backfills_in_order(airflow_services, spark, tmp_path
         _wait(env, dag_id, lambda runs: _done(runs, "backfill__", 3), "three backfill runs")
 
     # Covered intervals: no-op runs, nothing written.
-    assert storage.latest_version(spark, covered) == version
+    assert storage.latest_version(covered) == version
     assert store.get_shard("sched_covered").upper == upper
     # New intervals: one batch per run, in order, each equal to the source.
     catchup = load_file(sinks / "sched_catchup.yaml")

@@ -16,12 +16,13 @@ from collections import Counter
 import pytest
 from delta.tables import DeltaTable
 
-from helpers import make_sink, model_query, normalize_errors, run_batch, write_json_rows
+from helpers import leftover_staged, make_sink, model_query, normalize_errors, run_batch, write_json_rows
 from reconcile import failpoints
 from reconcile.errors import DescriptionOutdated, FailPointHit, InconsistentState, LostRace
 from reconcile.model import COMMITTED, MINTED, STAGED, SUPERSEDED
 from reconcile.sink import append, check, mint, write
 from reconcile.storage import delta as storage
+from reconcile.storage import frames
 from reconcile.storage.ledger import MetadataStore
 
 AS_OF = 100
@@ -32,7 +33,7 @@ AS_OF = 100
 
 def update_log(spark, cfg) -> list[dict]:
     """The Delta table's updates as dicts (one Spark read)."""
-    return [r.asDict() for r in storage.read_updates(spark, cfg).collect()]
+    return [r.asDict() for r in frames.read_updates(spark, cfg).collect()]
 
 
 def as_of(log: list[dict], cfg, t: int) -> Counter:
@@ -51,7 +52,7 @@ def query_as_of(log, cfg, t) -> Counter:
 
 def batch_commits(spark, cfg) -> list[dict]:
     """The reconcile metadata of every batch commit in the Delta log, oldest first."""
-    _, entries = storage.history_since(spark, cfg, -1)
+    _, entries = storage.history_since(cfg, -1)
     return [meta for _, meta in entries if meta and meta.get("op") == "batch"]
 
 
@@ -148,11 +149,11 @@ def test_drift_is_repaired_and_an_unchanged_source_appends_an_empty_batch(spark,
     DeltaTable.forPath(spark, path).delete("k = 1")
     duplicate = next(u for u in before if u["k"] == 2)  # (2,b)+1 at 199, appended once more
     foreign = {"k": 7, "v": "zz", "_error": None, "_time": 150, "_diff": 3}
-    spark.createDataFrame([duplicate, foreign], storage.schema(cfg)).write.format("delta").mode("append").save(path)
+    spark.createDataFrame([duplicate, foreign], frames.schema(cfg)).write.format("delta").mode("append").save(path)
     tampered = sum(abs(u["_diff"]) for u in deleted) + abs(duplicate["_diff"]) + abs(foreign["_diff"])
     assert tampered == 6
 
-    _, entries = storage.history_since(spark, cfg, -1)
+    _, entries = storage.history_since(cfg, -1)
     assert [meta for _, meta in entries[-2:]] == [None, None], "the tampering commits are foreign"
     assert query_as_of(update_log(spark, cfg), cfg, 199) == Counter(
         {(2, "b", None): 2, (3, "c", None): 1, (7, "zz", None): 3}
@@ -168,7 +169,7 @@ def test_drift_is_repaired_and_an_unchanged_source_appends_an_empty_batch(spark,
     assert correction == Counter({(1, "a2"): 1, (2, "b"): -1, (7, "zz"): -3, (4, "d"): 1})
 
     # a run without tampering and with an unchanged source: no drift, no data, the upper advances
-    versions_before = storage.latest_version(spark, cfg)
+    versions_before = storage.latest_version(cfg)
     m, w, a = run_batch(spark, store, cfg, "run-3", 400)
     assert (m.description.lower, m.description.upper) == (300, 400)
     assert (w.outcome, w.rows_ok, w.rows_err, w.drift_rows) == ("staged", 0, 0, 0)
@@ -179,14 +180,14 @@ def test_drift_is_repaired_and_an_unchanged_source_appends_an_empty_batch(spark,
     assert [u for u in log_after if 300 <= u["_time"] < 400] == []
     assert sorted(map(str, log_after)) == sorted(map(str, log))  # no data rows written
     assert query_as_of(log_after, cfg, 399) == model_query(rows2, cfg)
-    assert storage.latest_version(spark, cfg) > versions_before  # an empty Delta commit records the batch
+    assert storage.latest_version(cfg) > versions_before  # an empty Delta commit records the batch
     assert_ledger(spark, store, cfg, [200, 300, 400])
 
 
 def append_foreign_row(spark, cfg, time: int, diff: int = 1) -> None:
     """A write behind the sink's back: a plain Delta append without the sink's commit metadata."""
     row = {"k": 7, "v": "zz", "_error": None, "_time": time, "_diff": diff}
-    spark.createDataFrame([row], storage.schema(cfg)).write.format("delta").mode("append").save(storage.table_path(cfg))
+    spark.createDataFrame([row], frames.schema(cfg)).write.format("delta").mode("append").save(storage.table_path(cfg))
 
 
 def test_drift_written_between_write_and_append_is_counted(spark, warehouse, tmp_path, sqlite_store):
@@ -198,7 +199,7 @@ def test_drift_written_between_write_and_append_is_counted(spark, warehouse, tmp
     desc = mint.run_mint(store, cfg, "run-2", 1, 300).description
     assert write.run_write(spark, store, cfg, desc.batch_id).outcome == "staged"
     append_foreign_row(spark, cfg, 150)  # after the write read the shard, before the append
-    assert append.run_append(spark, store, cfg, desc.batch_id).outcome == "committed"
+    assert append.run_append(store, cfg, desc.batch_id).outcome == "committed"
     assert query_as_of(update_log(spark, cfg), cfg, 299)[(7, "zz", None)] == 1  # not repaired yet
 
     repair = committed_run(spark, store, cfg, "run-3", 400)
@@ -225,7 +226,7 @@ def test_commit_metadata_belongs_to_the_write_not_the_session(spark, warehouse, 
         spark.conf.unset(key)
     # version 0 (the table's creation, metadata only) may carry the session's setting; it holds no
     # data and no commit guard, so it is nobody's batch
-    assert [m["op"] for _, m in storage.history_since(spark, cfg, -1)[1][1:]] == ["batch", "batch"]
+    assert [m["op"] for _, m in storage.history_since(cfg, -1)[1][1:]] == ["batch", "batch"]
     assert_ledger(spark, store, cfg, [200, 300])
     assert query_as_of(update_log(spark, cfg), cfg, 299) == model_query(rows, cfg)
 
@@ -241,23 +242,23 @@ def test_a_guarded_commit_without_batch_metadata_is_reported_and_never_doubled(
     rows = [{"k": 1, "v": "a"}]
     write_json_rows(tmp_path / "src", rows)
     committed_run(spark, store, cfg, "run-1", 200)
-    assert check.violations(spark, store, cfg) == []
+    assert check.violations(store, cfg, spark=spark) == []
     row = {"k": 2, "v": "b", "_error": None, "_time": 299, "_diff": 1}
     (
-        spark.createDataFrame([row], storage.schema(cfg))
+        spark.createDataFrame([row], frames.schema(cfg))
         .write.format("delta")
         .mode("append")
         .option("txnAppId", storage.app_id(cfg))
         .option("txnVersion", 200)
         .save(storage.table_path(cfg))
     )
-    found = check.violations(spark, store, cfg)
+    found = check.violations(store, cfg, spark=spark)
     assert len(found) == 1 and "carries the sink's commit guard (txnVersion 200)" in found[0], found
     with pytest.raises(InconsistentState, match="Delta skipped the commit") as err:
         run_batch(spark, store, cfg, "run-2", 300)
     assert "reconcile check unstamped" in err.value.remedy
     assert store.get_shard(cfg.name).upper == 200
-    assert [m["op"] for _, m in storage.history_since(spark, cfg, -1)[1] if m] == ["maintenance", "batch"]
+    assert [m["op"] for _, m in storage.history_since(cfg, -1)[1] if m] == ["maintenance", "batch"]
 
 
 def test_maintenance_commits_are_not_drift(spark, warehouse, tmp_path, sqlite_store):
@@ -273,7 +274,7 @@ def test_maintenance_commits_are_not_drift(spark, warehouse, tmp_path, sqlite_st
     table = DeltaTable.forPath(spark, storage.table_path(cfg))
     table.optimize().executeCompaction()
     table.vacuum(168.0)
-    _, entries = storage.history_since(spark, cfg, store.get_shard(cfg.name).delta_version)
+    _, entries = storage.history_since(cfg, store.get_shard(cfg.name).delta_version)
     assert [(m["op"], m["operation"]) for _, m in entries] == [
         ("maintenance", "OPTIMIZE"),
         ("maintenance", "VACUUM START"),
@@ -321,14 +322,14 @@ def test_new_shard_starts_at_as_of_and_reruns_are_no_ops(spark, warehouse, tmp_p
     assert_ledger(spark, store, cfg, [1500])
 
     # rerunning the append (or the write) of a committed batch changes nothing
-    version = storage.latest_version(spark, cfg)
-    again = append.run_append(spark, store, cfg, batch.batch_id)
+    version = storage.latest_version(cfg)
+    again = append.run_append(store, cfg, batch.batch_id)
     assert again.outcome == "already_committed" and again.delta_version == batch.delta_version
     rewrite = write.run_write(spark, store, cfg, batch.batch_id)
     assert rewrite.outcome == "skipped" and "committed" in rewrite.message
-    assert storage.latest_version(spark, cfg) == version
+    assert storage.latest_version(cfg) == version
     assert [m["lower"] for m in batch_commits(spark, cfg)] == [cfg.as_of]
-    assert not storage.list_dirs(spark, storage.staging_root(cfg))
+    assert leftover_staged(store, cfg) == []
     assert query_as_of(update_log(spark, cfg), cfg, 1499) == model_query(rows, cfg)
     assert_ledger(spark, store, cfg, [1500])
 
@@ -392,7 +393,7 @@ def test_outdated_batch_is_cleaned_up(spark, warehouse, tmp_path, sqlite_store, 
 
     older = mint.run_mint(store, cfg, "run-old", 1, older_upper).description
     assert write.run_write(spark, store, cfg, older.batch_id).outcome == "staged"
-    assert storage.list_files(spark, storage.staging_path(cfg, older.batch_id))
+    assert storage.list_files(storage.staging_path(cfg, older.batch_id))
     newer_desc = mint.run_mint(store, cfg, "run-new", 1, newer_upper).description
     assert newer_desc.lower == older.lower
     assert store.get_batch(older.batch_id).state == SUPERSEDED
@@ -400,33 +401,35 @@ def test_outdated_batch_is_cleaned_up(spark, warehouse, tmp_path, sqlite_store, 
     # appending the older one before the newer one commits: a no-op when the newer covers it,
     # refused otherwise; cleaned up and nothing written either way
     if newer_upper >= older_upper:
-        assert append.run_append(spark, store, cfg, older.batch_id).outcome == "superseded"
+        assert append.run_append(store, cfg, older.batch_id).outcome == "superseded"
     else:
         with pytest.raises(DescriptionOutdated):
-            append.run_append(spark, store, cfg, older.batch_id)
-    assert not storage.list_files(spark, storage.staging_path(cfg, older.batch_id))
+            append.run_append(store, cfg, older.batch_id)
+    # its files stay until the shard's upper passes its lower: an append of it already in
+    # flight may still commit them (the guard lets one batch of each lower through)
+    assert storage.list_files(storage.staging_path(cfg, older.batch_id))
     assert batch_commits(spark, cfg) == []
     assert store.get_shard(cfg.name).upper < AS_OF
     assert store.get_batch(newer_desc.batch_id).state == MINTED  # the newer description stays valid
 
     # the newer one commits; appending the older one again never writes
     assert write.run_write(spark, store, cfg, newer_desc.batch_id).outcome == "staged"
-    assert append.run_append(spark, store, cfg, newer_desc.batch_id).outcome == "committed"
+    assert append.run_append(store, cfg, newer_desc.batch_id).outcome == "committed"
     newer = store.get_batch(newer_desc.batch_id)
 
     if newer_upper >= older_upper:
-        result = append.run_append(spark, store, cfg, older.batch_id)
+        result = append.run_append(store, cfg, older.batch_id)
         assert result.outcome == "covered"
         assert "already covered" in result.message
     else:
         with pytest.raises(LostRace) as info:
-            append.run_append(spark, store, cfg, older.batch_id)
+            append.run_append(store, cfg, older.batch_id)
         assert f"upper to {newer_upper}" in str(info.value) and "nothing was written" in str(info.value)
         assert "Remedy:" in str(info.value)
 
     assert store.get_batch(older.batch_id).state == SUPERSEDED
-    assert not storage.list_files(spark, storage.staging_path(cfg, older.batch_id))
-    assert older.batch_id not in storage.list_dirs(spark, storage.staging_root(cfg))
+    assert not storage.list_files(storage.staging_path(cfg, older.batch_id))
+    assert older.batch_id not in storage.list_dirs(storage.staging_root(cfg))
     assert [m["batch_id"] for m in batch_commits(spark, cfg)] == [newer.batch_id]
     assert query_as_of(update_log(spark, cfg), cfg, newer_upper - 1) == model_query(rows, cfg)
     assert_ledger(spark, store, cfg, [newer_upper])
@@ -445,11 +448,11 @@ def test_superseded_batch_message_names_its_successor(
     assert write.run_write(spark, store, cfg, older.batch_id).outcome == "staged"
     newer = mint.run_mint(store, cfg, "run-new", 1, newer_upper).description
     if newer_upper >= older_upper:
-        result = append.run_append(spark, store, cfg, older.batch_id)
+        result = append.run_append(store, cfg, older.batch_id)
         assert result.outcome == "superseded" and newer.batch_id in result.message, result
     else:
         with pytest.raises(DescriptionOutdated) as info:
-            append.run_append(spark, store, cfg, older.batch_id)
+            append.run_append(store, cfg, older.batch_id)
         assert "superseded" in str(info.value) and newer.batch_id in str(info.value), str(info.value)
     assert not (warehouse / "_staging" / cfg.name / older.batch_id).exists()
     assert store.get_shard(cfg.name).upper <= cfg.as_of  # nothing was committed
@@ -486,7 +489,7 @@ def test_crash_after_delta_commit_is_recovered(spark, warehouse, tmp_path, monke
     failpoints.arm(kind, "raise")
     try:
         with pytest.raises(FailPointHit, match=kind):
-            append.run_append(spark, store, cfg, desc.batch_id)
+            append.run_append(store, cfg, desc.batch_id)
     finally:
         failpoints.disarm_all()
 
@@ -495,13 +498,13 @@ def test_crash_after_delta_commit_is_recovered(spark, warehouse, tmp_path, monke
     assert store.get_shard(cfg.name).upper == 200
     assert store.get_batch(desc.batch_id).state == STAGED
 
-    result = append.run_append(spark, store, cfg, desc.batch_id)
+    result = append.run_append(store, cfg, desc.batch_id)
     assert result.outcome == "recovered", result.message
     assert "earlier attempt had committed this batch" in result.message
     assert store.get_shard(cfg.name).upper == 300
     assert store.get_batch(desc.batch_id).state == COMMITTED
     assert [m["lower"] for m in batch_commits(spark, cfg)] == [AS_OF, 200]  # once, never twice
-    assert not storage.list_dirs(spark, storage.staging_root(cfg))
+    assert leftover_staged(store, cfg) == []
     log = update_log(spark, cfg)
     assert query_as_of(log, cfg, 299) == model_query(rows2, cfg)
     assert query_as_of(log, cfg, 199) == model_query(rows1, cfg)
@@ -606,7 +609,7 @@ def test_changelog_sink_history(spark, warehouse, tmp_path, sqlite_store):
 
 def test_read_as_of_splits_ok_rows_and_errors(spark, warehouse, tmp_path, sqlite_store):
     """The reading API: consolidated rows with their multiplicity, errors apart, as of any time."""
-    from reconcile.storage.delta import read_as_of
+    from reconcile.storage.frames import read_as_of
 
     cfg = make_sink(tmp_path, "reader")
     write_json_rows(tmp_path / "src", [{"k": 1, "v": "a"}, {"k": 1, "v": "a"}, {"k": None, "v": "x"}])

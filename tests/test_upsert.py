@@ -12,6 +12,7 @@ from reconcile.errors import SourceError
 from reconcile.kinds import upsert
 from reconcile.sink import check
 from reconcile.storage import delta as storage
+from reconcile.storage import frames
 from upsert_model import UpsertModel
 
 UPSERT = {"source": {"format": "json", "path": "feed"}, "key": ["k"], "time_column": "ts", "offset_column": "off"}
@@ -55,7 +56,7 @@ def test_inserts_updates_deletes_and_reinserts(spark, warehouse, tmp_path, sqlit
     model.batch(feed, 200, 300)
     check_against(spark, cfg, model, [199, 210, 220, 230, 240, 299])
     assert model.as_of(299) == Counter({(1, "a3", None): 1, (2, "b2", None): 1})
-    assert check.violations(spark, sqlite_store, cfg) == []
+    assert check.violations(sqlite_store, cfg, spark=spark) == []
 
 
 def test_highest_offset_wins_per_key_and_time_and_replays_change_nothing(spark, warehouse, tmp_path, sqlite_store):
@@ -123,19 +124,19 @@ def test_feedback_repairs_a_key_tampered_into_two_values(spark, warehouse, tmp_p
     feed_rows(tmp_path, feed)
     run_batch(spark, sqlite_store, cfg, "r1", 200)
     # behind the sink's back: key 1 gets a second value, key 2 a duplicate
-    tamper = storage.read_updates(spark, cfg).where(F.col("k") == 1).withColumn("v", F.lit("rogue"))
-    dup = storage.read_updates(spark, cfg).where(F.col("k") == 2)
+    tamper = frames.read_updates(spark, cfg).where(F.col("k") == 1).withColumn("v", F.lit("rogue"))
+    dup = frames.read_updates(spark, cfg).where(F.col("k") == 2)
     tamper.unionByName(dup).write.format("delta").mode("append").save(storage.table_path(cfg))
-    broken = upsert.violations(cfg, storage.read_updates(spark, cfg), 199)
+    broken = upsert.violations(cfg, frames.read_updates(spark, cfg), 199)
     assert any("key {'k': 1} has 2 values" in v for v in broken), broken
     assert any("has count 2" in v for v in broken), broken
-    assert any("has 2 values" in v for v in check.violations(spark, sqlite_store, cfg))
+    assert any("has 2 values" in v for v in check.violations(sqlite_store, cfg, spark=spark))
 
     feed += [cmd(1, "a2", 210, 3), cmd(2, None, 220, 4)]
     feed_rows(tmp_path, feed)
     run_batch(spark, sqlite_store, cfg, "r2", 300)
     assert ok_rows(shard_as_of(spark, cfg, 299)) == Counter({(1, "a2", None): 1})
-    assert upsert.violations(cfg, storage.read_updates(spark, cfg), 299) == []
+    assert upsert.violations(cfg, frames.read_updates(spark, cfg), 299) == []
 
 
 def test_error_values_and_unkeyed_commands(spark, warehouse, tmp_path, sqlite_store):
@@ -214,7 +215,7 @@ def test_random_feeds_match_the_model(spark, warehouse, tmp_path, sqlite_store, 
         model.batch(feed, lower, upper)
         check_against(spark, cfg, model, sorted({lower, (lower + upper) // 2, upper - 1}))
         lower = upper
-    assert check.violations(spark, sqlite_store, cfg) == []
+    assert check.violations(sqlite_store, cfg, spark=spark) == []
     assert sum(b.late_commands or 0 for b in sqlite_store.batches(cfg.name)) == model.late
 
 

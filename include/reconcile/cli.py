@@ -106,9 +106,9 @@ def cmd_status(args) -> int:
 
 
 def show_shard(spark, store, cfg, as_of: int | None, *, log: bool, errors: bool, limit: int) -> None:
-    from reconcile.storage import delta as storage
+    from reconcile.storage import frames
 
-    updates = storage.read_updates(spark, cfg)
+    updates = frames.read_updates(spark, cfg)
     if log:
         print(f"update log of {cfg.name} (row, _error, _time, _diff):")
         updates.orderBy("_time", *cfg.column_names).show(limit, truncate=False)
@@ -117,7 +117,7 @@ def show_shard(spark, store, cfg, as_of: int | None, *, log: bool, errors: bool,
     t = as_of if as_of is not None else shard.upper - 1
     if t < shard.since:
         raise SinkError(f"as of {t} is before the shard's since {shard.since}: not readable exactly", sink=cfg.name)
-    ok, errs = storage.read_as_of(spark, cfg, t)
+    ok, errs = frames.read_as_of(spark, cfg, t)
     if errors:
         print(f"errors of {cfg.name} as of {_ts(t)}:")
         errs.withColumnRenamed("_count", "count").show(limit, truncate=False)
@@ -155,6 +155,7 @@ def cmd_dry_run(args) -> int:
     from reconcile.sink.write import batch_correction
     from reconcile.spark import get_session
     from reconcile.storage import delta as storage
+    from reconcile.storage import frames
 
     cfg = load_sink(args.sink)
     store = _store()
@@ -166,11 +167,7 @@ def cmd_dry_run(args) -> int:
         print(f"dry run: frontier {upper} is not ahead of lower {lower}: a run would mint nothing")
         return 0
     spark = get_session("reconcile-dry-run")
-    persist = (
-        storage.read_updates(spark, cfg)
-        if storage.exists(spark, cfg)
-        else spark.createDataFrame([], storage.schema(cfg))
-    )
+    persist = frames.read_updates(spark, cfg) if storage.exists(cfg) else spark.createDataFrame([], frames.schema(cfg))
     result = batch_correction(spark, store, cfg, persist, lower, upper)
     corr = result.updates.cache()
     print(f"dry run of {cfg.name}: batch [{lower}, {upper}) would write (nothing was written):")
@@ -219,17 +216,33 @@ def cmd_run(args) -> int:
     return 3 if r.write is not None and r.write.outcome == "outdated" else 0
 
 
+def cmd_append(args) -> int:
+    """The DAG's append task for one run, in this process (no JVM): on-call's rerun."""
+    from reconcile.airflow.tasks import commit_for_run
+    from reconcile.errors import Retryable
+
+    try:
+        print(f"append: {commit_for_run(args.sink, args.run_id, args.batch_id)}")
+    except Retryable as exc:
+        print(f"error (retryable): {exc}", file=sys.stderr)
+        return 75
+    return 0
+
+
 def cmd_check(args) -> int:
     from reconcile.config import load_sink
     from reconcile.sink import check
     from reconcile.sink.sync import sync
-    from reconcile.spark import get_session
 
     cfg = load_sink(args.sink)
     store = _store()
-    spark = get_session("reconcile-check")
-    sync(spark, store, cfg)
-    problems = check.violations(spark, store, cfg)
+    spark = None
+    if args.deep:  # the rows themselves: checksums and the kind's invariants (Spark)
+        from reconcile.spark import get_session
+
+        spark = get_session("reconcile-check")
+    sync(store, cfg)
+    problems = check.violations(store, cfg, spark=spark)
     for p in problems:
         print(f"VIOLATION {p}")
     print(f"{cfg.name}: {len(problems)} invariant violation(s)")
@@ -294,8 +307,16 @@ def main(argv: list[str] | None = None) -> int:
     rn.add_argument("--frontier", type=int, default=None, help="desired frontier (ms); default now")
     rn.add_argument("--run-id", default=None)
     rn.set_defaults(fn=cmd_run)
+    ap = sub.add_parser("append", help="commit a run's staged batch (the DAG's append task)")
+    ap.add_argument("sink")
+    ap.add_argument("--run-id", required=True, help="the Airflow run id that minted the batch")
+    ap.add_argument("--batch-id", default=None, help="the batch its mint minted (default: the run's newest)")
+    ap.set_defaults(fn=cmd_append)
     ck = sub.add_parser("check")
     ck.add_argument("sink")
+    ck.add_argument(
+        "--deep", action="store_true", help="also read the committed rows (Spark): checksums, the kind's invariants"
+    )
     ck.set_defaults(fn=cmd_check)
     cp = sub.add_parser("compact")
     cp.add_argument("sink")

@@ -45,7 +45,7 @@ TYPE_RE = re.compile(
 )
 KINDS = ("query", "changelog", "upsert")
 FORMATS = ("delta", "parquet", "csv", "json")
-RESERVED = ("_time", "_diff", "_error", "_part")
+RESERVED = ("_time", "_diff", "_error", "_part", "reconcile_part")
 SCHEDULE_PRESETS = ("@once", "@hourly", "@daily", "@weekly", "@monthly", "@yearly", "none")
 
 
@@ -271,6 +271,12 @@ class SinkConfig(BaseModel):
     @property
     def base(self) -> Path:
         return Path(self._path).resolve().parent
+
+    @property
+    def reads_feed(self) -> bool:
+        """Whether the kind reads a command feed (and needs its watermark: the highest offset a
+        committed batch read)."""
+        return isinstance(self, UpsertSink)
 
     @property
     def column_names(self) -> list[str]:

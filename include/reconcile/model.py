@@ -89,6 +89,7 @@ class CommitRecord:
     rows_err: int | None = None
     source_offset: int | None = None
     late_commands: int | None = None
+    stage_id: str | None = None  # the write attempt whose files the version added
 
     def summary(self) -> dict:
         """The fields a log line shows."""

@@ -18,6 +18,9 @@ SINK_CONF = {
     "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
     "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
     "spark.databricks.delta.commitInfo.enabled": "true",
+    # the Delta protocol's timestamps (microseconds), not Parquet's legacy INT96: staged files
+    # become table files as they are, and every Delta reader must read them
+    "spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS",
     "spark.sql.session.timeZone": "UTC",
     "spark.ui.showConsoleProgress": "false",
 }

@@ -7,9 +7,9 @@ Built at DAG-parse time from the YAML files only: no Spark, no database, no netw
   Spark tasks: the run succeeds. The batch id goes forward by XCom: ``write`` and ``append``
   work on exactly that batch (only mint mints). A batch outdated by another writer before it
   is written, or covered by a newer description, ends the run's remaining tasks as skipped.
-- ``write`` and ``append`` are spark-submit jobs (jobs/write_correction.py,
-  jobs/append_batch.py) on the ``spark_default`` connection (``local[*]`` on the embedded
-  default, a Spark master in production).
+- ``write`` is a spark-submit job (jobs/write_correction.py) on the ``spark_default``
+  connection (``local[*]`` on the embedded default, a Spark master in production).
+- ``append`` (Python, no JVM) commits the staged files to the Delta log as they are.
 - ``compaction_due`` (Python, metadata only) skips ``compact`` until ``compaction.every_batches``
   batches wait to be folded into ``since``; ``compact`` (jobs/compact_shard.py) then advances
   since, consolidates the history before it and vacuums (reconcile.compact).
@@ -42,7 +42,7 @@ class ReconcileSparkSubmitOperator(SparkSubmitOperator):
     non-retried task failure with the job's one-line message."""
 
     def __init__(self, *, sink: str, stage: str, **kwargs):
-        script = {"write": "write_correction.py", "append": "append_batch.py", "compact": "compact_shard.py"}[stage]
+        script = {"write": "write_correction.py", "compact": "compact_shard.py"}[stage]
         super().__init__(
             application=str(JOBS / script),
             application_args=["--sink", sink, "--run-id", "{{ run_id }}", "--batch-id", BATCH_ID],
@@ -120,7 +120,23 @@ def build_dag(cfg: SinkConfig) -> DAG:
             return {"batch_id": d.batch_id, "lower": d.lower, "upper": d.upper}
 
         write = ReconcileSparkSubmitOperator(task_id="write", sink=cfg.name, stage="write")
-        append = ReconcileSparkSubmitOperator(task_id="append", sink=cfg.name, stage="append")
+
+        @task(task_id="append")
+        def append(sink: str = cfg.name, **context) -> str:
+            from reconcile.airflow.tasks import commit_for_run, nothing_left
+            from reconcile.errors import Retryable, SinkError
+
+            batch_id = (context["ti"].xcom_pull(task_ids="mint") or {}).get("batch_id")
+            try:
+                message = commit_for_run(sink, context["run_id"], batch_id)
+            except Retryable as exc:
+                raise AirflowException(f"append failed: {exc}") from None
+            except SinkError as exc:
+                raise AirflowFailException(f"append failed (not retried): {exc}") from None
+            why = nothing_left(sink, context["run_id"], batch_id)
+            if why is not None:  # outdated or covered: the rest of the run has nothing to do
+                raise AirflowSkipException(f"append: nothing to do: {why}")
+            return message
 
         @task(task_id="compaction_due")
         def compaction_due(sink: str = cfg.name) -> str:
@@ -132,7 +148,7 @@ def build_dag(cfg: SinkConfig) -> DAG:
             return why
 
         compact = ReconcileSparkSubmitOperator(task_id="compact", sink=cfg.name, stage="compact")
-        mint() >> write >> append >> compaction_due() >> compact
+        mint() >> write >> append() >> compaction_due() >> compact
     return dag
 
 

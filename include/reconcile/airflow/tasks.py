@@ -1,9 +1,9 @@
 """What each Airflow task does, as plain functions of (sink, run): testable without Airflow.
 
-The DAG's ``mint`` task calls :func:`mint_for_run` in-process (metadata only). ``write`` and
-``append`` are Spark jobs (jobs/*.py, submitted with spark-submit) that call
-:func:`stage_for_run` and :func:`commit_for_run`; ``compaction_due`` (metadata only) decides
-whether the ``compact`` job (:func:`compact_for_run`) runs. A failure is recorded on the run's batch in
+The DAG's ``mint``, ``append`` and ``compaction_due`` tasks run in the Airflow worker without a
+JVM (:func:`mint_for_run`, :func:`commit_for_run`, :func:`compaction_check`); ``write`` and
+``compact`` are Spark jobs (jobs/*.py, submitted with spark-submit) that call
+:func:`stage_for_run` and :func:`compact_for_run`. A failure is recorded on the run's batch in
 the ledger (``message``, and ``failure_kind``: ``final`` when retrying cannot help), so the operator can tell
 Airflow whether to retry.
 """
@@ -62,9 +62,8 @@ def run_batch_of(store: MetadataStore, sink: str, run_id: str, batch_id: str | N
 
 def _run_stage(stage: str, sink: str, run_id: str, batch_id: str | None = None, spark=None) -> str:
     """Run ``stage`` on the batch the run's mint minted (``batch_id``, handed forward by the DAG;
-    without it, the run's newest batch)."""
-    from reconcile.sink import append, write
-    from reconcile.spark import get_session
+    without it, the run's newest batch). Only ``write`` starts Spark."""
+    from reconcile.sink import append
 
     with sink_and_store(sink) as (cfg, store):
         batch: Batch | None = None
@@ -72,10 +71,13 @@ def _run_stage(stage: str, sink: str, run_id: str, batch_id: str | None = None, 
             batch = run_batch_of(store, cfg.name, run_id, batch_id)
             if batch is None:
                 return f"run {run_id} minted no batch for sink {sink!r}: nothing to {stage}"
-            spark = spark or get_session(f"reconcile-{sink}-{stage}")
             if stage == "write":
+                from reconcile.sink import write
+                from reconcile.spark import get_session
+
+                spark = spark or get_session(f"reconcile-{sink}-{stage}")
                 return write.run_write(spark, store, cfg, batch.batch_id).message
-            return append.run_append(spark, store, cfg, batch.batch_id).message
+            return append.run_append(store, cfg, batch.batch_id).message
         except SinkError as exc:
             if batch is not None:
                 note_failure(store, batch.batch_id, exc)
@@ -86,8 +88,8 @@ def stage_for_run(sink: str, run_id: str, batch_id: str | None = None, spark=Non
     return _run_stage("write", sink, run_id, batch_id, spark)
 
 
-def commit_for_run(sink: str, run_id: str, batch_id: str | None = None, spark=None) -> str:
-    return _run_stage("append", sink, run_id, batch_id, spark)
+def commit_for_run(sink: str, run_id: str, batch_id: str | None = None) -> str:
+    return _run_stage("append", sink, run_id, batch_id)
 
 
 def nothing_left(sink: str, run_id: str, batch_id: str | None) -> str | None:

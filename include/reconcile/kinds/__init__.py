@@ -34,11 +34,6 @@ class Correction:
         return {"commands": self.commands, "late_commands": self.late_commands, "source_offset": self.source_offset}
 
 
-def reads_feed(cfg: SinkConfig) -> bool:
-    """Whether the kind needs the feed watermark (the highest offset a committed batch read)."""
-    return isinstance(cfg, UpsertSink)
-
-
 def correction(
     spark: SparkSession, cfg: SinkConfig, persist: DataFrame, lower: int, upper: int, watermark: int | None = None
 ) -> Correction:

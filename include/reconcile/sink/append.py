@@ -1,4 +1,8 @@
-"""The ``append`` stage: the guarded, transactional commit of a staged batch.
+"""The ``append`` stage: the guarded, transactional commit of a staged batch, in plain Python.
+
+The staged files become table files as they are: the commit adds them to the Delta log with
+their statistics (read from their Parquet footers); no row is read or rewritten, and no JVM is
+started.
 
 ### Protocol
 
@@ -15,18 +19,20 @@ The Delta log is the linearization point and the source of truth; the metadata r
    (:class:`~reconcile.errors.LostRace`). If the shard is new (upper behind the sink's
    ``as_of`` == ``lower``), its upper is first advanced to ``lower`` (seed 002,
    ``advance_shard_upper``).
-3. **Verify** the staged parts against the manifest (files, sizes, rows, checksums): exactly
-   the files of the write attempt the manifest names are read, no other.
-4. **Commit** all parts as one Delta version with ``txnAppId = reconcile-sink:<sink>``,
-   ``txnVersion = lower`` and the batch in the commit metadata (with its rows and checksum
-   per partition, and this append attempt's ``commit_id``). Delta refuses (skips) a
-   ``txnVersion`` that is not above the last one: at most one commit per ``lower``, ever, and
+3. **Verify** the staged files against the manifest: exactly the files of the write attempt
+   the manifest names, with their sizes and content digests, and per partition the rows the
+   manifest records (from the files' Parquet footers).
+4. **Commit** the files as one Delta version (``add`` actions) with the application transaction
+   ``(reconcile-sink:<sink>, lower)`` and the batch in the commit metadata (its rows, checksum
+   and files per partition, and this append attempt's ``commit_id``): only if the snapshot's
+   recorded transaction is below ``lower``, at exactly the version after that snapshot
+   (:func:`reconcile.storage.delta.commit_files`). At most one commit per ``lower``, ever, and
    committed ``lower``s strictly increase.
 5. **Sync** again: absorbs our commit (or the commit of whoever won the same ``lower``: another
-   attempt of the same batch says so), then deletes the staged files of this batch and of every
-   outdated batch.
-6. **Check the commit against its description**: the rows the Delta version added, per hash
-   partition, have the manifest's counts and checksums (else :class:`InconsistentState`).
+   attempt of the same batch says so), then deletes the staged files that can never be
+   committed (other attempts of this batch, outdated batches).
+6. **Check the commit against its description**: the Delta version added exactly the
+   manifest's files, with its rows per hash partition (else :class:`InconsistentState`).
 
 ### Invariants
 
@@ -44,16 +50,13 @@ import logging
 import uuid
 from dataclasses import dataclass
 
-from pyspark.sql import SparkSession
-
-from reconcile import kinds
 from reconcile.config import SinkConfig
 from reconcile.errors import DescriptionOutdated, InconsistentState, LostRace, Retryable, StagedBatchInvalid, brief
 from reconcile.failpoints import failpoint
 from reconcile.log import event
 from reconcile.model import COMMITTED, MINTED, SUPERSEDED, BatchDescription
 from reconcile.sink.sync import gc_staged, sync
-from reconcile.sink.verify import commit_differences, differences, parse_manifest, staged_files
+from reconcile.sink.verify import log_differences, parse_manifest, staged_files
 from reconcile.storage import delta as storage
 from reconcile.storage.ledger import MetadataStore
 from reconcile.storage.tables import Shard
@@ -68,53 +71,62 @@ class AppendResult:
     delta_version: int | None = None
 
 
-def verify_staged(spark: SparkSession, cfg: SinkConfig, batch_id: str, manifest: dict):
-    """The staged DataFrame of exactly the files the manifest names, after checking them
-    against it (present with their sizes, no stranger in the attempt's directory, rows and
-    checksum per partition)."""
-    path, expected_files = staged_files(spark, cfg, batch_id, manifest)
-    try:
-        staged = storage.read_staged(spark, cfg, path, list(expected_files))
-        stats = storage.partition_stats(cfg, staged)
-    except Exception as exc:  # unreadable (corrupted) parquet
-        raise StagedBatchInvalid(f"staged batch {batch_id} is unreadable: {brief(exc, 300)}", sink=cfg.name) from None
-    wrong = differences(manifest, stats, f"staged partition {{p}} of batch {batch_id}")
-    if wrong:
-        raise StagedBatchInvalid(wrong[0], sink=cfg.name)
-    return staged
+def verify_staged(cfg: SinkConfig, batch_id: str, manifest: dict) -> list[tuple[str, int, dict]]:
+    """The files the manifest names as the Delta commit adds them (path relative to the table,
+    size, statistics), after checking them against it: present with their sizes and content
+    digests, no stranger in the attempt's directory, per partition the manifest's rows."""
+    path, expected = staged_files(cfg, batch_id, manifest)
+    out = []
+    rows: dict[int, int] = {}
+    for rel, size in sorted(expected.items()):
+        try:
+            stats = storage.file_stats(f"{path}/{rel}")
+        except Exception as exc:  # noqa: BLE001 - an unreadable (corrupted) Parquet footer
+            raise StagedBatchInvalid(
+                f"staged batch {batch_id}: file {rel} is unreadable: {brief(exc, 200)}", sink=cfg.name
+            ) from None
+        p = storage.part_of(rel)
+        rows[p if p is not None else -1] = rows.get(p if p is not None else -1, 0) + stats["numRecords"]
+        out.append((storage.table_relative(cfg, batch_id, manifest["stage_id"], rel), size, stats))
+    for p, want in manifest["parts"].items():
+        if rows.get(int(p), 0) != want["rows"]:
+            raise StagedBatchInvalid(
+                f"staged partition {p} of batch {batch_id} has {rows.get(int(p), 0)} rows, the manifest says {want['rows']}",
+                sink=cfg.name,
+            )
+    return out
 
 
 def _nothing_to_append(outcome: str, why: str, shard: Shard, state: dict) -> AppendResult:
-    msg = event(log, f"nothing to append: {why}; deleted this batch's staged files", shard_upper=shard.upper, **state)
+    msg = event(log, f"nothing to append: {why}", shard_upper=shard.upper, **state)
     return AppendResult(outcome, msg)
 
 
-def _outdated(
-    spark: SparkSession, store: MetadataStore, cfg: SinkConfig, desc: BatchDescription, shard: Shard, state: dict
-) -> AppendResult:
+def _outdated(store: MetadataStore, cfg: SinkConfig, desc: BatchDescription, shard: Shard, state: dict) -> AppendResult:
     winner = store.committed_batch(cfg.name, desc.lower)
     if winner is None and shard.upper <= desc.lower:
-        # Nothing committed this lower yet: a newer description of it superseded this one.
+        # Nothing committed this lower yet: a newer description of it superseded this one. Its
+        # staged files stay until the shard's upper passes its lower (an append of it already
+        # in flight may still commit them); the garbage collection deletes them then.
         b = store.get_batch(desc.batch_id, cfg.name)
         why = b.message or "superseded by a newer description"
-        storage.delete_path(spark, storage.staging_path(cfg, desc.batch_id))
         newer = store.superseder(b)
         if newer is not None and newer.upper >= desc.upper:
             why = f"batch {newer.batch_id} of run {newer.run_id} superseded this one and covers [{desc.lower}, {desc.upper}) (up to {newer.upper})"
             return _nothing_to_append("superseded", why, shard, state)
         event(log, f"not appending: {why}", level=logging.WARNING, shard_upper=shard.upper, **state)
         raise DescriptionOutdated(
-            f"batch {desc.batch_id} [{desc.lower}, {desc.upper}) was {why}; its staged files were "
-            "deleted, nothing was written",
+            f"batch {desc.batch_id} [{desc.lower}, {desc.upper}) was {why}; nothing was written",
             sink=cfg.name,
             remedy="none needed: the superseding run appends this interval; check that run if it failed.",
         )
     who = f"batch {winner.batch_id} of run {winner.run_id}" if winner else "another writer"
     store.mark_superseded(desc.batch_id, f"outdated: {who} committed lower {desc.lower}; shard upper {shard.upper}")
-    storage.delete_path(spark, storage.staging_path(cfg, desc.batch_id))
-    gc_staged(spark, store, cfg)
+    gc_staged(store, cfg)
     if shard.upper >= desc.upper:
-        return _nothing_to_append("covered", f"{who} already covered [{desc.lower}, {desc.upper})", shard, state)
+        return _nothing_to_append(
+            "covered", f"{who} already covered [{desc.lower}, {desc.upper}); deleted its staged files", shard, state
+        )
     event(log, f"append lost the race to {who}", level=logging.WARNING, shard_upper=shard.upper, **state)
     raise LostRace(
         f"batch {desc.batch_id} [{desc.lower}, {desc.upper}) is outdated: {who} moved the shard's "
@@ -127,29 +139,36 @@ def _outdated(
     )
 
 
-def _kind_check(spark: SparkSession, cfg: SinkConfig, staged, desc: BatchDescription, state: dict) -> list[str]:
-    """After a commit: the kind's invariants for the rows the batch touched (upsert: each touched
-    key has at most one value, count 1)."""
-    broken = kinds.invariants(cfg, storage.read_updates(spark, cfg), desc.upper - 1, keys=staged)
-    for v in broken:
-        event(log, f"{cfg.kind} invariant violated after commit: {v}", level=logging.ERROR, **state)
-    return broken
+def _committed_meanwhile(store: MetadataStore, cfg: SinkConfig, b, state: dict, when: str) -> AppendResult:
+    gc_staged(store, cfg)
+    msg = event(
+        log,
+        f"another attempt of this batch committed it (Delta version {b.delta_version}) while this one {when}; "
+        "nothing more to do",
+        delta_version=b.delta_version,
+        **state,
+    )
+    return AppendResult("already_committed", msg, b.delta_version)
 
 
-def run_append(spark: SparkSession, store: MetadataStore, cfg: SinkConfig, batch_id: str) -> AppendResult:
+def run_append(store: MetadataStore, cfg: SinkConfig, batch_id: str) -> AppendResult:
     b = store.get_batch(batch_id, cfg.name)
     desc = BatchDescription.of(b)
     state = dict(sink=cfg.name, batch=batch_id, lower=desc.lower, upper=desc.upper, run=desc.run_id)
     if b.state == COMMITTED:
-        gc_staged(spark, store, cfg)
+        gc_staged(store, cfg)
         msg = event(log, f"already committed in Delta version {b.delta_version}; nothing to do", **state)
         return AppendResult("already_committed", msg, b.delta_version)
-
-    storage.ensure_table(spark, cfg)
-    shard = sync(spark, store, cfg)
+    if not storage.exists(cfg):
+        raise StagedBatchInvalid(
+            f"batch {batch_id}: the shard's Delta table at {storage.table_path(cfg)} does not exist",
+            sink=cfg.name,
+            remedy="clear the run's 'write' task (it creates the table and stages the batch), then 'append'.",
+        )
+    shard = sync(store, cfg)
     b = store.get_batch(batch_id, cfg.name)
     if b.state == COMMITTED:  # an earlier attempt committed to Delta and died before the metadata
-        gc_staged(spark, store, cfg)
+        gc_staged(store, cfg)
         msg = event(
             log,
             "recovered: an earlier attempt had committed this batch to Delta; rolled the metadata forward",
@@ -158,26 +177,22 @@ def run_append(spark: SparkSession, store: MetadataStore, cfg: SinkConfig, batch
         )
         return AppendResult("recovered", msg, b.delta_version)
     if b.state == SUPERSEDED or shard.upper > desc.lower:
-        return _outdated(spark, store, cfg, desc, shard, state)
+        return _outdated(store, cfg, desc, shard, state)
     if b.state == MINTED:
         raise StagedBatchInvalid(
             f"batch {batch_id} was minted but never staged",
             sink=cfg.name,
             remedy="clear the run's 'write' task (and 'append' after it).",
         )
+    storage.check_schema(cfg)
+    manifest = parse_manifest(cfg, batch_id, b.manifest)
     try:
-        staged = verify_staged(spark, cfg, batch_id, parse_manifest(cfg, batch_id, b.manifest))
+        files = verify_staged(cfg, batch_id, manifest)
     except StagedBatchInvalid:
-        sync(spark, store, cfg)  # another attempt may have committed it and cleaned up meanwhile
+        sync(store, cfg)  # another attempt may have committed it and cleaned up meanwhile
         now_b = store.get_batch(batch_id, cfg.name)
         if now_b.state == COMMITTED:
-            msg = event(
-                log,
-                f"another attempt of this batch committed it (Delta version {now_b.delta_version}) while this "
-                "one verified its staged files; nothing more to do",
-                **state,
-            )
-            return AppendResult("already_committed", msg, now_b.delta_version)
+            return _committed_meanwhile(store, cfg, now_b, state, "verified its staged files")
         if now_b.state == b.state and now_b.stage_id == b.stage_id:
             raise
         raise Retryable(  # not damage: another attempt of the batch moved on meanwhile
@@ -198,7 +213,6 @@ def run_append(spark: SparkSession, store: MetadataStore, cfg: SinkConfig, batch
         failpoint("append.after_advance_as_of")
 
     failpoint("append.before_delta_commit")
-    manifest = parse_manifest(cfg, batch_id, b.manifest)
     commit_id = uuid.uuid4().hex[:16]  # this append attempt: tells our commit from another's
     meta = {
         "batch_id": batch_id,
@@ -207,45 +221,30 @@ def run_append(spark: SparkSession, store: MetadataStore, cfg: SinkConfig, batch
         "run_id": desc.run_id,
         "rows_ok": b.rows_ok,
         "rows_err": b.rows_err,
-        "stage_id": manifest.get("stage_id"),
+        "stage_id": manifest["stage_id"],
+        "layout": manifest["layout"],
         "commit_id": commit_id,
         "partitions": manifest["partitions"],
         # the description the commit must match: `check` verifies the version against it
-        "parts": {p: {"rows": part["rows"], "checksum": part["checksum"]} for p, part in manifest["parts"].items()},
+        "parts": {
+            p: {"rows": part["rows"], "checksum": part["checksum"], "files": part["files"]}
+            for p, part in manifest["parts"].items()
+        },
     }
     if b.source_offset is not None or b.late_commands is not None:  # upsert: the feed's progress
         meta.update(source_offset=b.source_offset, late_commands=b.late_commands)
-    commit_error: Exception | None = None
-    try:
-        failpoint("append.inside_delta_commit")
-        storage.commit_batch(spark, cfg, staged, meta)
-    except Retryable:
-        raise
-    except Exception as exc:  # a concurrent Delta commit; decided by the sync below
-        commit_error = exc
+    failpoint("append.inside_delta_commit")
+    storage.commit_files(cfg, files, meta, desc.lower)
     failpoint("append.after_delta_commit")
 
-    shard = sync(spark, store, cfg)
+    shard = sync(store, cfg)
     b = store.get_batch(batch_id, cfg.name)
     if b.state == COMMITTED and b.delta_version is not None:
-        info = storage.commit_info(spark, cfg, b.delta_version)
-        ours = (storage.reconcile_meta(info) or {}).get("commit_id") == commit_id
-        if not ours:
-            storage.delete_path(spark, storage.staging_path(cfg, batch_id))
-            gc_staged(spark, store, cfg)
-            msg = event(
-                log,
-                f"another attempt of this batch committed it in Delta version {b.delta_version} while this "
-                "one was appending; nothing more to do",
-                delta_version=b.delta_version,
-                **state,
-            )
-            return AppendResult("already_committed", msg, b.delta_version)
-        wrong, _ = commit_differences(spark, cfg, {b.delta_version: meta})
-        broken = _kind_check(spark, cfg, staged, desc, state)  # reads the staged keys: before the cleanup
-        storage.delete_path(spark, storage.staging_path(cfg, batch_id))
-        gc_staged(spark, store, cfg)
-        extra = {"late_commands": b.late_commands, "invariant_violations": len(broken)} if kinds.reads_feed(cfg) else {}
+        info = storage.commit_info(cfg, b.delta_version)
+        if (storage.reconcile_meta(info) or {}).get("commit_id") != commit_id:
+            return _committed_meanwhile(store, cfg, b, state, "was appending")
+        wrong = log_differences(cfg, b.delta_version, meta)
+        gc_staged(store, cfg)
         if wrong:
             event(log, f"the committed batch does not match its manifest: {wrong[0]}", level=logging.ERROR, **state)
             raise InconsistentState(
@@ -253,8 +252,9 @@ def run_append(spark: SparkSession, store: MetadataStore, cfg: SinkConfig, batch
                 f"{'; '.join(wrong)}",
                 sink=cfg.name,
                 remedy=f"the next batch repairs the shard's contents; run `python -m reconcile check {cfg.name}` "
-                "and report this (a bug, or a foreign process writing into the staged files).",
+                "and report this (a bug, or a foreign process writing into the Delta log).",
             )
+        extra = {"late_commands": b.late_commands} if cfg.reads_feed else {}
         msg = event(
             log,
             "appended batch",
@@ -268,17 +268,11 @@ def run_append(spark: SparkSession, store: MetadataStore, cfg: SinkConfig, batch
         )
         return AppendResult("committed", msg, b.delta_version)
     if shard.upper > desc.lower:
-        return _outdated(spark, store, cfg, desc, shard, state)
-    if commit_error is not None:
-        raise Retryable(
-            f"Delta commit of batch {batch_id} failed: {brief(commit_error, 300)}",
-            sink=cfg.name,
-            remedy="the task retries by itself; nothing was committed.",
-        )
+        return _outdated(store, cfg, desc, shard, state)
     raise InconsistentState(
-        f"Delta skipped the commit of batch {batch_id} (lower {desc.lower}): a Delta version under "
-        f"the sink's commit guard ({storage.app_id(cfg)}) already recorded a txnVersion at or above "
-        "it, but no batch for it is in the log",
+        f"Delta skipped the commit of batch {batch_id} (lower {desc.lower}): a Delta version under the "
+        f"sink's commit guard ({storage.app_id(cfg)}) already recorded a transaction at or above it, but "
+        "no batch for it is in the log",
         sink=cfg.name,
         remedy=(
             f"find that version with `python -m reconcile check {cfg.name}`, restore the Delta table "

@@ -8,12 +8,15 @@ Used by the crash, race and randomized-schedule tests, and by on-call
 2. The ledger's committed batches are exactly the Delta log's batch commits (same ids, lowers,
    uppers, versions) once the metadata is synced.
 3. The shard's upper equals the last committed batch's upper (or is at most as_of when none).
-4. No staged files remain for batches that can never be appended.
+4. No staged files remain that can never be committed (:func:`reconcile.sink.sync.stale_staged`),
+   and every file a batch commit added is on storage (until a compaction removes it).
 5. Upsert sinks: as of the last committed ``upper - 1`` each key has at most one value and
    every consolidated count is 1.
-6. Every committed batch matches its description: the rows its Delta version added have, per
-   hash partition, the row count and checksum of the batch's manifest (recorded in the commit
-   and in the ledger). Versions whose files were vacuumed after a compaction cannot be checked.
+6. Every committed batch matches its description: its Delta version added exactly the files of
+   the committed write attempt, with the manifest's rows per hash partition (from the log; no
+   data read). With a SparkSession (``check --deep``), also the rows themselves: per hash
+   partition the manifest's row count and checksum (versions whose files were vacuumed after a
+   compaction cannot be read), and the kind's invariants (5).
 7. Every Delta version carrying the sink's commit guard (``txnAppId``) is the sink's own batch
    (with ``txnVersion`` = its lower) or compaction: a guarded commit without the batch's
    metadata could never be absorbed, and the shard would stall behind it.
@@ -23,20 +26,20 @@ from __future__ import annotations
 
 import json
 
-from pyspark.sql import SparkSession
-
-from reconcile import kinds
 from reconcile.config import SinkConfig
-from reconcile.model import COMMITTED, OPEN_STATES
+from reconcile.model import COMMITTED
+from reconcile.sink.sync import stale_staged
 from reconcile.storage import delta as storage
 from reconcile.storage.ledger import MetadataStore
 
 
-def violations(spark: SparkSession, store: MetadataStore, cfg: SinkConfig, *, synced: bool = True) -> list[str]:
+def violations(store: MetadataStore, cfg: SinkConfig, *, synced: bool = True, spark=None) -> list[str]:
+    """Every broken invariant, one line each, from the ledger and the Delta log (no JVM); with
+    ``spark``, also from the committed rows (checksums, the kind's invariants)."""
     out: list[str] = []
     shard = store.get_shard(cfg.name)
-    exists = storage.exists(spark, cfg)
-    entries = storage.log_entries(spark, cfg, -1)[1] if exists else []
+    exists = storage.exists(cfg)
+    entries = storage.log_entries(cfg, -1)[1] if exists else []
     commits = storage.batch_commits([(v, meta) for v, meta, _ in entries])
     lowers = [c.lower for c in commits]
     if len(set(lowers)) != len(lowers):
@@ -73,20 +76,38 @@ def violations(spark: SparkSession, store: MetadataStore, cfg: SinkConfig, *, sy
                 f"Delta version {version} carries the sink's commit guard (txnVersion {txn}) but is not "
                 f"one of its batches or compactions ({meta}): the metadata can never absorb it"
             )
-    out += batch_differences(spark, store, cfg, entries)
-    if commits:
-        out += kinds.invariants(cfg, storage.read_updates(spark, cfg), commits[-1].upper - 1)
-    keep = {b.batch_id for b in store.batches(cfg.name, OPEN_STATES) if b.lower >= shard.upper}
-    stale = sorted(set(storage.list_dirs(spark, storage.staging_root(cfg))) - keep)
-    if stale:
-        out.append(f"staged files remain for outdated batches {stale}")
+    out += batch_differences(store, cfg, entries, spark)
+    if commits and spark is not None:
+        from reconcile import kinds
+        from reconcile.storage import frames
+
+        out += kinds.invariants(cfg, frames.read_updates(spark, cfg), commits[-1].upper - 1)
+    if synced:
+        stale = stale_staged(store, cfg)
+        if stale:
+            out.append(f"staged files remain that can never be committed: {stale[:5]}")
+    if exists:
+        out += missing_files(cfg)
     return out
 
 
-def batch_differences(spark: SparkSession, store: MetadataStore, cfg: SinkConfig, entries: list) -> list[str]:
+def missing_files(cfg: SinkConfig) -> list[str]:
+    """Files the table's current snapshot names that are not on storage."""
+    from deltalake import DeltaTable
+
+    root = storage.table_path(cfg)
+    present = set(storage.list_files(root))
+    adds = DeltaTable(root).get_add_actions(flatten=True).column("path").to_pylist()
+    from urllib.parse import unquote
+
+    gone = sorted(p for p in (unquote(a) for a in adds) if p not in present)
+    return [f"the Delta table names {len(gone)} file(s) that are not on storage: {gone[:3]}"] if gone else []
+
+
+def batch_differences(store: MetadataStore, cfg: SinkConfig, entries: list, spark=None) -> list[str]:
     """Invariant 6: each batch's Delta version against its description (the commit's own
-    per-partition counts and checksums, else the ledger's manifest)."""
-    from reconcile.sink.verify import commit_differences
+    per-partition counts, files and checksums, else the ledger's manifest)."""
+    from reconcile.sink.verify import commit_differences, log_differences
 
     ledger = {b.batch_id: b.manifest for b in store.batches(cfg.name, (COMMITTED,)) if b.manifest}
     described: dict[int, dict] = {}
@@ -98,4 +119,7 @@ def batch_differences(spark: SparkSession, store: MetadataStore, cfg: SinkConfig
             described[version] = {**desc, "batch_id": meta["batch_id"], "lower": meta["lower"], "upper": meta["upper"]}
     if not described:
         return []
-    return commit_differences(spark, cfg, described)[0]
+    out = [line for v, m in sorted(described.items()) for line in log_differences(cfg, v, m)[:3]]
+    if spark is not None:
+        out += commit_differences(spark, cfg, described)[0]
+    return out

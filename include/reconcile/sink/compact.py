@@ -47,6 +47,7 @@ from reconcile.log import event
 from reconcile.model import COMMITTED
 from reconcile.sink.sync import sync
 from reconcile.storage import delta as storage
+from reconcile.storage import frames
 from reconcile.storage.ledger import MetadataStore
 
 log = logging.getLogger("reconcile.compact")
@@ -95,7 +96,7 @@ def compacted(cfg: SinkConfig, updates, since: int):
 
 def _uncompacted(spark: SparkSession, cfg: SinkConfig, since: int) -> bool:
     """Are there updates at times before ``since``? (Delta's file statistics skip the rest.)"""
-    return bool(storage.read_updates(spark, cfg).where(F.col("_time") < since).limit(1).count())
+    return bool(frames.read_updates(spark, cfg).where(F.col("_time") < since).limit(1).count())
 
 
 def vacuum(spark: SparkSession, cfg: SinkConfig) -> None:
@@ -126,11 +127,11 @@ def run_compact(
     since: int | None = None,
     vacuum_files: bool = True,
 ) -> CompactResult:
-    if not storage.exists(spark, cfg):  # never run (maybe not even minted): nothing to fold
+    if not storage.exists(cfg):  # never run (maybe not even minted): nothing to fold
         return CompactResult(
             "nothing", event(log, "nothing to compact: the shard has no Delta table yet", sink=cfg.name), 0
         )
-    shard = sync(spark, store, cfg)
+    shard = sync(store, cfg)
     target = target_since(cfg, shard.upper, shard.since) if since is None else since
     state = dict(sink=cfg.name, upper=shard.upper, since=shard.since, new_since=target)
     if target >= shard.upper:
@@ -148,8 +149,8 @@ def run_compact(
         # An earlier compaction raised since and stopped before its rewrite: finish it.
         target = state["new_since"] = shard.since
 
-    read_version = storage.latest_version(spark, cfg)
-    recorded = storage.last_txn_version(spark, cfg, read_version)
+    read_version = storage.latest_version(cfg)
+    recorded = storage.last_txn_version(cfg, read_version)
     if recorded is None:
         return CompactResult("nothing", event(log, "nothing to compact: no batch committed yet", **state), shard.since)
     if recorded + 1 >= shard.upper:
@@ -168,11 +169,11 @@ def run_compact(
     failpoint("compact.after_since")
     token = uuid.uuid4().hex
     meta = {"op": "compact", "sink": cfg.name, "since": target, "read_version": read_version, "token": token}
-    out = compacted(cfg, storage.read_updates(spark, cfg, read_version), target)
+    out = compacted(cfg, frames.read_updates(spark, cfg, read_version), target)
     cols = [f"`{c}`" for c in cfg.column_names] + ["_error", "_time", "_diff"]
     try:
         (
-            storage.writer(out.select(*cols), meta, "overwrite")
+            frames.writer(out.select(*cols), meta, "overwrite")
             .option("txnAppId", storage.app_id(cfg))
             .option("txnVersion", recorded + 1)
             .save(storage.table_path(cfg))
@@ -189,7 +190,7 @@ def run_compact(
         return CompactResult("raced", msg, target)
     failpoint("compact.after_commit")
 
-    _, entries = storage.history_since(spark, cfg, read_version)
+    _, entries = storage.history_since(cfg, read_version)
     mine = [v for v, m in entries if m and m.get("op") == "compact" and m.get("token") == token]
     if not mine:
         msg = event(
@@ -201,7 +202,7 @@ def run_compact(
         )
         return CompactResult("raced", msg, target)
     version = mine[0]
-    info = storage.commit_info(spark, cfg, version)
+    info = storage.commit_info(cfg, version)
     metrics = info.get("operationMetrics") or {}
     if int(info.get("readVersion", read_version)) != read_version:
         event(

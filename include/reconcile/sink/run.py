@@ -70,7 +70,7 @@ def run_batch(
             on_written(run.write)
         if run.write.outcome != "outdated":
             t2 = time.perf_counter()
-            run.append = run_append(spark, store, cfg, desc.batch_id)
+            run.append = run_append(store, cfg, desc.batch_id)
             run.seconds["append"] = time.perf_counter() - t2
             return run
     assert run is not None

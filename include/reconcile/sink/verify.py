@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import json
 
-from pyspark.sql import SparkSession
-
 from reconcile.config import SinkConfig
 from reconcile.errors import StagedBatchInvalid
 from reconcile.storage import delta as storage
@@ -21,13 +19,18 @@ def parse_manifest(cfg: SinkConfig, batch_id: str, text: str | None) -> dict:
         raise StagedBatchInvalid(f"batch {batch_id} has no readable manifest in the ledger.", sink=cfg.name) from None
 
 
-def staged_files(spark: SparkSession, cfg: SinkConfig, batch_id: str, manifest: dict) -> tuple[str, dict[str, int]]:
+def staged_files(cfg: SinkConfig, batch_id: str, manifest: dict) -> tuple[str, dict[str, int]]:
     """(the write attempt's directory, {file: size} the manifest names), after checking that
-    exactly those files are there with their sizes; else :class:`StagedBatchInvalid`."""
-    path = storage.staging_path(cfg, batch_id, manifest.get("stage_id"))
-    if not storage.path_exists(spark, path):
+    exactly those files are there with their sizes and content digests; else
+    :class:`StagedBatchInvalid`."""
+    if manifest.get("layout") != storage.BATCHES_DIR or not manifest.get("stage_id"):
+        raise StagedBatchInvalid(
+            f"staged batch {batch_id} was staged by an earlier release, outside the table", sink=cfg.name
+        )
+    path = storage.staging_path(cfg, batch_id, manifest["stage_id"])
+    if not storage.path_exists(path):
         raise StagedBatchInvalid(f"staged batch {batch_id} misses its folder {path}", sink=cfg.name)
-    files = storage.list_files(spark, path)
+    files = storage.list_files(path)
     expected: dict[str, int] = {}
     for part in manifest["parts"].values():
         expected.update(part["files"])
@@ -41,6 +44,19 @@ def staged_files(spark: SparkSession, cfg: SinkConfig, batch_id: str, manifest: 
             f"staged batch {batch_id} does not match its manifest: changed {changed[:3]}, unexpected {unknown[:3]}",
             sink=cfg.name,
         )
+    for part in manifest["parts"].values():
+        for rel, want in (part.get("digests") or {}).items():
+            try:
+                got = storage.digest(f"{path}/{rel}")
+            except FileNotFoundError:
+                raise StagedBatchInvalid(
+                    f"staged batch {batch_id} misses file {rel} under {path}", sink=cfg.name
+                ) from None
+            if got != want:
+                raise StagedBatchInvalid(
+                    f"staged batch {batch_id}: file {rel} under {path} changed after it was staged (content digest)",
+                    sink=cfg.name,
+                )
     return path, expected
 
 
@@ -60,11 +76,63 @@ def differences(manifest: dict, stats: dict[int, dict], what: str) -> list[str]:
     return out
 
 
-def commit_differences(spark: SparkSession, cfg: SinkConfig, batches: dict[int, dict]) -> tuple[list[str], int]:
-    """Committed batches checked against their descriptions: ``{Delta version: manifest}`` ->
-    (one line per batch whose Delta version's rows differ from its manifest, versions
-    checked). Versions whose files were vacuumed after a compaction cannot be checked."""
-    stats = storage.committed_stats(spark, cfg, {v: int(m["partitions"]) for v, m in batches.items()})
+def added_by_part(cfg: SinkConfig, version: int) -> tuple[dict[int, dict], list[str]]:
+    """Per hash partition, what one Delta version added according to its ``add`` actions (rows
+    from their statistics, files by path and size), and the added files outside any partition
+    directory; no data file is read."""
+    parts: dict[int, dict] = {}
+    loose: list[str] = []
+    for add in storage.added_files(storage.commit_actions(cfg, version)):
+        p = storage.part_of(add["path"])
+        if p is None:
+            loose.append(add["path"])
+            continue
+        got = parts.setdefault(p, {"rows": 0, "files": {}})
+        got["rows"] += int(json.loads(add.get("stats") or "{}").get("numRecords", -1))
+        got["files"][add["path"]] = int(add["size"])
+    return parts, loose
+
+
+def log_differences(cfg: SinkConfig, version: int, meta: dict) -> list[str]:
+    """A batch's Delta version against its description, from the log alone: the version added
+    exactly the files of the committed attempt (``files`` per partition, when the description
+    names them) with the rows the description records per partition."""
+    what = f"batch {meta['batch_id']} [{meta['lower']}, {meta['upper']}): Delta version {version}"
+    parts, loose = added_by_part(cfg, version)
+    if meta.get("layout") != storage.BATCHES_DIR:  # committed by copying the rows (earlier releases)
+        adds = storage.added_files(storage.commit_actions(cfg, version))
+        total = sum(int(json.loads(a.get("stats") or "{}").get("numRecords", 0)) for a in adds)
+        expected = sum(int(part["rows"]) for part in meta["parts"].values())
+        return [] if total == expected else [f"{what} added {total} rows, the manifest says {expected}"]
+    if loose:
+        return [f"{what} added file(s) outside the batch's attempt: {loose[:3]}"]
+    out = []
+    for p, want in sorted(meta["parts"].items(), key=lambda kv: int(kv[0])):
+        got = parts.get(int(p), {"rows": 0, "files": {}})
+        if got["rows"] != want["rows"]:
+            out.append(f"{what}'s partition {p} has {got['rows']} rows, the manifest says {want['rows']}")
+        if "files" in want:
+            files = {
+                storage.table_relative(cfg, meta["batch_id"], meta["stage_id"], rel): size
+                for rel, size in want["files"].items()
+            }
+            if files != got["files"]:
+                out.append(
+                    f"{what}'s partition {p} added files {sorted(got['files'])[:3]}, the manifest names {sorted(files)[:3]}"
+                )
+    for p in sorted(set(parts) - {int(p) for p in meta["parts"]})[:3]:
+        out.append(f"{what}'s partition {p} has {parts[p]['rows']} rows, the manifest has no such partition")
+    return out
+
+
+def commit_differences(spark, cfg: SinkConfig, batches: dict[int, dict]) -> tuple[list[str], int]:
+    """Committed batches checked against their descriptions by reading their rows (Spark):
+    ``{Delta version: manifest}`` -> (one line per batch whose Delta version's rows differ from
+    its manifest's rows and checksums, versions checked). Versions whose files were vacuumed
+    after a compaction cannot be checked."""
+    from reconcile.storage import frames
+
+    stats = frames.committed_stats(spark, cfg, {v: int(m["partitions"]) for v, m in batches.items()})
     out = []
     for v, got in sorted(stats.items()):
         m = batches[v]

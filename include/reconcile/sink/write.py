@@ -10,14 +10,17 @@
 3. Pin the Delta version to read (``read_version``), read persist as of it and the desired
    collection, compute ``correction(desired, persist, lower, upper)`` (a pure function) hash-
    partitioned into P partitions, and stage it as Parquet under a directory of this attempt's
-   own, ``_staging/<sink>/<batch_id>/<stage_id>/_part=<p>/``.
+   own inside the table, ``<table>/batches/<batch_id>/<stage_id>/reconcile_part=<p>/``: the
+   append adopts these files into the Delta log as they are.
 4. Read the staged files back once for the manifest (rows, error rows, checksum and the files
-   with their sizes per partition) and record it in the ledger with state ``staged``: a
+   with their sizes and content digests per partition) and record it in the ledger with state
+   ``staged``: a
    compare-and-set on the attempt the batch names. Attempts of one batch running at once (a
    zombie task and its retry, a command started twice) each stage their own files; the first to
    record its manifest is the batch, the others delete their own files and say so. A write of
    a batch already staged with intact files does nothing; one whose staged files are damaged
-   restages and replaces them.
+   restages and replaces them (the replaced attempt's files are left to the garbage collection,
+   which deletes them once no append can commit them: :func:`reconcile.sink.sync.gc_staged`).
 
 ### Drift
 
@@ -44,6 +47,7 @@ from reconcile.model import COMMITTED, OPEN_STATES, STAGED, BatchDescription, St
 from reconcile.sink.sync import sync
 from reconcile.sink.verify import parse_manifest, staged_files
 from reconcile.storage import delta as storage
+from reconcile.storage import frames
 from reconcile.storage.ledger import MetadataStore
 
 log = logging.getLogger("reconcile.write")
@@ -81,12 +85,12 @@ def drift_rows(spark: SparkSession, store: MetadataStore, cfg: SinkConfig, read_
     ``read_version``. Each contiguous run of foreign versions costs two time-travel reads."""
     seen = [b.read_version for b in store.batches(cfg.name, (COMMITTED,)) if b.read_version is not None]
     base = max(seen) if seen else -1
-    _, entries = storage.history_since(spark, cfg, base)
+    _, entries = storage.history_since(cfg, base)
     total = 0
     for first, last in foreign_runs(entries, read_version):
         try:
-            after = storage.read_updates(spark, cfg, last).where(F.col("_time") < upper)
-            before = storage.read_updates(spark, cfg, first - 1).where(F.col("_time") < upper)
+            after = frames.read_updates(spark, cfg, last).where(F.col("_time") < upper)
+            before = frames.read_updates(spark, cfg, first - 1).where(F.col("_time") < upper)
             changed = consolidate(
                 cfg, after.unionByName(before.withColumn("_diff", -F.col("_diff"))), partitioned=False
             )
@@ -113,15 +117,15 @@ def batch_correction(
     spark: SparkSession, store: MetadataStore, cfg: SinkConfig, persist: DataFrame, lower: int, upper: int
 ) -> kinds.Correction:
     """The correction of ``(lower, upper)`` against ``persist``, for any kind of sink."""
-    wm = watermark(store, cfg) if kinds.reads_feed(cfg) else None
+    wm = watermark(store, cfg) if cfg.reads_feed else None
     return kinds.correction(spark, cfg, persist, lower, upper, wm)
 
 
-def _stage_state(spark: SparkSession, cfg: SinkConfig, b) -> str | None:
+def _stage_state(cfg: SinkConfig, b) -> str | None:
     """Why the batch's recorded attempt cannot be appended as it is (None: exactly the files its
     manifest names are there, with their sizes)."""
     try:
-        staged_files(spark, cfg, b.batch_id, parse_manifest(cfg, b.batch_id, b.manifest))
+        staged_files(cfg, b.batch_id, parse_manifest(cfg, b.batch_id, b.manifest))
     except StagedBatchInvalid as exc:
         return str(exc)
     return None
@@ -160,8 +164,8 @@ def run_write(spark: SparkSession, store: MetadataStore, cfg: SinkConfig, batch_
         msg = event(log, f"skipping write: batch is {b.state} ({b.message or 'no message'})", **state)
         return WriteResult("skipped", msg)
 
-    storage.ensure_table(spark, cfg)
-    shard = sync(spark, store, cfg)
+    frames.ensure_table(spark, cfg)
+    shard = sync(store, cfg)
     if shard.upper > desc.lower:
         b = store.get_batch(batch_id, cfg.name)
         if b.state == COMMITTED:
@@ -193,7 +197,7 @@ def run_write(spark: SparkSession, store: MetadataStore, cfg: SinkConfig, batch_
     b = store.get_batch(batch_id, cfg.name)
     replaces = None
     if b.state == STAGED:
-        damage = _stage_state(spark, cfg, b)
+        damage = _stage_state(cfg, b)
         if damage is None:
             msg = event(
                 log,
@@ -210,7 +214,7 @@ def run_write(spark: SparkSession, store: MetadataStore, cfg: SinkConfig, batch_
             **state,
         )
     stage_id = storage.new_stage_id()
-    others = sorted(set(storage.list_dirs(spark, storage.staging_path(cfg, batch_id))) - {replaces})
+    others = sorted(set(storage.list_dirs(storage.staging_path(cfg, batch_id))) - {replaces})
     if others:
         event(
             log,
@@ -220,26 +224,28 @@ def run_write(spark: SparkSession, store: MetadataStore, cfg: SinkConfig, batch_
         )
     path = storage.staging_path(cfg, batch_id, stage_id)
     try:
-        read_version = storage.latest_version(spark, cfg)
-        persist = storage.read_updates(spark, cfg, read_version)
+        read_version = storage.latest_version(cfg)
+        persist = frames.read_updates(spark, cfg, read_version)
         corr = batch_correction(spark, store, cfg, persist, desc.lower, desc.upper)
-        storage.write_staged(spark, cfg, batch_id, stage_id, corr.updates)
+        frames.write_staged(spark, cfg, batch_id, stage_id, corr.updates)
         failpoint("write.after_partition_staged")
-        files = storage.list_files(spark, path)
-        stats = storage.partition_stats(cfg, storage.read_staged(spark, cfg, path, list(files)))
+        files = storage.list_files(path)
+        stats = frames.partition_stats(cfg, frames.read_staged(spark, cfg, path, list(files)))
+        digests = {rel: storage.digest(f"{path}/{rel}") for rel in files}
     except Exception:
         now_b = store.get_batch(batch_id, cfg.name)
-        storage.delete_path(spark, path)  # this attempt's files: never the batch now
+        storage.delete_path(path)  # this attempt's files: never recorded, so never committed
         if now_b.state in OPEN_STATES and now_b.stage_id == replaces:
             raise  # nobody else finished: this attempt's own failure
         outcome, msg = _lost(now_b, stage_id)
         return WriteResult(outcome, event(log, msg, **state), batch_id=batch_id)
     parts = {}
     for p in range(cfg.partitions):
-        prefix = f"_part={p}/"
+        mine = sorted(k for k in files if storage.part_of(k) == p)
         parts[str(p)] = {
             **stats.get(p, {"rows": 0, "err": 0, "weight": 0, "checksum": "0"}),
-            "files": {k: v for k, v in files.items() if k.startswith(prefix)},
+            "files": {k: files[k] for k in mine},
+            "digests": {k: digests[k] for k in mine},
         }
     rows_err = sum(s["err"] for s in stats.values())
     rows_ok = sum(s["rows"] for s in stats.values()) - rows_err
@@ -247,6 +253,7 @@ def run_write(spark: SparkSession, store: MetadataStore, cfg: SinkConfig, batch_
     manifest = {
         "batch_id": batch_id,
         "stage_id": stage_id,
+        "layout": storage.BATCHES_DIR,
         "lower": desc.lower,
         "upper": desc.upper,
         "partitions": cfg.partitions,
@@ -267,13 +274,9 @@ def run_write(spark: SparkSession, store: MetadataStore, cfg: SinkConfig, batch_
     staged = Staged(stage_id, manifest, rows_ok, rows_err, read_version, drift, corr.source_offset, corr.late_commands)
     won, now_b = store.mark_staged(batch_id, staged, replaces=replaces)
     if not won:
-        storage.delete_path(spark, path)
-        if now_b.state not in OPEN_STATES:
-            storage.delete_path(spark, storage.staging_path(cfg, batch_id))
+        storage.delete_path(path)  # never recorded: no append can commit it
         outcome, msg = _lost(now_b, stage_id)
         return WriteResult(outcome, event(log, msg, **state), batch_id=batch_id)
-    if replaces is not None:
-        storage.delete_path(spark, storage.staging_path(cfg, batch_id, replaces))
     failpoint("write.after_staged")
     msg = event(log, "staged batch", **staged.summary(), partitions=cfg.partitions, **feed, **state)
     return WriteResult("staged", msg, rows_ok, rows_err, drift, parts, batch_id)

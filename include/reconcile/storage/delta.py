@@ -1,41 +1,49 @@
-"""The shard's storage: a Delta table of updates, its commit log, and staged batch files.
+"""The shard's Delta log and files, without a JVM: what the control plane (mint, sync, append,
+compaction_due, status, check) needs, in plain Python (delta-rs for table snapshots and the
+batch commit, fsspec for files, pyarrow for Parquet footers).
 
-Layout under the warehouse root (a local folder or any Hadoop-compatible URI)::
+Layout under the warehouse root (a local folder or any fsspec URI)::
 
-    <warehouse>/<sink>/                                 Delta table: sink columns, _error, _time, _diff
-    <warehouse>/_staging/<sink>/<batch_id>/<stage_id>/  one write attempt's correction,
-                                                        _part=<p>/ per hash partition
+    <warehouse>/<sink>/                                       Delta table: sink columns, _error, _time, _diff
+    <warehouse>/<sink>/batches/<batch_id>/<stage_id>/reconcile_part=<p>/*.parquet
+                                                              one write attempt's correction
 
-Every write attempt stages into a directory of its own (``stage_id``); the ledger's manifest
-names the one attempt whose files are the batch, and the append commits exactly those files.
+Every write attempt stages into a directory of its own (``stage_id``) inside the table's
+directory; the ledger's manifest names the one attempt whose files are the batch, and the
+append commits exactly those files to the Delta log as they are (``add`` actions with their
+statistics: no row is read or rewritten). Staged files of a batch that can never be committed
+are deleted by the sink (:func:`reconcile.sink.sync.gc_staged`); Delta's VACUUM removes any
+orphan after the retention period, as it does for any file the log does not name.
 
 Every Delta commit the sink makes carries ``userMetadata = {"reconcile": {...}}`` naming the
-operation and, for a batch, its ``batch_id``, ``lower`` and ``upper``. Batch commits also use
-Delta's idempotent writes (``txnAppId = reconcile-sink:<sink>``, ``txnVersion = lower``): Delta
-skips a write whose ``txnVersion`` is not above the last one it recorded, so a batch, or any
-batch with an older ``lower``, can never be committed twice, whatever the metadata says.
+operation and, for a batch, its ``batch_id``, ``lower`` and ``upper``. Batch commits also record
+the application transaction ``(appId = reconcile-sink:<sink>, version = lower)``: a batch is
+committed only if the last version recorded for that app id is below its ``lower``, and only at
+the version after the one whose snapshot was checked (put-if-absent of the commit file), so a
+batch, or any batch with an older ``lower``, can never be committed twice.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import time
 import uuid
-from functools import lru_cache
+from datetime import UTC, date, datetime, timedelta
 from typing import Any
-
-from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql import functions as F
-from pyspark.sql.types import StructType
+from urllib.parse import unquote
 
 from reconcile import settings
 from reconcile.config import SinkConfig
-from reconcile.errors import Retryable, ShardSchemaChanged, brief
+from reconcile.errors import Retryable, ShardSchemaChanged, SinkError, brief
 from reconcile.model import CommitRecord
 
 log = logging.getLogger("reconcile.shard")
 META_KEY = "reconcile"
+MAINTENANCE = "maintenance"
+BATCHES_DIR = "batches"
+PART_COLUMN = "reconcile_part"  # the staged files' hash-partition directory: reconcile_part=<p>/
 
 
 def table_path(cfg: SinkConfig) -> str:
@@ -43,13 +51,23 @@ def table_path(cfg: SinkConfig) -> str:
 
 
 def staging_root(cfg: SinkConfig) -> str:
-    return f"{settings.warehouse()}/_staging/{cfg.name}"
+    return f"{table_path(cfg)}/{BATCHES_DIR}"
 
 
 def staging_path(cfg: SinkConfig, batch_id: str, stage_id: str | None = None) -> str:
     """The batch's staging directory, or one write attempt's directory inside it."""
     path = f"{staging_root(cfg)}/{batch_id}"
     return f"{path}/{stage_id}" if stage_id else path
+
+
+def legacy_staging_root(cfg: SinkConfig) -> str:
+    """Where releases before the metadata-only append staged (outside the table)."""
+    return f"{settings.warehouse()}/_staging/{cfg.name}"
+
+
+def table_relative(cfg: SinkConfig, batch_id: str, stage_id: str, rel: str) -> str:
+    """A staged file's path relative to the table, as its Delta ``add`` action names it."""
+    return f"{BATCHES_DIR}/{batch_id}/{stage_id}/{rel}"
 
 
 def new_stage_id() -> str:
@@ -60,149 +78,122 @@ def app_id(cfg: SinkConfig) -> str:
     return f"reconcile-sink:{cfg.name}"
 
 
-def schema(cfg: SinkConfig, *, with_part: bool = False) -> StructType:
-    return _parse_ddl(cfg.ddl + (", `_part` INT" if with_part else ""))
+# -- files (fsspec: local folders and object stores alike) ------------------------------------
 
 
-@lru_cache(maxsize=256)
-def _parse_ddl(ddl: str) -> StructType:
-    parsed = StructType.fromDDL(ddl)  # a round trip to the JVM's parser (~50 ms): parse once
-    assert isinstance(parsed, StructType)
-    return parsed
+def _fs(path: str):
+    from fsspec.core import url_to_fs
+
+    return url_to_fs(path)
 
 
-def writer(df: DataFrame, meta: dict, mode: str):
-    """A Delta writer whose commit carries ``meta`` as the sink's own commit metadata.
-
-    The metadata is an option of this one write, never the session-wide
-    ``spark.databricks.delta.commitInfo.userMetadata``: writers sharing a SparkSession (threads,
-    a notebook) would otherwise stamp each other's commits, and a batch commit stamped as
-    anything else is invisible to :func:`reconcile.sink.sync.sync`.
-    """
-    return df.write.format("delta").mode(mode).option("userMetadata", json.dumps({META_KEY: meta}, sort_keys=True))
-
-
-def exists(spark: SparkSession, cfg: SinkConfig) -> bool:
-    from delta.tables import DeltaTable
-
-    return DeltaTable.isDeltaTable(spark, table_path(cfg))
+def read_text(path: str) -> str | None:
+    """A small file's text (None if it does not exist)."""
+    fs, p = _fs(path)
+    try:
+        with fs.open(p, "rb") as f:
+            return f.read().decode("utf-8")
+    except FileNotFoundError:
+        return None
 
 
-def ensure_table(spark: SparkSession, cfg: SinkConfig) -> None:
-    """Create the shard's Delta table if missing; refuse one whose schema drifted."""
-    from delta.tables import DeltaTable
+def read_bytes(path: str) -> bytes:
+    fs, p = _fs(path)
+    with fs.open(p, "rb") as f:
+        return f.read()
 
-    path = table_path(cfg)
-    expected = schema(cfg)
-    attempt = 0
-    while not DeltaTable.isDeltaTable(spark, path):
-        # Version 0 is one metadata-only commit (no Spark job: ~0.3 s, against ~0.7 s, and ~7 s
-        # for the first write of a JVM, for an empty DataFrame write), atomic by Delta's
-        # put-if-absent of the first commit file; concurrent creators lose that race with an
-        # exception and then find the table. It changes no data: a "maintenance" commit.
-        attempt += 1
+
+def digest(path: str) -> str:
+    """A file's content digest (sha256, hex)."""
+    return hashlib.sha256(read_bytes(path)).hexdigest()
+
+
+def list_files(path: str) -> dict[str, int]:
+    """{relative path: size} of the data files below ``path`` (empty if it does not exist).
+
+    A directory deleted while it is listed (another attempt's cleanup) is listed again; one
+    that is gone is empty."""
+    fs, root = _fs(path)
+    root = root.rstrip("/")
+    for attempt in range(3):
         try:
-            DeltaTable.createIfNotExists(spark).location(path).addColumns(expected).execute()
-        except Exception as exc:
-            if DeltaTable.isDeltaTable(spark, path):
-                break
-            if attempt >= 5:
-                raise Retryable(
-                    f"cannot create the shard's Delta table at {path}: {brief(exc, 300)}.",
-                    sink=cfg.name,
-                    remedy="the task retries by itself; if it persists, check the warehouse path.",
-                ) from None
-            time.sleep(0.5 * attempt)
-    actual = _schema_from_checksum(spark, cfg) or spark.read.format("delta").load(path).schema
-    want = [(f.name.lower(), f.dataType.simpleString()) for f in expected.fields]
-    have = [(f.name.lower(), f.dataType.simpleString()) for f in actual.fields]
-    if want != have:
-        raise ShardSchemaChanged(f"Delta table {path} has columns {have}, the sink expects {want}", sink=cfg.name)
+            if not fs.exists(root):
+                return {}
+            found = fs.find(root, detail=True)
+        except FileNotFoundError:
+            if attempt == 2:
+                raise
+            continue
+        out = {}
+        for full, info in found.items():
+            rel = full[len(root) + 1 :] if full.startswith(root + "/") else full
+            if rel.rsplit("/", 1)[-1].startswith(("_", ".")) or info.get("type") == "directory":
+                continue
+            out[rel] = int(info["size"])
+        return out
+    return {}
 
 
-def _read_text(spark: SparkSession, path: str) -> str | None:
-    """A small file's text through the Hadoop FileSystem (None if it does not exist)."""
-    fs, p = _fs(spark, path)
-    if not fs.exists(p):
-        return None
-    stream = fs.open(p)
+def list_dirs(path: str) -> list[str]:
+    fs, root = _fs(path)
     try:
-        return _jvm(spark).org.apache.commons.io.IOUtils.toString(stream, "UTF-8")
-    finally:
-        stream.close()
+        return sorted(p.rstrip("/").rsplit("/", 1)[-1] for p in fs.ls(root, detail=False) if fs.isdir(p))
+    except FileNotFoundError:
+        return []
 
 
-def _checksum(spark: SparkSession, cfg: SinkConfig, version: int | None = None) -> dict | None:
-    """The version checksum Delta writes beside a commit (``<version>.crc``: metadata, protocol,
-    set transactions), or None if it is missing or unreadable (then ask Delta itself)."""
+def path_exists(path: str) -> bool:
+    fs, p = _fs(path)
+    return bool(fs.exists(p))
+
+
+def delete_path(path: str) -> bool:
+    fs, p = _fs(path)
     try:
-        if version is None:
-            version = latest_version(spark, cfg)
-        text = _read_text(spark, f"{_log_path(cfg)}/{version:020d}.crc")
-        return None if text is None else json.loads(text)
-    except Exception:  # noqa: BLE001 - only an optimisation: callers fall back to Delta
-        return None
+        if not fs.exists(p):
+            return False
+        fs.rm(p, recursive=True)
+        return True
+    except FileNotFoundError:  # deleted meanwhile by another attempt's cleanup
+        return False
 
 
-def _schema_from_checksum(spark: SparkSession, cfg: SinkConfig) -> StructType | None:
-    try:
-        crc = _checksum(spark, cfg) or {}
-        return StructType.fromJson(json.loads(crc["metadata"]["schemaString"]))
-    except (TypeError, KeyError, ValueError):
-        return None
-
-
-def read_updates(spark: SparkSession, cfg: SinkConfig, version: int | None = None) -> DataFrame:
-    reader = spark.read.format("delta")
-    if version is not None:
-        reader = reader.option("versionAsOf", version)
-    return reader.load(table_path(cfg))
-
-
-def read_as_of(spark: SparkSession, cfg: SinkConfig, t: int) -> tuple[DataFrame, DataFrame]:
-    """The shard as of time ``t``, consolidated: (ok rows with ``_count``, errors with ``_count``).
-
-    Exact for ``t >= since`` (the caller checks the shard's since in the metadata table).
-    """
-    from reconcile.differential import as_of
-
-    snap = as_of(cfg, read_updates(spark, cfg), t).withColumnRenamed("_diff", "_count")
-    ok = snap.where(F.col("_error").isNull()).drop("_error")
-    errors = snap.where(F.col("_error").isNotNull()).select("_error", "_count")
-    return ok, errors
+# -- the Delta log --------------------------------------------------------------------------
 
 
 def _log_path(cfg: SinkConfig) -> str:
     return f"{table_path(cfg)}/_delta_log"
 
 
-def log_versions(spark: SparkSession, cfg: SinkConfig) -> list[int]:
-    """The versions whose commit files are in the Delta log, ascending.
-
-    Reads the log's file names (one listing) instead of ``DeltaTable.history()``, which runs a
-    Spark job per call (~0.3 s against ~0.02 s); a commit file appears atomically (Delta's
-    put-if-absent), so the highest name is the latest version.
-    """
-    fs, pattern = _fs(spark, f"{_log_path(cfg)}/*.json")
-    found = fs.globStatus(pattern) or []
-    names = [st.getPath().getName() for st in found]
-    return sorted(int(n[:-5]) for n in names if n[:-5].isdigit())
+def log_versions(cfg: SinkConfig) -> list[int]:
+    """The versions whose commit files are in the Delta log, ascending (one listing; a commit
+    file appears atomically, so the highest name is the latest version)."""
+    fs, p = _fs(_log_path(cfg))
+    try:
+        names = [n.rsplit("/", 1)[-1] for n in fs.ls(p, detail=False)]
+    except FileNotFoundError:
+        return []
+    return sorted(int(n[:-5]) for n in names if n.endswith(".json") and n[:-5].isdigit())
 
 
-def _committed_versions(spark: SparkSession, cfg: SinkConfig) -> list[int]:
-    versions = log_versions(spark, cfg)
+def exists(cfg: SinkConfig) -> bool:
+    return bool(log_versions(cfg))
+
+
+def _committed_versions(cfg: SinkConfig) -> list[int]:
+    versions = log_versions(cfg)
     if not versions:
         raise Retryable(f"the Delta table at {table_path(cfg)} has no commits", sink=cfg.name)
     return versions
 
 
-def latest_version(spark: SparkSession, cfg: SinkConfig) -> int:
-    return _committed_versions(spark, cfg)[-1]
+def latest_version(cfg: SinkConfig) -> int:
+    return _committed_versions(cfg)[-1]
 
 
-def _commit_actions(spark: SparkSession, cfg: SinkConfig, version: int) -> list[dict]:
+def commit_actions(cfg: SinkConfig, version: int) -> list[dict]:
     """The actions of one Delta version, read from its commit file (one JSON object per line)."""
-    text = _read_text(spark, f"{_log_path(cfg)}/{version:020d}.json")
+    text = read_text(f"{_log_path(cfg)}/{version:020d}.json")
     if text is None:  # listed a moment ago: removed by Delta's log cleanup meanwhile
         raise Retryable(f"Delta commit file of version {version} under {_log_path(cfg)} is gone", sink=cfg.name)
     return [json.loads(line) for line in text.splitlines() if line.strip()]
@@ -217,25 +208,41 @@ def _guard_txn(cfg: SinkConfig, actions: list[dict]) -> int | None:
     return next((int(a["txn"]["version"]) for a in actions if a.get("txn", {}).get("appId") == app_id(cfg)), None)
 
 
-def commit_info(spark: SparkSession, cfg: SinkConfig, version: int) -> dict:
+def commit_info(cfg: SinkConfig, version: int) -> dict:
     """The ``commitInfo`` action of one Delta version."""
-    return _info_of(_commit_actions(spark, cfg, version))
+    return _info_of(commit_actions(cfg, version))
 
 
-def last_txn_version(spark: SparkSession, cfg: SinkConfig, as_of: int) -> int | None:
-    """The last ``txnVersion`` the sink's commit guard recorded (``txn`` action of the app id) in
-    Delta versions up to ``as_of`` (the version the caller read), from the checksum of that
-    version or else the commit files from ``as_of`` back; None if none is left in the log."""
-    versions = [v for v in log_versions(spark, cfg) if v <= as_of]
-    crc = _checksum(spark, cfg, versions[-1]) if versions else None
-    if crc is not None and isinstance(crc.get("setTransactions"), list):
-        mine = [t for t in crc["setTransactions"] if t.get("appId") == app_id(cfg)]
-        return int(mine[0]["version"]) if mine else None
-    for v in reversed(versions):
-        txn = _guard_txn(cfg, _commit_actions(spark, cfg, v))
-        if txn is not None:
-            return txn
-    return None
+def _snapshot(cfg: SinkConfig, version: int | None = None):
+    from deltalake import DeltaTable
+
+    return DeltaTable(table_path(cfg), version=version)
+
+
+_DELTA_TYPES = {"tinyint": "byte", "smallint": "short", "int": "integer", "bigint": "long"}
+
+
+def _delta_type(spark_type: str) -> str:
+    t = spark_type.lower().replace(" ", "")
+    return _DELTA_TYPES.get(t, t)
+
+
+def check_schema(cfg: SinkConfig) -> None:
+    """Refuse a Delta table whose columns are not the sink's (changed behind its back)."""
+    fields = json.loads(_snapshot(cfg).schema().to_json())["fields"]
+    have = [(f["name"].lower(), f["type"] if isinstance(f["type"], str) else json.dumps(f["type"])) for f in fields]
+    want = [(c.name.lower(), _delta_type(c.type)) for c in cfg.columns]
+    want += [("_time", "long"), ("_diff", "long"), ("_error", "string")]
+    if want != have:
+        raise ShardSchemaChanged(
+            f"Delta table {table_path(cfg)} has columns {have}, the sink expects {want}", sink=cfg.name
+        )
+
+
+def last_txn_version(cfg: SinkConfig, as_of: int | None = None) -> int | None:
+    """The last version the sink's commit guard recorded (application transaction of its app
+    id) in the table's snapshot at Delta version ``as_of`` (default: the latest)."""
+    return _snapshot(cfg, as_of).transaction_version(app_id(cfg))
 
 
 def reconcile_meta(info: dict) -> dict | None:
@@ -245,9 +252,6 @@ def reconcile_meta(info: dict) -> dict | None:
     except (ValueError, AttributeError):
         return None
     return meta if isinstance(meta, dict) else None
-
-
-MAINTENANCE = "maintenance"
 
 
 def describe_commit(actions: list[dict]) -> dict | None:
@@ -265,23 +269,21 @@ def describe_commit(actions: list[dict]) -> dict | None:
     return {"op": MAINTENANCE, "operation": info.get("operation")}
 
 
-def log_entries(
-    spark: SparkSession, cfg: SinkConfig, after: int
-) -> tuple[int, list[tuple[int, dict | None, int | None]]]:
+def log_entries(cfg: SinkConfig, after: int) -> tuple[int, list[tuple[int, dict | None, int | None]]]:
     """(latest version, [(version, :func:`describe_commit`, the ``txnVersion`` the version
     records for the sink's commit guard or None)] for versions > after, ascending)."""
-    versions = _committed_versions(spark, cfg)
+    versions = _committed_versions(cfg)
     entries = []
     for v in versions:
         if v > after:
-            actions = _commit_actions(spark, cfg, v)
+            actions = commit_actions(cfg, v)
             entries.append((v, describe_commit(actions), _guard_txn(cfg, actions)))
     return versions[-1], entries
 
 
-def history_since(spark: SparkSession, cfg: SinkConfig, after: int) -> tuple[int, list[tuple[int, dict | None]]]:
+def history_since(cfg: SinkConfig, after: int) -> tuple[int, list[tuple[int, dict | None]]]:
     """(latest version, [(version, :func:`describe_commit`)] for versions > after, ascending)."""
-    latest, entries = log_entries(spark, cfg, after)
+    latest, entries = log_entries(cfg, after)
     return latest, [(v, meta) for v, meta, _ in entries]
 
 
@@ -297,165 +299,152 @@ def batch_commits(entries: list[tuple[int, dict | None]]) -> list[CommitRecord]:
             rows_err=m.get("rows_err"),
             source_offset=m.get("source_offset"),
             late_commands=m.get("late_commands"),
+            stage_id=m.get("stage_id"),
         )
         for v, m in entries
         if m and m.get("op") == "batch"
     ]
 
 
-def commit_batch(spark: SparkSession, cfg: SinkConfig, updates: DataFrame, meta: dict) -> None:
-    """Append one batch as one Delta version, idempotently keyed by its lower."""
-    cols = [f"`{c}`" for c in cfg.column_names] + ["_error", "_time", "_diff"]
-    (
-        writer(updates.select(*cols), {"op": "batch", "sink": cfg.name, **meta}, "append")
-        .option("txnAppId", app_id(cfg))
-        .option("txnVersion", int(meta["lower"]))
-        .save(table_path(cfg))
-    )
+def added_files(actions: list[dict]) -> list[dict]:
+    """The ``add`` actions of a Delta version, paths relative to the table and decoded."""
+    return [{**a["add"], "path": unquote(a["add"]["path"])} for a in actions if "add" in a]
 
 
-# -- staged files (Hadoop FileSystem, so the same code works on object storage) -----------------
+def part_of(path: str) -> int | None:
+    """The hash partition a staged file belongs to (its ``reconcile_part=<p>`` directory)."""
+    for seg in path.split("/"):
+        if seg.startswith(PART_COLUMN + "="):
+            return int(seg.split("=", 1)[1])
+    return None
 
 
-def _jvm(spark: SparkSession) -> Any:
-    """The py4j gateway's JVM view (classic Spark; not Spark Connect)."""
-    jvm = spark._jvm
-    assert jvm is not None, "the sink needs a classic SparkSession (py4j), not Spark Connect"
-    return jvm
+# -- the metadata-only batch commit -----------------------------------------------------------
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
-def _fs(spark: SparkSession, path: str):
-    p = _jvm(spark).org.apache.hadoop.fs.Path(path)
-    return p.getFileSystem(spark._jsc.hadoopConfiguration()), p
-
-
-def list_files(spark: SparkSession, path: str) -> dict[str, int]:
-    """{relative path: size} of the data files below ``path`` (empty if it does not exist).
-
-    A directory deleted while it is listed (another attempt's cleanup) is listed again; one
-    that is gone is empty."""
-    fs, root = _fs(spark, path)
-    for attempt in range(3):
-        if not fs.exists(root):
-            return {}
+def _json_value(value: Any, kind: str, upper: bool) -> Any:
+    """A Parquet statistic as Delta's stats JSON holds it; None where no exact, safe bound is
+    known (then readers do not skip on that column: correct, only slower)."""
+    if isinstance(value, bool) or value is None:
+        return None
+    if kind == "int" and isinstance(value, int):
+        return value
+    if kind == "date" and isinstance(value, date) and not isinstance(value, datetime):
+        return value.isoformat()
+    if kind == "timestamp" and isinstance(value, datetime):
+        # Delta keeps timestamp statistics in milliseconds: round the bound outwards.
+        v = value if value.tzinfo else value.replace(tzinfo=UTC)
+        us = (v - _EPOCH) // timedelta(microseconds=1)
+        ms = -((-us) // 1000) if upper else us // 1000
         try:
-            return _list_files(fs, root)
-        except Exception:  # noqa: BLE001 - FileNotFoundException from a concurrent delete
-            if attempt == 2:
-                raise
-    return {}
+            bound = _EPOCH + timedelta(milliseconds=ms)
+            return bound.replace(tzinfo=None).isoformat(timespec="milliseconds") + "Z"
+        except OverflowError:  # rounded past year 9999: no bound
+            return None
+    return None
 
 
-def _list_files(fs, root) -> dict[str, int]:
-    base = fs.makeQualified(root).toString().rstrip("/") + "/"
-    it = fs.listFiles(root, True)
-    out = {}
-    while it.hasNext():
-        st = it.next()
-        full = st.getPath().toString()
-        rel = full[len(base) :] if full.startswith(base) else full
-        name = rel.rsplit("/", 1)[-1]
-        if name.startswith(("_", ".")):
+def _stat_kind(arrow_type) -> str | None:
+    import pyarrow as pa
+
+    if pa.types.is_integer(arrow_type):
+        return "int"
+    if pa.types.is_date32(arrow_type):
+        return "date"
+    if pa.types.is_timestamp(arrow_type):
+        return "timestamp"
+    return None
+
+
+def file_stats(path: str) -> dict:
+    """Delta's statistics of one Parquet file (``numRecords``, and ``nullCount``/``minValues``/
+    ``maxValues`` per top-level column where the footer gives them exactly), from its footer."""
+    import pyarrow.parquet as pq
+
+    fs, p = _fs(path)
+    with fs.open(p, "rb") as f:
+        meta = pq.ParquetFile(f).metadata
+        schema = pq.ParquetFile(f).schema_arrow
+    stats: dict[str, Any] = {"numRecords": meta.num_rows, "minValues": {}, "maxValues": {}, "nullCount": {}}
+    for i, field in enumerate(schema):
+        kind = _stat_kind(field.type)
+        nulls, lo, hi, exact = 0, None, None, True
+        for rg in range(meta.num_row_groups):
+            col = meta.row_group(rg).column(i).statistics
+            if col is None or not col.has_null_count:
+                exact = False
+                break
+            nulls += col.null_count
+            if kind and col.has_min_max:
+                lo = col.min if lo is None else min(lo, col.min)
+                hi = col.max if hi is None else max(hi, col.max)
+        if not exact:
             continue
-        out[rel] = int(st.getLen())
-    return out
+        stats["nullCount"][field.name] = nulls
+        if kind and lo is not None and nulls < meta.num_rows:
+            lo_j, hi_j = _json_value(lo, kind, False), _json_value(hi, kind, True)
+            if lo_j is not None and hi_j is not None:
+                stats["minValues"][field.name], stats["maxValues"][field.name] = lo_j, hi_j
+    return stats
 
 
-def list_dirs(spark: SparkSession, path: str) -> list[str]:
-    fs, root = _fs(spark, path)
-    try:
-        return [st.getPath().getName() for st in fs.listStatus(root) if st.isDirectory()] if fs.exists(root) else []
-    except Exception:  # noqa: BLE001 - deleted between exists() and listStatus()
-        if fs.exists(root):
-            raise
-        return []
+class CommitRejected(SinkError):
+    """The Delta table refuses the commit for a reason retrying cannot change (its protocol)."""
 
 
-def path_exists(spark: SparkSession, path: str) -> bool:
-    fs, p = _fs(spark, path)
-    return bool(fs.exists(p))
+def commit_files(cfg: SinkConfig, files: list[tuple[str, int, dict]], meta: dict, lower: int) -> int | None:
+    """Commit ``files`` (``(path relative to the table, size, stats)``) as one Delta version
+    whose commit metadata is ``meta`` and whose application transaction is ``lower``: only if the
+    snapshot's last recorded transaction is below ``lower``, at exactly the version after that
+    snapshot (put-if-absent; a concurrent commit makes this re-check on the newer snapshot).
 
+    Returns the new version, or None when the guard skipped the commit (a version at or above
+    ``lower`` is recorded: someone committed this lower, or a later one)."""
+    from deltalake import CommitProperties, Transaction
+    from deltalake.exceptions import CommitFailedError
+    from deltalake.transaction import AddAction
 
-def delete_path(spark: SparkSession, path: str) -> bool:
-    fs, p = _fs(spark, path)
-    return bool(fs.delete(p, True)) if fs.exists(p) else False
-
-
-def write_staged(spark: SparkSession, cfg: SinkConfig, batch_id: str, stage_id: str, corr: DataFrame) -> str:
-    """Stage one write attempt's correction in a directory no other attempt writes to."""
-    path = staging_path(cfg, batch_id, stage_id)
-    corr.write.mode("errorifexists").partitionBy("_part").parquet(path)
-    return path
-
-
-def read_staged(spark: SparkSession, cfg: SinkConfig, path: str, files: list[str] | None = None) -> DataFrame:
-    """The staged rows under ``path`` (one write attempt), or exactly ``files`` (paths relative to
-    it, as the manifest names them): no other file is ever read."""
-    reader = spark.read.schema(schema(cfg, with_part=True))
-    if files is None:
-        return reader.parquet(path)
-    if not files:
-        return spark.createDataFrame([], schema(cfg, with_part=True))
-    return reader.option("basePath", path).parquet(*[f"{path}/{f}" for f in sorted(files)])
-
-
-def _stats_aggregates(cfg: SinkConfig) -> list:
-    h = F.xxhash64(*[F.col(f"`{c}`") for c in cfg.column_names], "_error", "_time", "_diff")
-    return [
-        F.count(F.lit(1)).alias("rows"),
-        F.sum(F.when(F.col("_error").isNotNull(), 1).otherwise(0)).alias("err"),
-        F.sum(F.abs("_diff")).alias("weight"),
-        F.sum(h.cast("decimal(38,0)")).cast("string").alias("checksum"),
+    now_ms = int(time.time() * 1000)
+    actions = [
+        AddAction(
+            path=path,
+            size=size,
+            partition_values={},
+            modification_time=now_ms,
+            data_change=True,
+            stats=json.dumps(stats, separators=(",", ":")),
+        )
+        for path, size, stats in files
     ]
-
-
-def _stats_of(r) -> dict:
-    return {"rows": int(r["rows"]), "err": int(r["err"]), "weight": int(r["weight"]), "checksum": r["checksum"]}
-
-
-def partition_stats(cfg: SinkConfig, staged: DataFrame) -> dict[int, dict]:
-    """Per partition: rows, ok/err rows, checksum (sum of a row hash; order-independent)."""
-    rows = staged.groupBy("_part").agg(*_stats_aggregates(cfg)).collect()
-    return {int(r["_part"]): _stats_of(r) for r in rows}
-
-
-def added_files(actions: list[dict]) -> list[str]:
-    """The data files a Delta version added (paths relative to the table, decoded)."""
-    from urllib.parse import unquote
-
-    return [unquote(a["add"]["path"]) for a in actions if "add" in a]
-
-
-def committed_stats(spark: SparkSession, cfg: SinkConfig, versions: dict[int, int]) -> dict[int, dict[int, dict]]:
-    """Per Delta version (``{version: its batch's partition count P}``) and hash partition: the
-    statistics of the rows that version added, in one Spark job. Versions whose added files are
-    no longer all on storage (vacuumed after a compaction) are left out: not verifiable."""
-    from reconcile.differential import partition_of
-
-    root = table_path(cfg)
-    present = set(list_files(spark, root))
-    out: dict[int, dict[int, dict]] = {}
-    owner: list[tuple[str, int, int]] = []
-    for v, parts in versions.items():
-        files = added_files(_commit_actions(spark, cfg, v))
-        if all(f in present for f in files):
-            out[v] = {}
-            owner += [(f, v, parts) for f in files]
-    if not owner:
-        return out
-    by_file = spark.createDataFrame(
-        [(f.rsplit("/", 1)[-1], v, parts) for f, v, parts in owner], "_file STRING, _version BIGINT, _parts INT"
+    user_meta = json.dumps({META_KEY: {"op": "batch", "sink": cfg.name, **meta}}, sort_keys=True)
+    for attempt in range(20):
+        dt = _snapshot(cfg)
+        recorded = dt.transaction_version(app_id(cfg))
+        if recorded is not None and recorded >= lower:
+            return None
+        read = dt.version()
+        props = CommitProperties(
+            custom_metadata={"userMetadata": user_meta},
+            max_commit_retries=0,
+            app_transactions=[Transaction(app_id=app_id(cfg), version=lower, last_updated=now_ms)],
+        )
+        try:
+            dt.create_write_transaction(actions, mode="append", schema=dt.schema(), commit_properties=props)
+        except CommitFailedError:  # another version took read + 1: check again on the newer snapshot
+            time.sleep(min(0.05 * (attempt + 1), 0.5))
+            continue
+        except Exception as exc:  # noqa: BLE001 - the table's protocol or storage refuses the writer
+            raise CommitRejected(
+                f"the Delta table at {table_path(cfg)} refused the batch commit: {brief(exc, 300)}",
+                sink=cfg.name,
+                remedy="check the table's protocol/features (`DESCRIBE DETAIL`) and the warehouse's permissions; "
+                "nothing was committed, clear 'append' once fixed.",
+            ) from None
+        return read + 1
+    raise Retryable(
+        f"Delta commit of the batch with lower {lower} kept losing to concurrent commits",
+        sink=cfg.name,
+        remedy="the task retries by itself; nothing was committed.",
     )
-    rows = (
-        spark.read.schema(schema(cfg))
-        .parquet(*[f"{root}/{f}" for f, _, _ in owner])
-        .withColumn("_file", F.element_at(F.split(F.col("_metadata.file_path"), "/"), -1))
-        .join(F.broadcast(by_file), "_file")
-        .withColumn("_part", partition_of(cfg, F.col("_parts")))
-        .groupBy("_version", "_part")
-        .agg(*_stats_aggregates(cfg))
-        .collect()
-    )
-    for r in rows:
-        out[int(r["_version"])][int(r["_part"])] = _stats_of(r)
-    return out

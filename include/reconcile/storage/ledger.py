@@ -423,6 +423,8 @@ class MetadataStore:
                 s.add(b)
             b.state = COMMITTED
             b.delta_version = rec.version
+            if rec.stage_id:
+                b.stage_id = rec.stage_id
             if rec.rows_ok is not None:
                 b.rows_ok, b.rows_err = rec.rows_ok, rec.rows_err
             if rec.source_offset is not None:

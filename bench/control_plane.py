@@ -1,0 +1,161 @@
+"""What a run costs besides its data (issue 14): the append, a whole Airflow run, a run with
+nothing to do. Run it alone on a quiet machine:
+
+    python bench/control_plane.py [--rows 1000000] [--change 0.01] [--out bench/results/control_plane.json]
+
+1. **append of the rows x change batch**: a query sink holding ``rows`` rows gets a batch that
+   changes ``change`` of them; its staged files are committed (a) by the metadata-only append
+   (plain Python) and, side by side on a copy of the same staged batch, (b) by the previous
+   path: read the staged rows with Spark and write them into the Delta table (the commit
+   releases up to 0.2.x made), in a warm SparkSession, so (b) is its best case.
+2. **``airflow dags test`` of the demo sink writing 3 rows** on the embedded default (wall
+   time of the command, Airflow's database migrated beforehand), then the same interval again,
+   which has nothing to do.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests"))
+
+
+def timed(fn, *args):
+    t = time.perf_counter()
+    out = fn(*args)
+    return time.perf_counter() - t, out
+
+
+def bench_append(work: Path, rows: int, change: float) -> dict:
+    import yaml
+    from pyspark.sql import functions as F
+
+    from reconcile.config import load_file
+    from reconcile.sink import append, mint, write
+    from reconcile.spark import get_session
+    from reconcile.storage import delta as storage
+    from reconcile.storage import frames
+    from reconcile.storage.ledger import MetadataStore
+
+    os.environ["RECONCILE_WAREHOUSE"] = str(work / "wh")
+    spark = get_session("bench-control-plane")
+    src = work / "src"
+    spark.range(rows).select(F.col("id").alias("k"), F.concat(F.lit("v"), F.col("id")).alias("v")).write.parquet(
+        str(src / "v1")
+    )
+    changed = int(rows * change)
+    spark.range(rows).select(
+        F.col("id").alias("k"),
+        F.when(F.col("id") < changed, F.concat(F.lit("w"), F.col("id"))).otherwise(F.concat(F.lit("v"), F.col("id"))).alias("v"),
+    ).write.parquet(str(src / "v2"))
+    spec = {
+        "name": "cp_bench",
+        "kind": "query",
+        "schema": [{"name": "k", "type": "bigint", "nullable": False}, {"name": "v", "type": "string"}],
+        "partitions": 8,
+        "as_of": 100,
+        "start_date": "1970-01-01",
+        "query": {"sources": {"src": {"format": "parquet", "path": str(src / "v1")}}, "sql": "SELECT k, v FROM src"},
+    }
+    (work / "cp_bench.yaml").write_text(yaml.safe_dump(spec))
+    cfg = load_file(work / "cp_bench.yaml")
+    store = MetadataStore(f"sqlite:///{work / 'meta.db'}")
+    first = mint.run_mint(store, cfg, "run-1", 1, 200).description
+    write.run_write(spark, store, cfg, first.batch_id)
+    append.run_append(store, cfg, first.batch_id)
+    spec["query"]["sources"]["src"]["path"] = str(src / "v2")
+    (work / "cp_bench.yaml").write_text(yaml.safe_dump(spec))
+    cfg = load_file(work / "cp_bench.yaml")
+    desc = mint.run_mint(store, cfg, "run-2", 1, 300).description
+    w = write.run_write(spark, store, cfg, desc.batch_id)
+    b = store.get_batch(desc.batch_id)
+    staged = storage.staging_path(cfg, desc.batch_id, b.stage_id)
+    copy = work / "copy_of_staged"
+    shutil.copytree(staged, copy)
+
+    # (b) the previous path first, on a copy of the table, so (a) commits to the original
+    table_copy = work / "table_copy"
+    shutil.copytree(storage.table_path(cfg), table_copy, ignore=shutil.ignore_patterns("batches"))
+
+    def copy_rows():
+        staged_rows = frames.read_staged(spark, cfg, str(copy)).drop("_part")
+        (
+            staged_rows.write.format("delta")
+            .mode("append")
+            .option("txnAppId", "bench")
+            .option("txnVersion", desc.lower)
+            .save(str(table_copy))
+        )
+
+    copy_rows_s, _ = timed(copy_rows)
+    append_s, result = timed(append.run_append, store, cfg, desc.batch_id)
+    assert result.outcome == "committed", result.message
+    n = frames.read_updates(spark, cfg).count()
+    store.dispose()
+    return {
+        "rows": rows,
+        "change": change,
+        "batch_rows": (w.rows_ok or 0) + (w.rows_err or 0),
+        "metadata_only_append_s": round(append_s, 3),
+        "copy_rows_append_s": round(copy_rows_s, 3),
+        "ratio": round(append_s / copy_rows_s, 3),
+        "table_rows_after": n,
+    }
+
+
+def bench_dags_test(work: Path) -> dict:
+    from reconcile.demo import embedded_env, write_orders
+
+    env = embedded_env()
+    env["RECONCILE_HOME"] = str(work / "home")
+    env["AIRFLOW_HOME"] = str(work / "home" / "airflow")
+    env["RECONCILE_WAREHOUSE"] = str(work / "home" / "warehouse")
+    env.pop("RECONCILE_METADATA_URL", None)
+    os.environ.update({k: env[k] for k in ("RECONCILE_HOME",)})
+    subprocess.run(["airflow", "db", "migrate"], env=env, check=True, capture_output=True)
+    write_orders(1)
+    day = datetime(2026, 1, 2, tzinfo=UTC).date().isoformat()
+
+    def dags_test():
+        proc = subprocess.run(["airflow", "dags", "test", "demo_orders", day], env=env, capture_output=True, text=True)
+        assert proc.returncode == 0, proc.stdout[-3000:]
+        return proc.stdout
+
+    first_s, _ = timed(dags_test)
+    again_s, _ = timed(dags_test)
+    return {"dags_test_3_rows_s": round(first_s, 1), "dags_test_nothing_to_do_s": round(again_s, 1)}
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--rows", type=int, default=1_000_000)
+    p.add_argument("--change", type=float, default=0.01)
+    p.add_argument("--out", default=str(ROOT / "bench" / "results" / "control_plane.json"))
+    p.add_argument("--skip-airflow", action="store_true")
+    args = p.parse_args()
+    work = Path(tempfile.mkdtemp(prefix="cp-bench-"))
+    try:
+        out = {"when": datetime.now(UTC).isoformat(timespec="seconds"), "cores": os.cpu_count()}
+        if not args.skip_airflow:
+            out.update(bench_dags_test(work / "airflow"))
+            print(json.dumps(out), flush=True)
+        out.update(bench_append(work / "append", args.rows, args.change))
+        print(json.dumps(out, indent=1))
+        Path(args.out).write_text(json.dumps(out, indent=1) + "\n")
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
