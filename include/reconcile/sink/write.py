@@ -12,8 +12,8 @@
    partitioned into P partitions, and stage it as Parquet under a directory of this attempt's
    own inside the table, ``<table>/batches/<batch_id>/<stage_id>/reconcile_part=<p>/``: the
    append adopts these files into the Delta log as they are.
-4. Read the staged files back once for the manifest (rows, error rows, checksum and the files
-   with their sizes and content digests per partition) and record it in the ledger with state
+4. Record the manifest (rows, error rows and checksum per partition, observed while writing;
+   the files with their sizes and content digests) and record it in the ledger with state
    ``staged``: a
    compare-and-set on the attempt the batch names. Attempts of one batch running at once (a
    zombie task and its retry, a command started twice) each stage their own files; the first to
@@ -227,10 +227,9 @@ def run_write(spark: SparkSession, store: MetadataStore, cfg: SinkConfig, batch_
         read_version = storage.latest_version(cfg)
         persist = frames.read_updates(spark, cfg, read_version)
         corr = batch_correction(spark, store, cfg, persist, desc.lower, desc.upper)
-        frames.write_staged(spark, cfg, batch_id, stage_id, corr.updates)
+        _, stats = frames.write_staged(spark, cfg, batch_id, stage_id, corr.updates)
         failpoint("write.after_partition_staged")
         files = storage.list_files(path)
-        stats = frames.partition_stats(cfg, frames.read_staged(spark, cfg, path, list(files)))
         digests = {rel: storage.digest(f"{path}/{rel}") for rel in files}
     except Exception:
         now_b = store.get_batch(batch_id, cfg.name)

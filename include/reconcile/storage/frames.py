@@ -104,11 +104,32 @@ def read_as_of(spark: SparkSession, cfg: SinkConfig, t: int) -> tuple[DataFrame,
     return ok, errors
 
 
-def write_staged(spark: SparkSession, cfg: SinkConfig, batch_id: str, stage_id: str, corr: DataFrame) -> str:
-    """Stage one write attempt's correction in a directory no other attempt writes to."""
+def write_staged(
+    spark: SparkSession, cfg: SinkConfig, batch_id: str, stage_id: str, corr: DataFrame
+) -> tuple[str, dict[int, dict]]:
+    """Stage one write attempt's correction in a directory no other attempt writes to; returns
+    the directory and, per partition with rows, their statistics (:func:`_stats_aggregates`),
+    observed while writing (no second read of the staged files)."""
+    from pyspark.sql import Observation
+
     path = staging_path(cfg, batch_id, stage_id)
-    corr.withColumnRenamed("_part", PART_COLUMN).write.mode("errorifexists").partitionBy(PART_COLUMN).parquet(path)
-    return path
+    observation = Observation(f"staged-{stage_id}")
+    aggregates = []
+    for p in range(cfg.partitions):
+        mine = F.col("_part") == p
+        aggregates += [
+            agg.alias(f"{name}_{p}")
+            for name, agg in zip(("rows", "err", "weight", "checksum"), _stats_aggregates(cfg, mine), strict=True)
+        ]
+    observed = corr.observe(observation, *aggregates)
+    observed.withColumnRenamed("_part", PART_COLUMN).write.mode("errorifexists").partitionBy(PART_COLUMN).parquet(path)
+    got = observation.get
+    stats = {}
+    for p in range(cfg.partitions):
+        if got.get(f"rows_{p}"):
+            stats[p] = {k: got[f"{k}_{p}"] for k in ("rows", "err", "weight", "checksum")}
+            stats[p] = {**{k: int(stats[p][k]) for k in ("rows", "err", "weight")}, "checksum": stats[p]["checksum"]}
+    return path, stats
 
 
 def read_staged(spark: SparkSession, cfg: SinkConfig, path: str, files: list[str] | None = None) -> DataFrame:
@@ -121,24 +142,21 @@ def read_staged(spark: SparkSession, cfg: SinkConfig, path: str, files: list[str
     return found.withColumnRenamed(PART_COLUMN, "_part")
 
 
-def _stats_aggregates(cfg: SinkConfig) -> list:
+def _stats_aggregates(cfg: SinkConfig, where=None) -> list:
+    """rows, error rows, weight (sum of |diff|) and checksum (sum of a row hash: order-
+    independent) of the rows, or of those matching ``where``."""
     h = F.xxhash64(*[F.col(f"`{c}`") for c in cfg.column_names], "_error", "_time", "_diff")
+    keep = F.lit(True) if where is None else where
     return [
-        F.count(F.lit(1)).alias("rows"),
-        F.sum(F.when(F.col("_error").isNotNull(), 1).otherwise(0)).alias("err"),
-        F.sum(F.abs("_diff")).alias("weight"),
-        F.sum(h.cast("decimal(38,0)")).cast("string").alias("checksum"),
+        F.sum(F.when(keep, 1).otherwise(0)).alias("rows"),
+        F.sum(F.when(keep & F.col("_error").isNotNull(), 1).otherwise(0)).alias("err"),
+        F.sum(F.when(keep, F.abs("_diff")).otherwise(0)).alias("weight"),
+        F.sum(F.when(keep, h.cast("decimal(38,0)"))).cast("string").alias("checksum"),
     ]
 
 
 def _stats_of(r) -> dict:
     return {"rows": int(r["rows"]), "err": int(r["err"]), "weight": int(r["weight"]), "checksum": r["checksum"]}
-
-
-def partition_stats(cfg: SinkConfig, staged: DataFrame) -> dict[int, dict]:
-    """Per partition: rows, ok/err rows, checksum (sum of a row hash; order-independent)."""
-    rows = staged.groupBy("_part").agg(*_stats_aggregates(cfg)).collect()
-    return {int(r["_part"]): _stats_of(r) for r in rows}
 
 
 def committed_stats(spark: SparkSession, cfg: SinkConfig, versions: dict[int, int]) -> dict[int, dict[int, dict]]:
