@@ -8,9 +8,11 @@ say which batch superseded them, and after one more run the shard equals the mod
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from collections import Counter
+from pathlib import Path
 
 import pytest
 
@@ -18,6 +20,13 @@ from helpers import make_sink, run_batch, shard_as_of, write_json_rows
 from reconcile.model import Outcome
 from reconcile.sink import check
 from reconcile.storage import delta as storage
+
+
+def _causes(stderr: str) -> str:
+    """The lines of a crashed racer's stderr that say why (a JVM stack trace is mostly noise)."""
+    keys = ("Error", "Exception", "Caused by", "error:")
+    lines = [line for line in stderr.splitlines() if any(k in line for k in keys) and not line.startswith("\tat ")]
+    return "\n".join(lines[:15]) + "\n...\n" + stderr[-800:]
 
 
 def _racers(cfg, frontiers: list[int], env: dict) -> list[subprocess.CompletedProcess]:
@@ -48,7 +57,7 @@ def test_racing_processes_commit_each_lower_once(spark, warehouse, tmp_path, sto
     frontiers = [300] * (racers - 1) + [400]
     results = _racers(cfg, frontiers, env)
     for r in results:
-        assert r.returncode in (0, 3), f"racer crashed: {r.returncode}\n{r.stdout[-1500:]}\n{r.stderr[-1500:]}"
+        assert r.returncode in (0, 3), f"racer crashed: {r.returncode}\n{r.stdout[-1500:]}\n{_causes(r.stderr)}"
         if r.returncode == 3:  # a loser says who won
             assert "superseded by batch" in r.stdout or "lost the race" in r.stdout or "committed lower" in r.stdout, (
                 r.stdout
@@ -86,7 +95,7 @@ def test_racing_processes_on_an_upsert_sink(spark, warehouse, tmp_path, store, m
     feed_rows(tmp_path, feed)
     env = {k: v for k, v in os.environ.items() if k != "PYSPARK_GATEWAY_PORT"}
     for r in _racers(cfg, [300, 300, 400], env):
-        assert r.returncode in (0, 3), f"racer crashed: {r.returncode}\n{r.stdout[-1500:]}\n{r.stderr[-1500:]}"
+        assert r.returncode in (0, 3), f"racer crashed: {r.returncode}\n{r.stdout[-1500:]}\n{_causes(r.stderr)}"
     run_batch(spark, store, cfg, "settle", 500)
     commits = storage.batch_commits(storage.history_since(cfg, -1)[1])
     assert len({c.lower for c in commits}) == len(commits)
@@ -290,7 +299,18 @@ def test_a_committed_batch_that_differs_from_its_manifest_is_reported(
     desc = mint.run_mint(store, cfg, "sched__1", 1, 300).description
     assert write.run_write(spark, store, cfg, desc.batch_id).outcome == "staged"
     real = append.verify_staged
-    monkeypatch.setattr(append, "verify_staged", lambda *a: (lambda df: df.unionByName(df))(real(*a)))
+
+    def union(*args):  # every staged file twice: a second attempt's copy beside the first's
+        files = real(*args)
+        root = Path(storage.table_path(cfg))
+        copies = []
+        for path, size, stats in files:
+            copy = path.rsplit("/", 1)[0] + "/other-attempt-" + path.rsplit("/", 1)[1]
+            shutil.copyfile(root / path, root / copy)
+            copies.append((copy, size, stats))
+        return files + copies
+
+    monkeypatch.setattr(append, "verify_staged", union)
     with pytest.raises(InconsistentState) as info:
         append.run_append(store, cfg, desc.batch_id)
     text = str(info.value)

@@ -159,7 +159,9 @@ def run_append(store: MetadataStore, cfg: SinkConfig, batch_id: str) -> AppendRe
         gc_staged(store, cfg)
         msg = event(log, f"already committed in Delta version {b.delta_version}; nothing to do", **state)
         return AppendResult("already_committed", msg, b.delta_version)
-    if not storage.exists(cfg):
+    if not storage.exists(cfg):  # no write created it yet: nothing can be committed
+        if b.state == SUPERSEDED:
+            return _outdated(store, cfg, desc, store.get_shard(cfg.name), state)
         raise StagedBatchInvalid(
             f"batch {batch_id}: the shard's Delta table at {storage.table_path(cfg)} does not exist",
             sink=cfg.name,

@@ -118,7 +118,8 @@ def log_differences(cfg: SinkConfig, version: int, meta: dict) -> list[str]:
             }
             if files != got["files"]:
                 out.append(
-                    f"{what}'s partition {p} added files {sorted(got['files'])[:3]}, the manifest names {sorted(files)[:3]}"
+                    f"{what}'s partition {p} added {len(got['files'])} file(s) {sorted(got['files'])[:3]}, "
+                    f"the manifest says {len(files)}: {sorted(files)[:3]}"
                 )
     for p in sorted(set(parts) - {int(p) for p in meta["parts"]})[:3]:
         out.append(f"{what}'s partition {p} has {parts[p]['rows']} rows, the manifest has no such partition")
