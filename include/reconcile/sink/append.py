@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import logging
 import uuid
+from collections import Counter
 from dataclasses import dataclass
 
 from reconcile.config import SinkConfig
@@ -77,7 +78,7 @@ def verify_staged(cfg: SinkConfig, batch_id: str, manifest: dict) -> list[tuple[
     digests, no stranger in the attempt's directory, per partition the manifest's rows."""
     path, expected = staged_files(cfg, batch_id, manifest)
     out = []
-    rows: dict[int, int] = {}
+    rows: Counter[int | None] = Counter()
     for rel, size in sorted(expected.items()):
         try:
             stats = storage.file_stats(f"{path}/{rel}")
@@ -85,13 +86,12 @@ def verify_staged(cfg: SinkConfig, batch_id: str, manifest: dict) -> list[tuple[
             raise StagedBatchInvalid(
                 f"staged batch {batch_id}: file {rel} is unreadable: {brief(exc, 200)}", sink=cfg.name
             ) from None
-        p = storage.part_of(rel)
-        rows[p if p is not None else -1] = rows.get(p if p is not None else -1, 0) + stats["numRecords"]
+        rows[storage.part_of(rel)] += stats["numRecords"]
         out.append((storage.table_relative(cfg, batch_id, manifest["stage_id"], rel), size, stats))
     for p, want in manifest["parts"].items():
-        if rows.get(int(p), 0) != want["rows"]:
+        if rows[int(p)] != want["rows"]:
             raise StagedBatchInvalid(
-                f"staged partition {p} of batch {batch_id} has {rows.get(int(p), 0)} rows, the manifest says {want['rows']}",
+                f"staged partition {p} of batch {batch_id} has {rows[int(p)]} rows, the manifest says {want['rows']}",
                 sink=cfg.name,
             )
     return out

@@ -93,14 +93,8 @@ def violations(store: MetadataStore, cfg: SinkConfig, *, synced: bool = True, sp
 
 def missing_files(cfg: SinkConfig) -> list[str]:
     """Files the table's current snapshot names that are not on storage."""
-    from deltalake import DeltaTable
-
-    root = storage.table_path(cfg)
-    present = set(storage.list_files(root))
-    adds = DeltaTable(root).get_add_actions(flatten=True).column("path").to_pylist()
-    from urllib.parse import unquote
-
-    gone = sorted(p for p in (unquote(a) for a in adds) if p not in present)
+    present = set(storage.list_files(storage.table_path(cfg)))
+    gone = sorted(p for p in storage.snapshot_files(cfg) if p not in present)
     return [f"the Delta table names {len(gone)} file(s) that are not on storage: {gone[:3]}"] if gone else []
 
 

@@ -68,7 +68,8 @@ def gc_staged(store: MetadataStore, cfg: SinkConfig) -> list[str]:
         storage.delete_path(f"{storage.staging_root(cfg)}/{rel}")
     legacy = storage.legacy_staging_root(cfg)  # staged by releases before the metadata-only append
     if storage.path_exists(legacy):
-        open_ids = {b.batch_id for b in store.batches(cfg.name) if b.lower >= store.get_shard(cfg.name).upper}
+        upper = store.get_shard(cfg.name).upper
+        open_ids = {b.batch_id for b in store.batches(cfg.name) if b.lower >= upper}
         for batch_id in storage.list_dirs(legacy):
             if batch_id not in open_ids:
                 storage.delete_path(f"{legacy}/{batch_id}")

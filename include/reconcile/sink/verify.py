@@ -60,17 +60,17 @@ def staged_files(cfg: SinkConfig, batch_id: str, manifest: dict) -> tuple[str, d
     return path, expected
 
 
-def differences(manifest: dict, stats: dict[int, dict], what: str) -> list[str]:
-    """Partitions whose rows or checksum differ from the manifest's; ``what`` names one
+def differences(
+    manifest: dict, stats: dict[int, dict], what: str, keys: tuple[str, ...] = ("rows", "checksum")
+) -> list[str]:
+    """Partitions whose ``keys`` (rows, checksum) differ from the manifest's; ``what`` names one
     (``{p}``: the partition)."""
     out = []
     for p, want in sorted(manifest["parts"].items(), key=lambda kv: int(kv[0])):
         got = stats.get(int(p), {"rows": 0, "checksum": "0"})
-        if got["rows"] != want["rows"] or got["checksum"] != want["checksum"]:
-            out.append(
-                f"{what.format(p=p)} has {got['rows']} rows/checksum {got['checksum']}, "
-                f"the manifest says {want['rows']}/{want['checksum']}"
-            )
+        if any(got[k] != want[k] for k in keys):
+            have, says = ("/".join(str(side[k]) for k in keys) for side in (got, want))
+            out.append(f"{what.format(p=p)} has {have} {'/'.join(keys)}, the manifest says {says}")
     for p in sorted(set(stats) - {int(p) for p in manifest["parts"]})[:3]:
         out.append(f"{what.format(p=p)} has {stats[p]['rows']} rows, the manifest has no such partition")
     return out
@@ -98,31 +98,26 @@ def log_differences(cfg: SinkConfig, version: int, meta: dict) -> list[str]:
     exactly the files of the committed attempt (``files`` per partition, when the description
     names them) with the rows the description records per partition."""
     what = f"batch {meta['batch_id']} [{meta['lower']}, {meta['upper']}): Delta version {version}"
-    parts, loose = added_by_part(cfg, version)
     if meta.get("layout") != storage.BATCHES_DIR:  # committed by copying the rows (earlier releases)
         adds = storage.added_files(storage.commit_actions(cfg, version))
         total = sum(int(json.loads(a.get("stats") or "{}").get("numRecords", 0)) for a in adds)
         expected = sum(int(part["rows"]) for part in meta["parts"].values())
         return [] if total == expected else [f"{what} added {total} rows, the manifest says {expected}"]
+    parts, loose = added_by_part(cfg, version)
     if loose:
         return [f"{what} added file(s) outside the batch's attempt: {loose[:3]}"]
-    out = []
+    out = differences(meta, parts, f"{what}'s partition {{p}}", keys=("rows",))
     for p, want in sorted(meta["parts"].items(), key=lambda kv: int(kv[0])):
-        got = parts.get(int(p), {"rows": 0, "files": {}})
-        if got["rows"] != want["rows"]:
-            out.append(f"{what}'s partition {p} has {got['rows']} rows, the manifest says {want['rows']}")
-        if "files" in want:
-            files = {
-                storage.table_relative(cfg, meta["batch_id"], meta["stage_id"], rel): size
-                for rel, size in want["files"].items()
-            }
-            if files != got["files"]:
-                out.append(
-                    f"{what}'s partition {p} added {len(got['files'])} file(s) {sorted(got['files'])[:3]}, "
-                    f"the manifest says {len(files)}: {sorted(files)[:3]}"
-                )
-    for p in sorted(set(parts) - {int(p) for p in meta["parts"]})[:3]:
-        out.append(f"{what}'s partition {p} has {parts[p]['rows']} rows, the manifest has no such partition")
+        files = {
+            storage.table_relative(cfg, meta["batch_id"], meta["stage_id"], rel): size
+            for rel, size in want.get("files", {}).items()
+        }
+        got = parts.get(int(p), {}).get("files", {})
+        if "files" in want and files != got:
+            out.append(
+                f"{what}'s partition {p} added {len(got)} file(s) {sorted(got)[:3]}, "
+                f"the manifest says {len(files)}: {sorted(files)[:3]}"
+            )
     return out
 
 

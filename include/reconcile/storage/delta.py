@@ -239,6 +239,12 @@ def check_schema(cfg: SinkConfig) -> None:
         )
 
 
+def snapshot_files(cfg: SinkConfig) -> list[str]:
+    """The data files the table's latest snapshot names, relative to the table, decoded."""
+    adds = _snapshot(cfg).get_add_actions(flatten=True).column("path").to_pylist()
+    return [unquote(a) for a in adds]
+
+
 def last_txn_version(cfg: SinkConfig, as_of: int | None = None) -> int | None:
     """The last version the sink's commit guard recorded (application transaction of its app
     id) in the table's snapshot at Delta version ``as_of`` (default: the latest)."""
