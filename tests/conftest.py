@@ -74,6 +74,26 @@ def spark():
 
 
 @pytest.fixture(scope="session")
+def connect_url(tmp_path_factory):
+    """A Spark Connect server (its own JVM, local[2], the Delta jars and the sink's conf) for the
+    session: the URL its clients use. Started by the sink's own command (reconcile.connect_server).
+    pyspark is classic or Connect per process: its clients run in subprocesses (or Airflow's
+    task processes), while this process reads with the classic ``spark`` session."""
+    import socket
+
+    from reconcile import connect_server
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    home = tmp_path_factory.mktemp("connect-home")
+    env = {k: v for k, v in os.environ.items() if k != "JDK_JAVA_OPTIONS"}  # long-lived: full JIT
+    url = connect_server.start(port, "local[2]", home=home, env=env)
+    yield url
+    connect_server.stop(port, home=home)
+
+
+@pytest.fixture(scope="session")
 def airflow_db():
     """Airflow's own database (SQLite in the session's private AIRFLOW_HOME), migrated once."""
     import subprocess

@@ -105,7 +105,7 @@ def new_sink(spark, tmp_path: Path, name: str, kind: str = "query", rows=ROWS, *
     cfg = make_sink(tmp_path, name, kind=kind, as_of=fields.pop("as_of", 0), **fields)
     if rows is not None:
         write_json_rows(tmp_path / ("log" if kind == "changelog" else "src"), rows)
-    frames.ensure_table(spark, cfg)
+    storage.ensure_table(cfg)
     return cfg
 
 

@@ -263,6 +263,22 @@ def cmd_compact(args) -> int:
     return 4 if result.outcome == "raced" else 0
 
 
+def cmd_spark_server(args) -> int:
+    from reconcile import connect_server
+
+    if args.action == "start":
+        address = connect_server.start(args.port, args.master)
+        print(
+            f"Spark Connect server listening at {address}; run the sink's Spark jobs on it with "
+            f"RECONCILE_SPARK_REMOTE={address} (CLI) or a spark_connect Airflow connection (DAGs)"
+        )
+    elif args.action == "stop":
+        print("stopped" if connect_server.stop(args.port) else f"no server started by this command on port {args.port}")
+    else:
+        print(connect_server.status(args.port))
+    return 0
+
+
 def cmd_demo(args) -> int:
     from reconcile.demo import run_demo
 
@@ -323,6 +339,13 @@ def main(argv: list[str] | None = None) -> int:
     cp.add_argument("--since", type=int, default=None, help="new since (ms); default upper - retention.history_hours")
     cp.add_argument("--no-vacuum", action="store_true", help="leave unreferenced Delta files in place")
     cp.set_defaults(fn=cmd_compact)
+    ss = sub.add_parser("spark-server", help="a long-lived Spark Connect server for the Spark jobs")
+    ss.add_argument("action", choices=["start", "stop", "status"])
+    ss.add_argument("--port", type=int, default=15002)
+    ss.add_argument(
+        "--master", default=None, help="Spark master of the server (default RECONCILE_SPARK_MASTER or local[*])"
+    )
+    ss.set_defaults(fn=cmd_spark_server)
     dm = sub.add_parser("demo")
     dm.add_argument("--intervals", type=int, default=3)
     dm.set_defaults(fn=cmd_demo)

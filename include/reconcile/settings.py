@@ -40,6 +40,12 @@ def spark_master() -> str:
     return os.environ.get("RECONCILE_SPARK_MASTER", "local[*]")
 
 
+def spark_remote() -> str | None:
+    """A Spark Connect server's URL (``sc://host:port``): Spark jobs run as its clients, in this
+    process, instead of starting a JVM of their own (None: classic Spark)."""
+    return os.environ.get("RECONCILE_SPARK_REMOTE") or None
+
+
 def spark_jars() -> list[str]:
     """Delta's JVM artifacts as local jar paths (fetched by scripts/fetch_jars.sh)."""
     env = os.environ.get("RECONCILE_SPARK_JARS")

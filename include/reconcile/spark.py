@@ -1,8 +1,10 @@
-"""SparkSession construction for the embedded default and for spark-submit.
+"""SparkSession construction: the embedded default, spark-submit, and Spark Connect.
 
 Under spark-submit the session's master and jars come from the submit command; locally
 (tests, the demo, the CLI) Delta's jars come from ``RECONCILE_SPARK_JARS`` or ``.jars/``
-(see scripts/fetch_jars.sh), else from Maven through ``spark.jars.packages``.
+(see scripts/fetch_jars.sh), else from Maven through ``spark.jars.packages``. With
+``RECONCILE_SPARK_REMOTE`` (or a ``remote`` argument) the session is a client of a long-lived
+Spark Connect server (:mod:`reconcile.connect_server` starts one): no JVM in this process.
 """
 
 from __future__ import annotations
@@ -55,8 +57,18 @@ def submit_conf() -> dict[str, str]:
     return conf
 
 
+# Set on every session of a Spark Connect server (runtime SQL confs; the server's own conf holds
+# the rest of SINK_CONF: see reconcile.connect_server).
+SESSION_CONF = {k: SINK_CONF[k] for k in ("spark.sql.parquet.outputTimestampType", "spark.sql.session.timeZone")}
+
+
+def is_remote(spark) -> bool:
+    """Is ``spark`` a Spark Connect session (no py4j gateway in this process)?"""
+    return type(spark).__module__.startswith("pyspark.sql.connect")
+
+
 def _tune_local(spark) -> None:
-    if not spark.sparkContext.master.startswith("local"):
+    if is_remote(spark) or not spark.sparkContext.master.startswith("local"):
         return
     given = spark.sparkContext.getConf()
     for k, v in LOCAL_SQL_CONF.items():
@@ -64,12 +76,28 @@ def _tune_local(spark) -> None:
             spark.conf.set(k, v)
 
 
-def get_session(app_name: str = "reconcile", extra: dict[str, str] | None = None):
-    """The active session, else a new one. Under spark-submit (which starts the Python driver
-    with PYSPARK_GATEWAY_PORT set) master and jars come from the submit command line; otherwise
-    the embedded default's local settings apply."""
+def remote_session(url: str, extra: dict[str, str] | None = None):
+    """A session of the Spark Connect server at ``url`` (``sc://host:port``). pyspark's
+    functions are classic or Connect per process: a process holding a classic session cannot
+    open one (pyspark says so), nor the other way round."""
     from pyspark.sql import SparkSession
 
+    spark = SparkSession.builder.remote(url).getOrCreate()
+    for k, v in {**SESSION_CONF, **(extra or {})}.items():
+        spark.conf.set(k, v)
+    return spark
+
+
+def get_session(app_name: str = "reconcile", extra: dict[str, str] | None = None, remote: str | None = None):
+    """The active session, else a new one. With ``remote`` (or ``RECONCILE_SPARK_REMOTE``): a
+    Spark Connect client session. Under spark-submit (which starts the Python driver with
+    PYSPARK_GATEWAY_PORT set) master and jars come from the submit command line; otherwise the
+    embedded default's local settings apply."""
+    from pyspark.sql import SparkSession
+
+    remote = remote or settings.spark_remote()
+    if remote and "PYSPARK_GATEWAY_PORT" not in os.environ:
+        return remote_session(remote, extra)
     active = SparkSession.getActiveSession()
     if active is not None:
         return active

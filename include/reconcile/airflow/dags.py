@@ -8,7 +8,9 @@ Built at DAG-parse time from the YAML files only: no Spark, no database, no netw
   work on exactly that batch (only mint mints). A batch outdated by another writer before it
   is written, or covered by a newer description, ends the run's remaining tasks as skipped.
 - ``write`` is a spark-submit job (jobs/write_correction.py) on the ``spark_default``
-  connection (``local[*]`` on the embedded default, a Spark master in production).
+  connection (``local[*]`` on the embedded default, a Spark master in production); when that
+  connection is a ``spark_connect`` one, the same stage runs in the worker as a client of the
+  Spark Connect server: no JVM starts for the run.
 - ``append`` (Python, no JVM) commits the staged files to the Delta log as they are.
 - ``compaction_due`` (Python, metadata only) skips ``compact`` until ``compaction.every_batches``
   batches wait to be folded into ``since``; ``compact`` (jobs/compact_shard.py) then advances
@@ -37,9 +39,36 @@ BATCH_ID = "{{ (ti.xcom_pull(task_ids='mint') or {}).get('batch_id') }}"
 JOBS = Path(os.environ.get("RECONCILE_JOBS_DIR", settings.PROJECT_ROOT / "jobs"))
 
 
+def spark_connect_url(conn_id: str) -> str | None:
+    """The Spark Connect URL of ``conn_id`` if it is a ``spark_connect`` connection, else None."""
+    from airflow.providers.apache.spark.hooks.spark_connect import SparkConnectHook
+    from airflow.sdk import BaseHook
+
+    if BaseHook.get_connection(conn_id).conn_type != SparkConnectHook.conn_type:
+        return None
+    return SparkConnectHook(conn_id).get_connection_url()
+
+
+def run_on_connect(stage: str, sink: str, run_id: str, batch_id: str | None, remote: str) -> str:
+    """One stage as a client of a Spark Connect server, in this process: a failure the stage
+    recorded as final fails the task at once; a retryable one lets Airflow retry."""
+    from reconcile.airflow.tasks import compact_for_run, stage_for_run
+    from reconcile.errors import Retryable, SinkError
+    from reconcile.spark import get_session
+
+    fn = {"write": stage_for_run, "compact": compact_for_run}[stage]
+    try:
+        return fn(sink, run_id, batch_id, get_session(remote=remote))
+    except Retryable as exc:
+        raise AirflowException(f"{stage} failed: {exc}") from None
+    except SinkError as exc:
+        raise AirflowFailException(f"{stage} failed (not retried): {exc}") from None
+
+
 class ReconcileSparkSubmitOperator(SparkSubmitOperator):
-    """spark-submit of one stage job; turns a failure the job recorded as final into a
-    non-retried task failure with the job's one-line message."""
+    """One stage job on the sink's Spark connection: spark-submit of jobs/<stage>.py, or, on a
+    ``spark_connect`` connection, the stage run here as a Connect client. Turns a failure the
+    job recorded as final into a non-retried task failure with the job's one-line message."""
 
     def __init__(self, *, sink: str, stage: str, **kwargs):
         script = {"write": "write_correction.py", "compact": "compact_shard.py"}[stage]
@@ -58,8 +87,16 @@ class ReconcileSparkSubmitOperator(SparkSubmitOperator):
         from reconcile.airflow.tasks import failure_verdict, nothing_left
 
         batch_id = (context["ti"].xcom_pull(task_ids="mint") or {}).get("batch_id")
+        remote = spark_connect_url(self._conn_id)
+        result: str | None
         try:
-            result = super().execute(context)
+            if remote:
+                result = run_on_connect(self.stage, self.sink, context["run_id"], batch_id, remote)
+                self.log.info("%s on Spark Connect %s: %s", self.stage, remote, result)
+            else:
+                result = super().execute(context)
+        except AirflowFailException:
+            raise
         except AirflowException as exc:
             final, message = failure_verdict(self.sink, context["run_id"], batch_id)
             if final:

@@ -24,8 +24,13 @@ WRITES = ("InsertIntoStatement", "OverwriteByExpression", "AppendData", "Replace
 def require_query(spark: SparkSession, cfg: QuerySink) -> None:
     """Refuse query.sql that is not a plain query *before* running it: ``spark.sql`` executes
     commands (DELETE, INSERT, DROP, SET ...) at once."""
+    from reconcile.spark import is_remote
+
+    if is_remote(spark):
+        require_query_remote(spark, cfg)
+        return
     jvm = spark._jvm
-    assert jvm is not None, "the sink needs a classic SparkSession (py4j), not Spark Connect"
+    assert jvm is not None
     try:
         plan = spark._jsparkSession.sessionState().sqlParser().parsePlan(cfg.sql)
     except Exception as exc:
@@ -41,6 +46,19 @@ def require_query(spark: SparkSession, cfg: QuerySink) -> None:
             f"query.sql must be a query (SELECT/WITH/VALUES), not a command ({kind}); nothing was run.",
             sink=cfg.name,
         )
+
+
+def require_query_remote(spark: SparkSession, cfg: QuerySink) -> None:
+    """:func:`require_query` over Spark Connect, which has no parser in this process: the text is
+    analysed as a subquery, which no command (and no second statement) parses as."""
+    body = cfg.sql.strip().rstrip(";")
+    try:
+        spark.sql(f"SELECT * FROM (\n{body}\n) AS reconcile_query LIMIT 0").schema  # noqa: B018
+    except Exception as exc:
+        text = brief(exc, 300)
+        raise SourceError(
+            f"query.sql must be one query (SELECT/WITH/VALUES) that runs; nothing was run: {text}", sink=cfg.name
+        ) from None
 
 
 def desired(spark: SparkSession, cfg: QuerySink) -> DataFrame:

@@ -100,8 +100,7 @@ def _uncompacted(spark: SparkSession, cfg: SinkConfig, since: int) -> bool:
 
 
 def vacuum(spark: SparkSession, cfg: SinkConfig) -> None:
-    from delta.tables import DeltaTable
-
+    """Delta's VACUUM of the shard (SQL: the same on a classic and a Spark Connect session)."""
     conf = {
         # Vacuum lists the table with this many tasks (default 10,000: ~40 s of empty tasks on
         # a small local table); the shard is not partitioned, a few suffice.
@@ -113,7 +112,8 @@ def vacuum(spark: SparkSession, cfg: SinkConfig) -> None:
     for k, v in conf.items():
         spark.conf.set(k, v)
     try:
-        DeltaTable.forPath(spark, storage.table_path(cfg)).vacuum(float(cfg.vacuum_retention_hours))
+        path = storage.table_path(cfg).replace("`", "``")
+        spark.sql(f"VACUUM delta.`{path}` RETAIN {int(cfg.vacuum_retention_hours)} HOURS").collect()
     finally:
         for k, old in saved.items():
             spark.conf.unset(k) if old is None else spark.conf.set(k, old)

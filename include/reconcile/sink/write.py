@@ -164,7 +164,7 @@ def run_write(spark: SparkSession, store: MetadataStore, cfg: SinkConfig, batch_
         msg = event(log, f"skipping write: batch is {b.state} ({b.message or 'no message'})", **state)
         return WriteResult("skipped", msg)
 
-    frames.ensure_table(spark, cfg)
+    storage.ensure_table(cfg)
     shard = sync(store, cfg)
     if shard.upper > desc.lower:
         b = store.get_batch(batch_id, cfg.name)

@@ -227,6 +227,47 @@ def _delta_type(spark_type: str) -> str:
     return _DELTA_TYPES.get(t, t)
 
 
+def _table_schema(cfg: SinkConfig) -> str:
+    """The shard's Delta schema (JSON): the sink's columns, then ``_time``, ``_diff``, ``_error``.
+    Every column is nullable in the table (error rows null them), whatever the sink declares."""
+    cols = [(c.name, _delta_type(c.type)) for c in cfg.columns]
+    cols += [("_time", "long"), ("_diff", "long"), ("_error", "string")]
+    fields = [{"name": n, "type": t, "nullable": True, "metadata": {}} for n, t in cols]
+    return json.dumps({"type": "struct", "fields": fields})
+
+
+def ensure_table(cfg: SinkConfig) -> None:
+    """Create the shard's Delta table if missing (delta-rs: no JVM); refuse one whose schema
+    drifted. Version 0 is one metadata-only commit, atomic by the put-if-absent of the first
+    commit file: a concurrent creator loses that race with an error and then finds the table.
+    It changes no data (a "maintenance" commit to :func:`describe_commit`)."""
+    from deltalake import DeltaTable, Schema
+
+    attempt = 0
+    while not exists(cfg):
+        attempt += 1
+        try:
+            DeltaTable.create(
+                table_path(cfg),
+                schema=Schema.from_json(_table_schema(cfg)),
+                mode="error",
+                name=cfg.name,
+                # Spark's default; delta-rs would assume 100
+                configuration={"delta.checkpointInterval": "10"},
+            )
+        except Exception as exc:
+            if exists(cfg):
+                break
+            if attempt >= 5:
+                raise Retryable(
+                    f"cannot create the shard's Delta table at {table_path(cfg)}: {brief(exc, 300)}.",
+                    sink=cfg.name,
+                    remedy="the task retries by itself; if it persists, check the warehouse path.",
+                ) from None
+            time.sleep(0.5 * attempt)
+    check_schema(cfg)
+
+
 def check_schema(cfg: SinkConfig) -> None:
     """Refuse a Delta table whose columns are not the sink's (changed behind its back)."""
     fields = json.loads(_snapshot(cfg).schema().to_json())["fields"]

@@ -6,7 +6,6 @@ uses :mod:`reconcile.storage.delta`, which needs no JVM.
 from __future__ import annotations
 
 import json
-import time
 from functools import lru_cache
 
 from pyspark.sql import DataFrame, SparkSession
@@ -14,14 +13,11 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import StructType
 
 from reconcile.config import SinkConfig
-from reconcile.errors import Retryable, brief
 from reconcile.storage.delta import (
     META_KEY,
     PART_COLUMN,
     added_files,
-    check_schema,
     commit_actions,
-    exists,
     list_files,
     staging_path,
     table_path,
@@ -48,40 +44,6 @@ def writer(df: DataFrame, meta: dict, mode: str):
     anything else is invisible to :func:`reconcile.sink.sync.sync`.
     """
     return df.write.format("delta").mode(mode).option("userMetadata", json.dumps({META_KEY: meta}, sort_keys=True))
-
-
-def ensure_table(spark: SparkSession, cfg: SinkConfig) -> None:
-    """Create the shard's Delta table if missing; refuse one whose schema drifted."""
-    from delta.tables import DeltaTable
-
-    path = table_path(cfg)
-    expected = schema(cfg)
-    attempt = 0
-    while not exists(cfg):
-        # Version 0 is one metadata-only commit (no Spark job: ~0.3 s, against ~0.7 s, and ~7 s
-        # for the first write of a JVM, for an empty DataFrame write), atomic by Delta's
-        # put-if-absent of the first commit file; concurrent creators lose that race with an
-        # exception and then find the table. It changes no data: a "maintenance" commit.
-        attempt += 1
-        try:
-            (
-                DeltaTable.createIfNotExists(spark)
-                .location(path)
-                .addColumns(expected)
-                .property("delta.checkpointInterval", "10")  # Spark's default; delta-rs assumes 100
-                .execute()
-            )
-        except Exception as exc:
-            if exists(cfg):
-                break
-            if attempt >= 5:
-                raise Retryable(
-                    f"cannot create the shard's Delta table at {path}: {brief(exc, 300)}.",
-                    sink=cfg.name,
-                    remedy="the task retries by itself; if it persists, check the warehouse path.",
-                ) from None
-            time.sleep(0.5 * attempt)
-    check_schema(cfg)  # from the Delta log (delta-rs): no Spark job
 
 
 def read_updates(spark: SparkSession, cfg: SinkConfig, version: int | None = None) -> DataFrame:
@@ -122,7 +84,7 @@ def write_staged(
             for name, agg in zip(("rows", "err", "weight", "checksum"), _stats_aggregates(cfg, mine), strict=True)
         ]
     observed = corr.observe(observation, *aggregates)
-    observed.withColumnRenamed("_part", PART_COLUMN).write.mode("errorifexists").partitionBy(PART_COLUMN).parquet(path)
+    observed.withColumnRenamed("_part", PART_COLUMN).write.mode("error").partitionBy(PART_COLUMN).parquet(path)
     got = observation.get
     stats = {}
     for p in range(cfg.partitions):

@@ -1,0 +1,241 @@
+"""Spark jobs as clients of a long-lived Spark Connect server (``python -m reconcile spark-server``).
+
+The server is a real one (its own JVM, local[2], started by the sink's command: the
+``connect_url`` fixture). The batches below are run by ``python -m reconcile run`` and by
+``airflow dags test`` in processes of their own that hold no JVM (pyspark is classic or Connect
+per process), committed by the metadata-only append, and read back with this process's classic
+session, an independent reader, against the plain-Python models of the other test modules.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import re
+import subprocess
+import sys
+from collections import Counter
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+
+from helpers import leftover_staged, make_sink, run_batch, shard_as_of, write_json_rows
+from reconcile import connect_server
+from reconcile.sink import append, check, mint, write
+from reconcile.sink.sync import gc_staged
+from reconcile.storage import delta as storage
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _model(rows) -> Counter:
+    return +Counter((r["k"], r["v"], None) for r in rows)
+
+
+def run_remote(connect_url: str, sinks: Path, sink: str, run_id: str, frontier: int, **env_extra):
+    """``python -m reconcile run`` of one batch as a Spark Connect client (no JVM of its own)."""
+    env = {**os.environ, "RECONCILE_SINKS_DIR": str(sinks), "RECONCILE_SPARK_REMOTE": connect_url, **env_extra}
+    env.pop("PYSPARK_GATEWAY_PORT", None)
+    cmd = [sys.executable, "-m", "reconcile", "run", sink, "--frontier", str(frontier), "--run-id", run_id]
+    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+
+
+def committed_remote(connect_url, sinks, sink, run_id, frontier) -> str:
+    proc = run_remote(connect_url, sinks, sink, run_id, frontier)
+    assert proc.returncode == 0 and "appended batch" in proc.stdout, proc.stdout[-1500:] + proc.stderr[-1500:]
+    assert "py4j" not in proc.stderr
+    return proc.stdout
+
+
+def test_the_server_command(connect_url):
+    port = int(connect_url.rsplit(":", 1)[1])
+    # a server already listening on the port is reused, not started twice
+    assert connect_server.start(port) == connect_url
+    out = subprocess.run(
+        [sys.executable, "-m", "reconcile", "spark-server", "status", "--port", str(port)],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert f"listening at {connect_url}" in out
+
+
+def test_query_sink_with_drift_over_connect(spark, connect_url, warehouse, tmp_path, sqlite_store):
+    from test_sink import append_foreign_row
+
+    cfg = make_sink(tmp_path, "cq")
+    runs = [
+        (200, [{"k": 1, "v": "a"}, {"k": 2, "v": "b"}, {"k": 2, "v": "b"}]),
+        (300, [{"k": 1, "v": "A"}, {"k": 2, "v": "b"}, {"k": 3, "v": None}]),
+        (400, [{"k": 3, "v": "c"}, {"k": 4, "v": "d"}]),
+    ]
+    for i, (frontier, rows) in enumerate(runs):
+        write_json_rows(tmp_path / "src", rows)
+        if i == 2:
+            append_foreign_row(spark, cfg, 250)  # drift, written with classic Spark
+        out = committed_remote(connect_url, tmp_path, cfg.name, f"run-{i}", frontier)
+        assert f"drift_rows={1 if i == 2 else 0}" in out, out
+    drift = Counter({(7, "zz", None): 1})  # history keeps the foreign row from 250 until the repair
+    for frontier, rows in runs:
+        want = _model(rows) + (drift if frontier == 300 else Counter())
+        assert shard_as_of(spark, cfg, frontier - 1) == want, frontier
+    assert check.violations(sqlite_store, cfg, spark=spark) == []
+    assert leftover_staged(sqlite_store, cfg) == []
+
+
+def test_upsert_random_feed_over_connect(spark, connect_url, warehouse, tmp_path, sqlite_store):
+    from test_upsert import check_against, cmd, feed_rows, upsert_sink
+    from upsert_model import UpsertModel
+
+    rng = random.Random(7)
+    cfg = upsert_sink(tmp_path, partitions=3)
+    model = UpsertModel()
+    feed: list[dict] = []
+    off, lower = 0, cfg.as_of
+    for run in range(3):
+        upper = lower + 100
+        for _ in range(15):
+            off += 1
+            feed.append(cmd(rng.randint(0, 5), rng.choice(["a", "b", None]), rng.randint(lower - 30, upper + 50), off))
+        feed_rows(tmp_path, feed)
+        committed_remote(connect_url, tmp_path, cfg.name, f"r{run}", upper)
+        model.batch(feed, lower, upper)
+        check_against(spark, cfg, model, [lower, (lower + upper) // 2, upper - 1])
+        lower = upper
+    assert check.violations(sqlite_store, cfg, spark=spark) == []
+
+
+def test_changelog_sink_over_connect(spark, connect_url, warehouse, tmp_path, sqlite_store):
+    from test_sink import CHANGELOG_NEW, changelog_model
+
+    cfg = make_sink(tmp_path, "clog", kind="changelog")
+    source: list[dict] = []
+    for i, (frontier, new) in enumerate(CHANGELOG_NEW):
+        source += new
+        write_json_rows(tmp_path / "log", source)
+        committed_remote(connect_url, tmp_path, cfg.name, f"run-{i}", frontier)
+        for t in (frontier - 1, frontier - 50):
+            assert shard_as_of(spark, cfg, t) == changelog_model(CHANGELOG_NEW[: i + 1], t), t
+
+
+@pytest.mark.parametrize(
+    "sql",
+    [
+        "CREATE TABLE reconcile_probe USING parquet LOCATION '{probe}' AS SELECT 1 AS k, 'x' AS v",
+        "INSERT OVERWRITE DIRECTORY '{probe}' USING parquet SELECT 1 AS k",
+        "SELECT k, v FROM src; INSERT OVERWRITE DIRECTORY '{probe}' USING parquet SELECT 1 AS k",
+        "SELECT k, v FROM src) AS q, (SELECT 1",
+    ],
+)
+def test_a_command_in_query_sql_is_refused_before_it_runs(spark, connect_url, warehouse, tmp_path, sqlite_store, sql):
+    """Over Connect ``spark.sql`` runs a command at once, and no parser is in this process: the
+    text must analyse as a subquery first (text that balances the wrapper's parentheses passes
+    that check, and then does not parse alone). A one-line error, nothing written anywhere."""
+    probe = tmp_path / "probe"
+    query = {"sources": {"src": {"format": "json", "path": "src"}}, "sql": sql.format(probe=probe)}
+    cfg = make_sink(tmp_path, "cmd", query=query)
+    write_json_rows(tmp_path / "src", [{"k": 1, "v": "a"}])
+    proc = run_remote(connect_url, tmp_path, cfg.name, "run-1", 200)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and re.search("query.sql (must be one query|does not run)", lines[0]), proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert not probe.exists()
+    assert [b.state for b in sqlite_store.batches(cfg.name)] != ["committed"]
+    assert not storage.exists(cfg) or storage.latest_version(cfg) == 0  # at most the empty table
+
+
+def test_queries_in_every_form_pass_over_connect(spark, connect_url, warehouse, tmp_path, sqlite_store):
+    rows = [{"k": 1, "v": "a"}, {"k": 2, "v": "b"}]
+    write_json_rows(tmp_path / "src", rows)
+    for i, sql in enumerate(
+        [
+            "WITH s AS (SELECT k, v FROM src) SELECT k, v FROM s;",
+            "SELECT k, v FROM src -- a trailing comment",
+            "SELECT k, v FROM src UNION ALL SELECT k, v FROM src WHERE false",
+        ]
+    ):
+        query = {"sources": {"src": {"format": "json", "path": "src"}}, "sql": sql}
+        cfg = make_sink(tmp_path, f"forms{i}", query=query)
+        committed_remote(connect_url, tmp_path, cfg.name, "run-1", 200)
+        assert shard_as_of(spark, cfg, 199) == _model(rows), sql
+
+
+def test_killed_client_then_retry(spark, connect_url, warehouse, tmp_path, sqlite_store, monkeypatch):
+    """A client killed after the server staged its files (the server's query is not the
+    client's process: it may even finish after the kill). The retry stages its own attempt, the
+    batch commits once, and the killed attempt's files are deleted as uncommittable."""
+    monkeypatch.setenv("RECONCILE_SINKS_DIR", str(tmp_path))
+    cfg = make_sink(tmp_path, "killed")
+    rows0 = [{"k": 1, "v": "a"}]
+    write_json_rows(tmp_path / "src", rows0)
+    run_batch(spark, sqlite_store, cfg, "run-0", 200)
+    rows1 = [{"k": 1, "v": "A"}, {"k": 2, "v": "b"}]
+    write_json_rows(tmp_path / "src", rows1)
+    desc = mint.run_mint(sqlite_store, cfg, "run-1", 1, 300).description
+    env = {
+        **os.environ,
+        "RECONCILE_FAILPOINTS": "write.after_partition_staged=kill",
+        "RECONCILE_SPARK_REMOTE": connect_url,
+    }
+    env.pop("PYSPARK_GATEWAY_PORT", None)
+    job = [sys.executable, str(ROOT / "jobs" / "write_correction.py"), "--sink", cfg.name, "--run-id", "run-1"]
+    proc = subprocess.run(job, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 137, proc.stderr[-2000:]
+    assert write.run_write(spark, sqlite_store, cfg, desc.batch_id).outcome == "staged"
+    assert append.run_append(sqlite_store, cfg, desc.batch_id).outcome == "committed"
+    gc_staged(sqlite_store, cfg)
+    assert leftover_staged(sqlite_store, cfg) == []
+    assert shard_as_of(spark, cfg, 199) == _model(rows0)
+    assert shard_as_of(spark, cfg, 299) == _model(rows1)
+    assert check.violations(sqlite_store, cfg, spark=spark) == []
+
+
+@pytest.mark.airflow
+@pytest.mark.slow
+def test_airflow_runs_on_a_spark_connect_connection(airflow_db, spark, connect_url, warehouse, tmp_path, sqlite_store):
+    """``airflow dags test`` with ``spark_default`` a ``spark_connect`` connection: write and
+    compact (with its VACUUM) run in the task process as Connect clients; no job is submitted
+    (the jobs folder does not exist) and no JVM starts besides the server's."""
+    import json
+
+    from reconcile.config import load_sink
+    from test_airflow import _model as model_of
+    from test_airflow import _sink
+
+    name = "af_connect"
+    sinks, data = tmp_path / "sinks", tmp_path / "src"
+    _sink(sinks, data, name, compaction={"every_batches": 2}, retention={"history_hours": 36, "vacuum_hours": 0})
+    host, port = connect_url.removeprefix("sc://").split(":")
+    env = {
+        **os.environ,
+        "AIRFLOW_CONN_SPARK_DEFAULT": json.dumps({"conn_type": "spark_connect", "host": host, "port": int(port)}),
+        "RECONCILE_JOBS_DIR": str(tmp_path / "no-jobs"),  # a spark-submit would fail
+        "RECONCILE_SINKS_DIR": str(sinks),
+    }
+    env.pop("PYSPARK_GATEWAY_PORT", None)
+    sources = [
+        [{"k": 1, "v": "a"}, {"k": 2, "v": "b"}],
+        [{"k": 1, "v": "a"}, {"k": 2, "v": "B"}, {"k": 3, "v": "c"}],
+        [{"k": 3, "v": "c"}],
+    ]
+    days = [datetime(2026, 1, 2 + i, tzinfo=UTC) for i in range(3)]
+    cfg = load_sink(name, sinks)
+    for rows, day in zip(sources, days, strict=True):
+        write_json_rows(data, rows)
+        proc = subprocess.run(
+            [str(Path(sys.executable).parent / "airflow"), "dags", "test", name, day.date().isoformat()],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+        out = proc.stdout + proc.stderr
+        assert proc.returncode == 0 and "state=success" in out, out[-4000:]
+        assert "write on Spark Connect" in out, out[-4000:]
+        assert shard_as_of(spark, cfg, int(day.timestamp() * 1000) - 1) == model_of(rows)
+    assert "compact on Spark Connect" in out
+    since = sqlite_store.get_shard(name).since
+    assert since == int(days[-1].timestamp() * 1000) - 36 * 3600 * 1000
+    assert check.violations(sqlite_store, cfg, spark=spark) == []
