@@ -1,8 +1,8 @@
 """Airflow's real scheduler (LocalExecutor, api-server, dag-processor; Airflow's DB on
 PostgreSQL) running sinks, and `airflow backfill create` from the CLI:
 
-- over intervals a shard already covers, every backfill run is a no-op (mint skipped, no new
-  Delta version);
+- over intervals a shard already covers, every backfill run is a no-op (mint finds nothing to do
+  and skips the rest, no new Delta version);
 - over new intervals, the backfill catches the shard up one batch per run, in order.
 """
 

@@ -3,16 +3,17 @@
 Built at DAG-parse time from the YAML files only: no Spark, no database, no network here.
 
 - ``mint`` (Python, metadata only) describes the run's batch ``(lower, upper)``; when there is
-  nothing to do (interval covered, read-only) it is *skipped* with the reason, and so are the
-  Spark tasks: the run succeeds. The batch id goes forward by XCom: ``write`` and ``append``
-  work on exactly that batch (only mint mints). A batch outdated by another writer before it
-  is written, or covered by a newer description, ends the run's remaining tasks as skipped.
+  nothing to do (interval covered, read-only) it says why (a warning) and skips the rest of the
+  run at once (a short circuit): the run succeeds. The batch id goes forward by XCom: ``write``
+  and ``append`` work on exactly that batch (only mint mints). A batch outdated by another writer
+  before it is written, or covered by a newer description, ends the run's remaining tasks as
+  skipped.
 - ``write`` is a spark-submit job (jobs/write_correction.py) on the ``spark_default``
   connection (``local[*]`` on the embedded default, a Spark master in production); when that
   connection is a ``spark_connect`` one, the same stage runs in the worker as a client of the
   Spark Connect server: no JVM starts for the run.
 - ``append`` (Python, no JVM) commits the staged files to the Delta log as they are.
-- ``compaction_due`` (Python, metadata only) skips ``compact`` until ``compaction.every_batches``
+- ``compaction_due`` (Python, metadata only, a short circuit) skips ``compact`` until ``compaction.every_batches``
   batches wait to be folded into ``since``; ``compact`` (jobs/compact_shard.py) then advances
   since, consolidates the history before it and vacuums (reconcile.compact).
 - Retries: transient failures retry; a failure the job recorded as final (an outdated batch,
@@ -22,6 +23,7 @@ Built at DAG-parse time from the YAML files only: no Spark, no database, no netw
 
 from __future__ import annotations
 
+import logging
 import os
 from datetime import timedelta
 from pathlib import Path
@@ -138,8 +140,8 @@ def build_dag(cfg: SinkConfig) -> DAG:
         params={"read_only": Param(False, type="boolean", description="mint nothing: a read-only run")},
     ) as dag:
 
-        @task(task_id="mint")
-        def mint(sink: str = cfg.name, **context) -> dict:
+        @task.short_circuit(task_id="mint")
+        def mint(sink: str = cfg.name, **context) -> dict | bool:
             from reconcile.airflow.tasks import mint_for_run
 
             dag_run = context["dag_run"]
@@ -151,8 +153,9 @@ def build_dag(cfg: SinkConfig) -> DAG:
                 dag_run.start_date,
                 read_only=bool(context["params"].get("read_only")),
             )
-            if result.description is None:
-                raise AirflowSkipException(result.message)
+            if result.description is None:  # the rest of the run is skipped at once
+                logging.getLogger("reconcile.tasks").warning("mint: %s", result.message)
+                return False
             d = result.description
             return {"batch_id": d.batch_id, "lower": d.lower, "upper": d.upper}
 
@@ -175,14 +178,13 @@ def build_dag(cfg: SinkConfig) -> DAG:
                 raise AirflowSkipException(f"append: nothing to do: {why}")
             return message
 
-        @task(task_id="compaction_due")
-        def compaction_due(sink: str = cfg.name) -> str:
+        @task.short_circuit(task_id="compaction_due")
+        def compaction_due(sink: str = cfg.name) -> str | bool:
             from reconcile.airflow.tasks import compaction_check
 
             due, why = compaction_check(sink)
-            if not due:
-                raise AirflowSkipException(why)
-            return why
+            logging.getLogger("reconcile.tasks").info("compaction %s: %s", "due" if due else "not due", why)
+            return why if due else False
 
         compact = ReconcileSparkSubmitOperator(task_id="compact", sink=cfg.name, stage="compact")
         mint() >> write >> append() >> compaction_due() >> compact
