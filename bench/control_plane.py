@@ -10,9 +10,11 @@ nothing to do. Run it alone on a quiet machine:
    releases up to session 8 made), in a warm SparkSession, so (b) is its best case; and (c) a
    third batch appended by ``python -m reconcile append`` in a new process, as Airflow's task
    does (interpreter start and imports included).
-2. **``airflow dags test`` of the demo sink writing 3 rows** on the embedded default (wall
-   time of the command, Airflow's database migrated beforehand), then the same interval again,
-   which has nothing to do.
+2. **``airflow dags test`` of the demo sink**: day 1 writes 3 rows into a new shard, day 2
+   changes it, day 2 again has nothing to do; with the ``spark_default`` connection on local[2]
+   (spark-submit per run) and on a Spark Connect server the script starts (``spark_connect``:
+   write runs in the task process as its client). Wall time of each command, and the DagRun's own
+   duration (created -> finished), beside what ``airflow version`` costs on this machine.
 """
 
 from __future__ import annotations
@@ -20,7 +22,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -30,6 +34,12 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def timed(fn, *args):
@@ -130,7 +140,27 @@ def bench_append(work: Path, rows: int, change: float) -> dict:
     }
 
 
-def bench_dags_test(work: Path) -> dict:
+LOG_TIME = re.compile(r"^(\S+Z) .*?(Created dag run|DagRun Finished)")
+
+
+def run_seconds(output: str) -> float | None:
+    """The DagRun's own duration in an ``airflow dags test`` log: created -> finished (the
+    command's start-up, Airflow's in-process execution API start and its exit excluded)."""
+    marks = {}
+    for line in output.splitlines():
+        m = LOG_TIME.match(line)
+        if m:
+            marks[m.group(2)] = datetime.fromisoformat(m.group(1).replace("Z", "+00:00"))
+    if len(marks) < 2:
+        return None
+    return round((marks["DagRun Finished"] - marks["Created dag run"]).total_seconds(), 1)
+
+
+def bench_dags_test(work: Path, connect: str | None) -> dict:
+    """The demo sink's runs by ``airflow dags test`` (wall time of the command, Airflow's database
+    migrated beforehand): day 1 writes 3 rows into a new shard, day 2 changes it, day 2 again has
+    nothing to do. ``connect``: the ``spark_default`` connection is that Spark Connect server's
+    (write runs in the task process as its client); else spark-submit on local[2]."""
     from reconcile.demo import embedded_env, write_orders
 
     env = embedded_env()
@@ -138,19 +168,49 @@ def bench_dags_test(work: Path) -> dict:
     env["AIRFLOW_HOME"] = str(work / "home" / "airflow")
     env["RECONCILE_WAREHOUSE"] = str(work / "home" / "warehouse")
     env.pop("RECONCILE_METADATA_URL", None)
+    if connect:
+        host, port = connect.removeprefix("sc://").split(":")
+        env["AIRFLOW_CONN_SPARK_DEFAULT"] = json.dumps({"conn_type": "spark_connect", "host": host, "port": int(port)})
     os.environ.update({k: env[k] for k in ("RECONCILE_HOME",)})
     subprocess.run(["airflow", "db", "migrate"], env=env, check=True, capture_output=True)
+
+    def dags_test(day: int) -> tuple[float, float | None]:
+        t = time.perf_counter()
+        proc = subprocess.run(
+            ["airflow", "dags", "test", "demo_orders", f"2026-01-0{day + 1}"], env=env, capture_output=True, text=True
+        )
+        wall = time.perf_counter() - t
+        assert proc.returncode == 0 and "state=success" in proc.stdout, proc.stdout[-3000:]
+        return round(wall, 1), run_seconds(proc.stdout)
+
+    write_orders(0)
+    first = dags_test(1)
     write_orders(1)
-    day = datetime(2026, 1, 2, tzinfo=UTC).date().isoformat()
+    second = dags_test(2)
+    again = dags_test(2)
+    return {
+        "first_run_3_rows_s": first[0],
+        "first_run_3_rows_dagrun_s": first[1],
+        "next_run_s": second[0],
+        "next_run_dagrun_s": second[1],
+        "nothing_to_do_s": again[0],
+        "nothing_to_do_dagrun_s": again[1],
+    }
 
-    def dags_test():
-        proc = subprocess.run(["airflow", "dags", "test", "demo_orders", day], env=env, capture_output=True, text=True)
-        assert proc.returncode == 0, proc.stdout[-3000:]
-        return proc.stdout
 
-    first_s, _ = timed(dags_test)
-    again_s, _ = timed(dags_test)
-    return {"dags_test_3_rows_s": round(first_s, 1), "dags_test_nothing_to_do_s": round(again_s, 1)}
+def bench_startup(work: Path) -> dict:
+    """What every Airflow command and task process pays before the sink's code runs."""
+    env = {**os.environ, "AIRFLOW_HOME": str(work / "airflow")}
+
+    def wall(cmd: list[str]) -> float:
+        t = time.perf_counter()
+        subprocess.run(cmd, capture_output=True, check=True, env=env)
+        return round(time.perf_counter() - t, 2)
+
+    return {
+        "airflow_version_s": wall(["airflow", "version"]),
+        "import_airflow_sdk_s": wall([sys.executable, "-c", "import airflow.sdk"]),
+    }
 
 
 def main() -> int:
@@ -164,7 +224,19 @@ def main() -> int:
     try:
         out = {"when": datetime.now(UTC).isoformat(timespec="seconds"), "cores": os.cpu_count()}
         if not args.skip_airflow:
-            out.update(bench_dags_test(work / "airflow"))
+            from reconcile import connect_server
+
+            out.update(bench_startup(work / "startup"))
+            out["spark_submit"] = bench_dags_test(work / "submit", None)
+            print(json.dumps(out), flush=True)
+            port = free_port()
+            t = time.perf_counter()
+            url = connect_server.start(port, "local[2]", home=work)
+            out["connect_server_start_s"] = round(time.perf_counter() - t, 1)
+            try:
+                out["spark_connect"] = bench_dags_test(work / "connect", url)
+            finally:
+                connect_server.stop(port, home=work)
             print(json.dumps(out), flush=True)
         out.update(bench_append(work / "append", args.rows, args.change))
         print(json.dumps(out, indent=1))

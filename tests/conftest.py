@@ -88,7 +88,7 @@ def connect_url(tmp_path_factory):
         port = s.getsockname()[1]
     home = tmp_path_factory.mktemp("connect-home")
     env = {k: v for k, v in os.environ.items() if k != "JDK_JAVA_OPTIONS"}  # long-lived: full JIT
-    url = connect_server.start(port, "local[2]", home=home, env=env)
+    url = connect_server.start(port, "local[2]", home=home, env=env, warm=False)  # test_connect warms it
     yield url
     connect_server.stop(port, home=home)
 

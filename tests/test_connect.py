@@ -51,7 +51,9 @@ def committed_remote(connect_url, sinks, sink, run_id, frontier) -> str:
 def test_the_server_command(connect_url):
     port = int(connect_url.rsplit(":", 1)[1])
     # a server already listening on the port is reused, not started twice
-    assert connect_server.start(port) == connect_url
+    assert connect_server.start(port, warm=False) == connect_url
+    # the warm-up runs two batches of a throwaway sink through the server
+    assert connect_server.warm_up(connect_url) == 2
     out = subprocess.run(
         [sys.executable, "-m", "reconcile", "spark-server", "status", "--port", str(port)],
         capture_output=True,

@@ -267,7 +267,7 @@ def cmd_spark_server(args) -> int:
     from reconcile import connect_server
 
     if args.action == "start":
-        address = connect_server.start(args.port, args.master)
+        address = connect_server.start(args.port, args.master, warm=not args.no_warm_up)
         print(
             f"Spark Connect server listening at {address}; run the sink's Spark jobs on it with "
             f"RECONCILE_SPARK_REMOTE={address} (CLI) or a spark_connect Airflow connection (DAGs)"
@@ -345,6 +345,7 @@ def main(argv: list[str] | None = None) -> int:
     ss.add_argument(
         "--master", default=None, help="Spark master of the server (default RECONCILE_SPARK_MASTER or local[*])"
     )
+    ss.add_argument("--no-warm-up", action="store_true", help="do not run a throwaway batch on a started server")
     ss.set_defaults(fn=cmd_spark_server)
     dm = sub.add_parser("demo")
     dm.add_argument("--intervals", type=int, default=3)
