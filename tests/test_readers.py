@@ -1,0 +1,191 @@
+"""Other engines read (and write) the shard: DuckDB (its ``delta`` extension, from PyPI's
+``duckdb-extension-delta``), delta-rs and Spark return the same collection as of several times,
+for every kind of sink, before and after compaction, with the README's as-of query. A write by
+delta-rs behind the sink's back is drift that the next batch repairs.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from datetime import UTC, datetime
+from decimal import Decimal
+
+import pyarrow as pa
+import pytest
+
+from helpers import make_sink, run_batch, shard_as_of, write_json_rows
+from reconcile.sink import check
+from reconcile.sink.compact import run_compact
+from reconcile.storage import delta as storage
+from test_control_plane import delta_rs_as_of
+
+
+def duckdb_as_of(cfg, t: int) -> Counter:
+    """The README's as-of query, run by DuckDB over the Delta table (``delta_scan``)."""
+    import duckdb
+    from duckdb_extensions import import_extension
+
+    con = duckdb.connect()
+    import_extension("delta", con=con)
+    con.sql("LOAD delta")
+    cols = ", ".join(f'"{c}"' for c in [*cfg.column_names, "_error"])
+    rows = con.sql(
+        f"SELECT {cols}, SUM(_diff) FROM delta_scan('{storage.table_path(cfg)}') "
+        f"WHERE _time <= {t} GROUP BY {cols} HAVING SUM(_diff) <> 0"
+    ).fetchall()
+    con.close()
+    return Counter({tuple(r[:-1]): int(r[-1]) for r in rows})
+
+
+def same_everywhere(spark, cfg, t: int) -> Counter:
+    """The shard as of ``t`` by Spark, delta-rs and DuckDB: all three must agree."""
+    by_spark = shard_as_of(spark, cfg, t)
+    assert delta_rs_as_of(cfg, t) == by_spark, f"delta-rs as of {t}"
+    assert duckdb_as_of(cfg, t) == by_spark, f"DuckDB as of {t}"
+    return by_spark
+
+
+def _model(rows) -> Counter:
+    return +Counter((r["k"], r["v"], None) for r in rows)
+
+
+def test_query_sink_before_and_after_compaction(spark, warehouse, tmp_path, sqlite_store):
+    cfg = make_sink(tmp_path, "rq", retention={"history_hours": 0, "vacuum_hours": 0})
+    runs = [
+        (200, [{"k": 1, "v": "é"}, {"k": 2, "v": ""}, {"k": 2, "v": ""}]),
+        (300, [{"k": 1, "v": "é"}, {"k": 3, "v": None}, {"k": 4, "v": "日本"}]),
+        (400, [{"k": 4, "v": "日本"}]),
+    ]
+    for i, (frontier, rows) in enumerate(runs):
+        write_json_rows(tmp_path / "src", rows)
+        run_batch(spark, sqlite_store, cfg, f"run-{i}", frontier)
+    for frontier, rows in runs:
+        assert same_everywhere(spark, cfg, frontier - 1) == _model(rows)
+    run_compact(spark, sqlite_store, cfg, since=299)
+    for frontier, rows in runs[1:]:  # exact at and after since
+        assert same_everywhere(spark, cfg, frontier - 1) == _model(rows)
+
+
+def test_changelog_sink_everywhere(spark, warehouse, tmp_path, sqlite_store):
+    from test_sink import CHANGELOG_NEW, changelog_model
+
+    cfg = make_sink(tmp_path, "rc", kind="changelog")
+    source: list[dict] = []
+    for i, (frontier, new) in enumerate(CHANGELOG_NEW):
+        source += new
+        write_json_rows(tmp_path / "log", source)
+        run_batch(spark, sqlite_store, cfg, f"run-{i}", frontier)
+    for t in (150, 199, 250, 299, 399):
+        assert same_everywhere(spark, cfg, t) == changelog_model(CHANGELOG_NEW, t), t
+
+
+def test_upsert_sink_before_and_after_compaction(spark, warehouse, tmp_path, sqlite_store):
+    from test_upsert import cmd, feed_rows, ok_rows, upsert_sink
+    from upsert_model import UpsertModel
+
+    cfg = upsert_sink(tmp_path, name="ru", retention={"history_hours": 0, "vacuum_hours": 0})
+    model = UpsertModel()
+    feed = [cmd(1, "a", 110, 1), cmd(2, "b", 120, 2), cmd(1, None, 150, 3), cmd(3, "c", 180, 4)]
+    feed_rows(tmp_path, feed)
+    run_batch(spark, sqlite_store, cfg, "r1", 200)
+    model.batch(feed, 100, 200)
+    feed += [cmd(1, "again", 210, 5), cmd(2, "b2", 250, 6), cmd(3, None, 260, 7)]
+    feed_rows(tmp_path, feed)
+    run_batch(spark, sqlite_store, cfg, "r2", 300)
+    model.batch(feed, 200, 300)
+    for t in (115, 150, 199, 220, 299):
+        assert ok_rows(same_everywhere(spark, cfg, t)) == model.as_of(t), t
+    run_compact(spark, sqlite_store, cfg, since=250)
+    for t in (250, 299):
+        assert ok_rows(same_everywhere(spark, cfg, t)) == model.as_of(t), t
+
+
+def test_extreme_values_read_the_same_in_duckdb(spark, warehouse, tmp_path, sqlite_store):
+    schema = [
+        {"name": "k", "type": "bigint", "nullable": False},
+        {"name": "at", "type": "timestamp"},
+        {"name": "day", "type": "date"},
+        {"name": "amount", "type": "decimal(38,9)"},
+        {"name": "s", "type": "string"},
+        {"name": "ok", "type": "boolean"},
+        {"name": "x", "type": "double"},
+    ]
+    sql = (
+        "SELECT k, CAST(at AS TIMESTAMP) AS at, CAST(day AS DATE) AS day, "
+        "CAST(amount AS DECIMAL(38,9)) AS amount, s, ok, x FROM src"
+    )
+    cfg = make_sink(
+        tmp_path, "rx", schema=schema, query={"sources": {"src": {"format": "json", "path": "src"}}, "sql": sql}
+    )
+    rows = [
+        {
+            "k": 1,
+            "at": "1600-01-01T00:00:00.000001Z",
+            "day": "0001-01-01",
+            "amount": "-99999999999999999999999999999.999999999",
+            "s": "",
+            "ok": True,
+            "x": -1.5e300,
+        },
+        {
+            "k": 2,
+            "at": "9999-12-31T23:59:59.999999Z",
+            "day": "9999-12-31",
+            "amount": "12345678901234567890.123456789",
+            "s": "ünï😀",
+            "ok": False,
+            "x": 0.0,
+        },
+        {"k": 3, "at": None, "day": None, "amount": None, "s": None, "ok": None, "x": None},
+    ]
+    write_json_rows(tmp_path / "src", rows)
+    run_batch(spark, sqlite_store, cfg, "run-1", 200)
+
+    def norm(at):
+        return None if at is None else (at if at.tzinfo else at.replace(tzinfo=UTC)).astimezone(UTC)
+
+    def plain(counter: Counter) -> Counter:
+        return Counter({(r[0], norm(r[1]), *r[2:]): n for r, n in counter.items()})
+
+    by_spark = plain(shard_as_of(spark, cfg, 199))
+    assert plain(duckdb_as_of(cfg, 199)) == by_spark
+    assert plain(delta_rs_as_of(cfg, 199)) == by_spark
+    want = {
+        (
+            r["k"],
+            norm(datetime.fromisoformat(r["at"].replace("Z", "+00:00")) if r["at"] else None),
+            datetime.fromisoformat(r["day"]).date() if r["day"] else None,
+            Decimal(r["amount"]) if r["amount"] else None,
+            r["s"],
+            r["ok"],
+            r["x"],
+            None,
+        )
+        for r in rows
+    }
+    assert set(by_spark) == want and set(by_spark.values()) == {1}
+
+
+@pytest.mark.parametrize("mode", ["append", "overwrite"])
+def test_a_write_by_delta_rs_is_drift_the_next_batch_repairs(spark, warehouse, tmp_path, sqlite_store, mode):
+    from deltalake import write_deltalake
+
+    cfg = make_sink(tmp_path, f"rw_{mode}")
+    rows = [{"k": 1, "v": "a"}, {"k": 2, "v": "b"}]
+    write_json_rows(tmp_path / "src", rows)
+    run_batch(spark, sqlite_store, cfg, "run-1", 200)
+    foreign = pa.table(
+        {
+            "k": pa.array([7], pa.int64()),
+            "v": pa.array(["zz"]),
+            "_time": pa.array([150], pa.int64()),
+            "_diff": pa.array([1], pa.int64()),
+            "_error": pa.array([None], pa.string()),
+        }
+    )
+    write_deltalake(storage.table_path(cfg), foreign, mode=mode)  # behind the sink's back
+    _, w, a = run_batch(spark, sqlite_store, cfg, "run-2", 300)
+    assert a.outcome == "committed", a.message
+    assert w.drift_rows == (1 if mode == "append" else 3)  # an overwrite also removed the 2 rows
+    assert same_everywhere(spark, cfg, 299) == _model(rows)
+    assert check.violations(sqlite_store, cfg, spark=spark) == []
