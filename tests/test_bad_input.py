@@ -44,6 +44,7 @@ from reconcile.errors import (
     StagedBatchInvalid,
 )
 from reconcile.kinds.decode import validate
+from reconcile.log import iso
 from reconcile.model import COMMITTED, MINTED, STAGED, SUPERSEDED
 from reconcile.sink import append, check, mint, write
 from reconcile.sink.sync import sync
@@ -416,7 +417,7 @@ def test_09_frontier_not_ahead_of_the_upper_mints_nothing(tmp_path, store):
         m = mint.run_mint(store, cfg, f"late-{frontier}", 1, frontier)
         assert m.description is None
         assert "nothing to do" in m.message and "already covered" in m.message
-        assert f"desired frontier {frontier} is not ahead of lower 300" in m.message
+        assert f"desired frontier {iso(frontier)} is not ahead of lower {iso(300)}" in m.message
         assert "\n" not in m.message and "sink=behind" in m.message
     assert store.get_shard(cfg.name).upper == 300
     assert [b.batch_id for b in store.batches(cfg.name)] == ledger == []
@@ -700,7 +701,7 @@ def test_16_lower_behind_the_upper_is_never_committed(spark, warehouse, tmp_path
         append.run_append(store, cfg, a.batch_id)
     assert isinstance(info.value, DescriptionOutdated)
     text = assert_one_line(info.value, "oldlower")
-    assert "upper to 300" in text and "nothing was written" in text and "run-a" in text
+    assert f"upper to {iso(300)}" in text and "nothing was written" in text and "run-a" in text
     assert_nothing_committed(spark, store, cfg, before, unstaged=a.batch_id)
     assert store.get_batch(a.batch_id).state == SUPERSEDED
 

@@ -161,7 +161,7 @@ def test_partial_unique_index_refuses_a_second_committed_batch_per_lower(store):
     second = CommitRecord(version=2, batch_id="100-second", lower=AS_OF, upper=200, run_id="r2")
     with pytest.raises(errors.InconsistentState) as info:
         store.absorb_commit("uq", second)
-    assert "lower 100" in str(info.value) and "Remedy:" in str(info.value)
+    assert "lower 1970-01-01T00:00:00.100Z (100)" in str(info.value) and "Remedy:" in str(info.value)
     # the refused absorb rolled back completely
     shard = store.get_shard("uq")
     assert (shard.upper, shard.delta_version) == (200, 1)

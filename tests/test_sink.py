@@ -19,6 +19,7 @@ from delta.tables import DeltaTable
 from helpers import leftover_staged, make_sink, model_query, normalize_errors, run_batch, write_json_rows
 from reconcile import failpoints
 from reconcile.errors import DescriptionOutdated, FailPointHit, InconsistentState, LostRace
+from reconcile.log import iso
 from reconcile.model import COMMITTED, MINTED, STAGED, SUPERSEDED
 from reconcile.sink import append, check, mint, write
 from reconcile.storage import delta as storage
@@ -309,7 +310,7 @@ def test_new_shard_starts_at_as_of_and_reruns_are_no_ops(spark, warehouse, tmp_p
     for frontier in (500, 1000):  # not ahead of as_of: nothing to mint, and the message says why
         m = mint.run_mint(store, cfg, f"early-{frontier}", 1, frontier)
         assert m.description is None
-        assert f"desired frontier {frontier} is not ahead of lower 1000" in m.message
+        assert f"desired frontier {iso(frontier)} is not ahead of lower {iso(1000)}" in m.message
         assert "already covered" in m.message
     assert store.get_shard(cfg.name).upper == 0
     assert store.batches(cfg.name) == []
@@ -424,7 +425,7 @@ def test_outdated_batch_is_cleaned_up(spark, warehouse, tmp_path, sqlite_store, 
     else:
         with pytest.raises(LostRace) as info:
             append.run_append(store, cfg, older.batch_id)
-        assert f"upper to {newer_upper}" in str(info.value) and "nothing was written" in str(info.value)
+        assert f"upper to {iso(newer_upper)}" in str(info.value) and "nothing was written" in str(info.value)
         assert "Remedy:" in str(info.value)
 
     assert store.get_batch(older.batch_id).state == SUPERSEDED
@@ -453,9 +454,28 @@ def test_superseded_batch_message_names_its_successor(
     else:
         with pytest.raises(DescriptionOutdated) as info:
             append.run_append(store, cfg, older.batch_id)
-        assert "superseded" in str(info.value) and newer.batch_id in str(info.value), str(info.value)
+        text = str(info.value)
+        assert "superseded" in text and newer.batch_id in text, text
+        # true in the narrower-winner case: the winner covers only part; the rest comes next
+        assert f"covers only [{iso(cfg.as_of)}, {iso(newer_upper)})" in text, text
+        assert f"the next scheduled run appends [{iso(newer_upper)}, {iso(older_upper)})" in text, text
+        assert "the superseding run appends this interval" not in text
     assert not (warehouse / "_staging" / cfg.name / older.batch_id).exists()
     assert store.get_shard(cfg.name).upper <= cfg.as_of  # nothing was committed
+
+
+def test_a_narrower_winner_of_an_unscheduled_sink_asks_for_the_run_to_be_cleared(
+    spark, warehouse, tmp_path, sqlite_store
+):
+    store = sqlite_store
+    cfg = make_sink(tmp_path, "manual_only", schedule="none")
+    write_json_rows(tmp_path / "src", [{"k": 1, "v": "a"}])
+    older = mint.run_mint(store, cfg, "run-old", 1, 300).description
+    assert write.run_write(spark, store, cfg, older.batch_id).outcome == "staged"
+    mint.run_mint(store, cfg, "run-new", 1, 200)
+    with pytest.raises(DescriptionOutdated) as info:
+        append.run_append(store, cfg, older.batch_id)
+    assert f"clear this whole DAG run (run-old): its mint describes [{iso(200)}, {iso(300)}) anew" in str(info.value)
 
 
 # --- a crash between the Delta commit and the metadata update ---------------------------------

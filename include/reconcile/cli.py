@@ -5,7 +5,7 @@ Commands:
   schema                   print the JSON schema of a sink config file (for editors)
   db upgrade|downgrade|current
                            manage the metadata table's schema (Alembic)
-  status SINK              frontiers, read-only flag and the last batches of a shard
+  status SINK [--json]     frontiers, read-only flag and the last batches of a shard (with causes)
   show SINK [--as-of T] [--log] [--errors] [--limit N]
                            the shard as of T (default upper - 1), its update log, or its errors
   read-only SINK on|off    switch a shard's read-only mode
@@ -13,6 +13,7 @@ Commands:
                            compute and report the correction of the next batch; writes nothing
   run SINK [--frontier T] [--run-id ID]
                            one batch without Airflow (mint, write, append in this process)
+  approve SINK BATCH       let a batch the correction guard stopped be appended
   check SINK               sync the metadata, then list invariant violations (ledger vs Delta log)
   compact SINK [--since T] [--no-vacuum]
                            advance since, consolidate the history before it, vacuum old files
@@ -27,6 +28,7 @@ from datetime import UTC, datetime
 
 from reconcile import settings
 from reconcile.errors import SinkError
+from reconcile.log import iso
 
 
 def _store():
@@ -36,9 +38,7 @@ def _store():
 
 
 def _ts(ms: int | None) -> str:
-    if ms is None:
-        return "-"
-    return f"{ms} ({datetime.fromtimestamp(ms / 1000, UTC):%Y-%m-%d %H:%M:%S}Z)"
+    return iso(ms)
 
 
 def cmd_validate(args) -> int:
@@ -73,34 +73,82 @@ def cmd_db(args) -> int:
     return 0
 
 
-def print_status(store, name: str, limit: int = 10) -> None:
+def status_data(store, name: str, limit: int = 10) -> dict:
+    """A shard's frontiers and its last ``limit`` batches (oldest first), as ``status --json``
+    prints them: each time as ``{"ms": epoch ms, "iso": ISO UTC}``."""
     shard = store.get_shard(name)
+
+    def when(ms: int | None) -> dict:
+        return {"ms": ms, "iso": iso(ms).split(" ")[0] if ms is not None else None}
+
+    return {
+        "sink": name,
+        "upper": when(shard.upper),
+        "since": when(shard.since),
+        "as_of": when(shard.as_of),
+        "read_only": shard.read_only,
+        "delta_version": shard.delta_version,
+        "batches": [
+            {
+                "batch_id": b.batch_id,
+                "lower": when(b.lower),
+                "upper": when(b.upper),
+                "state": b.state,
+                "delta_version": b.delta_version,
+                "rows_ok": b.rows_ok,
+                "rows_err": b.rows_err,
+                "rows_net": b.rows_net,
+                "drift_rows": b.drift_rows,
+                "late_commands": b.late_commands,
+                "source_offset": b.source_offset,
+                "failure_kind": b.failure_kind,
+                "message": b.message,
+                "approved": b.approved,
+                "run_id": b.run_id,
+                "updated_at": b.updated_at.isoformat() if b.updated_at else None,
+            }
+            for b in store.batches(name)[-limit:]
+        ],
+    }
+
+
+def print_status(store, name: str, limit: int = 10) -> None:
+    data = status_data(store, name, limit)
     print(
-        f"shard {name}: upper={_ts(shard.upper)} since={_ts(shard.since)} as_of={_ts(shard.as_of)} "
-        f"read_only={shard.read_only} delta_version={shard.delta_version}"
+        f"shard {name}: upper={_ts(data['upper']['ms'])} since={_ts(data['since']['ms'])} "
+        f"as_of={_ts(data['as_of']['ms'])} read_only={data['read_only']} delta_version={data['delta_version']}"
     )
-    batches = store.batches(name)[-limit:]
-    feed = any(b.source_offset is not None or b.late_commands is not None for b in batches)
+    batches = data["batches"]
+    feed = any(b["source_offset"] is not None or b["late_commands"] is not None for b in batches)
 
     def cell(v, width: int) -> str:
         return f"{'-' if v is None else v!s:>{width}}"
 
     if batches:
         print(
-            f"  {'lower':>15} {'upper':>15} {'state':<10} {'version':>7} {'ok':>6} {'err':>5} {'drift':>6}"
-            + (f" {'late':>5} {'offset':>10}" if feed else "")
-            + "  run"
+            f"  {'lower (UTC, ms)':<40} {'upper (UTC, ms)':<40} {'state':<10} {'version':>7} {'ok':>6} {'err':>5} "
+            f"{'drift':>6}" + (f" {'late':>5} {'offset':>10}" if feed else "") + "  run / cause"
         )
     for b in batches:
         print(
-            f"  {b.lower:>15} {b.upper:>15} {b.state:<10} {cell(b.delta_version, 7)} {cell(b.rows_ok, 6)} "
-            f"{cell(b.rows_err, 5)} {cell(b.drift_rows, 6)}"
-            + (f" {cell(b.late_commands, 5)} {cell(b.source_offset, 10)}" if feed else "")
-            + f"  {b.run_id}"
+            f"  {_ts(b['lower']['ms']):<40} {_ts(b['upper']['ms']):<40} {b['state']:<10} {cell(b['delta_version'], 7)} "
+            f"{cell(b['rows_ok'], 6)} {cell(b['rows_err'], 5)} {cell(b['drift_rows'], 6)}"
+            + (f" {cell(b['late_commands'], 5)} {cell(b['source_offset'], 10)}" if feed else "")
+            + f"  {b['run_id']}"
         )
+        if b["message"]:
+            kind = f"{b['failure_kind']}: " if b["failure_kind"] else ""
+            print(f"      {kind}{b['message']}")
+        if b["approved"]:
+            print(f"      approved past the correction guard by {b['approved']}")
 
 
 def cmd_status(args) -> int:
+    if args.json:
+        import json
+
+        print(json.dumps(status_data(_store(), args.sink, args.limit), indent=2))
+        return 0
     print_status(_store(), args.sink, args.limit)
     return 0
 
@@ -116,7 +164,9 @@ def show_shard(spark, store, cfg, as_of: int | None, *, log: bool, errors: bool,
     shard = store.get_shard(cfg.name)
     t = as_of if as_of is not None else shard.upper - 1
     if t < shard.since:
-        raise SinkError(f"as of {t} is before the shard's since {shard.since}: not readable exactly", sink=cfg.name)
+        raise SinkError(
+            f"as of {iso(t)} is before the shard's since {iso(shard.since)}: not readable exactly", sink=cfg.name
+        )
     ok, errs = frames.read_as_of(spark, cfg, t)
     if errors:
         print(f"errors of {cfg.name} as of {_ts(t)}:")
@@ -152,6 +202,7 @@ def cmd_dry_run(args) -> int:
     from pyspark.sql import functions as F
 
     from reconcile.config import load_sink
+    from reconcile.sink.mint import next_scheduled_frontier
     from reconcile.sink.write import batch_correction
     from reconcile.spark import get_session
     from reconcile.storage import delta as storage
@@ -162,15 +213,25 @@ def cmd_dry_run(args) -> int:
     store.ensure_shard(cfg.name, cfg.as_of)
     shard = store.get_shard(cfg.name)
     lower = max(shard.upper, shard.as_of)
-    upper = args.frontier or int(datetime.now(UTC).timestamp() * 1000)
+    now = int(datetime.now(UTC).timestamp() * 1000)
+    scheduled = next_scheduled_frontier(cfg.schedule, cfg.catchup, lower, now)
+    upper = args.frontier or scheduled or now
+    if args.frontier:
+        which = "the given frontier"
+    elif scheduled:
+        which = f"the next scheduled run's ({cfg.schedule}{', catchup' if cfg.catchup else ''})"
+    else:
+        which = "now (the sink has no recurring schedule)"
     if upper <= lower:
-        print(f"dry run: frontier {upper} is not ahead of lower {lower}: a run would mint nothing")
+        print(f"dry run: {which} upper {iso(upper)} is not ahead of lower {iso(lower)}: a run would mint nothing")
         return 0
     spark = get_session("reconcile-dry-run")
     persist = frames.read_updates(spark, cfg) if storage.exists(cfg) else spark.createDataFrame([], frames.schema(cfg))
     result = batch_correction(spark, store, cfg, persist, lower, upper)
     corr = result.updates.cache()
-    print(f"dry run of {cfg.name}: batch [{lower}, {upper}) would write (nothing was written):")
+    print(
+        f"dry run of {cfg.name}: batch [{iso(lower)}, {iso(upper)}) (upper: {which}) would write; nothing was written:"
+    )
     if result.commands is not None:
         print(
             f"upsert feed: {result.commands} command(s) eligible, {result.late_commands} late, "
@@ -205,6 +266,7 @@ def cmd_run(args) -> int:
             cfg,
             run_id,
             frontier,
+            approve=f"{run_id} (reconcile run --approve)" if args.approve else None,
             on_written=lambda w: print(f"write: {w.message}", flush=True),
         )
     except DescriptionOutdated as exc:
@@ -222,10 +284,26 @@ def cmd_append(args) -> int:
     from reconcile.errors import Retryable
 
     try:
-        print(f"append: {commit_for_run(args.sink, args.run_id, args.batch_id)}")
+        approve = f"{args.run_id} (reconcile append --approve)" if args.approve else None
+        print(f"append: {commit_for_run(args.sink, args.run_id, args.batch_id, approve)}")
     except Retryable as exc:
         print(f"error (retryable): {exc}", file=sys.stderr)
         return 75
+    return 0
+
+
+def cmd_approve(args) -> int:
+    """Let a batch that the correction guard stopped be appended (by its append task's rerun)."""
+    import getpass
+
+    from reconcile.config import load_sink
+
+    cfg = load_sink(args.sink)
+    b = _store().approve(cfg.name, args.batch, args.by or f"{getpass.getuser()} (reconcile approve)")
+    print(
+        f"approved batch {b.batch_id} [{_ts(b.lower)}, {_ts(b.upper)}) of run {b.run_id} past the correction guard; "
+        f"append it: clear the run's 'append' task, or `python -m reconcile append {cfg.name} --run-id '{b.run_id}'`"
+    )
     return 0
 
 
@@ -301,6 +379,7 @@ def main(argv: list[str] | None = None) -> int:
     s = sub.add_parser("status")
     s.add_argument("sink")
     s.add_argument("--limit", type=int, default=10)
+    s.add_argument("--json", action="store_true", help="machine-readable: times as ms and ISO UTC")
     s.set_defaults(fn=cmd_status)
     sh = sub.add_parser("show")
     sh.add_argument("sink")
@@ -322,12 +401,19 @@ def main(argv: list[str] | None = None) -> int:
     rn.add_argument("sink")
     rn.add_argument("--frontier", type=int, default=None, help="desired frontier (ms); default now")
     rn.add_argument("--run-id", default=None)
+    rn.add_argument("--approve", action="store_true", help="let the batch past the sink's correction guard")
     rn.set_defaults(fn=cmd_run)
     ap = sub.add_parser("append", help="commit a run's staged batch (the DAG's append task)")
     ap.add_argument("sink")
     ap.add_argument("--run-id", required=True, help="the Airflow run id that minted the batch")
     ap.add_argument("--batch-id", default=None, help="the batch its mint minted (default: the run's newest)")
+    ap.add_argument("--approve", action="store_true", help="let the batch past the sink's correction guard")
     ap.set_defaults(fn=cmd_append)
+    av = sub.add_parser("approve", help="let a batch the correction guard stopped be appended")
+    av.add_argument("sink")
+    av.add_argument("batch", help="the batch id (the guard's message and `status` name it)")
+    av.add_argument("--by", default=None, help="who approves (default: the OS user)")
+    av.set_defaults(fn=cmd_approve)
     ck = sub.add_parser("check")
     ck.add_argument("sink")
     ck.add_argument(

@@ -177,6 +177,17 @@ class Compaction(_Section):
     every_batches: NonNegative = Field(default=20, description="0: compact only by hand")
 
 
+class CorrectionGuard(_Section):
+    max_share: Annotated[StrictFloat | StrictInt, Field(gt=0)] | None = Field(
+        default=None,
+        description="stop a batch before its append when it would insert or retract more than this share of "
+        "the shard's rows (0.2 = 20%); approve it with `python -m reconcile approve SINK BATCH`",
+    )
+    min_rows: NonNegative = Field(
+        default=100, description="the guard applies once the shard holds at least this many rows"
+    )
+
+
 class QuerySpec(_Section):
     sources: dict[Identifier, SourceSpec] = {}
     sql: StrictStr
@@ -230,6 +241,7 @@ class SinkConfig(BaseModel):
     read_only: StrictBool = False
     retention: Retention = Retention()
     compaction: Compaction = Compaction()
+    correction_guard: CorrectionGuard = CorrectionGuard()
     _path: str = PrivateAttr("")
 
     @model_validator(mode="before")

@@ -117,3 +117,7 @@ class InconsistentState(SinkError):
 
 class FailPointHit(Retryable):
     """Raised by an armed fail point (tests only)."""
+
+
+class CorrectionBlocked(SinkError):
+    """A batch would change more of the shard than the sink's correction guard allows."""

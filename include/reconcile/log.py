@@ -8,11 +8,32 @@ where the shard stands; the same fields go to ``extra`` for structured handlers.
 from __future__ import annotations
 
 import logging
+from datetime import UTC, datetime
 from typing import Any
+
+# Fields that hold times (epoch ms): printed as ISO UTC with the ms value beside it.
+TIME_FIELDS = frozenset({"lower", "upper", "since", "as_of", "shard_upper", "old_upper", "frontier", "new_since"})
+
+
+def iso(ms: int | None) -> str:
+    """``2026-11-24T09:00:00.000Z (1795510800000)``: a time (epoch ms) as every output shows it."""
+    if ms is None:
+        return "-"
+    try:
+        text = datetime.fromtimestamp(ms / 1000, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    except (OverflowError, OSError, ValueError):
+        return str(ms)
+    return f"{text} ({ms})"
+
+
+def _field(key: str, value: Any) -> str:
+    if key in TIME_FIELDS and isinstance(value, int) and not isinstance(value, bool):
+        return f"{key}={iso(value)}"
+    return f"{key}={value}"
 
 
 def fmt(message: str, **state: Any) -> str:
-    fields = " ".join(f"{k}={v}" for k, v in state.items() if v is not None)
+    fields = " ".join(_field(k, v) for k, v in state.items() if v is not None)
     return f"{message} | {fields}" if fields else message
 
 

@@ -110,6 +110,7 @@ class Staged:
     drift_rows: int | None
     source_offset: int | None = None
     late_commands: int | None = None
+    rows_net: int | None = None  # sum of the correction's diffs: how the shard's size changes
 
     def summary(self) -> dict:
         """The fields a log line shows."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import sys
+from pathlib import Path
 
 from reconcile import settings
 
@@ -43,6 +44,9 @@ LOCAL_SQL_CONF = {
 }
 
 
+LOG4J2_PROPERTIES = Path(__file__).with_name("spark-log4j2.properties")
+
+
 def submit_conf() -> dict[str, str]:
     """Spark conf for spark-submit of the jobs/ scripts (the DAG's operators): what the sink
     needs, Delta's jars and the driver's interpreter; nothing tuned for one machine."""
@@ -54,6 +58,11 @@ def submit_conf() -> dict[str, str]:
         conf["spark.jars.packages"] = settings.DELTA_PACKAGES
     # The driver runs the reconcile package: use the interpreter that has it installed.
     conf["spark.pyspark.driver.python"] = sys.executable
+    # Spark's INFO chatter stays out of the task log (RECONCILE_SPARK_LOG_LEVEL=info keeps it).
+    level = os.environ.get("RECONCILE_SPARK_LOG_LEVEL", "warn").lower()
+    conf["spark.driver.extraJavaOptions"] = (
+        f"-Dlog4j2.configurationFile=file:{LOG4J2_PROPERTIES} -Dreconcile.spark.level={level}"
+    )
     return conf
 
 

@@ -86,31 +86,59 @@ class ReconcileSparkSubmitOperator(SparkSubmitOperator):
         self.stage = stage
 
     def execute(self, context):
-        from reconcile.airflow.tasks import failure_verdict, nothing_left
+        from reconcile.airflow.tasks import batch_line, failure_verdict, nothing_left, out_of_retries
 
+        run_id = context["run_id"]
         batch_id = (context["ti"].xcom_pull(task_ids="mint") or {}).get("batch_id")
+        if self.stage == "write":
+            why = nothing_left(self.sink, run_id, batch_id)
+            if why is not None:  # superseded before it was written: no Spark job at all
+                self.log.warning("write: nothing to do: %s", why)
+                raise AirflowSkipException(f"write: nothing to do: {why}")
+            self.log.info("write: %s", batch_line(self.sink, run_id, batch_id)[1])
         remote = spark_connect_url(self._conn_id)
         result: str | None
         try:
             if remote:
-                result = run_on_connect(self.stage, self.sink, context["run_id"], batch_id, remote)
-                self.log.info("%s on Spark Connect %s: %s", self.stage, remote, result)
+                result = run_on_connect(self.stage, self.sink, run_id, batch_id, remote)
             else:
                 result = super().execute(context)
-        except AirflowFailException:
+        except AirflowFailException as exc:
+            self.log.error("%s", exc)
             raise
         except AirflowException as exc:
-            final, message = failure_verdict(self.sink, context["run_id"], batch_id)
+            final, message = failure_verdict(self.sink, run_id, batch_id)
             if final:
-                raise AirflowFailException(f"{self.stage} failed (not retried): {message}") from exc
-            if message:
-                raise AirflowException(f"{self.stage} failed: {message}") from exc
-            raise
-        if self.stage != "compact":
-            why = nothing_left(self.sink, context["run_id"], batch_id)
-            if why is not None:  # outdated or covered: the rest of the run has nothing to do
-                raise AirflowSkipException(f"{self.stage}: nothing to do: {why}")
+                self.log.error("%s failed (not retried): %s", self.stage, message)
+                raise AirflowFailException(f"{self.stage} failed (not retried): {message}") from None
+            cause = f"{self.stage} failed: {message or exc}"
+            if _last_try(context):
+                cause = out_of_retries(self.sink, run_id, self.stage, cause, _day(context))
+            self.log.error("%s", cause)
+            raise AirflowException(cause) from None
+        if self.stage == "compact":
+            self.log.info("compact: %s", result or "done")
+            return result
+        why = nothing_left(self.sink, run_id, batch_id)
+        if why is not None:  # outdated or covered: the rest of the run has nothing to do
+            self.log.warning("%s: nothing to do: %s", self.stage, why)
+            raise AirflowSkipException(f"{self.stage}: nothing to do: {why}")
+        level, line = batch_line(self.sink, run_id, batch_id)
+        self.log.log(level, "%s: %s", self.stage, line)
         return result
+
+
+def _last_try(context) -> bool:
+    """Will Airflow not retry this task if it fails now?"""
+    ti = context["ti"]
+    return ti.try_number > (ti.max_tries or 0)
+
+
+def _day(context) -> str:
+    """The run's logical date as ``airflow tasks clear -s/-e`` select it."""
+    run = context["dag_run"]
+    when = run.logical_date or run.data_interval_end or run.run_after
+    return when.isoformat() if when else "<logical date>"
 
 
 def _doc(cfg: SinkConfig) -> str:
@@ -137,7 +165,14 @@ def build_dag(cfg: SinkConfig) -> DAG:
             "retries": cfg.retries,
             "retry_delay": timedelta(seconds=int(os.environ.get("RECONCILE_RETRY_DELAY_SECONDS", "30"))),
         },
-        params={"read_only": Param(False, type="boolean", description="mint nothing: a read-only run")},
+        params={
+            "read_only": Param(False, type="boolean", description="mint nothing: a read-only run"),
+            "approve_correction": Param(
+                False,
+                type="boolean",
+                description="let this run's batch past the sink's correction guard (correction_guard.max_share)",
+            ),
+        },
     ) as dag:
 
         @task.short_circuit(task_id="mint")
@@ -162,20 +197,40 @@ def build_dag(cfg: SinkConfig) -> DAG:
         write = ReconcileSparkSubmitOperator(task_id="write", sink=cfg.name, stage="write")
 
         @task(task_id="append")
-        def append(sink: str = cfg.name, **context) -> str:
-            from reconcile.airflow.tasks import commit_for_run, nothing_left
-            from reconcile.errors import Retryable, SinkError
+        def append(sink: str = cfg.name, scheduled: bool = cfg.schedule is not None, **context) -> str:
+            from reconcile.airflow.tasks import batch_line, commit_for_run, nothing_left, out_of_retries
+            from reconcile.errors import DescriptionOutdated, Retryable, SinkError
 
+            log = logging.getLogger("reconcile.tasks")
+            run_id = context["run_id"]
             batch_id = (context["ti"].xcom_pull(task_ids="mint") or {}).get("batch_id")
+            approve = (
+                f"run {run_id} (param approve_correction)" if context["params"].get("approve_correction") else None
+            )
+            log.info("append: %s", batch_line(sink, run_id, batch_id)[1])
             try:
-                message = commit_for_run(sink, context["run_id"], batch_id)
+                message = commit_for_run(sink, run_id, batch_id, approve)
+            except DescriptionOutdated as exc:  # another batch won; the remedy says who appends the rest
+                if scheduled:
+                    log.warning("append: nothing left for this run: %s", exc)
+                    raise AirflowSkipException(f"append: nothing left for this run: {exc}") from None
+                log.error("append: %s", exc)
+                raise AirflowFailException(f"append: {exc}") from None
             except Retryable as exc:
-                raise AirflowException(f"append failed: {exc}") from None
+                cause = f"append failed: {exc}"
+                if _last_try(context):
+                    cause = out_of_retries(sink, run_id, "append", cause, _day(context))
+                log.error("%s", cause)
+                raise AirflowException(cause) from None
             except SinkError as exc:
+                log.error("append failed (not retried): %s", exc)
                 raise AirflowFailException(f"append failed (not retried): {exc}") from None
-            why = nothing_left(sink, context["run_id"], batch_id)
+            why = nothing_left(sink, run_id, batch_id)
             if why is not None:  # outdated or covered: the rest of the run has nothing to do
+                log.warning("append: nothing to do: %s", why)
                 raise AirflowSkipException(f"append: nothing to do: {why}")
+            level, line = batch_line(sink, run_id, batch_id)
+            log.log(level, "append: %s", line)
             return message
 
         @task.short_circuit(task_id="compaction_due")

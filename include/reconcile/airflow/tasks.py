@@ -18,6 +18,7 @@ from datetime import datetime
 from reconcile import settings
 from reconcile.config import SinkConfig, load_sink
 from reconcile.errors import Retryable, SinkError
+from reconcile.log import iso
 from reconcile.model import FINAL, RETRYABLE, SUPERSEDED
 from reconcile.sink.mint import MintResult, desired_frontier, run_mint
 from reconcile.storage.ledger import MetadataStore
@@ -60,7 +61,9 @@ def run_batch_of(store: MetadataStore, sink: str, run_id: str, batch_id: str | N
     return store.get_batch(batch_id, sink) if batch_id else store.run_batch(sink, run_id)
 
 
-def _run_stage(stage: str, sink: str, run_id: str, batch_id: str | None = None, spark=None) -> str:
+def _run_stage(
+    stage: str, sink: str, run_id: str, batch_id: str | None = None, spark=None, approve: str | None = None
+) -> str:
     """Run ``stage`` on the batch the run's mint minted (``batch_id``, handed forward by the DAG;
     without it, the run's newest batch). Only ``write`` starts Spark."""
     from reconcile.sink import append
@@ -77,7 +80,7 @@ def _run_stage(stage: str, sink: str, run_id: str, batch_id: str | None = None, 
 
                 spark = spark or get_session(f"reconcile-{sink}-{stage}")
                 return write.run_write(spark, store, cfg, batch.batch_id).message
-            return append.run_append(store, cfg, batch.batch_id).message
+            return append.run_append(store, cfg, batch.batch_id, approve=approve).message
         except SinkError as exc:
             if batch is not None:
                 note_failure(store, batch.batch_id, exc)
@@ -88,8 +91,8 @@ def stage_for_run(sink: str, run_id: str, batch_id: str | None = None, spark=Non
     return _run_stage("write", sink, run_id, batch_id, spark)
 
 
-def commit_for_run(sink: str, run_id: str, batch_id: str | None = None) -> str:
-    return _run_stage("append", sink, run_id, batch_id)
+def commit_for_run(sink: str, run_id: str, batch_id: str | None = None, approve: str | None = None) -> str:
+    return _run_stage("append", sink, run_id, batch_id, approve=approve)
 
 
 def nothing_left(sink: str, run_id: str, batch_id: str | None) -> str | None:
@@ -99,7 +102,38 @@ def nothing_left(sink: str, run_id: str, batch_id: str | None) -> str | None:
         batch = run_batch_of(store, cfg.name, run_id, batch_id)
         if batch is None or batch.state != SUPERSEDED:
             return None
-        return f"batch {batch.batch_id} [{batch.lower}, {batch.upper}) is {batch.state}: {batch.message}"
+        return f"batch {batch.batch_id} [{iso(batch.lower)}, {iso(batch.upper)}) is {batch.state}: {batch.message}"
+
+
+def batch_line(sink: str, run_id: str, batch_id: str | None) -> tuple[int, str]:
+    """(log level, one line): where the run's batch stands, for a task's first and last line.
+    WARNING when someone may want to look (drift repaired, error rows, a failure recorded)."""
+    with sink_and_store(sink) as (cfg, store):
+        b = run_batch_of(store, cfg.name, run_id, batch_id)
+        if b is None:
+            return logging.INFO, f"sink {sink}: run {run_id} minted no batch"
+        counts = "".join(
+            f" {name}={value}"
+            for name, value in (("rows_ok", b.rows_ok), ("rows_err", b.rows_err), ("drift_rows", b.drift_rows))
+            if value is not None
+        )
+        version = f" delta_version={b.delta_version}" if b.delta_version is not None else ""
+        cause = f" cause: {b.message}" if b.message else ""
+        level = logging.WARNING if (b.message or b.rows_err or b.drift_rows) else logging.INFO
+        return level, (
+            f"sink {sink}: batch {b.batch_id} [{iso(b.lower)}, {iso(b.upper)}) is {b.state}{version}{counts}{cause}"
+        )
+
+
+def out_of_retries(sink: str, run_id: str, task: str, cause: str, day: str) -> str:
+    """What to do once Airflow will not retry a retryable failure any more (``day``: the run's
+    logical date, as ``tasks clear`` selects runs)."""
+    return (
+        f"{cause} -- retries are used up: once the cause is fixed, clear the task "
+        f"(`airflow tasks clear {sink} -t '^{task}$' -d -y -s {day} -e {day}`)"
+        + (f" or run `python -m reconcile append {sink} --run-id '{run_id}'`" if task == "append" else "")
+        + "; a later run also repairs the shard (its batch starts at the shard's upper)."
+    )
 
 
 def compaction_check(sink: str) -> tuple[bool, str]:

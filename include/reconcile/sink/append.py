@@ -54,8 +54,9 @@ from dataclasses import dataclass
 from reconcile.config import SinkConfig
 from reconcile.errors import DescriptionOutdated, InconsistentState, LostRace, Retryable, StagedBatchInvalid, brief
 from reconcile.failpoints import failpoint
-from reconcile.log import event
+from reconcile.log import event, iso
 from reconcile.model import COMMITTED, MINTED, SUPERSEDED, BatchDescription
+from reconcile.sink import guard
 from reconcile.sink.sync import gc_staged, sync
 from reconcile.sink.verify import log_differences, parse_manifest, staged_files
 from reconcile.storage import delta as storage
@@ -112,30 +113,54 @@ def _outdated(store: MetadataStore, cfg: SinkConfig, desc: BatchDescription, sha
         why = b.message or "superseded by a newer description"
         newer = store.superseder(b)
         if newer is not None and newer.upper >= desc.upper:
-            why = f"batch {newer.batch_id} of run {newer.run_id} superseded this one and covers [{desc.lower}, {desc.upper}) (up to {newer.upper})"
+            why = (
+                f"batch {newer.batch_id} of run {newer.run_id} superseded this one and covers "
+                f"[{iso(desc.lower)}, {iso(desc.upper)}) (up to {iso(newer.upper)})"
+            )
             return _nothing_to_append("superseded", why, shard, state)
+        if newer is not None:  # a narrower description won: it covers only part of this interval
+            why = (
+                f"superseded by batch {newer.batch_id} of run {newer.run_id}, which covers only "
+                f"[{iso(newer.lower)}, {iso(newer.upper)})"
+            )
+            rest_from = newer.upper
+        else:
+            rest_from = desc.lower
         event(log, f"not appending: {why}", level=logging.WARNING, shard_upper=shard.upper, **state)
         raise DescriptionOutdated(
-            f"batch {desc.batch_id} [{desc.lower}, {desc.upper}) was {why}; nothing was written",
+            f"batch {desc.batch_id} [{iso(desc.lower)}, {iso(desc.upper)}) was {why}; nothing was written",
             sink=cfg.name,
-            remedy="none needed: the superseding run appends this interval; check that run if it failed.",
+            remedy=_rest_remedy(cfg, desc, rest_from),
         )
     who = f"batch {winner.batch_id} of run {winner.run_id}" if winner else "another writer"
-    store.mark_superseded(desc.batch_id, f"outdated: {who} committed lower {desc.lower}; shard upper {shard.upper}")
+    store.mark_superseded(
+        desc.batch_id, f"outdated: {who} committed lower {iso(desc.lower)}; shard upper {iso(shard.upper)}"
+    )
     gc_staged(store, cfg)
     if shard.upper >= desc.upper:
         return _nothing_to_append(
-            "covered", f"{who} already covered [{desc.lower}, {desc.upper}); deleted its staged files", shard, state
+            "covered",
+            f"{who} already covered [{iso(desc.lower)}, {iso(desc.upper)}); deleted its staged files",
+            shard,
+            state,
         )
     event(log, f"append lost the race to {who}", level=logging.WARNING, shard_upper=shard.upper, **state)
     raise LostRace(
-        f"batch {desc.batch_id} [{desc.lower}, {desc.upper}) is outdated: {who} moved the shard's "
-        f"upper to {shard.upper}; its staged files were deleted, nothing was written",
+        f"batch {desc.batch_id} [{iso(desc.lower)}, {iso(desc.upper)}) is outdated: {who} moved the shard's "
+        f"upper to {iso(shard.upper)}; its staged files were deleted, nothing was written",
         sink=cfg.name,
-        remedy=(
-            f"none needed: the next scheduled run, or clearing this whole DAG run (run "
-            f"{desc.run_id}), appends the rest from {shard.upper} to {desc.upper}."
-        ),
+        remedy=_rest_remedy(cfg, desc, shard.upper),
+    )
+
+
+def _rest_remedy(cfg: SinkConfig, desc: BatchDescription, rest_from: int) -> str:
+    """Who appends what an outdated description still covers beyond what won."""
+    rest = f"[{iso(rest_from)}, {iso(desc.upper)})"
+    if cfg.schedule is None:  # no next run comes by itself
+        return f"clear this whole DAG run ({desc.run_id}): its mint describes {rest} anew."
+    return (
+        f"none needed: the next scheduled run appends {rest} (its mint starts at the shard's upper); "
+        f"clearing this whole DAG run ({desc.run_id}) appends it now."
     )
 
 
@@ -151,7 +176,8 @@ def _committed_meanwhile(store: MetadataStore, cfg: SinkConfig, b, state: dict, 
     return AppendResult("already_committed", msg, b.delta_version)
 
 
-def run_append(store: MetadataStore, cfg: SinkConfig, batch_id: str) -> AppendResult:
+def run_append(store: MetadataStore, cfg: SinkConfig, batch_id: str, *, approve: str | None = None) -> AppendResult:
+    """Commit the staged batch (``approve``: who lets it past the correction guard, if anyone)."""
     b = store.get_batch(batch_id, cfg.name)
     desc = BatchDescription.of(b)
     state = dict(sink=cfg.name, batch=batch_id, lower=desc.lower, upper=desc.upper, run=desc.run_id)
@@ -203,10 +229,15 @@ def run_append(store: MetadataStore, cfg: SinkConfig, batch_id: str) -> AppendRe
             sink=cfg.name,
             remedy="the task retries by itself and appends (or finds appended) what is staged now.",
         ) from None
+    if approve:
+        b = store.approve(cfg.name, batch_id, approve)
+    change = guard.check(cfg, batch_id, desc.lower, desc.upper, manifest, b.approved)
+    if change is not None and b.approved and change.share > (cfg.correction_guard.max_share or 1):
+        event(log, f"correction guard: {change.share:.1%} of the shard changes, approved by {b.approved}", **state)
     if shard.upper < desc.lower:
         if desc.lower != shard.as_of:
             raise InconsistentState(
-                f"shard upper {shard.upper} is behind lower {desc.lower}, which is not the sink's as_of {shard.as_of}",
+                f"shard upper {iso(shard.upper)} is behind lower {iso(desc.lower)}, which is not the sink's as_of {iso(shard.as_of)}",
                 sink=cfg.name,
             )
         before = store.advance_to_as_of(cfg.name, desc.lower)
@@ -272,7 +303,7 @@ def run_append(store: MetadataStore, cfg: SinkConfig, batch_id: str) -> AppendRe
     if shard.upper > desc.lower:
         return _outdated(store, cfg, desc, shard, state)
     raise InconsistentState(
-        f"Delta skipped the commit of batch {batch_id} (lower {desc.lower}): a Delta version under the "
+        f"Delta skipped the commit of batch {batch_id} (lower {iso(desc.lower)}): a Delta version under the "
         f"sink's commit guard ({storage.app_id(cfg)}) already recorded a transaction at or above it, but "
         "no batch for it is in the log",
         sink=cfg.name,

@@ -27,6 +27,7 @@ from __future__ import annotations
 import json
 
 from reconcile.config import SinkConfig
+from reconcile.log import iso
 from reconcile.model import COMMITTED
 from reconcile.sink.sync import stale_staged
 from reconcile.storage import delta as storage
@@ -46,9 +47,9 @@ def violations(store: MetadataStore, cfg: SinkConfig, *, synced: bool = True, sp
         out.append(f"a lower was committed twice in the Delta log: {sorted(lowers)}")
     for prev, cur in zip(commits, commits[1:]):
         if cur.lower != prev.upper:
-            out.append(f"batch {cur.batch_id} starts at {cur.lower}, the previous ended at {prev.upper}")
+            out.append(f"batch {cur.batch_id} starts at {iso(cur.lower)}, the previous ended at {iso(prev.upper)}")
     if commits and commits[0].lower < shard.as_of:
-        out.append(f"first batch lower {commits[0].lower} is before as_of {shard.as_of}")
+        out.append(f"first batch lower {commits[0].lower} is before as_of {iso(shard.as_of)}")
     if synced:
         ledger = sorted(
             ((b.batch_id, b.lower, b.upper, b.delta_version) for b in store.batches(cfg.name, (COMMITTED,))),
@@ -59,9 +60,9 @@ def violations(store: MetadataStore, cfg: SinkConfig, *, synced: bool = True, sp
             out.append(f"ledger committed batches {ledger} differ from the Delta log's {log}")
         expected_upper = commits[-1].upper if commits else None
         if expected_upper is not None and shard.upper != expected_upper:
-            out.append(f"shard upper {shard.upper} is not the last committed upper {expected_upper}")
+            out.append(f"shard upper {iso(shard.upper)} is not the last committed upper {iso(expected_upper)}")
         if expected_upper is None and shard.upper > shard.as_of:
-            out.append(f"shard upper {shard.upper} moved past as_of {shard.as_of} without a batch")
+            out.append(f"shard upper {iso(shard.upper)} moved past as_of {iso(shard.as_of)} without a batch")
     for version, meta, txn in entries:
         if txn is None:
             continue

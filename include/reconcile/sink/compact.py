@@ -43,7 +43,7 @@ from reconcile.config import SinkConfig
 from reconcile.differential import consolidate
 from reconcile.errors import SinkError
 from reconcile.failpoints import failpoint
-from reconcile.log import event
+from reconcile.log import event, iso
 from reconcile.model import COMMITTED
 from reconcile.sink.sync import sync
 from reconcile.storage import delta as storage
@@ -137,9 +137,9 @@ def run_compact(
     if target >= shard.upper:
         raise SinkError(
             f"cannot compact to since {target}: it would pass the shard's latest readable time "
-            f"{shard.upper - 1} (upper - 1)",
+            f"{iso(shard.upper - 1)} (upper - 1)",
             sink=cfg.name,
-            remedy=f"give a since below {shard.upper}.",
+            remedy=f"give a since below {iso(shard.upper)}.",
         )
     if target <= shard.since:
         if not _uncompacted(spark, cfg, shard.since):

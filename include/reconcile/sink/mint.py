@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 
 from reconcile.config import SinkConfig
 from reconcile.log import event
@@ -44,6 +44,33 @@ def desired_frontier(data_interval_end: datetime | None, start: datetime | None)
     if moment is None:
         raise ValueError("a run needs a data interval end or a start time to mint a batch")
     return to_millis(moment)
+
+
+CRON_OF_PRESET = {
+    "@hourly": "0 * * * *",
+    "@daily": "0 0 * * *",
+    "@weekly": "0 0 * * 0",
+    "@monthly": "0 0 1 * *",
+    "@yearly": "0 0 1 1 *",
+}
+
+
+def next_scheduled_frontier(schedule: str | None, catchup: bool, lower: int, now: int) -> int | None:
+    """The upper the sink's next scheduled run would mint (its data-interval end: Airflow 3
+    triggers a cron schedule at each tick, UTC), or None without a recurring schedule. With
+    catchup the next run is the first tick after ``lower``; without it, the latest tick that
+    has passed (if the shard is behind it), else the next tick to come."""
+    from croniter import croniter
+
+    cron = CRON_OF_PRESET.get(schedule or "", schedule)
+    if not cron or cron.startswith("@"):
+        return None
+    after = datetime.fromtimestamp(lower / 1000, UTC)
+    first = to_millis(croniter(cron, after).get_next(datetime))
+    if catchup or first > now:
+        return first
+    latest = to_millis(croniter(cron, datetime.fromtimestamp(now / 1000, UTC)).get_prev(datetime))
+    return latest if latest > lower else first
 
 
 def run_mint(

@@ -42,10 +42,12 @@ def run_batch(
     *,
     attempt: int = 1,
     read_only: bool = False,
+    approve: str | None = None,
     on_written: Callable[[WriteResult], None] | None = None,
 ) -> BatchRun:
     """Mint the run's batch (or re-use it), write it, append it. Errors propagate
-    (:mod:`reconcile.errors`); ``on_written`` sees each write's result before its append.
+    (:mod:`reconcile.errors`); ``on_written`` sees each write's result before its append;
+    ``approve`` (who) lets the batch past the sink's correction guard.
 
     A description that is outdated by the time it is written (the ledger was behind the Delta
     log when mint read it: another writer, or a crash after a Delta commit that the write's sync
@@ -70,7 +72,7 @@ def run_batch(
             on_written(run.write)
         if run.write.outcome != "outdated":
             t2 = time.perf_counter()
-            run.append = run_append(store, cfg, desc.batch_id)
+            run.append = run_append(store, cfg, desc.batch_id, approve=approve)
             run.seconds["append"] = time.perf_counter() - t2
             return run
     assert run is not None

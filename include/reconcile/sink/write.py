@@ -42,7 +42,7 @@ from reconcile.config import SinkConfig
 from reconcile.differential import consolidate, one_row
 from reconcile.errors import StagedBatchInvalid, brief
 from reconcile.failpoints import failpoint
-from reconcile.log import event
+from reconcile.log import event, iso
 from reconcile.model import COMMITTED, OPEN_STATES, STAGED, BatchDescription, Staged
 from reconcile.sink.sync import sync
 from reconcile.sink.verify import parse_manifest, staged_files
@@ -176,17 +176,17 @@ def run_write(spark: SparkSession, store: MetadataStore, cfg: SinkConfig, batch_
             )
             return WriteResult("skipped", msg, batch_id=batch_id)
         store.mark_superseded(
-            batch_id, f"outdated before write: another writer moved the shard's upper to {shard.upper}"
+            batch_id, f"outdated before write: another writer moved the shard's upper to {iso(shard.upper)}"
         )
         rest = (
             "the shard already covers this batch's interval"
             if desc.upper <= shard.upper
-            else f"[{shard.upper}, {desc.upper}) is appended by the next run, or by clearing this whole run "
-            f"(its mint starts from {shard.upper})"
+            else f"[{iso(shard.upper)}, {iso(desc.upper)}) is appended by the next run, or by clearing this whole run "
+            f"(its mint starts from {iso(shard.upper)})"
         )
         msg = event(
             log,
-            f"not writing: the batch is outdated, another writer moved the shard's upper to {shard.upper}; {rest}",
+            f"not writing: the batch is outdated, another writer moved the shard's upper to {iso(shard.upper)}; {rest}",
             shard_upper=shard.upper,
             **state,
         )
@@ -242,7 +242,7 @@ def run_write(spark: SparkSession, store: MetadataStore, cfg: SinkConfig, batch_
     for p in range(cfg.partitions):
         mine = sorted(k for k in files if storage.part_of(k) == p)
         parts[str(p)] = {
-            **stats.get(p, {"rows": 0, "err": 0, "weight": 0, "checksum": "0"}),
+            **stats.get(p, {"rows": 0, "err": 0, "weight": 0, "checksum": "0", "net": 0}),
             "files": {k: files[k] for k in mine},
             "digests": {k: digests[k] for k in mine},
         }
@@ -265,12 +265,22 @@ def run_write(spark: SparkSession, store: MetadataStore, cfg: SinkConfig, batch_
         if corr.late_commands:
             event(
                 log,
-                f"{corr.late_commands} late command(s) (time below lower {desc.lower}, arrived after "
+                f"{corr.late_commands} late command(s) (time below lower {iso(desc.lower)}, arrived after "
                 "their time's batch) are applied at lower",
                 level=logging.WARNING,
                 **state,
             )
-    staged = Staged(stage_id, manifest, rows_ok, rows_err, read_version, drift, corr.source_offset, corr.late_commands)
+    staged = Staged(
+        stage_id,
+        manifest,
+        rows_ok,
+        rows_err,
+        read_version,
+        drift,
+        corr.source_offset,
+        corr.late_commands,
+        rows_net=sum(s["net"] for s in stats.values()),
+    )
     won, now_b = store.mark_staged(batch_id, staged, replaces=replaces)
     if not won:
         storage.delete_path(path)  # never recorded: no append can commit it

@@ -37,6 +37,7 @@ from urllib.parse import unquote
 from reconcile import settings
 from reconcile.config import SinkConfig
 from reconcile.errors import Retryable, ShardSchemaChanged, SinkError, brief
+from reconcile.log import iso
 from reconcile.model import CommitRecord
 
 log = logging.getLogger("reconcile.shard")
@@ -491,7 +492,7 @@ def commit_files(cfg: SinkConfig, files: list[tuple[str, int, dict]], meta: dict
             ) from None
         return read + 1
     raise Retryable(
-        f"Delta commit of the batch with lower {lower} kept losing to concurrent commits",
+        f"Delta commit of the batch with lower {iso(lower)} kept losing to concurrent commits",
         sink=cfg.name,
         remedy="the task retries by itself; nothing was committed.",
     )

@@ -79,18 +79,14 @@ def write_staged(
     aggregates = []
     for p in range(cfg.partitions):
         mine = F.col("_part") == p
-        aggregates += [
-            agg.alias(f"{name}_{p}")
-            for name, agg in zip(("rows", "err", "weight", "checksum"), _stats_aggregates(cfg, mine), strict=True)
-        ]
+        aggregates += [agg.alias(f"{name}_{p}") for name, agg in zip(STATS, _stats_aggregates(cfg, mine), strict=True)]
     observed = corr.observe(observation, *aggregates)
     observed.withColumnRenamed("_part", PART_COLUMN).write.mode("error").partitionBy(PART_COLUMN).parquet(path)
     got = observation.get
     stats = {}
     for p in range(cfg.partitions):
         if got.get(f"rows_{p}"):
-            stats[p] = {k: got[f"{k}_{p}"] for k in ("rows", "err", "weight", "checksum")}
-            stats[p] = {**{k: int(stats[p][k]) for k in ("rows", "err", "weight")}, "checksum": stats[p]["checksum"]}
+            stats[p] = {k: (got[f"{k}_{p}"] if k == "checksum" else int(got[f"{k}_{p}"])) for k in STATS}
     return path, stats
 
 
@@ -104,9 +100,13 @@ def read_staged(spark: SparkSession, cfg: SinkConfig, path: str, files: list[str
     return found.withColumnRenamed(PART_COLUMN, "_part")
 
 
+# The statistics of a set of updates, per hash partition (manifests, commit checks).
+STATS = ("rows", "err", "weight", "checksum", "net")
+
+
 def _stats_aggregates(cfg: SinkConfig, where=None) -> list:
-    """rows, error rows, weight (sum of |diff|) and checksum (sum of a row hash: order-
-    independent) of the rows, or of those matching ``where``."""
+    """rows, error rows, weight (sum of |diff|), checksum (sum of a row hash: order-
+    independent) and net (sum of diff) of the rows, or of those matching ``where``."""
     h = F.xxhash64(*[F.col(f"`{c}`") for c in cfg.column_names], "_error", "_time", "_diff")
     keep = F.lit(True) if where is None else where
     return [
@@ -114,11 +114,12 @@ def _stats_aggregates(cfg: SinkConfig, where=None) -> list:
         F.sum(F.when(keep & F.col("_error").isNotNull(), 1).otherwise(0)).alias("err"),
         F.sum(F.when(keep, F.abs("_diff")).otherwise(0)).alias("weight"),
         F.sum(F.when(keep, h.cast("decimal(38,0)"))).cast("string").alias("checksum"),
+        F.sum(F.when(keep, F.col("_diff")).otherwise(0)).alias("net"),
     ]
 
 
 def _stats_of(r) -> dict:
-    return {"rows": int(r["rows"]), "err": int(r["err"]), "weight": int(r["weight"]), "checksum": r["checksum"]}
+    return {k: (r[k] if k == "checksum" else int(r[k])) for k in STATS}
 
 
 def committed_stats(spark: SparkSession, cfg: SinkConfig, versions: dict[int, int]) -> dict[int, dict[int, dict]]:

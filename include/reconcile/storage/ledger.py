@@ -30,8 +30,16 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.exc import IntegrityError, InterfaceError, OperationalError
 from sqlalchemy.orm import Session
 
-from reconcile.errors import BatchNotFound, InconsistentState, MetadataUnavailable, ShardNotFound, UpperMismatch
+from reconcile.errors import (
+    BatchNotFound,
+    InconsistentState,
+    MetadataUnavailable,
+    ShardNotFound,
+    SinkError,
+    UpperMismatch,
+)
 from reconcile.failpoints import failpoint
+from reconcile.log import iso
 from reconcile.model import COMMITTED, MINTED, OPEN_STATES, STAGED, SUPERSEDED, BatchDescription, CommitRecord, Staged
 from reconcile.storage.tables import Batch, Shard
 
@@ -226,7 +234,9 @@ class MetadataStore:
         with self.tx() as s:
             shard = self._locked(s, name)
             if since >= shard.upper:
-                raise ValueError(f"since {since} would pass the shard's latest readable time {shard.upper - 1}")
+                raise ValueError(
+                    f"since {iso(since)} would pass the shard's latest readable time {iso(shard.upper - 1)}"
+                )
             if since > shard.since:
                 shard.since = since
                 shard.updated_at = now()
@@ -251,13 +261,13 @@ class MetadataStore:
             lower = max(shard.upper, shard.as_of)
             if read_only or shard.read_only:
                 return None, (
-                    f"read-only: minted nothing (shard upper={shard.upper}, desired "
-                    f"frontier={desired_frontier}); turn read-only off to resume writing"
+                    f"read-only: minted nothing (shard upper={iso(shard.upper)}, desired "
+                    f"frontier={iso(desired_frontier)}); turn read-only off to resume writing"
                 )
             if desired_frontier <= lower:
                 return None, (
-                    f"nothing to do: desired frontier {desired_frontier} is not ahead of lower "
-                    f"{lower} (shard upper={shard.upper}); this interval is already covered"
+                    f"nothing to do: desired frontier {iso(desired_frontier)} is not ahead of lower "
+                    f"{iso(lower)} (shard upper={iso(shard.upper)}); this interval is already covered"
                 )
             mine = s.scalars(
                 select(Batch).where(
@@ -269,7 +279,7 @@ class MetadataStore:
             ).first()
             if mine is not None and mine.upper == desired_frontier:
                 return BatchDescription.of(mine), (
-                    f"re-using this run's batch {mine.batch_id} [{mine.lower}, {mine.upper}): "
+                    f"re-using this run's batch {mine.batch_id} [{iso(mine.lower)}, {iso(mine.upper)}): "
                     "the shard's upper has not moved"
                 )
             batch_id = f"{lower}-{uuid.uuid4().hex[:16]}"
@@ -296,7 +306,7 @@ class MetadataStore:
             shard.last_minted_lower = lower
             shard.updated_at = t
             desc = BatchDescription.of(batch)
-            return desc, f"minted batch {batch_id} [{lower}, {desired_frontier})" + (
+            return desc, f"minted batch {batch_id} [{iso(lower)}, {iso(desired_frontier)})" + (
                 f", superseding {len(older)} older description(s)" if older else ""
             )
 
@@ -364,6 +374,7 @@ class MetadataStore:
             b.rows_ok, b.rows_err = staged.rows_ok, staged.rows_err
             b.read_version, b.drift_rows = staged.read_version, staged.drift_rows
             b.source_offset, b.late_commands = staged.source_offset, staged.late_commands
+            b.rows_net = staged.rows_net
             b.message = b.failure_kind = None
             b.updated_at = now()
             return True, b
@@ -376,6 +387,25 @@ class MetadataStore:
                 .where(Batch.batch_id == batch_id)
                 .values(message=message[:4000], failure_kind=kind, updated_at=now())
             )
+
+    def approve(self, name: str, batch_id: str, by: str) -> Batch:
+        """Let an open batch past the sink's correction guard (``by``: who, and how)."""
+        with self.tx() as s:
+            b = s.get(Batch, batch_id)
+            if b is None or b.shard != name:
+                raise BatchNotFound(f"no batch {batch_id!r} of sink {name!r} in the ledger", sink=name)
+            self._locked(s, name)
+            s.refresh(b)
+            if b.state not in OPEN_STATES:
+                raise SinkError(
+                    f"batch {batch_id} is {b.state}: only a minted or staged batch can be approved",
+                    sink=name,
+                    remedy="approve the batch of the run that is waiting (`python -m reconcile status "
+                    f"{name}` shows it).",
+                )
+            b.approved = f"{by} at {now().isoformat(timespec='seconds')}"
+            b.updated_at = now()
+            return b
 
     def mark_superseded(self, batch_id: str, message: str) -> None:
         with self.tx() as s:
@@ -403,7 +433,7 @@ class MetadataStore:
             elif rec.upper > shard.upper:
                 raise InconsistentState(
                     f"Delta version {rec.version} holds batch {rec.batch_id} "
-                    f"[{rec.lower}, {rec.upper}) but the shard's upper is {shard.upper}",
+                    f"[{iso(rec.lower)}, {iso(rec.upper)}) but the shard's upper is {iso(shard.upper)}",
                     sink=name,
                 )
             shard.delta_version = rec.version
@@ -436,7 +466,7 @@ class MetadataStore:
                 s.flush()
             except IntegrityError as exc:
                 raise InconsistentState(
-                    f"a second batch for lower {rec.lower} would be committed ({rec.batch_id})",
+                    f"a second batch for lower {iso(rec.lower)} would be committed ({rec.batch_id})",
                     sink=name,
                 ) from exc
             for other in s.scalars(
@@ -448,7 +478,7 @@ class MetadataStore:
                 )
             ):
                 other.state = SUPERSEDED
-                other.message = f"outdated: batch {rec.batch_id} committed [{rec.lower}, {rec.upper})"
+                other.message = f"outdated: batch {rec.batch_id} committed [{iso(rec.lower)}, {iso(rec.upper)})"
                 other.updated_at = t
             s.flush()
             failpoint("metadata.inside_absorb")

@@ -67,6 +67,8 @@ class Batch(Base):
     stage_id: Mapped[str | None] = mapped_column(String(40), nullable=True)
     message: Mapped[str | None] = mapped_column(Text, nullable=True)
     failure_kind: Mapped[str | None] = mapped_column(String(16), nullable=True)  # model.FailureKind
+    rows_net: Mapped[int | None] = mapped_column(BigInteger, nullable=True)  # sum of the correction's diffs
+    approved: Mapped[str | None] = mapped_column(Text, nullable=True)  # who let it past the correction guard
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
     updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
 
