@@ -145,6 +145,26 @@ def test_dag_test_three_intervals_then_rerun_is_noop(airflow_db, spark, tmp_path
     }, tis
     assert storage.latest_version(cfg) == version
     assert store.get_shard(name).upper == int(days[-1].timestamp() * 1000)
+
+    # The shard is an Asset: the append declares it, and each committed batch left one event
+    # saying how far the shard is (the no-op rerun none).
+    from airflow.models.asset import AssetEvent, AssetModel
+    from airflow.utils.session import create_session
+    from sqlalchemy import select
+
+    from reconcile.airflow.dags import shard_asset
+
+    asset = shard_asset(cfg)
+    assert asset.uri == (tmp_path / "wh" / name).as_uri()
+    assert [o.uri for o in dag.get_task("append").outlets] == [asset.uri]
+    with create_session() as session:
+        events = session.scalars(
+            select(AssetEvent).join(AssetModel, AssetEvent.asset_id == AssetModel.id).where(AssetModel.uri == asset.uri)
+        ).all()
+        extras = sorted((e.extra for e in events), key=lambda x: x["upper"])
+    assert [(x["lower"], x["upper"]) for x in extras] == [(b.lower, b.upper) for b in committed]
+    assert [x["delta_version"] for x in extras] == [b.delta_version for b in committed]
+    assert extras[1]["rows_ok"] == committed[1].rows_ok and extras[1]["upper_iso"] == "2026-01-03T00:00:00.000Z"
     store.dispose()
 
 

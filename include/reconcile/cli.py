@@ -115,7 +115,8 @@ def status_data(store, name: str, limit: int = 10) -> dict:
 def print_status(store, name: str, limit: int = 10) -> None:
     data = status_data(store, name, limit)
     print(
-        f"shard {name}: upper={_ts(data['upper']['ms'])} since={_ts(data['since']['ms'])} "
+        f"shard {name}: upper={_ts(data['upper']['ms'])} "
+        f"since={_ts(data['since']['ms']) if data['since']['ms'] else 'never compacted'} "
         f"as_of={_ts(data['as_of']['ms'])} read_only={data['read_only']} delta_version={data['delta_version']}"
     )
     batches = data["batches"]

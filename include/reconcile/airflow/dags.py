@@ -30,7 +30,7 @@ from pathlib import Path
 
 from airflow.exceptions import AirflowException, AirflowFailException, AirflowSkipException
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
-from airflow.sdk import DAG, Param, task
+from airflow.sdk import DAG, Asset, Param, task
 
 from reconcile import settings
 from reconcile.config import SinkConfig, load_dir
@@ -152,6 +152,17 @@ def _doc(cfg: SinkConfig) -> str:
     )
 
 
+def shard_asset(cfg: SinkConfig) -> Asset:
+    """The sink's shard as an Airflow Asset: the Delta table's URI (a local path as file://).
+    Every committed batch emits an event on it; a downstream DAG scheduled on it reads how far
+    the shard is from the event's ``extra`` (lower, upper, Delta version, rows, drift)."""
+    from reconcile.storage import delta as storage
+
+    path = storage.table_path(cfg)
+    uri = path if "://" in path else Path(path).absolute().as_uri()
+    return Asset(uri=uri, name=f"reconcile_shard_{cfg.name}", group="reconcile")
+
+
 def build_dag(cfg: SinkConfig) -> DAG:
     with DAG(
         dag_id=cfg.name,
@@ -196,9 +207,17 @@ def build_dag(cfg: SinkConfig) -> DAG:
 
         write = ReconcileSparkSubmitOperator(task_id="write", sink=cfg.name, stage="write")
 
-        @task(task_id="append")
+        shard = shard_asset(cfg)
+
+        @task(task_id="append", outlets=[shard])
         def append(sink: str = cfg.name, scheduled: bool = cfg.schedule is not None, **context) -> str:
-            from reconcile.airflow.tasks import batch_line, commit_for_run, nothing_left, out_of_retries
+            from reconcile.airflow.tasks import (
+                batch_line,
+                commit_for_run,
+                committed_extra,
+                nothing_left,
+                out_of_retries,
+            )
             from reconcile.errors import DescriptionOutdated, Retryable, SinkError
 
             log = logging.getLogger("reconcile.tasks")
@@ -231,6 +250,7 @@ def build_dag(cfg: SinkConfig) -> DAG:
                 raise AirflowSkipException(f"append: nothing to do: {why}")
             level, line = batch_line(sink, run_id, batch_id)
             log.log(level, "append: %s", line)
+            context["outlet_events"][shard].extra = committed_extra(sink, run_id, batch_id)
             return message
 
         @task.short_circuit(task_id="compaction_due")

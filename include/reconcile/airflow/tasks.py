@@ -125,6 +125,27 @@ def batch_line(sink: str, run_id: str, batch_id: str | None) -> tuple[int, str]:
         )
 
 
+def committed_extra(sink: str, run_id: str, batch_id: str | None) -> dict:
+    """The asset event's ``extra`` for the run's committed batch: how far the shard is."""
+    with sink_and_store(sink) as (cfg, store):
+        b = run_batch_of(store, cfg.name, run_id, batch_id)
+        if b is None:
+            return {"sink": sink}
+        return {
+            "sink": sink,
+            "batch_id": b.batch_id,
+            "lower": b.lower,
+            "upper": b.upper,
+            "lower_iso": iso(b.lower).split(" ")[0],
+            "upper_iso": iso(b.upper).split(" ")[0],
+            "delta_version": b.delta_version,
+            "rows_ok": b.rows_ok,
+            "rows_err": b.rows_err,
+            "rows_net": b.rows_net,
+            "drift_rows": b.drift_rows,
+        }
+
+
 def out_of_retries(sink: str, run_id: str, task: str, cause: str, day: str) -> str:
     """What to do once Airflow will not retry a retryable failure any more (``day``: the run's
     logical date, as ``tasks clear`` selects runs)."""
