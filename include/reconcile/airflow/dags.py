@@ -226,6 +226,10 @@ def build_dag(cfg: SinkConfig) -> DAG:
             approve = (
                 f"run {run_id} (param approve_correction)" if context["params"].get("approve_correction") else None
             )
+            why = nothing_left(sink, run_id, batch_id, unminted_only=True)
+            if why is not None:  # cleared after a mint that minted nothing
+                log.warning("append: nothing to do: %s", why)
+                raise AirflowSkipException(f"append: nothing to do: {why}")
             log.info("append: %s", batch_line(sink, run_id, batch_id)[1])
             try:
                 message = commit_for_run(sink, run_id, batch_id, approve)

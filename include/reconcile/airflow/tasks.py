@@ -95,12 +95,14 @@ def commit_for_run(sink: str, run_id: str, batch_id: str | None = None, approve:
     return _run_stage("append", sink, run_id, batch_id, approve=approve)
 
 
-def nothing_left(sink: str, run_id: str, batch_id: str | None) -> str | None:
-    """Why the run's remaining tasks have nothing to do (its batch was superseded: outdated by
-    another writer, or covered by a newer description), or None."""
+def nothing_left(sink: str, run_id: str, batch_id: str | None, *, unminted_only: bool = False) -> str | None:
+    """Why the run's remaining tasks have nothing to do (it minted no batch, or its batch was
+    superseded: outdated by another writer, or covered by a newer description), or None."""
     with sink_and_store(sink) as (cfg, store):
         batch = run_batch_of(store, cfg.name, run_id, batch_id)
-        if batch is None or batch.state != SUPERSEDED:
+        if batch is None:
+            return f"run {run_id} minted no batch"
+        if unminted_only or batch.state != SUPERSEDED:
             return None
         return f"batch {batch.batch_id} [{iso(batch.lower)}, {iso(batch.upper)}) is {batch.state}: {batch.message}"
 
