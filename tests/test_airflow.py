@@ -262,3 +262,67 @@ def test_an_outdated_batch_skips_the_rest_of_its_run_with_the_reason(airflow_db,
     assert store.get_shard(name).upper == int(day2.timestamp() * 1000)  # write's sync rolled it forward
     assert shard_as_of(spark, cfg, int(day2.timestamp() * 1000) - 1) == _model(rows)
     store.dispose()
+
+
+@pytest.mark.slow
+def test_a_narrower_winner_leaves_the_wider_run_skipped_with_the_true_reason(
+    airflow_db, spark, tmp_path, monkeypatch, capfd
+):
+    """The scheduled run's append fails until its retries are used up (its last line names the
+    remedy); a backfill's one-day batch then supersedes its two-day batch and commits. The
+    scheduled run's append, rerun, is skipped (not red), saying that the next scheduled run
+    appends the day the winner did not cover."""
+    import subprocess
+    import sys
+
+    from airflow.models.dagbag import DagBag
+    from airflow.utils.state import DagRunState
+
+    from reconcile import failpoints
+    from reconcile.config import load_sink
+    from reconcile.log import iso
+    from reconcile.storage.ledger import MetadataStore
+
+    name = f"afn_{tmp_path.name[-8:].replace('-', '_').lower()}"
+    sinks, data = tmp_path / "sinks", tmp_path / "src"
+    _sink(sinks, data, name)
+    url = f"sqlite:///{tmp_path / 'meta.db'}"
+    monkeypatch.setenv("RECONCILE_SINKS_DIR", str(sinks))
+    monkeypatch.setenv("RECONCILE_WAREHOUSE", str(tmp_path / "wh"))
+    monkeypatch.setenv("RECONCILE_METADATA_URL", url)
+    dag = DagBag(dag_folder=str(ROOT / "dags"), include_examples=False).get_dag(name)
+    cfg = load_sink(name)
+    rows = [{"k": 1, "v": "a"}]
+    write_json_rows(data, rows)
+    day2, day3 = datetime(2026, 1, 2, tzinfo=UTC), datetime(2026, 1, 3, tzinfo=UTC)
+
+    failpoints.arm("append.before_delta_commit", "raise")
+    try:
+        wide = dag.test(logical_date=day3)
+    finally:
+        failpoints.disarm_all()
+    assert wide.state == DagRunState.FAILED
+    logged = "".join(capfd.readouterr())
+    assert "retries are used up: once the cause is fixed, clear the task (`airflow tasks clear" in logged
+
+    assert dag.test(logical_date=day2).state == DagRunState.SUCCESS  # the narrower batch wins
+    store = MetadataStore(url)
+    assert store.get_shard(name).upper == int(day2.timestamp() * 1000)
+
+    env = {k: v for k, v in __import__("os").environ.items() if k != "PYSPARK_GATEWAY_PORT"}
+    out = subprocess.run(
+        [str(Path(sys.executable).parent / "airflow"), "tasks", "test", name, "append", day3.isoformat()],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    text = out.stdout + out.stderr
+    assert out.returncode == 0, text[-3000:]
+    assert "nothing left for this run" in text and "moved the shard's upper to" in text, text[-3000:]
+    rest = f"[{iso(int(day2.timestamp() * 1000))}, {iso(int(day3.timestamp() * 1000))})"
+    assert f"the next scheduled run appends {rest}" in text, text[-3000:]
+    assert "the superseding run appends this interval" not in text
+    assert store.get_shard(name).upper == int(day2.timestamp() * 1000)  # nothing more was committed
+    assert shard_as_of(spark, cfg, int(day2.timestamp() * 1000) - 1) == _model(rows)
+    store.dispose()
