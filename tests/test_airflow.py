@@ -304,6 +304,9 @@ def test_a_narrower_winner_leaves_the_wider_run_skipped_with_the_true_reason(
     assert wide.state == DagRunState.FAILED
     logged = "".join(capfd.readouterr())
     assert "retries are used up: once the cause is fixed, clear the task (`airflow tasks clear" in logged
+    # the write's log: Spark's INFO chatter is off; the sink's outcome line is there
+    assert "INFO SparkContext" not in logged and "INFO DAGScheduler" not in logged
+    assert f"write: sink {name}: batch " in logged and ") is staged rows_ok=1" in logged
 
     assert dag.test(logical_date=day2).state == DagRunState.SUCCESS  # the narrower batch wins
     store = MetadataStore(url)
