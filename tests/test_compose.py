@@ -165,10 +165,35 @@ def test_requirements_cover_the_images():
     names = {re.match(r"[\w.-]+", ln).group().lower().replace("_", "-"): ln for ln in lines if ln[0].isalnum()}
     for pkg in ("pyspark", "delta-spark", "apache-airflow-providers-apache-spark", "psycopg"):
         assert pkg in names, f"requirements.txt lacks {pkg} (needed by the Airflow image)"
-    pin = re.search(r"==\s*([\w.]+)", names["pyspark"])
-    image = re.search(r"apache/spark:([\d.]+)", COMPOSE.read_text())
-    if pin and image:
-        assert pin.group(1) == image.group(1), f"pyspark=={pin.group(1)} vs Spark image {image.group(1)}"
+
+
+def test_spark_cluster_runs_the_drivers_python_and_spark(services):
+    """Driver (a task in an Airflow container) and executors (the Spark containers) run the same
+    Python and Spark: the Spark services use the Airflow image itself, whose base tag names the
+    driver's Python, and whose pyspark is the one requirements.txt pins (and the tests run)."""
+    import sys
+    from importlib.metadata import version
+
+    airflow_image = {svc["image"] for svc in group(services, "airflow-").values()}
+    assert len(airflow_image) == 1
+    for name in ("spark-master", "spark-worker"):
+        assert services[name]["image"] in airflow_image, f"{name} runs another image: {services[name]['image']}"
+        assert tokens(services[name]["command"])[0] == "spark-class", f"{name}: the image's pyspark spark-class"
+    base = re.search(
+        r"^FROM apache/airflow:([\d.]+)-python(\d+\.\d+)", (ROOT / "docker/airflow.Dockerfile").read_text(), re.M
+    )
+    assert base, "docker/airflow.Dockerfile: FROM apache/airflow:<version>-python<X.Y>"
+    assert base.group(2) == f"{sys.version_info.major}.{sys.version_info.minor}", (
+        "the image's Python is not the driver's"
+    )
+    pins = dict(
+        re.match(r"([\w.-]+)==([\w.]+)", ln).groups()
+        for ln in (ROOT / "requirements.txt").read_text().splitlines()
+        if re.match(r"[\w.-]+==", ln)
+    )
+    assert pins["pyspark"] == version("pyspark"), "requirements.txt's pyspark is not the one the tests run"
+    assert base.group(1) == version("apache-airflow"), "the image's Airflow is not the one the tests run"
+    assert services["spark-worker"]["environment"]["PYSPARK_PYTHON"].endswith("python")
 
 
 def test_docker_compose_config():
