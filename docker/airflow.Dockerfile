@@ -1,8 +1,8 @@
-# Airflow image for the reconcile sink: Airflow 3.1.8 + the project's requirements + a Java 17
+# Airflow image for the reconcile sink: Airflow 3.3.2 + the project's requirements + a Java 17
 # runtime, so tasks can run spark-submit (pyspark's launcher) as the driver, in client mode,
 # against the standalone Spark cluster in docker-compose.yaml.
 # Build context: the repository root (see docker-compose.yaml).
-FROM apache/airflow:3.1.8-python3.11
+FROM apache/airflow:3.3.2-python3.11
 
 USER root
 # /usr/share/man/man1 is missing on slim Debian images and openjdk's postinst needs it.

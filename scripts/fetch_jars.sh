@@ -3,7 +3,7 @@
 # The pip package delta-spark holds no jars; Spark gets these through spark.jars.
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
-DELTA_VERSION="${DELTA_VERSION:-4.0.1}"
+DELTA_VERSION="${DELTA_VERSION:-4.4.0}"
 mkdir -p "$root/.jars"
 for artifact in "io.delta:delta-spark_2.13:$DELTA_VERSION" "io.delta:delta-storage:$DELTA_VERSION"; do
   name="$(echo "$artifact" | cut -d: -f2)-$DELTA_VERSION.jar"

@@ -21,10 +21,10 @@ pytestmark = pytest.mark.airflow
 
 
 def _dagbag(sinks_dir, monkeypatch):
-    from airflow.models.dagbag import DagBag
+    from airflow.dag_processing.dagbag import DagBag
 
     monkeypatch.setenv("RECONCILE_SINKS_DIR", str(sinks_dir))
-    return DagBag(dag_folder=str(ROOT / "dags"), include_examples=False)
+    return DagBag(dag_folder=str(ROOT / "dags"))
 
 
 def test_dagbag_imports_every_sink_with_retries(airflow_db, monkeypatch):
@@ -83,7 +83,7 @@ def _model(rows) -> Counter:
 
 @pytest.mark.slow
 def test_dag_test_three_intervals_then_rerun_is_noop(airflow_db, spark, tmp_path, monkeypatch):
-    from airflow.models.dagbag import DagBag
+    from airflow.dag_processing.dagbag import DagBag
     from airflow.utils.state import DagRunState
 
     from reconcile.config import load_sink
@@ -98,7 +98,7 @@ def test_dag_test_three_intervals_then_rerun_is_noop(airflow_db, spark, tmp_path
     monkeypatch.setenv("RECONCILE_SINKS_DIR", str(sinks))
     monkeypatch.setenv("RECONCILE_WAREHOUSE", str(tmp_path / "wh"))
     monkeypatch.setenv("RECONCILE_METADATA_URL", f"sqlite:///{tmp_path / 'meta.db'}")
-    dag = DagBag(dag_folder=str(ROOT / "dags"), include_examples=False).get_dag(name)
+    dag = DagBag(dag_folder=str(ROOT / "dags")).get_dag(name)
     cfg = load_sink(name)
 
     sources = [
@@ -170,7 +170,7 @@ def test_dag_test_three_intervals_then_rerun_is_noop(airflow_db, spark, tmp_path
 
 @pytest.mark.slow
 def test_dag_test_runs_an_upsert_sink(airflow_db, spark, tmp_path, monkeypatch):
-    from airflow.models.dagbag import DagBag
+    from airflow.dag_processing.dagbag import DagBag
     from airflow.utils.state import DagRunState
 
     from reconcile.config import load_sink
@@ -186,7 +186,7 @@ def test_dag_test_runs_an_upsert_sink(airflow_db, spark, tmp_path, monkeypatch):
     monkeypatch.setenv("RECONCILE_SINKS_DIR", str(sinks))
     monkeypatch.setenv("RECONCILE_WAREHOUSE", str(tmp_path / "wh"))
     monkeypatch.setenv("RECONCILE_METADATA_URL", f"sqlite:///{tmp_path / 'meta.db'}")
-    dag = DagBag(dag_folder=str(ROOT / "dags"), include_examples=False).get_dag(name)
+    dag = DagBag(dag_folder=str(ROOT / "dags")).get_dag(name)
     cfg = load_sink(name)
     day = 86_400_000
     d1, d2 = cfg.as_of + day, cfg.as_of + 2 * day
@@ -216,7 +216,7 @@ def test_an_outdated_batch_skips_the_rest_of_its_run_with_the_reason(airflow_db,
     run's lower (to Delta; it died before the ledger heard of it, so mint could not know): write
     finds the batch outdated, and the run ends green with write, append and compaction skipped,
     the reason in the ledger."""
-    from airflow.models.dagbag import DagBag
+    from airflow.dag_processing.dagbag import DagBag
     from airflow.utils.state import DagRunState
 
     from helpers import run_batch
@@ -232,7 +232,7 @@ def test_an_outdated_batch_skips_the_rest_of_its_run_with_the_reason(airflow_db,
     monkeypatch.setenv("RECONCILE_SINKS_DIR", str(sinks))
     monkeypatch.setenv("RECONCILE_WAREHOUSE", str(tmp_path / "wh"))
     monkeypatch.setenv("RECONCILE_METADATA_URL", url)
-    dag = DagBag(dag_folder=str(ROOT / "dags"), include_examples=False).get_dag(name)
+    dag = DagBag(dag_folder=str(ROOT / "dags")).get_dag(name)
     cfg = load_sink(name)
     rows = [{"k": 1, "v": "a"}, {"k": 2, "v": "b"}]
     write_json_rows(data, rows)
@@ -275,7 +275,7 @@ def test_a_narrower_winner_leaves_the_wider_run_skipped_with_the_true_reason(
     import subprocess
     import sys
 
-    from airflow.models.dagbag import DagBag
+    from airflow.dag_processing.dagbag import DagBag
     from airflow.utils.state import DagRunState
 
     from reconcile import failpoints
@@ -290,7 +290,7 @@ def test_a_narrower_winner_leaves_the_wider_run_skipped_with_the_true_reason(
     monkeypatch.setenv("RECONCILE_SINKS_DIR", str(sinks))
     monkeypatch.setenv("RECONCILE_WAREHOUSE", str(tmp_path / "wh"))
     monkeypatch.setenv("RECONCILE_METADATA_URL", url)
-    dag = DagBag(dag_folder=str(ROOT / "dags"), include_examples=False).get_dag(name)
+    dag = DagBag(dag_folder=str(ROOT / "dags")).get_dag(name)
     cfg = load_sink(name)
     rows = [{"k": 1, "v": "a"}]
     write_json_rows(data, rows)

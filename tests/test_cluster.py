@@ -106,7 +106,7 @@ def _sink(sinks: Path, name: str, kind: str, section: dict) -> None:
 def test_airflow_submits_query_and_upsert_batches_to_the_cluster(
     spark_cluster, airflow_db, spark, tmp_path, monkeypatch
 ):
-    from airflow.models.dagbag import DagBag
+    from airflow.dag_processing.dagbag import DagBag
     from airflow.utils.state import DagRunState
 
     from reconcile.config import load_sink
@@ -135,7 +135,7 @@ def test_airflow_submits_query_and_upsert_batches_to_the_cluster(
     monkeypatch.setenv("RECONCILE_SINKS_DIR", str(sinks))
     monkeypatch.setenv("RECONCILE_WAREHOUSE", str(tmp_path / "wh"))
     monkeypatch.setenv("RECONCILE_METADATA_URL", f"sqlite:///{tmp_path / 'meta.db'}")
-    bag = DagBag(dag_folder=str(ROOT / "dags"), include_examples=False)
+    bag = DagBag(dag_folder=str(ROOT / "dags"))
     day2 = datetime(2026, 1, 2, tzinfo=UTC)
     upper = int(day2.timestamp() * 1000)
 

@@ -55,4 +55,4 @@ def spark_jars() -> list[str]:
     return sorted(str(p) for p in jar_dir.glob("*.jar")) if jar_dir.is_dir() else []
 
 
-DELTA_PACKAGES = "io.delta:delta-spark_2.13:4.0.1"
+DELTA_PACKAGES = "io.delta:delta-spark_2.13:4.4.0"
