@@ -27,9 +27,9 @@ PASSWORD = "reconcile-test-pw"
 def test_plugin_is_discovered_by_airflow():
     from airflow import plugins_manager
 
-    plugins_manager.ensure_plugins_loaded()
-    names = [p.name for p in plugins_manager.plugins or []]
-    assert "reconcile" in names
+    info = {p["name"]: p for p in plugins_manager.get_plugin_info()}
+    assert "reconcile" in info
+    assert any(a.get("url_prefix") == "/reconcile" for a in info["reconcile"].get("fastapi_apps") or []), info
 
 
 def _free_port() -> int:
