@@ -1,21 +1,67 @@
-"""Airflow plugin: a "Reconcile shards" page (frontiers, lag, last batches of every sink).
+"""Airflow plugin: the "Reconcile shards" pages (every sink's frontiers, lag, batches, drift).
 
-Served by Airflow 3's api-server under /reconcile/ and linked from the UI's navigation.
-Nothing runs at import beyond building the (empty) FastAPI app.
+Served by Airflow 3's api-server under /reconcile/, behind Airflow's own authentication: the
+user comes from the JWT the UI holds (its cookie, or an ``Authorization: Bearer`` header), an
+anonymous request gets 401 as /api/v2 gives it, and each sink shows only to users who may read
+its DAG. No docs or schema routes. Nothing runs at import beyond building the FastAPI app.
 """
 
+from __future__ import annotations
+
+from typing import Annotated, Any
+
 from airflow.plugins_manager import AirflowPlugin
-from fastapi import FastAPI
+from fastapi import Depends, FastAPI, HTTPException, Request
 from fastapi.responses import HTMLResponse
 
-app = FastAPI(title="Reconcile shards")
+
+async def current_user(request: Request):
+    """The caller as Airflow's auth manager knows it (401/403 otherwise)."""
+    from airflow.api_fastapi.auth.managers.base_auth_manager import COOKIE_NAME_JWT_TOKEN
+    from airflow.api_fastapi.core_api.security import resolve_user_from_token
+
+    header = request.headers.get("authorization", "")
+    token = header[7:] if header.lower().startswith("bearer ") else request.cookies.get(COOKIE_NAME_JWT_TOKEN)
+    return await resolve_user_from_token(token)
+
+
+def _reader(user):
+    """Can ``user`` read the DAG of sink ``name``? (Airflow's auth manager decides.)"""
+    from airflow.api_fastapi.app import get_auth_manager
+    from airflow.api_fastapi.auth.managers.models.resource_details import DagDetails
+
+    manager = get_auth_manager()
+    return lambda name: manager.is_authorized_dag(method="GET", user=user, details=DagDetails(id=name))
+
+
+User = Annotated[Any, Depends(current_user)]
+app = FastAPI(title="Reconcile shards", docs_url=None, redoc_url=None, openapi_url=None)
 
 
 @app.get("/", response_class=HTMLResponse)
-def overview() -> str:
+def overview(user: User) -> str:
     from reconcile.airflow.ui import render_overview
 
-    return render_overview()
+    return render_overview(_reader(user))
+
+
+@app.get("/sinks/{name}", response_class=HTMLResponse)
+def sink(name: str, user: User, after: str | None = None) -> str:
+    from reconcile.airflow.ui import render_sink
+    from reconcile.errors import SinkError
+
+    if not _reader(user)(name):
+        raise HTTPException(status_code=403, detail=f"you may not read the DAG {name}")
+    key = None
+    if after:
+        lower, _, batch_id = after.partition(":")
+        if not lower.lstrip("-").isdigit() or not batch_id:
+            raise HTTPException(status_code=400, detail="after must be <lower>:<batch id>")
+        key = (int(lower), batch_id)
+    try:
+        return render_sink(name, key)
+    except SinkError as exc:
+        raise HTTPException(status_code=404, detail=str(exc)) from None
 
 
 class ReconcilePlugin(AirflowPlugin):

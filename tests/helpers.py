@@ -132,3 +132,11 @@ def leftover_staged(store, cfg: SinkConfig) -> list[str]:
         elif not (b.state in OPEN_STATES and b.lower >= upper):
             out.append(batch_id)
     return out
+
+
+def cli_json(text: str):
+    """The JSON document an Airflow CLI command printed with ``-o json``, after any log lines
+    (which may hold brackets of their own): the first line that starts with ``[`` or ``{``."""
+    lines = text.splitlines()
+    start = next((i for i, line in enumerate(lines) if line.startswith(("[", "{"))), None)
+    return [] if start is None else json.loads("\n".join(lines[start:]))

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import shard_as_of
+from helpers import cli_json, shard_as_of
 
 pytestmark = [pytest.mark.airflow, pytest.mark.slow]
 ROOT = Path(__file__).resolve().parents[1]
@@ -55,8 +55,7 @@ def _bash(script: str, env: dict, **kw) -> subprocess.CompletedProcess:
 
 def _runs(env) -> list[dict]:
     out = _bash("airflow dags list-runs demo_orders -o json", env)
-    text = out.stdout
-    return json.loads(text[text.index("[") :]) if "[" in text else []
+    return cli_json(out.stdout)
 
 
 def _wait(env, predicate, what: str, timeout: int = 600) -> list[dict]:

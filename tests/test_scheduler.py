@@ -8,7 +8,6 @@ PostgreSQL) running sinks, and `airflow backfill create` from the CLI:
 
 from __future__ import annotations
 
-import json
 import os
 import socket
 import subprocess
@@ -21,7 +20,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from helpers import shard_as_of, write_json_rows
+from helpers import cli_json, shard_as_of, write_json_rows
 
 pytestmark = [pytest.mark.airflow, pytest.mark.slow]
 AIRFLOW = str(Path(sys.executable).parent / "airflow")
@@ -107,7 +106,7 @@ def airflow_services(tmp_path, pg_url):
 def _runs(env, dag_id) -> list[dict]:
     out = subprocess.run([AIRFLOW, "dags", "list-runs", dag_id, "-o", "json"], env=env, capture_output=True, text=True)
     try:
-        return json.loads(out.stdout[out.stdout.index("[") :]) if "[" in out.stdout else []
+        return cli_json(out.stdout)
     except ValueError:
         return []
 

@@ -188,6 +188,14 @@ class CorrectionGuard(_Section):
     )
 
 
+class Alert(_Section):
+    lag_minutes: NonNegative | None = Field(
+        default=None,
+        description="the shard pages colour a sink red when its upper lags now by more than this; "
+        "default: twice the schedule's interval (none without a recurring schedule)",
+    )
+
+
 class QuerySpec(_Section):
     sources: dict[Identifier, SourceSpec] = {}
     sql: StrictStr
@@ -242,6 +250,7 @@ class SinkConfig(BaseModel):
     retention: Retention = Retention()
     compaction: Compaction = Compaction()
     correction_guard: CorrectionGuard = CorrectionGuard()
+    alert: Alert = Alert()
     _path: str = PrivateAttr("")
 
     @model_validator(mode="before")

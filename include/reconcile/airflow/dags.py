@@ -101,6 +101,7 @@ class ReconcileSparkSubmitOperator(SparkSubmitOperator):
         try:
             if remote:
                 result = run_on_connect(self.stage, self.sink, run_id, batch_id, remote)
+                self.log.info("%s on Spark Connect %s: %s", self.stage, remote, result)
             else:
                 result = super().execute(context)
         except AirflowFailException as exc:

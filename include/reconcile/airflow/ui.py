@@ -1,65 +1,291 @@
-"""The shard overview page (served inside Airflow's api-server by plugins/reconcile_plugin.py).
+"""The shard pages (served inside Airflow's api-server by plugins/reconcile_plugin.py, behind
+Airflow's own authentication).
 
-One table: every configured sink's shard with its frontiers, lag behind now, read-only flag and
-its last batches (state, Delta version, rows, drift). Reads the metadata table per request.
+- Overview: per sink its upper, lag (red past the sink's ``alert.lag_minutes``), since, read-
+  only, the last batch's state with the cause of any failure, drift flagged; invalid configs.
+- A page per sink: charts of upper and lag over time and of rows per batch (ok, errors, drift),
+  the ledger paged by key (fast at any depth), each batch linked to its Airflow run and task
+  log, drift attributed to the foreign Delta versions that caused it.
+
+Reads the metadata table and the Delta log (plain Python, no Spark) per request. Every time is
+ISO UTC with the ms value beside it.
 """
 
 from __future__ import annotations
 
 import html
+from collections.abc import Callable
 from datetime import UTC, datetime
+from urllib.parse import quote
+
+from reconcile.config import SinkConfig
+from reconcile.log import iso
+
+e = html.escape
+PAGE = 50  # ledger rows per page
+CHART_BATCHES = 200  # the charts show the newest batches
+
+STYLE = (
+    "body{font-family:system-ui,sans-serif;margin:1.5em;color:#222}"
+    "td,th{border:1px solid #ccc;padding:4px 6px;vertical-align:top;text-align:left}"
+    "table{border-collapse:collapse;margin:.5em 0}th{background:#f4f4f4}"
+    ".bad{color:#b00020;font-weight:600}.warn{color:#a05a00}.ok{color:#1b6e20}"
+    ".small{color:#666;font-size:85%}svg{border:1px solid #ddd;margin:.5em 1em .5em 0}"
+)
 
 
-def _ts(ms: int | None) -> str:
+def _now_ms() -> int:
+    return int(datetime.now(UTC).timestamp() * 1000)
+
+
+def _time(ms: int | None) -> str:
+    """An ISO time with its ms beside it (small)."""
     if ms is None:
         return "-"
-    return datetime.fromtimestamp(ms / 1000, UTC).strftime("%Y-%m-%d %H:%M:%S")
+    text = iso(ms)
+    day, _, rest = text.partition(" ")
+    return f"{e(day)} <span class=small>{e(rest)}</span>"
 
 
-def _lag(ms: int) -> str:
-    seconds = max(0, int(datetime.now(UTC).timestamp() - ms / 1000))
-    days, rest = divmod(seconds, 86400)
-    return f"{days}d {rest // 3600}h {rest % 3600 // 60}m"
+def _duration(ms: int) -> str:
+    minutes = max(0, ms) // 60_000
+    days, rest = divmod(minutes, 1440)
+    return f"{days}d {rest // 60}h {rest % 60}m" if days else f"{rest // 60}h {rest % 60}m"
 
 
-def render_overview(limit: int = 5) -> str:
+def lag_threshold_ms(cfg: SinkConfig) -> int | None:
+    """When a sink's lag turns red: ``alert.lag_minutes``, else twice its schedule's period."""
+    from reconcile.sink.mint import schedule_period_ms
+
+    if cfg.alert.lag_minutes is not None:
+        return cfg.alert.lag_minutes * 60_000
+    period = schedule_period_ms(cfg.schedule)
+    return 2 * period if period else None
+
+
+def _page(title: str, body: str) -> str:
+    return (
+        f"<!doctype html><html><head><meta charset=utf-8><title>{e(title)}</title>"
+        f"<style>{STYLE}</style></head><body>{body}</body></html>"
+    )
+
+
+def _state(b) -> str:
+    css = {"committed": "ok", "superseded": "small"}.get(b.state, "warn")
+    if b.failure_kind:
+        css = "bad"
+    cause = f"<br><span class={css}>{e(b.failure_kind or '')}: {e(b.message or '')}</span>" if b.message else ""
+    return f"<span class={css}>{e(b.state)}</span>{cause}"
+
+
+def _drift(b) -> str:
+    return f"<span class=bad>drift {b.drift_rows}</span>" if b.drift_rows else "-"
+
+
+def render_overview(can_read: Callable[[str], bool] = lambda name: True) -> str:
     from reconcile import settings
     from reconcile.config import load_dir
     from reconcile.errors import SinkError
     from reconcile.storage.ledger import MetadataStore
 
     configs, errors = load_dir()
+    now = _now_ms()
     rows = []
     store = MetadataStore(settings.metadata_url())
     try:
         for cfg in configs:
-            e = html.escape
+            if not can_read(cfg.name):
+                continue
+            link = f"<a href='sinks/{quote(cfg.name)}'>{e(cfg.name)}</a>"
             try:
                 shard = store.get_shard(cfg.name)
             except SinkError:
-                rows.append(f"<tr><td>{e(cfg.name)}</td><td colspan=6>no shard yet (no run has minted)</td></tr>")
+                rows.append(
+                    f"<tr><td>{link}</td><td>{e(cfg.kind)}</td><td colspan=6>no shard yet (no run minted)</td></tr>"
+                )
                 continue
-            batches = store.batches(cfg.name)[-limit:]
-            last = "<br>".join(
-                f"[{_ts(b.lower)}, {_ts(b.upper)}) {e(b.state)} v{b.delta_version if b.delta_version is not None else '-'} "
-                f"ok={b.rows_ok if b.rows_ok is not None else '-'} err={b.rows_err if b.rows_err is not None else '-'} "
-                f"drift={b.drift_rows if b.drift_rows is not None else '-'}"
-                for b in reversed(batches)
+            lag, limit = now - shard.upper, lag_threshold_ms(cfg)
+            late = limit is not None and lag > limit
+            lag_cell = f"<span class={'bad' if late else 'ok'}>{_duration(lag)}</span>" + (
+                f" <span class=small>(alert past {_duration(limit)})</span>" if limit else ""
             )
+            last = store.last_batch(cfg.name)
+            last_cell = "-" if last is None else f"[{_time(last.lower)}, {_time(last.upper)}) {_state(last)}"
             rows.append(
-                f"<tr><td>{e(cfg.name)}</td><td>{e(cfg.kind)}</td><td>{_ts(shard.upper)}</td>"
-                f"<td>{_lag(shard.upper)}</td><td>{_ts(shard.since)}</td><td>{'yes' if shard.read_only else 'no'}</td>"
-                f"<td>{last}</td></tr>"
+                f"<tr><td>{link}</td><td>{e(cfg.kind)}</td><td>{_time(shard.upper)}</td><td>{lag_cell}</td>"
+                f"<td>{_time(shard.since) if shard.since else 'never compacted'}</td>"
+                f"<td>{'yes' if shard.read_only else 'no'}</td><td>{last_cell}</td>"
+                f"<td>{_drift(last) if last else '-'}</td></tr>"
             )
     finally:
         store.dispose()
-    bad = "".join(f"<li>{html.escape(str(err))}</li>" for err in errors)
-    return (
-        "<!doctype html><html><head><meta charset=utf-8><title>Reconcile shards</title>"
-        "<style>body{font-family:sans-serif}td,th{border:1px solid #ccc;padding:4px;vertical-align:top}"
-        "table{border-collapse:collapse}</style></head><body><h1>Reconcile shards</h1>"
-        "<table><tr><th>sink</th><th>kind</th><th>upper (UTC)</th><th>lag</th><th>since</th>"
-        f"<th>read-only</th><th>last batches</th></tr>{''.join(rows)}</table>"
-        + (f"<h2>Invalid sink configs</h2><ul>{bad}</ul>" if bad else "")
-        + "</body></html>"
+    return _page(
+        "Reconcile shards",
+        "<h1>Reconcile shards</h1><table><tr><th>sink</th><th>kind</th><th>upper (UTC)</th><th>lag</th>"
+        f"<th>since</th><th>read-only</th><th>last batch</th><th>drift</th></tr>{''.join(rows)}</table>"
+        + _invalid(errors),
+    )
+
+
+def _invalid(errors) -> str:
+    if not errors:
+        return ""
+    return "<h2>Invalid sink configs</h2><ul>" + "".join(f"<li>{e(str(err))}</li>" for err in errors) + "</ul>"
+
+
+def _svg_lines(title: str, series: dict[str, list[tuple[int, float]]], unit: str) -> str:
+    """A small line chart (inline SVG): ``series`` name -> [(x ms, y)]."""
+    width, height, pad = 560, 180, 36
+    points = [p for s in series.values() for p in s]
+    if not points:
+        return f"<svg width={width} height=40><text x=8 y=24>{e(title)}: no committed batch yet</text></svg>"
+    x0, x1 = min(p[0] for p in points), max(p[0] for p in points)
+    y0, y1 = min(0.0, min(p[1] for p in points)), max(p[1] for p in points)
+    sx = (width - 2 * pad) / ((x1 - x0) or 1)
+    sy = (height - 2 * pad) / ((y1 - y0) or 1)
+    colours = ["#1565c0", "#c62828", "#2e7d32"]
+    out = [f"<svg width={width} height={height} role=img aria-label='{e(title)}'><title>{e(title)}</title>"]
+    out.append(
+        f"<text x={pad} y=16 font-size=12>{e(title)} ({e(unit)}; {e(iso(x0).split(' ')[0])} .. "
+        f"{e(iso(x1).split(' ')[0])})</text>"
+    )
+    for i, (name, pts) in enumerate(series.items()):
+        path = " ".join(f"{pad + (x - x0) * sx:.1f},{height - pad - (y - y0) * sy:.1f}" for x, y in pts)
+        out.append(f"<polyline fill=none stroke='{colours[i % 3]}' stroke-width=1.5 points='{path}'/>")
+        out.append(f"<text x={pad + 90 * i} y=30 font-size=11 fill='{colours[i % 3]}'>{e(name)}</text>")
+    out.append(f"<text x=2 y={pad} font-size=10>{y1:g}</text><text x=2 y={height - pad} font-size=10>{y0:g}</text>")
+    return "".join(out) + "</svg>"
+
+
+def _svg_bars(title: str, bars: list[tuple[str, dict[str, int]]]) -> str:
+    """Stacked bars per batch (inline SVG): [(label, {series: value})]."""
+    width, height, pad = 560, 180, 36
+    if not bars:
+        return f"<svg width={width} height=40><text x=8 y=24>{e(title)}: no committed batch yet</text></svg>"
+    top = max(sum(v.values()) for _, v in bars) or 1
+    step = (width - 2 * pad) / len(bars)
+    colours = {"ok": "#1565c0", "errors": "#c62828", "drift": "#ef6c00"}
+    out = [f"<svg width={width} height={height} role=img aria-label='{e(title)}'><title>{e(title)}</title>"]
+    out.append(f"<text x={pad} y=16 font-size=12>{e(title)} (max {top})</text>")
+    for i, (label, values) in enumerate(bars):
+        y: float = height - pad
+        for name, value in values.items():
+            h = value / top * (height - 2 * pad)
+            y -= h
+            out.append(
+                f"<rect x={pad + i * step:.1f} y={y:.1f} width={max(step - 1, 1):.1f} height={h:.1f} "
+                f"fill='{colours[name]}'><title>{e(label)}: {name} {value}</title></rect>"
+            )
+    for i, (name, colour) in enumerate(colours.items()):
+        out.append(f"<text x={pad + 60 * i} y=30 font-size=11 fill='{colour}'>{name}</text>")
+    return "".join(out) + "</svg>"
+
+
+def foreign_versions(cfg: SinkConfig, after: int, up_to: int) -> list[dict]:
+    """The Delta versions in (after, up_to] that are not this sink's batch commits and changed
+    data: who wrote them (operation, engine, user, time), from the log alone."""
+    from reconcile.storage import delta as storage
+
+    out = []
+    for v in range(after + 1, up_to + 1):
+        try:
+            actions = storage.commit_actions(cfg, v)
+        except Exception:  # noqa: BLE001 - a version cleaned up by log retention: nothing to show
+            continue
+        if storage.describe_commit(actions) is not None:
+            continue
+        info: dict = next((a["commitInfo"] for a in actions if "commitInfo" in a), {})
+        out.append(
+            {
+                "version": v,
+                "operation": info.get("operation", "?"),
+                "engine": info.get("engineInfo") or info.get("clientVersion") or "?",
+                "user": info.get("userName") or info.get("userId") or "?",
+                "timestamp": info.get("timestamp"),
+            }
+        )
+    return out
+
+
+def render_sink(name: str, after: tuple[int, str] | None = None, dag_url: str = "/dags") -> str:
+    from reconcile import settings
+    from reconcile.config import load_sink
+    from reconcile.model import COMMITTED
+    from reconcile.storage.ledger import MetadataStore
+
+    cfg = load_sink(name)
+    store = MetadataStore(settings.metadata_url())
+    try:
+        shard = store.get_shard(cfg.name)
+        page = store.batch_page(cfg.name, after=after, limit=PAGE)
+        newest = store.batch_page(cfg.name, limit=CHART_BATCHES) if after is None else []
+        committed = sorted((b for b in newest if b.state == COMMITTED), key=lambda b: b.lower)
+        prior = {b.batch_id: p for p, b in zip([None, *committed], committed, strict=False)}
+    finally:
+        store.dispose()
+    charts = ""
+    if after is None:
+        at = [(int(b.updated_at.timestamp() * 1000) if b.updated_at else b.upper, b) for b in committed]
+        charts = (
+            _svg_lines("upper at each commit", {"upper": [(t, b.upper) for t, b in at]}, "epoch ms")
+            + _svg_lines(
+                "lag at each commit",
+                {"lag (commit time - upper)": [(t, (t - b.upper) / 3_600_000) for t, b in at]},
+                "hours",
+            )
+            + _svg_bars(
+                "rows per batch",
+                [
+                    (
+                        f"[{iso(b.lower)}, {iso(b.upper)})",
+                        {"ok": b.rows_ok or 0, "errors": b.rows_err or 0, "drift": b.drift_rows or 0},
+                    )
+                    for b in committed
+                ],
+            )
+        )
+    dag = f"{dag_url}/{quote(cfg.name)}"
+    rows = []
+    for b in page:
+        run = quote(b.run_id or "", safe="")
+        links = (
+            f"<a href='{dag}/runs/{run}'>run</a> · <a href='{dag}/runs/{run}/tasks/append'>append log</a>"
+            f" · <a href='{dag}/runs/{run}/tasks/write'>write log</a>"
+            if b.run_id
+            else "-"
+        )
+        drift = _drift(b)
+        if b.drift_rows and b.read_version is not None:
+            before = prior.get(b.batch_id)
+            since_version = (
+                before.delta_version
+                if before and before.delta_version is not None
+                else max(-1, b.read_version - 20)  # beyond the charted batches: the last 20 versions
+            )
+            writers = foreign_versions(cfg, since_version, b.read_version)
+            drift += "".join(
+                f"<br><span class=small>Delta v{w['version']}: {e(str(w['operation']))} by {e(str(w['engine']))}"
+                f" (user {e(str(w['user']))}, {_time(w['timestamp'])})</span>"
+                for w in writers
+            )
+        rows.append(
+            f"<tr><td>{_time(b.lower)}</td><td>{_time(b.upper)}</td><td>{_state(b)}</td>"
+            f"<td>{b.delta_version if b.delta_version is not None else '-'}</td><td>{b.rows_ok if b.rows_ok is not None else '-'}</td>"
+            f"<td>{b.rows_err if b.rows_err is not None else '-'}</td><td>{drift}</td>"
+            f"<td>{e(b.run_id or '-')}<br>{links}</td></tr>"
+        )
+    more = (
+        f"<p><a href='?after={page[-1].lower}:{quote(page[-1].batch_id)}'>older batches</a></p>"
+        if len(page) == PAGE
+        else ""
+    )
+    head = (
+        f"<p><a href='../'>all shards</a></p><h1>{e(cfg.name)} <span class=small>({e(cfg.kind)})</span></h1>"
+        f"<p>upper {_time(shard.upper)} · since {_time(shard.since) if shard.since else 'never compacted'} · "
+        f"read-only {'yes' if shard.read_only else 'no'} · Delta version {shard.delta_version}</p>"
+    )
+    return _page(
+        f"{cfg.name}: reconcile shard",
+        head + charts + "<h2>Ledger</h2><table><tr><th>lower</th><th>upper</th><th>state / cause</th><th>version</th>"
+        f"<th>ok</th><th>errors</th><th>drift</th><th>run</th></tr>{''.join(rows)}</table>{more}",
     )

@@ -73,6 +73,19 @@ def next_scheduled_frontier(schedule: str | None, catchup: bool, lower: int, now
     return latest if latest > lower else first
 
 
+def schedule_period_ms(schedule: str | None) -> int | None:
+    """The time between two runs of a recurring schedule (its first two ticks after the epoch
+    year 2026), or None."""
+    from croniter import croniter
+
+    cron = CRON_OF_PRESET.get(schedule or "", schedule)
+    if not cron or cron.startswith("@"):
+        return None
+    it = croniter(cron, datetime(2026, 1, 1, tzinfo=UTC))
+    first = it.get_next(datetime)
+    return to_millis(it.get_next(datetime)) - to_millis(first)
+
+
 def run_mint(
     store: MetadataStore,
     cfg: SinkConfig,

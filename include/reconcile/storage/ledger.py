@@ -335,6 +335,22 @@ class MetadataStore:
                 q = q.where(Batch.state.in_(states))
             return list(s.scalars(q.order_by(Batch.lower, Batch.created_at)))
 
+    def batch_page(self, name: str, *, after: tuple[int, str] | None = None, limit: int = 50) -> list[Batch]:
+        """The shard's batches newest first (by lower, then batch id), ``limit`` of them after
+        the (lower, batch id) key ``after``: keyset paging, so a page costs the same at any depth."""
+        from sqlalchemy import and_, or_
+
+        with self.read() as s:
+            q = select(Batch).where(Batch.shard == name)
+            if after is not None:
+                lower, batch_id = after
+                q = q.where(or_(Batch.lower < lower, and_(Batch.lower == lower, Batch.batch_id < batch_id)))
+            return list(s.scalars(q.order_by(Batch.lower.desc(), Batch.batch_id.desc()).limit(limit)))
+
+    def last_batch(self, name: str) -> Batch | None:
+        page = self.batch_page(name, limit=1)
+        return page[0] if page else None
+
     def superseder(self, b: Batch) -> Batch | None:
         """The newest description of the same lower minted after ``b`` (whatever its state)."""
         with self.read() as s:
