@@ -28,9 +28,9 @@ import os
 from datetime import timedelta
 from pathlib import Path
 
-from airflow.exceptions import AirflowException, AirflowFailException, AirflowSkipException
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 from airflow.sdk import DAG, Asset, Param, task
+from airflow.sdk.exceptions import AirflowException, AirflowFailException, AirflowSkipException
 
 from reconcile import settings
 from reconcile.config import SinkConfig, load_dir
