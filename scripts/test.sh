@@ -6,4 +6,12 @@ root="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$root"
 [ -x .venv/bin/python ] && [ -d .jars ] || bash scripts/setup.sh
 export RECONCILE_TEST_POSTGRES_URL="${RECONCILE_TEST_POSTGRES_URL:-postgresql+psycopg://postgres:postgres@127.0.0.1:5432/reconcile_test}"
+# Test files run on two workers (pytest-xdist; a file stays on one worker: its fixtures, servers
+# and ports are its own). Most of the suite's time is spent waiting on JVMs and servers, so two
+# workers help even on 2 cores. RECONCILE_TEST_WORKERS=0 runs everything in this process.
+workers="${RECONCILE_TEST_WORKERS:-2}"
+case " $* " in *" -n "*|*" --numprocesses"*|*" -p no:xdist "*) workers=0 ;; esac
+if [ "$workers" != "0" ]; then
+  set -- -n "$workers" --dist loadfile "$@"
+fi
 exec .venv/bin/python -m pytest "$@"
