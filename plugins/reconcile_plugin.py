@@ -16,13 +16,26 @@ from fastapi.responses import HTMLResponse
 
 
 async def current_user(request: Request):
-    """The caller as Airflow's auth manager knows it (401/403 otherwise)."""
-    from airflow.api_fastapi.auth.managers.base_auth_manager import COOKIE_NAME_JWT_TOKEN
-    from airflow.api_fastapi.core_api.security import resolve_user_from_token
+    """The caller as Airflow's auth manager knows it, by Airflow's own dependency
+    (``airflow.api_fastapi.core_api.security.get_user``: the JWT of an ``Authorization: Bearer``
+    header, else the user Airflow's JWT refresh middleware resolved, else the JWT of the UI's
+    ``_token`` cookie); 401 when there is none, as /api/v2 answers. Imported per request: the
+    plugin loads in every Airflow process, the api-server has it imported already. Its
+    parameters are bound by name (Airflow 3.1 calls the OAuth2 one ``oauth_token``, 3.3
+    ``_oauth_token``; both read the same Bearer header)."""
+    import inspect
 
-    header = request.headers.get("authorization", "")
-    token = header[7:] if header.lower().startswith("bearer ") else request.cookies.get(COOKIE_NAME_JWT_TOKEN)
-    return await resolve_user_from_token(token)
+    from airflow.api_fastapi.core_api.security import get_user
+    from fastapi.security import HTTPAuthorizationCredentials
+
+    scheme, _, credentials = request.headers.get("authorization", "").partition(" ")
+    bearer = (
+        HTTPAuthorizationCredentials(scheme=scheme, credentials=credentials.strip())
+        if scheme.lower() == "bearer" and credentials.strip()
+        else None
+    )
+    given = {"request": request, "bearer_credentials": bearer}
+    return await get_user(**{name: given.get(name) for name in inspect.signature(get_user).parameters})
 
 
 def _reader(user):
@@ -46,18 +59,19 @@ def overview(user: User) -> str:
 
 
 @app.get("/sinks/{name}", response_class=HTMLResponse)
-def sink(name: str, user: User, after: str | None = None) -> str:
+def sink(name: str, user: User, before: str | None = None) -> str:
+    """``?before=<lower>:<batch id>``: the ledger page of the batches older than that key."""
     from reconcile.airflow.ui import render_sink
     from reconcile.errors import SinkError
 
     if not _reader(user)(name):
         raise HTTPException(status_code=403, detail=f"you may not read the DAG {name}")
     key = None
-    if after:
-        lower, _, batch_id = after.partition(":")
-        if not lower.lstrip("-").isdigit() or not batch_id:
-            raise HTTPException(status_code=400, detail="after must be <lower>:<batch id>")
-        key = (int(lower), batch_id)
+    if before:
+        lower, _, batch_id = before.partition(":")
+        if not lower.lstrip("-").isdigit():
+            raise HTTPException(status_code=400, detail="before must be <lower>[:<batch id>]")
+        key = (int(lower), batch_id)  # no batch id: every batch below lower ("" sorts first)
     try:
         return render_sink(name, key)
     except SinkError as exc:

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import yaml
@@ -140,3 +141,66 @@ def cli_json(text: str):
     lines = text.splitlines()
     start = next((i for i, line in enumerate(lines) if line.startswith(("[", "{"))), None)
     return [] if start is None else json.loads("\n".join(lines[start:]))
+
+
+@contextmanager
+def api_server(tmp: Path, password: str, env: dict[str, str] | None = None) -> Iterator[tuple[str, str]]:
+    """A real ``airflow api-server`` on a free port (the simple auth manager with one user,
+    ``admin``, whose password is ``password``; its log in ``tmp/api-server.log``); yields its
+    base URL and a JWT from ``POST /auth/token``. ``env``: extra environment of the server."""
+    import os
+    import socket
+    import subprocess
+    import sys
+    import time
+    import urllib.error
+    import urllib.request
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    (tmp / "passwords.json").write_text(json.dumps({"admin": password}))
+    full = {k: v for k, v in os.environ.items() if k != "PYSPARK_GATEWAY_PORT"}
+    full.update(
+        AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS="admin:admin",
+        AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE=str(tmp / "passwords.json"),
+        AIRFLOW__API_AUTH__JWT_SECRET="reconcile-pages-test",
+        AIRFLOW__API__SECRET_KEY="reconcile-pages-test",
+        **(env or {}),
+    )
+    log_path = tmp / "api-server.log"
+    with open(log_path, "w") as log:
+        server = subprocess.Popen(
+            [str(Path(sys.executable).parent / "airflow"), "api-server", "--port", str(port)],
+            env=full,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.time() + 120
+        while True:
+            try:
+                with urllib.request.urlopen(f"{base}/api/v2/monitor/health", timeout=5) as r:
+                    if r.status == 200:
+                        break
+            except (urllib.error.URLError, ConnectionError, TimeoutError):
+                pass
+            if server.poll() is not None or time.time() > deadline:
+                raise RuntimeError("the api-server did not come up: " + log_path.read_text()[-3000:])
+            time.sleep(0.5)
+        req = urllib.request.Request(
+            f"{base}/auth/token",
+            data=json.dumps({"username": "admin", "password": password}).encode(),
+            headers={"Content-Type": "application/json"},
+        )
+        with urllib.request.urlopen(req, timeout=30) as r:
+            token = json.load(r)["access_token"]
+        yield base, token
+    finally:
+        server.terminate()
+        try:
+            server.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait()

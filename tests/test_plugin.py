@@ -1,15 +1,12 @@
 """The shard pages: Airflow's plugin manager loads them; a real api-server serves them behind
 Airflow's authentication (anonymous: 401 like /api/v2; no docs or schema routes); they show
 frontiers, failure causes, drift with the foreign Delta versions behind it, charts and links to
-runs; 10,000 batches page fast; a real browser logs in and reads them."""
+runs; the ledger pages by key (10,000 batches: fast, through an index). A real browser logs in
+and reads them in tests/test_pages_browser.py."""
 
 from __future__ import annotations
 
-import json
 import os
-import socket
-import subprocess
-import sys
 import time
 import urllib.error
 import urllib.request
@@ -18,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import make_sink, run_batch, write_json_rows
+from helpers import api_server, make_sink, run_batch, write_json_rows
 
 ROOT = Path(__file__).resolve().parents[1]
 PASSWORD = "reconcile-test-pw"
@@ -32,12 +29,6 @@ def test_plugin_is_discovered_by_airflow():
     assert any(a.get("url_prefix") == "/reconcile" for a in info["reconcile"].get("fastapi_apps") or []), info
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _get(url: str, token: str | None = None, cookie: str | None = None) -> tuple[int, str]:
     req = urllib.request.Request(url)
     if token:
@@ -49,8 +40,6 @@ def _get(url: str, token: str | None = None, cookie: str | None = None) -> tuple
             return r.status, r.read().decode()
     except urllib.error.HTTPError as exc:
         return exc.code, exc.read().decode()
-    except urllib.error.URLError:  # not listening (yet)
-        return 0, ""
 
 
 @pytest.fixture(scope="module")
@@ -65,80 +54,54 @@ def shard_pages(airflow_db, spark, tmp_path_factory):
 
     tmp = tmp_path_factory.mktemp("pages")
     url = f"sqlite:///{tmp / 'meta.db'}"
-    saved = {k: os.environ.get(k) for k in ("RECONCILE_METADATA_URL", "RECONCILE_SINKS_DIR", "RECONCILE_WAREHOUSE")}
-    os.environ.update(RECONCILE_METADATA_URL=url, RECONCILE_SINKS_DIR=str(tmp), RECONCILE_WAREHOUSE=str(tmp / "wh"))
-    store = MetadataStore(url)
-    cfg = make_sink(tmp, "paged", schedule="@hourly", alert={"lag_minutes": 5})
-    (tmp / "broken.yaml").write_text("kind: nope\n")
-    write_json_rows(tmp / "src", [{"k": 1, "v": "a"}, {"k": 2, "v": "b"}])
-    run_batch(spark, store, cfg, "scheduled__2026-01-01T01:00:00+00:00", 200)
-    foreign = spark.createDataFrame([(9, "zz", 150, 1, None)], frames.schema(cfg))
-    foreign.write.format("delta").mode("append").save(storage.table_path(cfg))  # drift, behind the sink's back
-    run_batch(spark, store, cfg, "scheduled__2026-01-01T02:00:00+00:00", 300)
-    failpoints.arm("append.before_delta_commit", "raise")
+    env = dict(RECONCILE_METADATA_URL=url, RECONCILE_SINKS_DIR=str(tmp), RECONCILE_WAREHOUSE=str(tmp / "wh"))
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
     try:
-        from reconcile.airflow.tasks import commit_for_run
-        from reconcile.sink import mint, write
+        store = MetadataStore(url)
+        cfg = make_sink(tmp, "paged", schedule="@hourly", alert={"lag_minutes": 5})
+        make_sink(tmp, "fresh")  # valid, never run: no shard yet
+        (tmp / "broken.yaml").write_text("kind: nope\n")
+        write_json_rows(tmp / "src", [{"k": 1, "v": "a"}, {"k": 2, "v": "b"}])
+        run_batch(spark, store, cfg, "scheduled__2026-01-01T01:00:00+00:00", 200)
+        foreign = spark.createDataFrame([(9, "zz", 150, 1, None)], frames.schema(cfg))
+        foreign.write.format("delta").mode("append").save(storage.table_path(cfg))  # drift, behind the sink's back
+        run_batch(spark, store, cfg, "scheduled__2026-01-01T02:00:00+00:00", 300)
+        failpoints.arm("append.before_delta_commit", "raise")
+        try:
+            from reconcile.airflow.tasks import commit_for_run
+            from reconcile.sink import mint, write
 
-        desc = mint.run_mint(store, cfg, "manual__failed", 1, 400).description
-        write.run_write(spark, store, cfg, desc.batch_id)
-        with pytest.raises(FailPointHit):
-            commit_for_run(cfg.name, "manual__failed", desc.batch_id)
+            desc = mint.run_mint(store, cfg, "manual__failed", 1, 400).description
+            write.run_write(spark, store, cfg, desc.batch_id)
+            with pytest.raises(FailPointHit):
+                commit_for_run(cfg.name, "manual__failed", desc.batch_id)
+        finally:
+            failpoints.disarm_all()
+        store.dispose()
     finally:
-        failpoints.disarm_all()
-    store.dispose()
-
-    port = _free_port()
-    (tmp / "passwords.json").write_text(json.dumps({"admin": PASSWORD}))
-    env = {k: v for k, v in os.environ.items() if k != "PYSPARK_GATEWAY_PORT"}
-    env.update(
-        AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS="admin:admin",
-        AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE=str(tmp / "passwords.json"),
-        AIRFLOW__API_AUTH__JWT_SECRET="reconcile-pages-test",
-        AIRFLOW__API__SECRET_KEY="reconcile-pages-test",
-    )
-    log = open(tmp / "api-server.log", "w")
-    server = subprocess.Popen(
-        [str(Path(sys.executable).parent / "airflow"), "api-server", "--port", str(port)],
-        env=env,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
-    base = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.time() + 120
-        while _get(f"{base}/api/v2/monitor/health")[0] != 200:
-            assert server.poll() is None and time.time() < deadline, (tmp / "api-server.log").read_text()[-3000:]
-            time.sleep(1)
-        req = urllib.request.Request(
-            f"{base}/auth/token",
-            data=json.dumps({"username": "admin", "password": PASSWORD}).encode(),
-            headers={"Content-Type": "application/json"},
-        )
-        with urllib.request.urlopen(req, timeout=30) as r:
-            token = json.load(r)["access_token"]
-        yield base, token, tmp
-    finally:
-        server.terminate()
-        server.wait(timeout=30)
         for k, v in saved.items():
             if v is None:
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
+    with api_server(tmp, PASSWORD, env) as (base, token):
+        yield base, token, tmp
 
 
 @pytest.mark.airflow
 def test_anonymous_requests_get_what_api_v2_gives_them(shard_pages):
     base, _, _ = shard_pages
     assert _get(f"{base}/api/v2/dags")[0] == 401
-    for path in ("/reconcile/", "/reconcile/sinks/paged"):
+    for path in ("/reconcile/", "/reconcile/sinks/paged", "/reconcile/sinks/x", "/reconcile/sinks/paged?before=1"):
         status, body = _get(base + path)
         assert status == 401, (path, status, body[:200])
-        assert "paged" not in body
-    for path in ("/reconcile/docs", "/reconcile/openapi.json", "/reconcile/redoc"):
-        assert _get(base + path)[0] in (401, 404), path
+        assert "paged" not in body and "1970" not in body
+    for path in ("/reconcile/docs", "/reconcile/openapi.json", "/reconcile/redoc", "/reconcile/docs/oauth2-redirect"):
+        status, body = _get(base + path)
+        assert status in (401, 404) and "swagger" not in body.lower() and "openapi" not in body.lower(), path
     assert _get(f"{base}/reconcile/", token="not-a-token")[0] in (401, 403)
+    assert _get(f"{base}/reconcile/", cookie="not-a-token")[0] in (401, 403)
 
 
 @pytest.mark.airflow
@@ -147,27 +110,59 @@ def test_pages_show_frontiers_causes_drift_charts_and_links(shard_pages):
     status, page = _get(f"{base}/reconcile/", token=token)
     assert status == 200, page[:500]
     assert "paged" in page and "broken.yaml" in page  # invalid configs are listed, not hidden
+    assert "fresh" in page and "no shard yet" in page
     assert "1970-01-01T00:00:00.300Z" in page and "(300)" in page  # upper, ISO with its ms
     assert "class=bad" in page and "alert past 0h 5m" in page  # lag past the sink's threshold
     assert "never compacted" in page
-    assert "fail point append.before_delta_commit hit" in page  # the failed append's cause
+    assert "retryable: fail point append.before_delta_commit hit" in page  # the failed append's cause
 
     assert _get(f"{base}/reconcile/", cookie=token)[0] == 200  # the UI's cookie works too
     status, sink = _get(f"{base}/reconcile/sinks/paged", token=token)
     assert status == 200, sink[:500]
-    assert (
-        sink.count("<svg") == 3
-        and "rows per batch" in sink
-        and "upper at each commit" in sink
-        and "lag at each" in sink
-    )
-    assert "/dags/paged/runs/scheduled__2026-01-01T02%3A00%3A00%2B00%3A00/tasks/append" in sink
-    assert "drift 1" in sink and "Delta v2: WRITE by Apache-Spark" in sink  # the foreign version behind it
+    assert sink.count("<svg") == 3
+    assert "rows per batch" in sink and "upper at each commit" in sink and "lag at each commit" in sink
+    run = "/dags/paged/runs/scheduled__2026-01-01T02%3A00%3A00%2B00%3A00"
+    assert f"href='{run}'" in sink and f"href='{run}/tasks/append'" in sink and f"href='{run}/tasks/write'" in sink
+    # the drift the second batch repaired, and the foreign Delta version behind it (not the sink's v1)
+    assert "drift 1</span> (rows repaired)" in sink and "Delta v2: WRITE by Apache-Spark" in sink
+    assert "Delta v1:" not in sink
     assert "retryable: fail point append.before_delta_commit hit" in sink
+    assert "1970-01-01T00:00:00.200Z <span class=small>(200)</span>" in sink  # every time with its ms
     assert _get(f"{base}/reconcile/sinks/nope", token=token)[0] == 404
+    status, fresh = _get(f"{base}/reconcile/sinks/fresh", token=token)
+    assert status == 200 and "no shard yet" in fresh
+
+
+@pytest.mark.airflow
+def test_the_ledger_pages_by_key_through_the_api_server(shard_pages):
+    base, token, _ = shard_pages
+    status, older = _get(f"{base}/reconcile/sinks/paged?before=200", token=token)
+    assert status == 200, older[:500]
+    assert "<svg" not in older and "newest batches" in older  # charts on the first page only
+    assert "scheduled__2026-01-01T01:00:00+00:00" in older
+    assert "scheduled__2026-01-01T02:00:00+00:00" not in older and "manual__failed" not in older
+    assert _get(f"{base}/reconcile/sinks/paged?before=yesterday", token=token)[0] == 400
+
+
+@pytest.mark.airflow
+def test_the_nav_entry_is_in_airflows_plugin_list(shard_pages):
+    """Airflow 3.1's UI builds its nav from /api/v2/plugins; the entry opens /plugin/reconcile,
+    which frames /reconcile/ (the browser test follows it)."""
+    import json
+
+    base, token, _ = shard_pages
+    status, body = _get(f"{base}/api/v2/plugins", token=token)
+    assert status == 200, body[:300]
+    views = [v for p in json.loads(body)["plugins"] if p["name"] == "reconcile" for v in p["external_views"]]
+    assert len(views) == 1, views
+    want = {"name": "Reconcile shards", "href": "/reconcile/", "destination": "nav", "url_route": "reconcile"}
+    assert want.items() <= views[0].items(), views
 
 
 def test_the_ledger_pages_fast_with_10000_batches(tmp_path, sqlite_store, monkeypatch):
+    from sqlalchemy import event
+    from sqlalchemy.engine import Engine
+
     from reconcile.airflow.ui import PAGE, render_sink
     from reconcile.storage.tables import Batch, Shard
 
@@ -197,44 +192,60 @@ def test_the_ledger_pages_fast_with_10000_batches(tmp_path, sqlite_store, monkey
         )
     with sqlite_store.tx() as s:
         s.get(Shard, cfg.name).upper = 100 + 10 * 10_000
-    t0 = time.perf_counter()
-    first = render_sink(cfg.name)
-    t1 = time.perf_counter()
-    deep = render_sink(cfg.name, (100 + 10 * 5_000, f"{100 + 10 * 5_000}-{5_000:016x}"))
-    t2 = time.perf_counter()
+    pages: list[tuple[str, object]] = []
+
+    def grab(conn, cursor, statement, parameters, context, executemany):
+        if "FROM reconcile_batches" in statement and "LIMIT" in statement and "DESC" in statement:
+            pages.append((statement, parameters))
+
+    event.listen(Engine, "before_cursor_execute", grab)
+    try:
+        t0 = time.perf_counter()
+        first = render_sink(cfg.name)
+        t1 = time.perf_counter()
+        deep = render_sink(cfg.name, (100 + 10 * 5_000, f"{100 + 10 * 5_000}-{5_000:016x}"))
+        t2 = time.perf_counter()
+    finally:
+        event.remove(Engine, "before_cursor_execute", grab)
     assert first.count("<tr>") == PAGE + 1 and "older batches" in first
     assert "scheduled__9999" in first and "scheduled__4999" in deep and "scheduled__5000" not in deep
+    assert f"?before={100 + 10 * 9_950}:" in first  # the next page's key
     assert t1 - t0 < 1.0 and t2 - t1 < 1.0, (t1 - t0, t2 - t1)
+    # each page is read through the keyset index, never by sorting the shard's batches
+    statement, parameters = pages[-1]
+    with sqlite_store.engine.connect() as conn:
+        plan = " ".join(str(r) for r in conn.exec_driver_sql("EXPLAIN QUERY PLAN " + statement, parameters).all())
+    assert "ix_reconcile_batches_keyset" in plan and "TEMP B-TREE" not in plan, plan
 
 
-@pytest.mark.airflow
-def test_a_browser_logs_in_and_reads_the_pages(shard_pages):
-    """Headless Chromium (Debian's package) through playwright: Airflow's login page, then the
-    shard overview and a sink page."""
-    if not Path("/usr/bin/chromium").exists():
-        message = "/usr/bin/chromium is missing: apt-get install -y chromium (.ci/run does)"
-        if os.environ.get("CI"):
-            pytest.fail(message)
-        pytest.skip(message)
-    from playwright.sync_api import sync_playwright
+def test_batch_page_and_previous_committed_on_both_databases(store):
+    """Keyset pages newest first (several batches may share a lower) and the committed batch
+    below a lower, on SQLite and PostgreSQL."""
+    from reconcile.storage.tables import Batch, Shard
 
-    base, _, tmp = shard_pages
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path="/usr/bin/chromium", args=["--no-sandbox"])
-        page = browser.new_page()
-        page.goto(f"{base}/reconcile/")
-        assert "Not authenticated" in page.content()  # no login yet: the pages are closed
-        page.goto(f"{base}/auth/login")
-        page.get_by_label("Username").fill("admin")
-        page.get_by_label("Password").fill(PASSWORD)
-        page.get_by_role("button", name="Sign in").click()
-        page.wait_for_url(lambda url: "/auth/login" not in url, timeout=30_000)
-        page.goto(f"{base}/reconcile/")
-        assert page.get_by_role("heading", name="Reconcile shards").is_visible()
-        assert "fail point append.before_delta_commit hit" in page.content()
-        page.get_by_role("link", name="paged").click()
-        page.wait_for_url("**/reconcile/sinks/paged")
-        assert page.locator("svg").count() == 3
-        assert page.get_by_role("link", name="append log").first.get_attribute("href").startswith("/dags/paged/runs/")
-        page.screenshot(path=str(tmp / "sink-page.png"))
-        browser.close()
+    t = datetime(2026, 1, 1, tzinfo=UTC)
+    states = {"a": "superseded", "b": "committed", "c": "committed", "d": "minted", "e": "committed"}
+    lowers = {"a": 10, "b": 10, "c": 20, "d": 30, "e": 30}
+    with store.tx() as s:
+        s.add(Shard(**Shard.initial("kp", 10, at=t)))
+        s.add_all(
+            Batch(
+                batch_id=f"{lowers[k]}-{k}",
+                shard="kp",
+                lower=lowers[k],
+                upper=lowers[k] + 10,
+                state=state,
+                attempt=1,
+                created_at=t,
+                updated_at=t,
+            )  # fmt: skip
+            for k, state in states.items()
+        )
+    ids = [b.batch_id for b in store.batch_page("kp", limit=10)]
+    assert ids == ["30-e", "30-d", "20-c", "10-b", "10-a"]
+    assert [b.batch_id for b in store.batch_page("kp", before=(30, "30-d"), limit=2)] == ["20-c", "10-b"]
+    assert [b.batch_id for b in store.batch_page("kp", before=(30, ""), limit=10)] == ["20-c", "10-b", "10-a"]
+    assert store.last_batch("kp").batch_id == "30-e"
+    assert store.previous_committed("kp", 30).batch_id == "20-c"
+    assert store.previous_committed("kp", 20).batch_id == "10-b"
+    assert store.previous_committed("kp", 10) is None

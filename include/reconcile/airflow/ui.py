@@ -74,7 +74,8 @@ def _state(b) -> str:
     css = {"committed": "ok", "superseded": "small"}.get(b.state, "warn")
     if b.failure_kind:
         css = "bad"
-    cause = f"<br><span class={css}>{e(b.failure_kind or '')}: {e(b.message or '')}</span>" if b.message else ""
+    kind = f"{b.failure_kind}: " if b.failure_kind else ""
+    cause = f"<br><span class={css}>{e(kind + b.message)}</span>" if b.message else ""
     return f"<span class={css}>{e(b.state)}</span>{cause}"
 
 
@@ -181,18 +182,26 @@ def _svg_bars(title: str, bars: list[tuple[str, dict[str, int]]]) -> str:
     return "".join(out) + "</svg>"
 
 
-def foreign_versions(cfg: SinkConfig, after: int, up_to: int) -> list[dict]:
-    """The Delta versions in (after, up_to] that are not this sink's batch commits and changed
-    data: who wrote them (operation, engine, user, time), from the log alone."""
+FOREIGN_SHOWN = 20  # foreign Delta versions listed per drifting batch
+
+
+def foreign_versions(cfg: SinkConfig, after: int, up_to: int) -> tuple[list[dict], int]:
+    """The Delta versions in (after, up_to] that are not this sink's commits and changed data
+    (what ``write.drift_rows`` measures): who wrote them (operation, engine, user, time), read
+    from the log's commit files alone; at most :data:`FOREIGN_SHOWN` of them, with their count."""
     from reconcile.storage import delta as storage
 
-    out = []
-    for v in range(after + 1, up_to + 1):
+    out: list[dict] = []
+    count = 0
+    for v in (v for v in storage.log_versions(cfg) if after < v <= up_to):
         try:
             actions = storage.commit_actions(cfg, v)
-        except Exception:  # noqa: BLE001 - a version cleaned up by log retention: nothing to show
+        except Exception:  # noqa: BLE001 - removed by the log's cleanup meanwhile: nothing to show
             continue
-        if storage.describe_commit(actions) is not None:
+        if storage.describe_commit(actions) is not None:  # a batch of the sink, or maintenance
+            continue
+        count += 1
+        if len(out) == FOREIGN_SHOWN:
             continue
         info: dict = next((a["commitInfo"] for a in actions if "commitInfo" in a), {})
         out.append(
@@ -200,51 +209,95 @@ def foreign_versions(cfg: SinkConfig, after: int, up_to: int) -> list[dict]:
                 "version": v,
                 "operation": info.get("operation", "?"),
                 "engine": info.get("engineInfo") or info.get("clientVersion") or "?",
-                "user": info.get("userName") or info.get("userId") or "?",
+                "user": info.get("userName") or info.get("userId"),
                 "timestamp": info.get("timestamp"),
             }
         )
-    return out
+    return out, count
 
 
-def render_sink(name: str, after: tuple[int, str] | None = None, dag_url: str = "/dags") -> str:
+def _drift_cause(cfg: SinkConfig, b, previous) -> str:
+    """Which foreign Delta versions a batch's drift repaired: those after the version the
+    previous committed batch read (its commit and anything since) up to this batch's read."""
+    if not b.drift_rows or b.read_version is None:
+        return ""
+    base = -1
+    if previous is not None:
+        seen = previous.read_version if previous.read_version is not None else previous.delta_version
+        base = -1 if seen is None else seen
+    try:
+        writers, count = foreign_versions(cfg, base, b.read_version)
+    except Exception as exc:  # noqa: BLE001 - an unreadable log must not take the page down
+        return f"<br><span class=small>the Delta log cannot be read: {e(str(exc)[:200])}</span>"
+    if not writers:
+        return (
+            f"<br><span class=small>foreign Delta versions {base + 1}..{b.read_version}: "
+            "none found in the log (cleaned up since?)</span>"
+        )
+    lines = [
+        f"<br><span class=small>Delta v{w['version']}: {e(str(w['operation']))} by {e(str(w['engine']))}"
+        + (f", user {e(str(w['user']))}" if w["user"] else "")
+        + (f", {_time(w['timestamp'])}" if isinstance(w["timestamp"], int) else "")
+        + "</span>"
+        for w in writers
+    ]
+    if count > len(writers):
+        lines.append(f"<br><span class=small>and {count - len(writers)} more foreign versions</span>")
+    return "".join(lines)
+
+
+def _charts(committed: list) -> str:
+    at = [(int(b.updated_at.timestamp() * 1000) if b.updated_at else b.upper, b) for b in committed]
+    return (
+        _svg_lines("upper at each commit", {"upper": [(t, b.upper) for t, b in at]}, "epoch ms")
+        + _svg_lines(
+            "lag at each commit",
+            {"lag (commit time - upper)": [(t, (t - b.upper) / 3_600_000) for t, b in at]},
+            "hours",
+        )
+        + _svg_bars(
+            "rows per batch",
+            [
+                (
+                    f"[{iso(b.lower)}, {iso(b.upper)})",
+                    {"ok": b.rows_ok or 0, "errors": b.rows_err or 0, "drift": b.drift_rows or 0},
+                )
+                for b in committed
+            ],
+        )
+    )
+
+
+def _count(value: int | None) -> str:
+    return "-" if value is None else str(value)
+
+
+def render_sink(name: str, before: tuple[int, str] | None = None, dag_url: str = "/dags") -> str:
+    """One sink's page: charts (first page only), then ``PAGE`` ledger rows newest first,
+    older than the (lower, batch id) key ``before``."""
     from reconcile import settings
     from reconcile.config import load_sink
+    from reconcile.errors import SinkError
     from reconcile.model import COMMITTED
     from reconcile.storage.ledger import MetadataStore
 
     cfg = load_sink(name)
     store = MetadataStore(settings.metadata_url())
     try:
-        shard = store.get_shard(cfg.name)
-        page = store.batch_page(cfg.name, after=after, limit=PAGE)
-        newest = store.batch_page(cfg.name, limit=CHART_BATCHES) if after is None else []
-        committed = sorted((b for b in newest if b.state == COMMITTED), key=lambda b: b.lower)
-        prior = {b.batch_id: p for p, b in zip([None, *committed], committed, strict=False)}
+        try:
+            shard = store.get_shard(cfg.name)
+        except SinkError:
+            return _page(
+                f"{cfg.name}: reconcile shard",
+                f"<p><a href='../'>all shards</a></p><h1>{e(cfg.name)}</h1><p>no shard yet (no run minted)</p>",
+            )
+        page = store.batch_page(cfg.name, before=before, limit=PAGE)
+        newest = store.batch_page(cfg.name, limit=CHART_BATCHES) if before is None else []
+        previous = {b.batch_id: store.previous_committed(cfg.name, b.lower) for b in page if b.drift_rows}
     finally:
         store.dispose()
-    charts = ""
-    if after is None:
-        at = [(int(b.updated_at.timestamp() * 1000) if b.updated_at else b.upper, b) for b in committed]
-        charts = (
-            _svg_lines("upper at each commit", {"upper": [(t, b.upper) for t, b in at]}, "epoch ms")
-            + _svg_lines(
-                "lag at each commit",
-                {"lag (commit time - upper)": [(t, (t - b.upper) / 3_600_000) for t, b in at]},
-                "hours",
-            )
-            + _svg_bars(
-                "rows per batch",
-                [
-                    (
-                        f"[{iso(b.lower)}, {iso(b.upper)})",
-                        {"ok": b.rows_ok or 0, "errors": b.rows_err or 0, "drift": b.drift_rows or 0},
-                    )
-                    for b in committed
-                ],
-            )
-        )
-    dag = f"{dag_url}/{quote(cfg.name)}"
+    charts = _charts(sorted((b for b in newest if b.state == COMMITTED), key=lambda b: b.lower))
+    dag = f"{dag_url}/{quote(cfg.name, safe='')}"
     rows = []
     for b in page:
         run = quote(b.run_id or "", safe="")
@@ -254,38 +307,28 @@ def render_sink(name: str, after: tuple[int, str] | None = None, dag_url: str = 
             if b.run_id
             else "-"
         )
-        drift = _drift(b)
-        if b.drift_rows and b.read_version is not None:
-            before = prior.get(b.batch_id)
-            since_version = (
-                before.delta_version
-                if before and before.delta_version is not None
-                else max(-1, b.read_version - 20)  # beyond the charted batches: the last 20 versions
-            )
-            writers = foreign_versions(cfg, since_version, b.read_version)
-            drift += "".join(
-                f"<br><span class=small>Delta v{w['version']}: {e(str(w['operation']))} by {e(str(w['engine']))}"
-                f" (user {e(str(w['user']))}, {_time(w['timestamp'])})</span>"
-                for w in writers
-            )
+        drift = (
+            _drift(b) + (" (rows repaired)" if b.drift_rows else "") + _drift_cause(cfg, b, previous.get(b.batch_id))
+        )
         rows.append(
             f"<tr><td>{_time(b.lower)}</td><td>{_time(b.upper)}</td><td>{_state(b)}</td>"
-            f"<td>{b.delta_version if b.delta_version is not None else '-'}</td><td>{b.rows_ok if b.rows_ok is not None else '-'}</td>"
-            f"<td>{b.rows_err if b.rows_err is not None else '-'}</td><td>{drift}</td>"
-            f"<td>{e(b.run_id or '-')}<br>{links}</td></tr>"
+            f"<td>{_count(b.delta_version)}</td><td>{_count(b.rows_ok)}</td><td>{_count(b.rows_err)}</td>"
+            f"<td>{drift}</td><td>{e(b.run_id or '-')}<br>{links}</td></tr>"
         )
-    more = (
-        f"<p><a href='?after={page[-1].lower}:{quote(page[-1].batch_id)}'>older batches</a></p>"
-        if len(page) == PAGE
-        else ""
-    )
+    nav = []
+    if before is not None:
+        nav.append("<a href='?'>newest batches</a>")
+    if len(page) == PAGE:
+        nav.append(f"<a href='?before={page[-1].lower}:{quote(page[-1].batch_id, safe='')}'>older batches</a>")
     head = (
         f"<p><a href='../'>all shards</a></p><h1>{e(cfg.name)} <span class=small>({e(cfg.kind)})</span></h1>"
         f"<p>upper {_time(shard.upper)} · since {_time(shard.since) if shard.since else 'never compacted'} · "
         f"read-only {'yes' if shard.read_only else 'no'} · Delta version {shard.delta_version}</p>"
     )
+    older = f"<p class=small>batches before lower {_time(before[0])}</p>" if before else ""
     return _page(
         f"{cfg.name}: reconcile shard",
-        head + charts + "<h2>Ledger</h2><table><tr><th>lower</th><th>upper</th><th>state / cause</th><th>version</th>"
-        f"<th>ok</th><th>errors</th><th>drift</th><th>run</th></tr>{''.join(rows)}</table>{more}",
+        head + (charts if before is None else "") + f"<h2>Ledger</h2>{older}<table><tr><th>lower</th><th>upper</th>"
+        "<th>state / cause</th><th>version</th><th>ok</th><th>errors</th><th>drift</th><th>run</th></tr>"
+        f"{''.join(rows)}</table><p>{' · '.join(nav)}</p>",
     )

@@ -335,17 +335,24 @@ class MetadataStore:
                 q = q.where(Batch.state.in_(states))
             return list(s.scalars(q.order_by(Batch.lower, Batch.created_at)))
 
-    def batch_page(self, name: str, *, after: tuple[int, str] | None = None, limit: int = 50) -> list[Batch]:
-        """The shard's batches newest first (by lower, then batch id), ``limit`` of them after
-        the (lower, batch id) key ``after``: keyset paging, so a page costs the same at any depth."""
-        from sqlalchemy import and_, or_
+    def batch_page(self, name: str, *, before: tuple[int, str] | None = None, limit: int = 50) -> list[Batch]:
+        """The shard's batches newest first (by lower, then batch id), ``limit`` of them older
+        than the (lower, batch id) key ``before``: keyset paging on the index
+        ``ix_reconcile_batches_keyset``, so a page costs the same at any depth."""
+        from sqlalchemy import literal, tuple_
 
         with self.read() as s:
             q = select(Batch).where(Batch.shard == name)
-            if after is not None:
-                lower, batch_id = after
-                q = q.where(or_(Batch.lower < lower, and_(Batch.lower == lower, Batch.batch_id < batch_id)))
+            if before is not None:
+                lower, batch_id = before
+                q = q.where(tuple_(Batch.lower, Batch.batch_id) < tuple_(literal(lower), literal(batch_id)))
             return list(s.scalars(q.order_by(Batch.lower.desc(), Batch.batch_id.desc()).limit(limit)))
+
+    def previous_committed(self, name: str, lower: int) -> Batch | None:
+        """The committed batch of the shard just below ``lower`` (one index lookup)."""
+        with self.read() as s:
+            q = select(Batch).where(Batch.shard == name, Batch.state == COMMITTED, Batch.lower < lower)
+            return s.scalars(q.order_by(Batch.lower.desc()).limit(1)).first()
 
     def last_batch(self, name: str) -> Batch | None:
         page = self.batch_page(name, limit=1)

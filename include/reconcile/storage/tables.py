@@ -83,4 +83,6 @@ class Batch(Base):
             postgresql_where=text("state = 'committed'"),
         ),
         Index("ix_reconcile_batches_run", "shard", "run_id"),
+        # The ledger newest first, a page at a time at any depth (keyset on lower, batch id).
+        Index("ix_reconcile_batches_keyset", "shard", "lower", "batch_id"),
     )
