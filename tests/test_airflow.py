@@ -329,3 +329,47 @@ def test_a_narrower_winner_leaves_the_wider_run_skipped_with_the_true_reason(
     assert store.get_shard(name).upper == int(day2.timestamp() * 1000)  # nothing more was committed
     assert shard_as_of(spark, cfg, int(day2.timestamp() * 1000) - 1) == _model(rows)
     store.dispose()
+
+
+@pytest.mark.slow
+def test_the_correction_guard_stops_a_run_until_a_run_approves_it(airflow_db, spark, tmp_path, monkeypatch, capfd):
+    """A truncated source: the run's append fails (red: someone must act) with the numbers and
+    the remedy, nothing committed; a run triggered with {"approve_correction": true} commits it."""
+    from airflow.dag_processing.dagbag import DagBag
+    from airflow.utils.state import DagRunState
+
+    from reconcile.config import load_sink
+    from reconcile.storage import delta as storage
+    from reconcile.storage.ledger import MetadataStore
+
+    name = f"afg_{tmp_path.name[-8:].replace('-', '_').lower()}"
+    sinks, data = tmp_path / "sinks", tmp_path / "src"
+    _sink(sinks, data, name, retries=0, correction_guard={"max_share": 0.5, "min_rows": 1})
+    url = f"sqlite:///{tmp_path / 'meta.db'}"
+    monkeypatch.setenv("RECONCILE_SINKS_DIR", str(sinks))
+    monkeypatch.setenv("RECONCILE_WAREHOUSE", str(tmp_path / "wh"))
+    monkeypatch.setenv("RECONCILE_METADATA_URL", url)
+    dag = DagBag(dag_folder=str(ROOT / "dags")).get_dag(name)
+    cfg = load_sink(name)
+    full = [{"k": i, "v": "x"} for i in range(10)]
+    write_json_rows(data, full)
+    assert dag.test(logical_date=datetime(2026, 1, 2, tzinfo=UTC)).state == DagRunState.SUCCESS
+    version = storage.latest_version(cfg)
+
+    write_json_rows(data, full[:1])  # the upstream lost 9 of 10 rows
+    blocked = dag.test(logical_date=datetime(2026, 1, 3, tzinfo=UTC))
+    assert blocked.state == DagRunState.FAILED
+    assert {ti.task_id: ti.state for ti in blocked.get_task_instances()}["append"] == "failed"
+    logged = "".join(capfd.readouterr())
+    assert "correction guard" in logged and "retract 9 of the shard's 10 rows" in logged
+    assert f"python -m reconcile approve {name} " in logged
+    assert storage.latest_version(cfg) == version  # nothing committed
+
+    approved = dag.test(logical_date=datetime(2026, 1, 4, tzinfo=UTC), run_conf={"approve_correction": True})
+    assert approved.state == DagRunState.SUCCESS
+    store = MetadataStore(url)
+    batch = store.run_batch(name, approved.run_id)
+    assert batch.state == "committed" and batch.approved.startswith(f"run {approved.run_id}")
+    assert store.run_batch(name, blocked.run_id).state == "superseded"
+    assert shard_as_of(spark, cfg, batch.upper - 1) == _model(full[:1])
+    store.dispose()
