@@ -77,6 +77,23 @@ def _sink(sinks_dir: Path, data_dir: Path, name: str, kind: str = "query", **ext
     )
 
 
+def _dag_of(tmp_path: Path, monkeypatch, prefix: str, **extra):
+    """A daily query sink over ``tmp_path/src`` with its own warehouse and SQLite ledger, made
+    this process's environment: (name, its DAG, its config, the ledger's URL, the source folder)."""
+    from airflow.dag_processing.dagbag import DagBag
+
+    from reconcile.config import load_sink
+
+    name = f"{prefix}_{tmp_path.name[-8:].replace('-', '_').lower()}"
+    sinks, data = tmp_path / "sinks", tmp_path / "src"
+    _sink(sinks, data, name, **extra)
+    url = f"sqlite:///{tmp_path / 'meta.db'}"
+    monkeypatch.setenv("RECONCILE_SINKS_DIR", str(sinks))
+    monkeypatch.setenv("RECONCILE_WAREHOUSE", str(tmp_path / "wh"))
+    monkeypatch.setenv("RECONCILE_METADATA_URL", url)
+    return name, DagBag(dag_folder=str(ROOT / "dags")).get_dag(name), load_sink(name), url, data
+
+
 def _model(rows) -> Counter:
     return Counter((r["k"], r["v"], None) for r in rows)
 
@@ -216,24 +233,14 @@ def test_an_outdated_batch_skips_the_rest_of_its_run_with_the_reason(airflow_db,
     run's lower (to Delta; it died before the ledger heard of it, so mint could not know): write
     finds the batch outdated, and the run ends green with write, append and compaction skipped,
     the reason in the ledger."""
-    from airflow.dag_processing.dagbag import DagBag
     from airflow.utils.state import DagRunState
 
     from helpers import run_batch
     from reconcile import failpoints
-    from reconcile.config import load_sink
     from reconcile.errors import FailPointHit
     from reconcile.storage.ledger import MetadataStore
 
-    name = f"afo_{tmp_path.name[-8:].replace('-', '_').lower()}"
-    sinks, data = tmp_path / "sinks", tmp_path / "src"
-    _sink(sinks, data, name)
-    url = f"sqlite:///{tmp_path / 'meta.db'}"
-    monkeypatch.setenv("RECONCILE_SINKS_DIR", str(sinks))
-    monkeypatch.setenv("RECONCILE_WAREHOUSE", str(tmp_path / "wh"))
-    monkeypatch.setenv("RECONCILE_METADATA_URL", url)
-    dag = DagBag(dag_folder=str(ROOT / "dags")).get_dag(name)
-    cfg = load_sink(name)
+    name, dag, cfg, url, data = _dag_of(tmp_path, monkeypatch, "afo")
     rows = [{"k": 1, "v": "a"}, {"k": 2, "v": "b"}]
     write_json_rows(data, rows)
     day1, day2 = datetime(2026, 1, 2, tzinfo=UTC), datetime(2026, 1, 3, tzinfo=UTC)
@@ -275,23 +282,13 @@ def test_a_narrower_winner_leaves_the_wider_run_skipped_with_the_true_reason(
     import subprocess
     import sys
 
-    from airflow.dag_processing.dagbag import DagBag
     from airflow.utils.state import DagRunState
 
     from reconcile import failpoints
-    from reconcile.config import load_sink
     from reconcile.log import iso
     from reconcile.storage.ledger import MetadataStore
 
-    name = f"afn_{tmp_path.name[-8:].replace('-', '_').lower()}"
-    sinks, data = tmp_path / "sinks", tmp_path / "src"
-    _sink(sinks, data, name)
-    url = f"sqlite:///{tmp_path / 'meta.db'}"
-    monkeypatch.setenv("RECONCILE_SINKS_DIR", str(sinks))
-    monkeypatch.setenv("RECONCILE_WAREHOUSE", str(tmp_path / "wh"))
-    monkeypatch.setenv("RECONCILE_METADATA_URL", url)
-    dag = DagBag(dag_folder=str(ROOT / "dags")).get_dag(name)
-    cfg = load_sink(name)
+    name, dag, cfg, url, data = _dag_of(tmp_path, monkeypatch, "afn")
     rows = [{"k": 1, "v": "a"}]
     write_json_rows(data, rows)
     day2, day3 = datetime(2026, 1, 2, tzinfo=UTC), datetime(2026, 1, 3, tzinfo=UTC)
@@ -335,22 +332,13 @@ def test_a_narrower_winner_leaves_the_wider_run_skipped_with_the_true_reason(
 def test_the_correction_guard_stops_a_run_until_a_run_approves_it(airflow_db, spark, tmp_path, monkeypatch, capfd):
     """A truncated source: the run's append fails (red: someone must act) with the numbers and
     the remedy, nothing committed; a run triggered with {"approve_correction": true} commits it."""
-    from airflow.dag_processing.dagbag import DagBag
     from airflow.utils.state import DagRunState
 
-    from reconcile.config import load_sink
     from reconcile.storage import delta as storage
     from reconcile.storage.ledger import MetadataStore
 
-    name = f"afg_{tmp_path.name[-8:].replace('-', '_').lower()}"
-    sinks, data = tmp_path / "sinks", tmp_path / "src"
-    _sink(sinks, data, name, retries=0, correction_guard={"max_share": 0.5, "min_rows": 1})
-    url = f"sqlite:///{tmp_path / 'meta.db'}"
-    monkeypatch.setenv("RECONCILE_SINKS_DIR", str(sinks))
-    monkeypatch.setenv("RECONCILE_WAREHOUSE", str(tmp_path / "wh"))
-    monkeypatch.setenv("RECONCILE_METADATA_URL", url)
-    dag = DagBag(dag_folder=str(ROOT / "dags")).get_dag(name)
-    cfg = load_sink(name)
+    guard = {"max_share": 0.5, "min_rows": 1}
+    name, dag, cfg, url, data = _dag_of(tmp_path, monkeypatch, "afg", retries=0, correction_guard=guard)
     full = [{"k": i, "v": "x"} for i in range(10)]
     write_json_rows(data, full)
     assert dag.test(logical_date=datetime(2026, 1, 2, tzinfo=UTC)).state == DagRunState.SUCCESS
