@@ -22,7 +22,10 @@ and is timed bringing it to "after":
     SQLite metadata) whose shard was loaded with "before" by a first batch; ONE batch (mint +
     write + append through the library) is timed, and each stage apart;
 (b) Delta MERGE of the full snapshot: update the ids whose columns differ (null-safe), insert
-    the new ids, delete the ids missing from the snapshot (WHEN NOT MATCHED BY SOURCE);
+    the new ids, delete the ids missing from the snapshot (WHEN NOT MATCHED BY SOURCE); twice:
+    on a table without deletion vectors (b) and on one with them (b', ``delta.enableDeletion
+    Vectors``: MERGE marks changed rows instead of rewriting their files). The faster of the two
+    is MERGE at its best, the anchor of the ratio ``sink/merge``;
 (c) a full overwrite of a Delta table with the snapshot;
 (d) the bare-Spark floor: read "after" (Parquet) and "before" (a plain Delta table), compute the
     multiset difference (+1 / -1, grouped by all columns, non-zero sums) and write it as Parquet.
@@ -133,7 +136,13 @@ LAST = [
     "Hoare-Smith",
 ]
 LOREM = "lorem ipsum dolor sit amet consectetur adipiscing elit sed do eiusmod tempor incididunt "
-METHODS = [("sink_s", "sink (a)"), ("merge_s", "MERGE (b)"), ("overwrite_s", "overwrite (c)"), ("floor_s", "floor (d)")]
+METHODS = [
+    ("sink_s", "sink (a)"),
+    ("merge_s", "MERGE (b)"),
+    ("merge_dv_s", "MERGE+DV (b')"),
+    ("overwrite_s", "overwrite (c)"),
+    ("floor_s", "floor (d)"),
+]
 STAGES = ("mint_s", "write_s", "append_s")
 
 
@@ -324,25 +333,30 @@ def run_once(
     """Set up fresh tables holding "before" (not timed), time a, b, c, d, check the contents."""
     from reconcile.storage.delta import table_path
 
-    def delta_copy(label: str) -> str:
+    def delta_copy(label: str, deletion_vectors: bool = False) -> str:
         path = str(work / label)
         spark.read.parquet(before).write.format("delta").save(path)
+        if deletion_vectors:
+            spark.sql(f"ALTER TABLE delta.`{path}` SET TBLPROPERTIES ('delta.enableDeletionVectors' = 'true')")
         return path
 
     cfg = sink_config(work, name, before, partitions)
     sink_batch(spark, store, cfg, 0)
     merge_t, overwrite_t, floor_t = delta_copy("merge"), delta_copy("overwrite"), delta_copy("floor")
+    merge_dv_t = delta_copy("merge_dv", deletion_vectors=True)
 
     cfg = sink_config(work, name, after, partitions)
     r = sink_batch(spark, store, cfg, 1)
     r["merge_s"] = timed(merge, spark, merge_t, after)
+    r["merge_dv_s"] = timed(merge, spark, merge_dv_t, after)
     r["overwrite_s"] = timed(overwrite, spark, overwrite_t, after)
     r["floor_s"] = timed(floor, spark, floor_t, after, str(work / "floor_diff"))
 
     updates, inserts, deletes = split(changes)
     expected = 2 * updates + inserts + deletes
     read = spark.read.format("delta").load
-    problems = sink_problems(spark, store, cfg, 1, {"MERGE": read(merge_t), "overwrite": read(overwrite_t)})
+    references = {"MERGE": read(merge_t), "MERGE+DV": read(merge_dv_t), "overwrite": read(overwrite_t)}
+    problems = sink_problems(spark, store, cfg, 1, references)
     floor_rows = spark.read.parquet(str(work / "floor_diff")).count()
     for label, got in (("the sink's correction", r["updates"]), ("the floor's difference", floor_rows)):
         if got != expected:
@@ -391,7 +405,7 @@ def table(results: list[dict]) -> tuple[list[str], list[list[str]]]:
         "mint",
         "write",
         "append",
-        "a/b",
+        "a/min(b,b')",
         "a/c",
         "a/d",
         "(mint+append)/a",
@@ -422,6 +436,7 @@ def markdown(header: list[str], rows: list[list[str]], machine_info: dict, args)
     lines += ["| " + " | ".join(r) + " |" for r in rows]
     return (
         f"Seconds per method (median of {args.repeat} run(s)); a = sink batch (mint + write + append), b = Delta MERGE, "
+        "b' = MERGE on a table with deletion vectors, "
         f"c = overwrite, d = bare-Spark difference; {args.partitions} partitions, seed {args.seed}.\n\n"
         + "\n".join(lines)
         + "\n\n"
@@ -477,6 +492,7 @@ def run_size(
             print(
                 f"{label} N={n:,} f={f:g} run {rep + 1}: sink {r['sink_s']:.2f}s (mint {r['mint_s']:.2f}, "
                 f"write {r['write_s']:.2f}, append {r['append_s']:.2f})  MERGE {r['merge_s']:.2f}s  "
+                f"MERGE+DV {r['merge_dv_s']:.2f}s  "
                 f"overwrite {r['overwrite_s']:.2f}s  floor {r['floor_s']:.2f}s  [same contents]",
                 flush=True,
             )
@@ -489,7 +505,7 @@ def run_size(
                 "sink_updates": runs[0]["updates"],
                 **med,
                 "ratios": {
-                    "sink/merge": round(med["sink_s"] / med["merge_s"], 3),
+                    "sink/merge": round(med["sink_s"] / min(med["merge_s"], med["merge_dv_s"]), 3),
                     "sink/overwrite": round(med["sink_s"] / med["overwrite_s"], 3),
                     "sink/floor": round(med["sink_s"] / med["floor_s"], 3),
                     "mint+append/sink": round((med["mint_s"] + med["append_s"]) / med["sink_s"], 3),
