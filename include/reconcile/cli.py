@@ -14,9 +14,16 @@ Commands:
   run SINK [--frontier T] [--run-id ID]
                            one batch without Airflow (mint, write, append in this process)
   approve SINK BATCH       let a batch the correction guard stopped be appended
-  check SINK               sync the metadata, then list invariant violations (ledger vs Delta log)
+  check SINK [--deep] [--verify]
+                           sync the metadata, then list invariant violations (ledger vs Delta log;
+                           --verify: each batch's recorded checksum of the shard as of upper - 1)
+  recover SINK [--force]   rebuild the shard's metadata from its Delta log (lost, restored or ahead)
   compact SINK [--since T] [--no-vacuum]
                            advance since, consolidate the history before it, vacuum old files
+  history SINK [--as-of T] [--key K] [--errors] [--limit N] [--json] [--sql [--dialect D]]
+                           type-2 versions (valid_from, valid_to) per key (upsert) or distinct row
+  diff SINK --from T1 --to T2 [--errors] [--limit N] [--json]
+                           rows added and removed (with counts) in T1 < time <= T2
   demo                     run the demo sink for three intervals through Airflow and print it
 """
 
@@ -312,20 +319,45 @@ def cmd_check(args) -> int:
     from reconcile.config import load_sink
     from reconcile.sink import check
     from reconcile.sink.sync import sync
+    from reconcile.storage import delta as storage
 
     cfg = load_sink(args.sink)
     store = _store()
     spark = None
-    if args.deep:  # the rows themselves: checksums and the kind's invariants (Spark)
+    if args.deep or args.verify:  # the rows themselves (Spark)
         from reconcile.spark import get_session
 
         spark = get_session("reconcile-check")
+    if storage.exists(cfg):  # a lost metadata database: the sync rebuilds the row from the log
+        store.ensure_shard(cfg.name, cfg.as_of)
     sync(store, cfg)
-    problems = check.violations(store, cfg, spark=spark)
+    problems = check.violations(store, cfg, spark=spark if args.deep else None)
+    found: list[str] = []
+    verified = None
+    if args.verify:  # each batch's recorded checksums of the shard as of upper - 1, recomputed
+        found, verified = check.verify_checksums(store, cfg, spark)
+        problems += found
     for p in problems:
         print(f"VIOLATION {p}")
+    if (n := verified) is not None:
+        print(
+            f"verify: {n['verified']} batch(es) ({n['partitions']} partitions) checked against Delta version "
+            f"{n['version']}, {len(found)} partition(s) differ; {n['not_verifiable']} not verifiable (written "
+            f"before batches recorded checksums), {n['before_since']} before since (compacted)"
+        )
     print(f"{cfg.name}: {len(problems)} invariant violation(s)")
     return 1 if problems else 0
+
+
+def cmd_recover(args) -> int:
+    """Make the shard's metadata agree with its Delta log (a lost, restored or ahead ledger)."""
+    from reconcile.config import load_sink
+    from reconcile.sink.recover import run_recover
+
+    cfg = load_sink(args.sink)
+    result = run_recover(_store(), cfg, force=args.force)
+    print(f"recover: {result.message}")
+    return 0
 
 
 def cmd_compact(args) -> int:
@@ -340,6 +372,60 @@ def cmd_compact(args) -> int:
     result = run_compact(spark, store, cfg, since=args.since, vacuum_files=not args.no_vacuum)
     print(f"compact: {result.message}")
     return 4 if result.outcome == "raced" else 0
+
+
+def cmd_history(args) -> int:
+    """The shard's type-2 history, or (``--sql``) the view that computes it in any engine."""
+    from reconcile.config import load_sink
+    from reconcile.sink import history
+
+    cfg = load_sink(args.sink)
+    if args.sql:
+        print(history.view_sql(cfg, args.dialect, args.location, errors=args.errors))
+        return 0
+    from reconcile.spark import get_session
+
+    store = _store()
+    as_of = None
+    if args.as_of is not None:
+        as_of = history.parse_time(args.as_of, "--as-of")
+        shard = store.get_shard(cfg.name)
+        history.check_time(cfg, shard.since, shard.upper, as_of)  # before starting Spark
+    report = history.history_report(
+        get_session("reconcile-history"),
+        store,
+        cfg,
+        errors=args.errors,
+        keys=args.key,
+        as_of=as_of,
+        limit=args.limit,
+    )
+    if args.json:
+        print(history.to_json(report))
+    else:
+        history.print_history(cfg, report)
+    return 0
+
+
+def cmd_diff(args) -> int:
+    """The consolidated changes between two times."""
+    from reconcile.config import load_sink
+    from reconcile.sink import history
+    from reconcile.spark import get_session
+
+    cfg = load_sink(args.sink)
+    t1, t2 = history.parse_time(args.from_, "--from"), history.parse_time(args.to, "--to")
+    store = _store()
+    shard = store.get_shard(cfg.name)
+    history.check_range(cfg, shard.since, shard.upper, t1, t2)  # before starting Spark
+    report = history.diff_report(
+        get_session("reconcile-diff"), store, cfg, t1, t2, errors=args.errors, limit=args.limit
+    )
+    if args.json:
+        print(history.to_json(report))
+    else:
+        history.print_diff(cfg, report)
+    return 0
 
 
 def cmd_spark_server(args) -> int:
@@ -420,12 +506,44 @@ def main(argv: list[str] | None = None) -> int:
     ck.add_argument(
         "--deep", action="store_true", help="also read the committed rows (Spark): checksums, the kind's invariants"
     )
+    ck.add_argument(
+        "--verify",
+        action="store_true",
+        help="recompute each batch's checksums of the shard as of its upper - 1 from the Delta table (Spark)",
+    )
     ck.set_defaults(fn=cmd_check)
+    rc = sub.add_parser("recover", help="rebuild the shard's metadata from its Delta log")
+    rc.add_argument("sink")
+    rc.add_argument(
+        "--force", action="store_true", help="reset it to the log even if that drops batches the log no longer holds"
+    )
+    rc.set_defaults(fn=cmd_recover)
     cp = sub.add_parser("compact")
     cp.add_argument("sink")
     cp.add_argument("--since", type=int, default=None, help="new since (ms); default upper - retention.history_hours")
     cp.add_argument("--no-vacuum", action="store_true", help="leave unreferenced Delta files in place")
     cp.set_defaults(fn=cmd_compact)
+    hi = sub.add_parser("history", help="type-2 history: each version with valid_from and valid_to")
+    hi.add_argument("sink")
+    hi.add_argument("--as-of", default=None, help="only the versions valid at T (ms or ISO; since <= T < upper)")
+    hi.add_argument(
+        "--key", action="append", default=None, help="COLUMN=VALUE (repeatable), or VALUE for a single upsert key"
+    )
+    hi.add_argument("--errors", action="store_true", help="the error rows' history (left out otherwise)")
+    hi.add_argument("--limit", type=int, default=50)
+    hi.add_argument("--json", action="store_true", help="machine-readable: times as ms and ISO UTC")
+    hi.add_argument("--sql", action="store_true", help="print the view's SQL instead (Spark, DuckDB or Trino)")
+    hi.add_argument("--dialect", choices=["spark", "duckdb", "trino"], default="spark", help="for --sql")
+    hi.add_argument("--location", default=None, help="for --sql: the Delta table's location (default: the sink's)")
+    hi.set_defaults(fn=cmd_history)
+    df = sub.add_parser("diff", help="the rows added and removed between two times, with counts")
+    df.add_argument("sink")
+    df.add_argument("--from", dest="from_", required=True, help="T1 (ms or ISO, exclusive; since <= T1)")
+    df.add_argument("--to", required=True, help="T2 (ms or ISO, inclusive; T1 < T2 < upper)")
+    df.add_argument("--errors", action="store_true", help="the error rows' changes (left out otherwise)")
+    df.add_argument("--limit", type=int, default=50)
+    df.add_argument("--json", action="store_true", help="machine-readable: times as ms and ISO UTC")
+    df.set_defaults(fn=cmd_diff)
     ss = sub.add_parser("spark-server", help="a long-lived Spark Connect server for the Spark jobs")
     ss.add_argument("action", choices=["start", "stop", "status"])
     ss.add_argument("--port", type=int, default=15002)

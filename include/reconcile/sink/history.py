@@ -1,0 +1,433 @@
+"""A shard's history as type-2 versions, and the changes between two times: plain SQL over the
+Delta table (``python -m reconcile history`` and ``diff``).
+
+The shard is an update log; the collection as of ``t`` sums, per row, the ``_diff`` of the
+updates with ``_time <= t``. Read as a slowly changing dimension of type 2:
+
+- **query and changelog sinks**: a version of a distinct row is a maximal time interval during
+  which its count (multiplicity) is constant and non-zero: ``(row..., count, valid_from,
+  valid_to)``. A row whose count goes 1 -> 2 -> 0 has two versions.
+- **upsert sinks**: the same, numbered per key: a key's version is its value row from the
+  command that set it until the next change of its value or its delete (``valid_to``); the
+  columns are ``(schema columns..., version, count, valid_from, valid_to)``, ``count`` is 1
+  unless someone wrote behind the sink's back.
+- ``valid_from`` is the first time (epoch ms) the version is in the collection, ``valid_to``
+  the first time it is not (exclusive; null while current).
+- **Error rows are not values**: the history of ok rows leaves them out (an upsert key whose
+  value becomes an error row has no version meanwhile); ``errors=True`` gives the error rows'
+  own history (per distinct ``(row, _error)``, with ``_error``).
+- **Exact at and after since**: compaction advanced every update before the shard's ``since``
+  to ``since``, so versions that ended before it are gone, a version starting at ``since`` may
+  have begun earlier, and an upsert key's versions are numbered from there. Times before since
+  are refused (:func:`check_time`, :func:`check_range`).
+
+The SQL is standard (GROUP BY, window functions: ``SUM ... OVER``, ``LEAD``, ``ROW_NUMBER``), so
+Spark (``delta.`path```), DuckDB (``delta_scan('path')``) and Trino (a registered Delta table)
+run the same view; only identifier quoting differs. :func:`history` and :func:`diff` run it on a
+SparkSession.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from reconcile.config import SinkConfig, UpsertSink
+from reconcile.errors import SinkError
+from reconcile.log import iso
+from reconcile.storage import delta as storage
+
+DIALECTS = ("spark", "duckdb", "trino")
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+# -- names -----------------------------------------------------------------------------------------
+
+
+def _q(name: str, dialect: str) -> str:
+    if dialect == "spark":
+        return "`" + name.replace("`", "``") + "`"
+    return '"' + name.replace('"', '""') + '"'
+
+
+def output_names(cfg: SinkConfig) -> dict[str, str]:
+    """The names of the columns the views add (``count``, ``valid_from``, ``valid_to``,
+    ``version``, ``diff``), each prefixed with ``_`` as often as it takes to differ from the
+    sink's own columns."""
+    taken = {c.lower() for c in cfg.column_names}
+    out = {}
+    for base in ("count", "valid_from", "valid_to", "version", "diff"):
+        name = base
+        while name.lower() in taken:
+            name = "_" + name
+        out[base] = name
+    return out
+
+
+def table_ref(cfg: SinkConfig, dialect: str = "spark", location: str | None = None) -> str:
+    """How ``dialect`` names the shard's Delta table at ``location`` (default: the sink's)."""
+    loc = location or storage.table_path(cfg)
+    if dialect == "spark":
+        return "delta.`" + loc.replace("`", "``") + "`"
+    if dialect == "duckdb":
+        return "delta_scan('" + loc.replace("'", "''") + "')"
+    if dialect == "trino":  # Trino reads a Delta table registered in its catalog (see view_sql)
+        return f'"delta"."reconcile"."{cfg.name}"'
+    raise SinkError(f"unknown SQL dialect {dialect!r}: one of {', '.join(DIALECTS)}", sink=cfg.name)
+
+
+# -- SQL ---------------------------------------------------------------------------------------------
+
+
+def history_sql(cfg: SinkConfig, table: str, dialect: str = "spark", *, errors: bool = False) -> str:
+    """The SELECT of the shard's type-2 history over ``table`` (see :func:`table_ref`): per key
+    for upsert sinks, per distinct row otherwise; ok rows only, or (``errors``) the error rows'
+    history per distinct ``(row, _error)``."""
+    n = output_names(cfg)
+    cols = cfg.column_names + (["_error"] if errors else [])
+    row = ", ".join(_q(c, dialect) for c in cols)
+    t, d = _q("_time", dialect), _q("_diff", dialect)
+    cnt, vf, vt = _q(n["count"], dialect), _q(n["valid_from"], dialect), _q(n["valid_to"], dialect)
+    by_row = f"PARTITION BY {row} ORDER BY {t}"
+    sql = (
+        "WITH updates AS (\n"
+        f"  SELECT {row}, {t}, CAST(SUM({d}) AS BIGINT) AS {d}\n"
+        f"  FROM {table}\n"
+        f"  WHERE {_q('_error', dialect)} IS {'NOT ' if errors else ''}NULL\n"
+        f"  GROUP BY {row}, {t}\n"
+        f"  HAVING SUM({d}) <> 0\n"
+        "), counts AS (\n"
+        f"  SELECT {row},\n"
+        f"    CAST(SUM({d}) OVER ({by_row} ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW) AS BIGINT) AS {cnt},\n"
+        f"    {t} AS {vf},\n"
+        f"    LEAD({t}) OVER ({by_row}) AS {vt}\n"
+        "  FROM updates\n"
+        ")"
+    )
+    if errors or not isinstance(cfg, UpsertSink):
+        return sql + f"\nSELECT {row}, {cnt}, {vf}, {vt}\nFROM counts\nWHERE {cnt} <> 0"
+    keys = ", ".join(_q(k, dialect) for k in cfg.key_columns)
+    ties = "".join(f", {_q(v, dialect)} NULLS FIRST" for v in cfg.value_columns)
+    return (
+        sql
+        + f", versions AS (\n  SELECT {row}, {cnt}, {vf}, {vt}\n  FROM counts\n  WHERE {cnt} <> 0\n)\n"
+        + f"SELECT {row},\n  ROW_NUMBER() OVER (PARTITION BY {keys} ORDER BY {vf}{ties}) AS {_q(n['version'], dialect)},\n"
+        + f"  {cnt}, {vf}, {vt}\nFROM versions"
+    )
+
+
+def diff_sql(cfg: SinkConfig, table: str, t1: int, t2: int, dialect: str = "spark") -> str:
+    """The consolidated changes from ``t1`` (exclusive) to ``t2`` (inclusive): per distinct
+    ``(row, _error)`` the sum of the diffs of its updates with ``t1 < _time <= t2``, non-zero."""
+    row = ", ".join(_q(c, dialect) for c in [*cfg.column_names, "_error"])
+    t, d = _q("_time", dialect), _q("_diff", dialect)
+    return (
+        f"SELECT {row}, CAST(SUM({d}) AS BIGINT) AS {_q(output_names(cfg)['diff'], dialect)}\n"
+        f"FROM {table}\n"
+        f"WHERE {t} > {int(t1)} AND {t} <= {int(t2)}\n"
+        f"GROUP BY {row}\n"
+        f"HAVING SUM({d}) <> 0"
+    )
+
+
+def view_sql(cfg: SinkConfig, dialect: str = "spark", location: str | None = None, *, errors: bool = False) -> str:
+    """A view definition of the history (``history --sql``) for ``dialect``, over the Delta
+    table at ``location`` (default: the sink's)."""
+    loc = location or storage.table_path(cfg)
+    name = f"{cfg.name}_{'error_' if errors else ''}history"
+    what = (
+        "error rows, per distinct (row, _error)"
+        if errors
+        else ("per key" if isinstance(cfg, UpsertSink) else "per distinct row")
+    )
+    head = [
+        f"-- type-2 history of sink {cfg.name} ({cfg.kind}, {what}): valid_from inclusive, valid_to exclusive",
+        "-- (epoch ms; null while current). Exact at and after the shard's since (see `reconcile status`).",
+    ]
+    if dialect == "trino":
+        head.append(
+            "-- register the table first: CALL delta.system.register_table(schema_name => 'reconcile', "
+            f"table_name => '{cfg.name}', table_location => '{loc}')"
+        )
+        create = f'CREATE OR REPLACE VIEW "delta"."reconcile"."{name}" AS'
+    elif dialect == "spark":
+        create = f"CREATE OR REPLACE TEMPORARY VIEW {_q(name, dialect)} AS"
+    else:
+        create = f"CREATE OR REPLACE VIEW {_q(name, dialect)} AS"
+    body = history_sql(cfg, table_ref(cfg, dialect, loc), dialect, errors=errors)
+    return "\n".join([*head, create, body + ";"])
+
+
+# -- times and ranges --------------------------------------------------------------------------------
+
+
+def parse_time(text: str | int, what: str = "time") -> int:
+    """Epoch milliseconds from an integer or an ISO-8601 timestamp (naive: UTC)."""
+    if isinstance(text, int):
+        return text
+    s = text.strip()
+    if re.fullmatch(r"-?\d+", s):
+        return int(s)
+    try:
+        dt = datetime.fromisoformat(s.replace("Z", "+00:00").replace("z", "+00:00"))
+    except ValueError:
+        raise SinkError(f"{what} {text!r} is neither epoch milliseconds nor an ISO-8601 timestamp") from None
+    if dt.tzinfo is None:
+        dt = dt.replace(tzinfo=UTC)
+    return (dt - _EPOCH) // timedelta(milliseconds=1)
+
+
+def check_time(cfg: SinkConfig, since: int, upper: int, t: int) -> None:
+    """Refuse a time the shard cannot answer exactly: before since, or not yet final."""
+    if upper <= since or upper <= 0:
+        raise SinkError("the shard has no committed batch yet: no readable time", sink=cfg.name)
+    if not since <= t < upper:
+        raise SinkError(
+            f"as of {iso(t)} is outside the shard's readable times [since, upper - 1] = "
+            f"[{iso(since)}, {iso(upper - 1)}]" + (" (before since it was compacted)" if t < since else ""),
+            sink=cfg.name,
+        )
+
+
+def check_range(cfg: SinkConfig, since: int, upper: int, t1: int, t2: int) -> None:
+    """``since <= t1 < t2 < upper``, or a one-line :class:`SinkError` naming the valid range."""
+    if upper <= since or upper <= 0:
+        raise SinkError("the shard has no committed batch yet: nothing to diff", sink=cfg.name)
+    if not since <= t1 < t2 < upper:
+        raise SinkError(
+            f"diff from {iso(t1)} to {iso(t2)} is out of range: it needs since <= FROM < TO < upper, "
+            f"i.e. {iso(since)} <= FROM < TO <= {iso(upper - 1)}",
+            sink=cfg.name,
+        )
+
+
+def _require_table(cfg: SinkConfig) -> None:
+    if not storage.exists(cfg):
+        raise SinkError(f"the shard's Delta table at {storage.table_path(cfg)} has no commits yet", sink=cfg.name)
+
+
+# -- running on Spark ----------------------------------------------------------------------------------
+
+
+def key_filter(cfg: SinkConfig, keys: list[str] | None) -> dict[str, str]:
+    """``--key`` arguments as ``{column: value}``: ``COL=VALUE`` (any column of the sink), or a
+    bare ``VALUE`` for an upsert sink with one key column."""
+    names = {c.lower(): c for c in cfg.column_names}
+    out: dict[str, str] = {}
+    for k in keys or []:
+        col, sep, value = k.partition("=")
+        if sep and col.strip().lower() in names:
+            out[names[col.strip().lower()]] = value
+        elif isinstance(cfg, UpsertSink) and len(cfg.key_columns) == 1:
+            out[cfg.key_columns[0]] = k
+        else:
+            raise SinkError(
+                f"--key {k!r}: expected COLUMN=VALUE with a column of {cfg.column_names}"
+                + ("" if not isinstance(cfg, UpsertSink) else f" (key: {list(cfg.key_columns)})"),
+                sink=cfg.name,
+            )
+    return out
+
+
+def history(
+    spark: SparkSession,
+    cfg: SinkConfig,
+    *,
+    errors: bool = False,
+    key: Mapping[str, str] | None = None,
+    as_of: int | None = None,
+) -> DataFrame:
+    """The history view run by Spark over the shard's Delta table; ``key``: only versions whose
+    columns equal these values (compared as strings); ``as_of``: only the versions valid then."""
+    n = output_names(cfg)
+    df = spark.sql(history_sql(cfg, table_ref(cfg, "spark"), "spark", errors=errors))
+    for col, value in (key or {}).items():
+        df = df.where(F.col(_q(col, "spark")).cast("string") == F.lit(value))
+    if as_of is not None:
+        vf, vt = F.col(n["valid_from"]), F.col(n["valid_to"])
+        df = df.where((vf <= as_of) & (vt.isNull() | (vt > as_of)))
+    return df
+
+
+def diff(spark: SparkSession, cfg: SinkConfig, t1: int, t2: int) -> DataFrame:
+    """The consolidated changes ``t1 < _time <= t2`` (:func:`diff_sql`) run by Spark."""
+    return spark.sql(diff_sql(cfg, table_ref(cfg, "spark"), t1, t2, "spark"))
+
+
+def _when(ms: int | None) -> dict | None:
+    return None if ms is None else {"ms": ms, "iso": iso(ms).split(" ")[0]}
+
+
+def _order(cfg: SinkConfig, errors: bool) -> list[str]:
+    n = output_names(cfg)
+    if isinstance(cfg, UpsertSink) and not errors:  # per key: its versions in time order
+        keys = list(cfg.key_columns)
+        return keys + [n["valid_from"]] + [c for c in cfg.column_names if c not in keys]
+    return [*cfg.column_names, *(["_error"] if errors else []), n["valid_from"]]
+
+
+def history_report(
+    spark: SparkSession,
+    store,
+    cfg: SinkConfig,
+    *,
+    errors: bool = False,
+    keys: list[str] | None = None,
+    as_of: int | None = None,
+    limit: int = 50,
+) -> dict:
+    """What ``history`` prints: the shard's frontiers, its versions (ordered by key or row, then
+    valid_from; at most ``limit``) and, when compaction cut the history, the note saying so."""
+    shard = store.get_shard(cfg.name)
+    if as_of is not None:
+        check_time(cfg, shard.since, shard.upper, as_of)
+    _require_table(cfg)
+    n = output_names(cfg)
+    df = history(spark, cfg, errors=errors, key=key_filter(cfg, keys), as_of=as_of)
+    rows = (
+        df.orderBy(*[F.col(_q(c, "spark")).asc_nulls_first() for c in _order(cfg, errors)]).limit(limit + 1).collect()
+    )
+    note = None
+    if shard.since > 0 and df.where(F.col(n["valid_from"]) <= shard.since).limit(1).count():
+        note = (
+            f"history before since {iso(shard.since)} was compacted: versions that ended before it are gone, "
+            "and those valid from since may have begun earlier (exact from since on)"
+        )
+    versions = []
+    for r in rows[:limit]:
+        d = r.asDict()
+        d[n["valid_from"]] = _when(d[n["valid_from"]])
+        d[n["valid_to"]] = _when(d[n["valid_to"]])
+        versions.append(d)
+    return {
+        "sink": cfg.name,
+        "kind": cfg.kind,
+        "per": "error row" if errors else ("key" if isinstance(cfg, UpsertSink) else "distinct row"),
+        "since": _when(shard.since),
+        "upper": _when(shard.upper),
+        "as_of": _when(as_of),
+        "note": note,
+        "versions": versions,
+        "truncated": len(rows) > limit,
+    }
+
+
+def diff_report(
+    spark: SparkSession, store, cfg: SinkConfig, t1: int, t2: int, *, errors: bool = False, limit: int = 50
+) -> dict:
+    """What ``diff`` prints: the rows added (``diff`` > 0) and removed (< 0) from ``t1``
+    (exclusive) to ``t2`` (inclusive), ok rows or (``errors``) error rows, with totals."""
+    shard = store.get_shard(cfg.name)
+    check_range(cfg, shard.since, shard.upper, t1, t2)
+    _require_table(cfg)
+    name = output_names(cfg)["diff"]
+    df = diff(spark, cfg, t1, t2).cache()
+    try:
+        totals = {
+            (r["err"], r["up"]): (int(r["rows"]), int(r["weight"]))
+            for r in df.groupBy(F.col("_error").isNotNull().alias("err"), (F.col(name) > 0).alias("up"))
+            .agg(F.count(F.lit(1)).alias("rows"), F.sum(F.abs(F.col(name))).alias("weight"))
+            .collect()
+        }
+        mine = df.where(F.col("_error").isNotNull() if errors else F.col("_error").isNull())
+        if not errors:
+            mine = mine.drop("_error")
+        order = [F.col(_q(c, "spark")).asc_nulls_first() for c in [*cfg.column_names] + (["_error"] if errors else [])]
+        rows = mine.orderBy(*order, F.col(name)).limit(limit + 1).collect()
+    finally:
+        df.unpersist()
+
+    def total(err: bool, up: bool) -> dict:
+        n_rows, weight = totals.get((err, up), (0, 0))
+        return {"rows": n_rows, "count": weight}
+
+    return {
+        "sink": cfg.name,
+        "from": _when(t1),
+        "to": _when(t2),
+        "errors": errors,
+        "added": total(errors, True),
+        "removed": total(errors, False),
+        "error_rows_changed": sum(total(True, up)["rows"] for up in (True, False)),
+        "changes": [r.asDict() for r in rows[:limit]],
+        "truncated": len(rows) > limit,
+    }
+
+
+# -- printing --------------------------------------------------------------------------------------
+
+
+def _cell(v: Any) -> str:
+    if v is None:
+        return "null"
+    if isinstance(v, dict) and "ms" in v:
+        return iso(v["ms"])
+    return str(v)
+
+
+def _table(header: list[str], rows: list[list[str]]) -> list[str]:
+    widths = [max([len(h)] + [len(r[i]) for r in rows]) for i, h in enumerate(header)]
+    return [
+        "  " + "  ".join(c.ljust(w) for c, w in zip(line, widths, strict=True)).rstrip() for line in [header, *rows]
+    ]
+
+
+def to_json(report: dict) -> str:
+    return json.dumps(report, indent=2, default=str)
+
+
+def print_history(cfg: SinkConfig, report: dict) -> None:
+    n = output_names(cfg)
+    at = f", the versions valid as of {iso(report['as_of']['ms'])}" if report["as_of"] else ""
+    what = "error rows' history" if report["per"] == "error row" else f"type-2 history per {report['per']}"
+    print(
+        f"{cfg.name} ({cfg.kind}): {what}{at}; valid_from inclusive, valid_to exclusive ('current': still valid "
+        f"at upper - 1, upper {iso(report['upper']['ms'])}); error rows {'only' if report['per'] == 'error row' else 'left out (--errors)'}"
+    )
+    if report["note"]:
+        print(f"note: {report['note']}")
+    versions = report["versions"]
+    if not versions:
+        print("  (no versions)")
+        return
+    cols = [c for c in versions[0] if c not in (n["valid_from"], n["valid_to"])]
+    header = [*cols, n["valid_from"], n["valid_to"]]
+    body = [
+        [
+            *(_cell(v[c]) for c in cols),
+            _cell(v[n["valid_from"]]),
+            _cell(v[n["valid_to"]]) if v[n["valid_to"]] else "current",
+        ]
+        for v in versions
+    ]
+    for line in _table(header, body):
+        print(line)
+    if report["truncated"]:
+        print(f"  (first {len(versions)} versions; --limit shows more)")
+
+
+def print_diff(cfg: SinkConfig, report: dict) -> None:
+    name = output_names(cfg)["diff"]
+    kind = "error row(s)" if report["errors"] else "row(s)"
+    a, r = report["added"], report["removed"]
+    print(
+        f"{cfg.name}: changes from {iso(report['from']['ms'])} (exclusive) to {iso(report['to']['ms'])} (inclusive): "
+        f"{a['rows']} {kind} added (count {a['count']}), {r['rows']} removed (count {r['count']})"
+    )
+    if not report["errors"] and report["error_rows_changed"]:
+        print(f"  and {report['error_rows_changed']} error row(s) changed (--errors lists them)")
+    changes = report["changes"]
+    if not changes:
+        return
+    cols = [c for c in changes[0] if c != name]
+    body = [[f"{'+' if c[name] > 0 else ''}{c[name]}", *(_cell(c[k]) for k in cols)] for c in changes]
+    for line in _table([name, *cols], body):
+        print(line)
+    if report["truncated"]:
+        print(f"  (first {len(changes)} changes; --limit shows more)")
