@@ -64,8 +64,26 @@ class MetadataUnavailable(Retryable):
     )
 
 
+class SchemaRecreated(MetadataUnavailable):
+    """The ledger's tables were gone (a dropped schema, a replaced database file) and were
+    created again; the store's entry points retry once, so a shard is rebuilt from its log."""
+
+    remedy = (
+        "nothing to repair: the task retries by itself and rebuilds the shard from its Delta log "
+        "(`python -m reconcile recover SINK` does it now)."
+    )
+
+
 class ShardNotFound(SinkError):
-    remedy = "run the sink's 'mint' task first (it creates the shard row), or check the sink name."
+    remedy = (
+        "run the sink's 'mint' task first (it creates the shard row), or check the sink name; a lost "
+        "metadata database is rebuilt from the Delta log by `python -m reconcile recover SINK`."
+    )
+
+
+class MetadataAheadOfLog(SinkError):
+    """The ledger records batch commits the Delta log does not hold (the table was restored from
+    an older copy, or replaced): writing on would use a lower the table does not end at."""
 
 
 class BatchNotFound(SinkError):

@@ -11,7 +11,10 @@
   has not moved. Any other open description with a ``lower`` at or below the new one is
   superseded (its staged files are deleted by the next append's garbage collection).
 
-Minting only touches the metadata table: no Spark, no Delta.
+Minting only touches the metadata table: no Spark, no Delta; except that a mint that finds no
+shard row while the shard's Delta table has commits (the metadata database was lost) first
+rebuilds the row from the Delta log (``sync``: the log's commit files, no JVM), so its batch
+starts where the table ends.
 """
 
 from __future__ import annotations
@@ -23,6 +26,8 @@ from datetime import UTC, datetime
 from reconcile.config import SinkConfig
 from reconcile.log import event
 from reconcile.model import BatchDescription
+from reconcile.sink.sync import sync
+from reconcile.storage import delta as storage
 from reconcile.storage.ledger import MetadataStore
 
 log = logging.getLogger("reconcile.mint")
@@ -95,6 +100,10 @@ def run_mint(
     *,
     read_only: bool = False,
 ) -> MintResult:
+    if not store.has_shard(cfg.name) and storage.exists(cfg):  # a lost metadata database: rebuild the row
+        if store.create_shard(cfg.name, cfg.as_of):
+            shard = sync(store, cfg)
+            event(log, "rebuilt the shard's metadata from the Delta log", sink=cfg.name, upper=shard.upper)
     desc, why = store.mint(cfg.name, cfg.as_of, run_id, attempt, frontier, read_only=read_only or cfg.read_only)
     shard = store.get_shard(cfg.name)
     line = event(

@@ -5,7 +5,14 @@ ledger follows it. For each batch commit found after the last version the ledger
 (commit metadata ``{"reconcile": {"op": "batch", ...}}``), :meth:`MetadataStore.absorb_commit`
 compare-and-sets ``upper`` from the batch's ``lower`` to its ``upper`` and marks the batch
 committed. This repairs a crash between the Delta commit and the ledger update, whoever comes
-next.
+next; it also rebuilds a lost ledger, or rolls one restored from an older backup forward (and
+raises ``since`` to the log's compactions).
+
+The log must hold what the ledger absorbed: the ledger's last committed batch must still be the
+commit at its Delta version (one index lookup and one small file read per sync). A ledger ahead
+of the log (the Delta table restored from an older copy) is refused with
+:class:`~reconcile.errors.MetadataAheadOfLog` before anything is written: the next batch's
+``lower`` would not be where the table ends. ``python -m reconcile recover`` resets it.
 """
 
 from __future__ import annotations
@@ -13,11 +20,12 @@ from __future__ import annotations
 import logging
 
 from reconcile.config import SinkConfig
-from reconcile.log import event
+from reconcile.errors import MetadataAheadOfLog, SinkError
+from reconcile.log import event, iso
 from reconcile.model import COMMITTED
 from reconcile.storage import delta as storage
 from reconcile.storage.ledger import MetadataStore
-from reconcile.storage.tables import Shard
+from reconcile.storage.tables import Batch, Shard
 
 log = logging.getLogger("reconcile.sync")
 
@@ -25,15 +33,105 @@ log = logging.getLogger("reconcile.sync")
 def sync(store: MetadataStore, cfg: SinkConfig) -> Shard:
     """Roll the metadata forward to every batch commit in the Delta log it has not absorbed."""
     shard = store.get_shard(cfg.name)
+    last = store.previous_committed(cfg.name, shard.upper)  # read before the log is listed
     if not storage.exists(cfg):
+        check_log_holds_ledger(cfg, shard, last, None)
         return shard
     latest, entries = storage.history_since(cfg, shard.delta_version)
-    for rec in storage.batch_commits(entries):
+    check_log_holds_ledger(cfg, shard, last, latest)
+    commits = storage.batch_commits(entries)
+    # A new row (the metadata database was lost) for a log whose first commit files Delta's
+    # log cleanup removed: the history starts at the first batch still there.
+    truncated = shard.delta_version < 0 and bool(entries) and entries[0][0] > 0
+    if truncated and not commits:
+        refuse_truncated(cfg, entries[0][0])
+    for rec in commits:
         if store.absorb_commit(cfg.name, rec):
             event(log, "rolled metadata forward to a Delta batch commit", sink=cfg.name, **rec.summary())
+    since = compacted_since(entries, truncated)
+    if since is not None and store.absorb_since(cfg.name, since):
+        event(log, "raised since to the Delta log's last compaction", sink=cfg.name, since=since)
     if entries:
         store.note_delta_version(cfg.name, latest)
     return store.get_shard(cfg.name)
+
+
+def compacted_since(entries: list[tuple[int, dict | None]], truncated: bool = False) -> int | None:
+    """The highest ``since`` the log's compaction commits record (None without one). Of a log
+    whose first commit files were cleaned up (``truncated``) a compaction may be gone: reads
+    are then promised exact only from the first batch still there on (a narrower promise)."""
+    found = [int(m["since"]) for _, m in entries if m and m.get("op") == "compact" and m.get("since") is not None]
+    if truncated:
+        found += [c.lower for c in storage.batch_commits(entries)[:1]]
+    return max(found, default=None)
+
+
+def refuse_truncated(cfg: SinkConfig, first: int) -> None:
+    """A lost ledger cannot be rebuilt from a log that no longer says where the shard ends."""
+    txn = storage.last_txn_version(cfg)
+    if txn is None:  # the sink never committed a batch to this table
+        return
+    raise SinkError(
+        f"cannot rebuild the shard's metadata from the Delta log: its commit files before version {first} were "
+        f"cleaned up (delta.logRetentionDuration) and none of those left holds a batch of the sink, so where the "
+        f"shard ends is unknown (its last committed lower is {iso(txn)})",
+        sink=cfg.name,
+        remedy=f"restore the metadata database from a backup, then run `python -m reconcile recover {cfg.name}` "
+        "(it rolls the backup forward to the log).",
+    )
+
+
+def check_log_holds_ledger(cfg: SinkConfig, shard: Shard, last: Batch | None, latest: int | None) -> None:
+    """Refuse a ledger ahead of the Delta log (``latest``: the log's last version, None without
+    a table): the log must reach every version the ledger absorbed, and the version of the
+    ledger's last committed batch (``last``) must still be that batch's commit (a commit file
+    Delta's log cleanup removed is older than the log's checkpoint: the log is past it)."""
+    if latest is None:
+        ahead = last is not None or shard.delta_version >= 0
+    else:
+        ahead = latest < shard.delta_version
+    held = None
+    if not ahead and latest is not None and last is not None and last.delta_version is not None:
+        if last.delta_version > latest:
+            ahead = True
+        else:
+            found, meta = storage.version_description(cfg, last.delta_version)
+            m = meta or {}
+            held = f"batch {m.get('batch_id')}" if m.get("op") == "batch" else m.get("op") or "a foreign commit"
+            ahead = found and held != f"batch {last.batch_id}"
+    if ahead:
+        raise ahead_of_log(cfg, shard, last, latest, held)
+
+
+def ahead_of_log(
+    cfg: SinkConfig, shard: Shard, last: Batch | None, latest: int | None, held: str | None = None
+) -> MetadataAheadOfLog:
+    """The one-line error for a ledger ahead of its Delta log, with the log's actual end."""
+    if latest is None:
+        end = f"the Delta table at {storage.table_path(cfg)} has no commits"
+        log_upper = None
+    else:
+        commits = storage.batch_commits(storage.history_since(cfg, -1)[1])
+        log_upper = commits[-1].upper if commits else None
+        end = f"the Delta log ends at version {latest} with " + (
+            f"upper={iso(log_upper)} (batch {commits[-1].batch_id})" if commits else "no batch committed"
+        )
+    said = f"upper={iso(shard.upper)}"
+    if last is not None:
+        said += f" (batch {last.batch_id} committed at Delta version {last.delta_version})"
+    else:
+        said += f" (Delta versions absorbed up to {shard.delta_version})"
+    if held is not None and last is not None:
+        end += f"; its version {last.delta_version} is {held}"
+    redo = f"from {iso(log_upper)} on" if log_upper is not None else "from the sink's as_of on"
+    return MetadataAheadOfLog(
+        f"the metadata says {said} but {end}: the Delta table was restored from an older copy or replaced; "
+        "nothing was written",
+        sink=cfg.name,
+        remedy=f"put the newer Delta table back if it still exists; otherwise stop the sink's runs and run "
+        f"`python -m reconcile recover {cfg.name} --force`: it resets the metadata to the Delta log, and the next "
+        f"run recomputes the shard {redo}.",
+    )
 
 
 def stale_staged(store: MetadataStore, cfg: SinkConfig) -> list[str]:

@@ -17,23 +17,25 @@ from __future__ import annotations
 import json
 import logging
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
-from functools import lru_cache
+from functools import lru_cache, wraps
 from pathlib import Path
+from typing import ParamSpec, TypeVar
 
-from sqlalchemy import create_engine, event, inspect, select, update
+from sqlalchemy import create_engine, event, inspect, or_, select, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.engine import Engine
-from sqlalchemy.exc import IntegrityError, InterfaceError, OperationalError
+from sqlalchemy.exc import IntegrityError, InterfaceError, OperationalError, ProgrammingError
 from sqlalchemy.orm import Session
 
 from reconcile.errors import (
     BatchNotFound,
     InconsistentState,
     MetadataUnavailable,
+    SchemaRecreated,
     ShardNotFound,
     SinkError,
     UpperMismatch,
@@ -109,6 +111,25 @@ def current_revision(engine: Engine) -> str | None:
         return conn.exec_driver_sql("SELECT version_num FROM alembic_version").scalar()
 
 
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def _retried_once_if_schema_recreated(fn: Callable[P, R]) -> Callable[P, R]:
+    """The store's entry points (the first call of every stage) go on once the lost tables
+    were created again: the caller then finds no shard row, or rebuilds it from the Delta log."""
+
+    @wraps(fn)
+    def call(*args: P.args, **kwargs: P.kwargs) -> R:
+        try:
+            return fn(*args, **kwargs)
+        except SchemaRecreated as exc:
+            log.warning(str(exc))
+            return fn(*args, **kwargs)
+
+    return call
+
+
 class MetadataStore:
     def __init__(self, url: str, *, auto_migrate: bool = True):
         self.url = url
@@ -143,13 +164,33 @@ class MetadataStore:
         cause = " ".join(str(getattr(exc, "orig", exc)).split())
         return MetadataUnavailable(f"metadata database {self.safe_url} unreachable or locked: {cause}.")
 
+    def _failed(self, exc: Exception) -> Exception:
+        """What a failed statement becomes: if the ledger's tables are gone (a dropped schema,
+        a replaced database file) they are created again (:class:`SchemaRecreated`, which the
+        store's entry points retry once: the shard is then rebuilt from the Delta log);
+        otherwise an unreachable database is :class:`MetadataUnavailable` (retryable)."""
+        missing = isinstance(exc, ProgrammingError) or "no such table" in str(getattr(exc, "orig", exc))
+        if missing and current_revision_safe(self.engine) != head():
+            _CHECKED.discard(self.url)
+            try:
+                self._ensure_schema()
+            except SinkError as again:
+                return again
+            return SchemaRecreated(
+                f"metadata database {self.safe_url} had lost its tables (dropped or replaced): created them "
+                "again; the next attempt rebuilds each shard from its Delta log."
+            )
+        if isinstance(exc, ProgrammingError):
+            return exc
+        return self._unavailable(exc)
+
     @contextmanager
     def tx(self) -> Iterator[Session]:
         try:
             with Session(self.engine, expire_on_commit=False) as session, session.begin():
                 yield session
-        except (OperationalError, InterfaceError) as exc:
-            raise self._unavailable(exc) from exc
+        except (OperationalError, InterfaceError, ProgrammingError) as exc:
+            raise self._failed(exc) from exc
 
     @contextmanager
     def read(self) -> Iterator[Session]:
@@ -157,8 +198,8 @@ class MetadataStore:
         try:
             with Session(self.engine, expire_on_commit=False) as session:
                 yield session
-        except (OperationalError, InterfaceError) as exc:
-            raise self._unavailable(exc) from exc
+        except (OperationalError, InterfaceError, ProgrammingError) as exc:
+            raise self._failed(exc) from exc
 
     # -- shards -------------------------------------------------------------------------------
 
@@ -172,22 +213,41 @@ class MetadataStore:
             raise ShardNotFound("no shard row in the metadata table", sink=name)
         return shard
 
+    @_retried_once_if_schema_recreated
     def ensure_shard(self, name: str, as_of: int, *, read_only: bool = False) -> Shard:
         """Create the shard's row if missing (``INSERT ... ON CONFLICT DO NOTHING``: concurrent
         first mints of a new shard both succeed and share one row)."""
+        return self._ensure_shard(name, as_of, read_only=read_only)[0]
+
+    @_retried_once_if_schema_recreated
+    def create_shard(self, name: str, as_of: int, *, read_only: bool = False) -> bool:
+        """:meth:`ensure_shard`; True if this call created the row (a new shard, or a shard
+        whose row was lost with the metadata database: its Delta log says what it held)."""
+        return self._ensure_shard(name, as_of, read_only=read_only)[1]
+
+    def _ensure_shard(self, name: str, as_of: int, *, read_only: bool) -> tuple[Shard, bool]:
         with self.tx() as s:
             t = now()
             values = Shard.initial(name, as_of, read_only=read_only, at=t)
             dialect = self.engine.dialect.name
+            created = False
             if dialect in ("postgresql", "sqlite"):
                 insert = pg_insert if dialect == "postgresql" else sqlite_insert
-                res = s.execute(insert(Shard).values(**values).on_conflict_do_nothing(index_elements=["name"]))
-                if res.rowcount == 1:  # type: ignore[attr-defined]  # a CursorResult
-                    log.info("created shard row", extra={"sink": name, "as_of": as_of})
+                stmt = insert(Shard).values(**values).on_conflict_do_nothing(index_elements=["name"])
+                created = s.execute(stmt.returning(Shard.name)).scalar() is not None  # no row: it existed
             elif self._lock(s, name) is None:
                 s.add(Shard(**values))
-            return self._locked(s, name)
+                created = True
+            if created:
+                log.info("created shard row", extra={"sink": name, "as_of": as_of})
+            return self._locked(s, name), created
 
+    @_retried_once_if_schema_recreated
+    def has_shard(self, name: str) -> bool:
+        with self.read() as s:
+            return s.get(Shard, name) is not None
+
+    @_retried_once_if_schema_recreated
     def get_shard(self, name: str) -> Shard:
         with self.read() as s:
             shard = s.get(Shard, name)
@@ -312,6 +372,7 @@ class MetadataStore:
 
     # -- ledger -------------------------------------------------------------------------------
 
+    @_retried_once_if_schema_recreated
     def get_batch(self, batch_id: str, sink: str | None = None) -> Batch:
         with self.read() as s:
             b = s.get(Batch, batch_id)
@@ -328,6 +389,7 @@ class MetadataStore:
                 .order_by(Batch.created_at.desc(), Batch.lower.desc())
             ).first()
 
+    @_retried_once_if_schema_recreated
     def batches(self, name: str, states: tuple[str, ...] | None = None) -> list[Batch]:
         with self.read() as s:
             q = select(Batch).where(Batch.shard == name)
@@ -448,64 +510,120 @@ class MetadataStore:
             shard = self._locked(s, name)
             if rec.version <= shard.delta_version:
                 return False
-            t = now()
-            moved = False
-            if shard.upper == rec.lower or (shard.upper < rec.lower == shard.as_of):
-                shard.upper = rec.upper
-                moved = True
-            elif rec.upper > shard.upper:
-                raise InconsistentState(
-                    f"Delta version {rec.version} holds batch {rec.batch_id} "
-                    f"[{iso(rec.lower)}, {iso(rec.upper)}) but the shard's upper is {iso(shard.upper)}",
-                    sink=name,
-                )
-            shard.delta_version = rec.version
-            shard.updated_at = t
-            b = s.get(Batch, rec.batch_id)
-            if b is None:  # the ledger row was lost; the Delta log is the truth
-                b = Batch(
-                    batch_id=rec.batch_id,
-                    shard=name,
-                    lower=rec.lower,
-                    upper=rec.upper,
-                    run_id=rec.run_id,
-                    attempt=1,
-                    created_at=t,
-                    state=COMMITTED,
-                )
-                s.add(b)
-            b.state = COMMITTED
-            b.delta_version = rec.version
-            if rec.stage_id:
-                b.stage_id = rec.stage_id
-            if rec.rows_ok is not None:
-                b.rows_ok, b.rows_err = rec.rows_ok, rec.rows_err
-            if rec.source_offset is not None:
-                b.source_offset = rec.source_offset
-            if rec.late_commands is not None:
-                b.late_commands = rec.late_commands
-            b.updated_at = t
-            try:
-                s.flush()
-            except IntegrityError as exc:
-                raise InconsistentState(
-                    f"a second batch for lower {iso(rec.lower)} would be committed ({rec.batch_id})",
-                    sink=name,
-                ) from exc
-            for other in s.scalars(
-                select(Batch).where(
-                    Batch.shard == name,
-                    Batch.state.in_(OPEN_STATES),
-                    Batch.lower < shard.upper,
-                    Batch.batch_id != rec.batch_id,
-                )
-            ):
-                other.state = SUPERSEDED
-                other.message = f"outdated: batch {rec.batch_id} committed [{iso(rec.lower)}, {iso(rec.upper)})"
-                other.updated_at = t
-            s.flush()
+            moved = self._absorb(s, shard, rec)
             failpoint("metadata.inside_absorb")
             return moved
+
+    def _absorb(self, s: Session, shard: Shard, rec: CommitRecord) -> bool:
+        """:meth:`absorb_commit` inside a transaction that holds the shard's row."""
+        name = shard.name
+        t = now()
+        moved = False
+        # The first commit a shard row absorbs starts its history: a new shard's first batch
+        # (at as_of), or, for a row rebuilt after the metadata database was lost, the first
+        # batch the Delta log still holds (its log may have been cleaned up before it).
+        first = shard.delta_version < 0 and shard.upper <= rec.lower
+        if shard.upper == rec.lower or (shard.upper < rec.lower == shard.as_of) or first:
+            shard.upper = rec.upper
+            moved = True
+        elif rec.upper > shard.upper:
+            raise InconsistentState(
+                f"Delta version {rec.version} holds batch {rec.batch_id} "
+                f"[{iso(rec.lower)}, {iso(rec.upper)}) but the shard's upper is {iso(shard.upper)}",
+                sink=name,
+            )
+        shard.delta_version = rec.version
+        shard.updated_at = t
+        b = s.get(Batch, rec.batch_id)
+        if b is None:  # the ledger row was lost; the Delta log is the truth
+            b = Batch(
+                batch_id=rec.batch_id,
+                shard=name,
+                lower=rec.lower,
+                upper=rec.upper,
+                run_id=rec.run_id,
+                attempt=1,
+                created_at=t,
+                state=COMMITTED,
+            )
+            s.add(b)
+        b.state = COMMITTED
+        b.delta_version = rec.version
+        if rec.stage_id:
+            b.stage_id = rec.stage_id
+        if rec.rows_ok is not None:
+            b.rows_ok, b.rows_err = rec.rows_ok, rec.rows_err
+        if rec.source_offset is not None:
+            b.source_offset = rec.source_offset
+        if rec.late_commands is not None:
+            b.late_commands = rec.late_commands
+        b.updated_at = t
+        try:
+            s.flush()
+        except IntegrityError as exc:
+            raise InconsistentState(
+                f"a second batch for lower {iso(rec.lower)} would be committed ({rec.batch_id})",
+                sink=name,
+            ) from exc
+        for other in s.scalars(
+            select(Batch).where(
+                Batch.shard == name,
+                Batch.state.in_(OPEN_STATES),
+                Batch.lower < shard.upper,
+                Batch.batch_id != rec.batch_id,
+            )
+        ):
+            other.state = SUPERSEDED
+            other.message = f"outdated: batch {rec.batch_id} committed [{iso(rec.lower)}, {iso(rec.upper)})"
+            other.updated_at = t
+        s.flush()
+        return moved
+
+    def absorb_since(self, name: str, since: int) -> bool:
+        """Raise the shard's ``since`` to a compaction's, as the Delta log records it (a ledger
+        rebuilt or restored from an older copy); never lower, only below ``upper``. True if it moved."""
+        with self.tx() as s:
+            shard = self._locked(s, name)
+            if shard.since < since < shard.upper:
+                shard.since = since
+                shard.updated_at = now()
+                return True
+            return False
+
+    def reset_to_log(
+        self, name: str, commits: list[CommitRecord], since: int, latest: int, lost: dict[str, str]
+    ) -> Shard:
+        """Make the shard's ledger what its Delta log says, in one transaction: every batch in
+        ``lost`` (id: why) is marked superseded with the reason, and so is every open batch;
+        then upper, since and the absorbed version are rebuilt from ``commits`` (the log's batch
+        commits, ascending), ``since`` (its last compaction's) and ``latest`` (its last version),
+        starting after the last committed batch kept that is older than them (a log whose first
+        commit files were cleaned up no longer holds it)."""
+        with self.tx() as s:
+            shard = self._locked(s, name)
+            t = now()
+            q = select(Batch).where(
+                Batch.shard == name, or_(Batch.batch_id.in_(list(lost)), Batch.state.in_(OPEN_STATES))
+            )
+            for b in s.scalars(q):
+                b.state = SUPERSEDED
+                b.message = lost.get(b.batch_id) or "superseded: the metadata was reset to the Delta log"
+                b.updated_at = t
+            s.flush()
+            shard.upper, shard.since, shard.delta_version = 0, 0, -1
+            shard.last_minted_lower = None
+            first = commits[0].version if commits else latest + 1
+            q = select(Batch).where(Batch.shard == name, Batch.state == COMMITTED, Batch.delta_version < first)
+            kept = s.scalars(q.order_by(Batch.lower.desc()).limit(1)).first()
+            if kept is not None and kept.delta_version is not None:
+                shard.upper, shard.delta_version = kept.upper, kept.delta_version
+            for rec in commits:
+                self._absorb(s, shard, rec)
+            if 0 < since < shard.upper:
+                shard.since = since
+            shard.delta_version = max(shard.delta_version, latest)
+            shard.updated_at = t
+            return shard
 
     def note_delta_version(self, name: str, version: int) -> None:
         """Remember that Delta versions up to ``version`` hold no unabsorbed batch commit."""
