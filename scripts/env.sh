@@ -11,6 +11,11 @@ export AIRFLOW__CORE__UNIT_TEST_MODE="${AIRFLOW__CORE__UNIT_TEST_MODE:-False}"
 export AIRFLOW__LOGGING__LOGGING_LEVEL="${AIRFLOW__LOGGING__LOGGING_LEVEL:-INFO}"
 # The scheduler's workers reach the api-server here (set AIRFLOW_PORT when 8080 is taken).
 export AIRFLOW__CORE__EXECUTION_API_SERVER_URL="${AIRFLOW__CORE__EXECUTION_API_SERVER_URL:-http://127.0.0.1:${AIRFLOW_PORT:-8080}/execution/}"
+# Airflow on SQLite waits up to 60 s for a lock (sqlite3's 5 s is too short while the scheduler,
+# the dag-processor and a CLI command write at once).
+case "${AIRFLOW__DATABASE__SQL_ALCHEMY_CONN:-sqlite}" in
+  sqlite*) export AIRFLOW__DATABASE__SQL_ALCHEMY_CONNECT_ARGS="${AIRFLOW__DATABASE__SQL_ALCHEMY_CONNECT_ARGS:-reconcile.settings.AIRFLOW_SQLITE_CONNECT_ARGS}" ;;
+esac
 export AIRFLOW_CONN_SPARK_DEFAULT="${AIRFLOW_CONN_SPARK_DEFAULT:-{\"conn_type\": \"spark\", \"host\": \"local[2]\"}}"
 export PATH="$_root/.venv/bin:$PATH"
 export PYSPARK_PYTHON="${PYSPARK_PYTHON:-$_root/.venv/bin/python}"

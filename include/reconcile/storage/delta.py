@@ -148,15 +148,26 @@ def path_exists(path: str) -> bool:
     return bool(fs.exists(p))
 
 
-def delete_path(path: str) -> bool:
+def delete_path(path: str, attempts: int = 3) -> bool:
+    """Delete a staged directory; False if it was not there or could not be emptied. Cleanup is
+    best effort and never fails a task: an outdated attempt may still be writing files into the
+    directory while it is removed (the listing is then not empty); what stays is deleted by the
+    next cleanup."""
     fs, p = _fs(path)
-    try:
-        if not fs.exists(p):
+    for attempt in range(attempts):
+        try:
+            if not fs.exists(p):
+                return False
+            fs.rm(p, recursive=True)
+            return True
+        except FileNotFoundError:  # deleted meanwhile by another attempt's cleanup
             return False
-        fs.rm(p, recursive=True)
-        return True
-    except FileNotFoundError:  # deleted meanwhile by another attempt's cleanup
-        return False
+        except OSError as exc:  # ENOTEMPTY: a zombie attempt wrote into it meanwhile
+            if attempt == attempts - 1:
+                log.warning("could not delete %s (%s): the next cleanup retries it", path, exc)
+                return False
+            time.sleep(0.2 * (attempt + 1))
+    return False
 
 
 # -- the Delta log --------------------------------------------------------------------------
@@ -315,6 +326,15 @@ def describe_commit(actions: list[dict]) -> dict | None:
     if any(c.get("dataChange", True) for c in changes):
         return None
     return {"op": MAINTENANCE, "operation": info.get("operation")}
+
+
+def version_description(cfg: SinkConfig, version: int) -> tuple[bool, dict | None]:
+    """(whether the log holds the commit file of ``version``, its :func:`describe_commit`):
+    one small read, to tell whether a version is still the commit the ledger recorded."""
+    text = read_text(f"{_log_path(cfg)}/{version:020d}.json")
+    if text is None:
+        return False, None
+    return True, describe_commit([json.loads(line) for line in text.splitlines() if line.strip()])
 
 
 def log_entries(cfg: SinkConfig, after: int) -> tuple[int, list[tuple[int, dict | None, int | None]]]:
