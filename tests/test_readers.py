@@ -1,7 +1,8 @@
 """Other engines read (and write) the shard: DuckDB (its ``delta`` extension, from PyPI's
-``duckdb-extension-delta``), delta-rs and Spark return the same collection as of several times,
-for every kind of sink, before and after compaction, with the README's as-of query. A write by
-delta-rs behind the sink's back is drift that the next batch repairs.
+``duckdb-extension-delta``), Polars (``scan_delta``), delta-rs and Spark return the same
+collection as of several times, for every kind of sink, before and after compaction, with the
+README's as-of query. A write by delta-rs behind the sink's back is drift that the next batch
+repairs.
 """
 
 from __future__ import annotations
@@ -37,11 +38,30 @@ def duckdb_as_of(cfg, t: int) -> Counter:
     return Counter({tuple(r[:-1]): int(r[-1]) for r in rows})
 
 
+def polars_as_of(cfg, t: int) -> Counter:
+    """The README's as-of query in Polars over the table's current version (``scan_delta``):
+    updates with ``_time <= t``, grouped by the row and ``_error``, diffs summed, zeros dropped."""
+    import polars as pl
+
+    keys = [*cfg.column_names, "_error"]
+    frame = (
+        pl.scan_delta(storage.table_path(cfg))
+        .filter(pl.col("_time") <= t)
+        .group_by(keys)
+        .agg(pl.col("_diff").sum())
+        .filter(pl.col("_diff") != 0)
+        .select(*keys, "_diff")
+        .collect()
+    )
+    return Counter({tuple(r[:-1]): int(r[-1]) for r in frame.iter_rows()})
+
+
 def same_everywhere(spark, cfg, t: int) -> Counter:
-    """The shard as of ``t`` by Spark, delta-rs and DuckDB: all three must agree."""
+    """The shard as of ``t`` by Spark, delta-rs, DuckDB and Polars: all four must agree."""
     by_spark = shard_as_of(spark, cfg, t)
     assert delta_rs_as_of(cfg, t) == by_spark, f"delta-rs as of {t}"
     assert duckdb_as_of(cfg, t) == by_spark, f"DuckDB as of {t}"
+    assert polars_as_of(cfg, t) == by_spark, f"Polars as of {t}"
     return by_spark
 
 
@@ -100,7 +120,7 @@ def test_upsert_sink_before_and_after_compaction(spark, warehouse, tmp_path, sql
         assert ok_rows(same_everywhere(spark, cfg, t)) == model.as_of(t), t
 
 
-def test_extreme_values_read_the_same_in_duckdb(spark, warehouse, tmp_path, sqlite_store):
+def test_extreme_values_read_the_same_in_duckdb_and_polars(spark, warehouse, tmp_path, sqlite_store):
     schema = [
         {"name": "k", "type": "bigint", "nullable": False},
         {"name": "at", "type": "timestamp"},
@@ -150,6 +170,7 @@ def test_extreme_values_read_the_same_in_duckdb(spark, warehouse, tmp_path, sqli
     by_spark = plain(shard_as_of(spark, cfg, 199))
     assert plain(duckdb_as_of(cfg, 199)) == by_spark
     assert plain(delta_rs_as_of(cfg, 199)) == by_spark
+    assert plain(polars_as_of(cfg, 199)) == by_spark
     want = {
         (
             r["k"],

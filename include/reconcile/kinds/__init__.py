@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from pyspark.sql import DataFrame, SparkSession
 
+from reconcile.checksums import BatchChecks
 from reconcile.config import ChangelogSink, QuerySink, SinkConfig, UpsertSink
 from reconcile.differential import one_row
 
@@ -35,22 +36,41 @@ class Correction:
 
 
 def correction(
-    spark: SparkSession, cfg: SinkConfig, persist: DataFrame, lower: int, upper: int, watermark: int | None = None
+    spark: SparkSession,
+    cfg: SinkConfig,
+    persist: DataFrame,
+    lower: int,
+    upper: int,
+    watermark: int | None = None,
+    checks: BatchChecks | None = None,
 ) -> Correction:
-    """The correction of ``(lower, upper)`` against ``persist`` (the shard's update log)."""
+    """The correction of ``(lower, upper)`` against ``persist`` (the shard's update log).
+    ``checks``: observe the checksums of the desired collection as of ``upper - 1`` and of the
+    shard as read below ``upper`` (:mod:`reconcile.checksums`) while the correction is computed."""
+    from pyspark.sql import functions as F
+
     from reconcile.kinds import changelog, query, upsert
 
+    below = F.col("_time") < upper
+    if checks is not None and not isinstance(cfg, UpsertSink):  # the rows the correction retracts
+        persist = checks.observe(persist, "persist", {"shard": 1}, where=below)
     if isinstance(cfg, QuerySink):
-        return Correction(query.correction(cfg, query.desired(spark, cfg), persist, lower, upper))
+        snapshot = query.desired(spark, cfg)
+        if checks is not None:
+            snapshot = checks.observe(snapshot, "desired", {"desired": 1})
+        return Correction(query.correction(cfg, snapshot, persist, lower, upper))
     if isinstance(cfg, ChangelogSink):
-        return Correction(changelog.correction(cfg, changelog.desired(spark, cfg), persist, lower, upper))
+        log = changelog.desired(spark, cfg)
+        if checks is not None:
+            log = checks.observe(log, "desired", {"desired": 1}, where=below)
+        return Correction(changelog.correction(cfg, log, persist, lower, upper))
     assert isinstance(cfg, UpsertSink), f"unknown kind {cfg.kind!r}"
     feed = upsert.read_feed(spark, cfg)
     progress = one_row(upsert.feed_progress(cfg, feed, lower, upper, watermark))
     offsets = [x for x in (watermark, progress["max_offset"]) if x is not None]
     cmds = upsert.commands(cfg, feed, lower, upper, watermark)
     return Correction(
-        upsert.upsert_correction(cfg, cmds, persist, lower),
+        upsert.upsert_correction(cfg, cmds, persist, lower, checks),
         max(offsets) if offsets else None,
         int(progress["late"] or 0),
         int(progress["commands"] or 0),

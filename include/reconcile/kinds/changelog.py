@@ -29,11 +29,13 @@ def desired(spark: SparkSession, cfg: ChangelogSink) -> DataFrame:
 
 
 def decode(cfg: ChangelogSink, df: DataFrame) -> DataFrame:
-    """Changelog rows: a null/zero/non-integer diff or a null time makes an error row (diff 1)."""
+    """Changelog rows: a null/zero/non-integer diff or a null time makes an error row (diff 1);
+    a time or diff column of a type that is no number (a date, a struct) is refused up front."""
     traw, draw = F.col(f"`{cfg.time_column}`"), F.col(f"`{cfg.diff_column}`")
+    types = {f.name.lower(): f.dataType.simpleString() for f in df.schema.fields}
     t, d = traw.try_cast("bigint"), draw.try_cast("bigint")
-    bad_diff = d.isNull() | (d == 0) | lossy(draw, d, "bigint")
-    bad_time = t.isNull() | lossy(traw, t, "bigint")
+    bad_diff = d.isNull() | (d == 0) | lossy(draw, d, "bigint", types.get(cfg.diff_column.lower()))
+    bad_time = t.isNull() | lossy(traw, t, "bigint", types.get(cfg.time_column.lower()))
     problem = F.concat_ws(
         "; ",
         F.when(bad_diff, F.lit(f"diff column '{cfg.diff_column}' is null, zero or not an integer")),
@@ -45,6 +47,7 @@ def decode(cfg: ChangelogSink, df: DataFrame) -> DataFrame:
         F.when(bad_diff | bad_time, F.lit(1)).otherwise(d),
         F.coalesce(t, F.lit(0)),
         extra_problem=F.when(bad_diff | bad_time, problem),
+        counters=(cfg.time_column, cfg.diff_column),
     )
 
 

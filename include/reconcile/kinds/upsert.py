@@ -35,9 +35,10 @@ from pyspark.sql import Column as SCol
 from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
+from reconcile.checksums import BatchChecks
 from reconcile.config import UpsertSink
 from reconcile.differential import as_of, consolidate, partition_of
-from reconcile.kinds.decode import lossy, read_source, require_columns
+from reconcile.kinds.decode import fit, lossy, raw_text, read_source, require_castable, require_columns
 
 INT = "bigint"
 
@@ -53,22 +54,41 @@ def _feed_columns(cfg: UpsertSink) -> list[str]:
 
 def read_feed(spark: SparkSession, cfg: UpsertSink) -> DataFrame:
     """The sink's command feed, raw (validated per command in :func:`commands`)."""
-    df = read_source(spark, cfg, cfg.source, "upsert.source")
+    return check_feed(cfg, read_source(spark, cfg, cfg.source, "upsert.source"))
+
+
+def check_feed(cfg: UpsertSink, df: DataFrame) -> DataFrame:
+    """A raw feed with every column the sink reads, each of a type that can become what the
+    sink needs (else a SourceError, before any row is read)."""
     needed = cfg.column_names + _feed_columns(cfg) + ([cfg.delete_column] if cfg.delete_column else [])
     require_columns(cfg, df, needed, "upsert.source")
+    targets = {c.name: c.type for c in cfg.columns}
+    targets.update(dict.fromkeys(_feed_columns(cfg), INT))
+    if cfg.delete_column:
+        targets[cfg.delete_column] = "string"
+    require_castable(cfg, df, targets, counters=tuple(_feed_columns(cfg)))
     return df
 
 
-def _raw_time(cfg: UpsertSink) -> tuple[SCol, SCol]:
+def _raw_time(cfg: UpsertSink, types: dict[str, str] | None = None) -> tuple[SCol, SCol]:
+    """The feed's time and offset as bigint (null: not an integer); ``types``: the feed's
+    column types by lowercase name (an exact fraction check)."""
     traw, oraw = (_c(c) for c in _feed_columns(cfg))
-    t = F.when(~lossy(traw, traw.try_cast(INT), INT), traw.try_cast(INT))
-    o = F.when(~lossy(oraw, oraw.try_cast(INT), INT), oraw.try_cast(INT))
+    have = [(types or {}).get(c.lower()) for c in _feed_columns(cfg)]
+    t = F.when(~lossy(traw, traw.try_cast(INT), INT, have[0]), traw.try_cast(INT))
+    o = F.when(~lossy(oraw, oraw.try_cast(INT), INT, have[1]), oraw.try_cast(INT))
     return t, o
 
 
-def eligibility(cfg: UpsertSink, lower: int, upper: int, watermark: int | None) -> tuple[SCol, SCol]:
+def _types(feed: DataFrame) -> dict[str, str]:
+    return {f.name.lower(): f.dataType.simpleString() for f in feed.schema.fields}
+
+
+def eligibility(
+    cfg: UpsertSink, lower: int, upper: int, watermark: int | None, types: dict[str, str] | None = None
+) -> tuple[SCol, SCol]:
     """(eligible, late) over a raw feed: see the module doc, point 1."""
-    t, o = _raw_time(cfg)
+    t, o = _raw_time(cfg, types)
     if watermark is None:
         return F.coalesce(t < upper, F.lit(True)), F.lit(False)
     new = F.coalesce(o > watermark, F.lit(False))
@@ -79,8 +99,9 @@ def eligibility(cfg: UpsertSink, lower: int, upper: int, watermark: int | None) 
 
 def feed_progress(cfg: UpsertSink, feed: DataFrame, lower: int, upper: int, watermark: int | None) -> DataFrame:
     """One row: the feed's highest offset (the new watermark), commands eligible, late ones."""
-    _, o = _raw_time(cfg)
-    eligible, late = eligibility(cfg, lower, upper, watermark)
+    types = _types(feed)
+    _, o = _raw_time(cfg, types)
+    eligible, late = eligibility(cfg, lower, upper, watermark, types)
     return feed.agg(
         F.max(o).alias("max_offset"),
         F.sum(F.when(eligible, 1).otherwise(0)).cast(INT).alias("commands"),
@@ -92,12 +113,14 @@ def commands(cfg: UpsertSink, feed: DataFrame, lower: int, upper: int, watermark
     """Eligible commands, validated: key and value columns in the sink's types, ``_error``
     (a problem of the value, or of the command), ``_unkeyed`` (cannot be keyed or placed),
     ``_del``, ``_time`` (effective: at least ``lower``) and ``_off``."""
-    t, o = _raw_time(cfg)
-    eligible, _ = eligibility(cfg, lower, upper, watermark)
+    have = _types(feed)
+    t, o = _raw_time(cfg, have)
+    eligible, _ = eligibility(cfg, lower, upper, watermark, have)
     types = {c.name: c for c in cfg.columns}
     keys, values = list(cfg.key_columns), cfg.value_columns
 
-    cast = {n: _c(n).try_cast(types[n].type) for n in keys + values}
+    fits = {n: fit(_c(n), have.get(n.lower()), types[n].type) for n in keys + values}
+    cast = {n: val for n, (val, _) in fits.items()}
     if cfg.delete_column:
         is_delete = F.coalesce(_c(cfg.delete_column).cast("string").isin(*cfg.delete_values), F.lit(False))
     else:
@@ -106,30 +129,20 @@ def commands(cfg: UpsertSink, feed: DataFrame, lower: int, upper: int, watermark
             is_delete = is_delete & _c(n).isNull()
     value_problems = []
     for n in values:  # a delete's values do not matter
-        src, val = _c(n), cast[n]
-        value_problems.append(
-            F.when(
-                ~is_delete & src.isNotNull() & (val.isNull() | lossy(src, val, types[n].type)),
-                F.lit(f"column '{n}' does not fit {types[n].type}"),
-            )
-        )
+        value_problems.append(F.when(~is_delete & fits[n][1], F.lit(f"column '{n}' does not fit {types[n].type}")))
     for n in values:
         if not types[n].nullable:
             value_problems.append(F.when(~is_delete & _c(n).isNull(), F.lit(f"column '{n}' is null but not nullable")))
     key_problems = []
     for n in keys:
-        src, val = _c(n), cast[n]
-        key_problems.append(F.when(src.isNull(), F.lit(f"key column '{n}' is null")))
-        key_problems.append(
-            F.when(
-                src.isNotNull() & (val.isNull() | lossy(src, val, types[n].type)),
-                F.lit(f"key column '{n}' does not fit {types[n].type}"),
-            )
-        )
+        key_problems.append(F.when(_c(n).isNull(), F.lit(f"key column '{n}' is null")))
+        key_problems.append(F.when(fits[n][1], F.lit(f"key column '{n}' does not fit {types[n].type}")))
     key_problems.append(F.when(t.isNull(), F.lit(f"time column '{cfg.time_column}' is null or not an integer")))
     key_problems.append(F.when(o.isNull(), F.lit(f"offset column '{cfg.offset_column}' is null or not an integer")))
 
-    raw_json = F.to_json(F.struct(*[_c(c).cast("string").alias(c) for c in cfg.column_names + _feed_columns(cfg)]))
+    raw_json = F.to_json(
+        F.struct(*[raw_text(_c(c), have.get(c.lower())).alias(c) for c in cfg.column_names + _feed_columns(cfg)])
+    )
     key_msg = F.concat_ws("; ", *key_problems)
     value_msg = F.concat_ws("; ", *value_problems)
     unkeyed = key_msg != ""
@@ -157,8 +170,14 @@ def commands(cfg: UpsertSink, feed: DataFrame, lower: int, upper: int, watermark
     )
 
 
-def upsert_correction(cfg: UpsertSink, cmds: DataFrame, persist: DataFrame, lower: int) -> DataFrame:
-    """The batch's updates (update frame plus ``_part``), consolidated per (row, time)."""
+def upsert_correction(
+    cfg: UpsertSink, cmds: DataFrame, persist: DataFrame, lower: int, checks: BatchChecks | None = None
+) -> DataFrame:
+    """The batch's updates (update frame plus ``_part``), consolidated per (row, time).
+
+    ``checks`` observes, on the way, what the kind says the shard holds as of ``upper - 1``: the
+    shard as read, each touched key's value as of ``lower - 1`` replaced by its last command's
+    value (the last insert, unless that command deletes), plus the unkeyed commands."""
     keys, values = list(cfg.key_columns), cfg.value_columns
     cols = cfg.column_names
     keyed = cmds.where(~F.col("_unkeyed")).repartition(*[_c(k) for k in keys])
@@ -172,18 +191,24 @@ def upsert_correction(cfg: UpsertSink, cmds: DataFrame, persist: DataFrame, lowe
         "c",
         F.lag("c").over(by_key.orderBy("_time")).alias("prev"),
         F.min("_time").over(by_key).alias("_first"),
+        *([F.max("_time").over(by_key).alias("_last")] if checks is not None else []),
     )
 
-    def frame(source: str, diff: int, where: SCol) -> DataFrame:
+    def frame(source: str, diff: int, where: SCol, *extra: SCol) -> DataFrame:
         return ordered.where(where).select(
             *[_c(k) for k in keys],
             *[F.col(f"{source}.`{v}`").alias(v) for v in values],
             F.col(f"{source}._error").alias("_error"),
             "_time",
             F.lit(diff).cast(INT).alias("_diff"),
+            *extra,
         )
 
-    inserts = frame("c", 1, ~F.col("c._del"))
+    if checks is None:
+        inserts = frame("c", 1, ~F.col("c._del"))
+    else:  # each key's last insert, at its last command's time, is the value it ends with
+        inserts = frame("c", 1, ~F.col("c._del"), (F.col("_time") == F.col("_last")).alias("_final"))
+        inserts = checks.observe(inserts, "final", {"desired": 1}, where=F.col("_final"))
     replaced = frame("prev", -1, F.col("prev").isNotNull() & ~F.col("prev._del"))
 
     # 3. Feedback: everything the shard holds for a touched key as of lower - 1, retracted at
@@ -205,13 +230,19 @@ def upsert_correction(cfg: UpsertSink, cmds: DataFrame, persist: DataFrame, lowe
         F.lit(1).cast(INT).alias("_diff"),
     )
     order = [*cols, "_error", "_time", "_diff"]
-    both = (
-        inserts.select(*order)
-        .unionByName(replaced.select(*order))
-        .unionByName(retracted.select(*order))
-        .unionByName(unkeyed.select(*order))
-        .withColumn("_part", partition_of(cfg))
-    )
+    branches = [inserts, replaced, retracted, unkeyed]
+    if checks is not None:
+        branches[2] = checks.observe(retracted, "retracted", {"desired": 1})
+        branches[3] = checks.observe(unkeyed, "unkeyed", {"desired": 1})
+        # The shard as read below upper, on both sides: observed in a branch of the union that
+        # adds no row, since the semi-join above may stop reading persist when no key is touched.
+        below = F.col("_time") < checks.upper
+        shard = checks.observe(persist, "persist", {"desired": 1, "shard": 1}, where=below)
+        branches.append(shard.where(F.spark_partition_id() < 0))
+    both = branches[0].select(*order)
+    for branch in branches[1:]:
+        both = both.unionByName(branch.select(*order))
+    both = both.withColumn("_part", partition_of(cfg))
     return consolidate(cfg, both.repartition(cfg.partitions, "_part"))
 
 
