@@ -4,6 +4,7 @@
                                     [--partitions 4] [--seed 1] [--repeat 1] [--out bench/out]
     python bench/reconcile_bench.py --flat [--size 1000000] [--batches 200] [--batch-changes 1000]
                                     [--compact-every 10]
+    python bench/reconcile_bench.py --checksum-cost [--size 1000000] [--fraction 0.01] [--repeat 5]
 
 Everything runs on one SparkSession (its start is reported apart, not counted).
 
@@ -52,6 +53,17 @@ not timed). The two sinks alternate batch by batch on the same snapshots. A batc
 + write + append. Prints and saves (``<out>/reconcile_flat.json``, ``<out>/reconcile_flat.png``)
 the cost of batches 1, 50, 100, 200 (or the nearest), last/first for each sink and the
 compaction times; both shards must end equal to the last snapshot.
+
+Checksum-cost mode (--checksum-cost): what batches that verify themselves cost
+(:mod:`reconcile.checksums`: the observations of the desired, persist and correction frames
+inside the write's Spark action, and the comparison). Each of --repeat rounds runs the query
+sink of the main mode twice on fresh tables, with the observations off and on (the order
+alternates round by round): a first batch loading ``size`` rows (the correction is the whole
+snapshot), then the timed batch bringing it to the ``fraction`` change. Reports the medians of
+both batches' write and whole-batch seconds and CPU seconds (this process and the local Spark
+JVM: less disturbed than wall time when other processes share the cores), on/off, and what
+``check --verify`` takes on the "on" shard (which must report nothing);
+``<out>/reconcile_checksum_cost.json``.
 """
 
 from __future__ import annotations
@@ -641,6 +653,109 @@ def report_flat(result: dict, args) -> None:
         )
 
 
+def cpu_seconds() -> float:
+    """CPU seconds used so far by this process and the local Spark JVM (with its children): a
+    batch's work, much less disturbed than wall time by other processes sharing the cores."""
+    import psutil
+
+    me = psutil.Process()
+    procs = [me, *me.children(recursive=True)]
+    total = 0.0
+    for p in procs:
+        try:
+            t = p.cpu_times()
+            total += t.user + t.system
+        except psutil.Error:
+            pass
+    return total
+
+
+def run_checksum_cost(spark: SparkSession, store, root: Path, args) -> dict:
+    """The query sink's load and change batches with the self-checks off and on, alternating."""
+    from reconcile import checksums
+    from reconcile.sink.check import verify_checksums
+    from reconcile.storage.delta import table_path
+
+    n, changes = args.size, round(args.fraction * args.size)
+    before, after = str(root / "before"), str(root / "after")
+    generate(spark.range(n), args.seed).write.parquet(before)
+    change(spark, spark.read.parquet(before), args.seed, "ck", changes, n).write.parquet(after)
+    expected = 2 * split(changes)[0] + sum(split(changes)[1:])
+    runs: list[dict] = []
+    verify_s = []
+    for rnd in range(args.repeat + 1):  # round 0 warms the JVM up, not reported
+        for mode in ("off", "on") if rnd % 2 else ("on", "off"):
+            checksums.ENABLED = mode == "on"
+            name = f"ck_{mode}_{rnd}"
+            c0 = cpu_seconds()
+            load = sink_batch(spark, store, sink_config(root, name, before, args.partitions), 0)
+            c1 = cpu_seconds()
+            cfg = sink_config(root, name, after, args.partitions)
+            batch = sink_batch(spark, store, cfg, 1)
+            load["cpu_s"], batch["cpu_s"] = c1 - c0, cpu_seconds() - c1
+            if batch["updates"] != expected:
+                raise Mismatch(f"{name}: the correction has {batch['updates']} rows, expected {expected}")
+            if mode == "on":
+                t = time.perf_counter()
+                lines, counts = verify_checksums(store, cfg, spark)
+                if lines or counts["verified"] != 2:
+                    raise Mismatch(f"{name}: check --verify found {lines[:3]} ({counts})")
+                if rnd:
+                    verify_s.append(round(time.perf_counter() - t, 3))
+            checksums.ENABLED = True
+            shutil.rmtree(table_path(cfg), ignore_errors=True)
+            if rnd:
+                runs.append(
+                    {
+                        "round": rnd,
+                        "mode": mode,
+                        **{f"load_{k}": round(v, 3) for k, v in load.items() if k.endswith("_s")},
+                        **{k: round(v, 3) for k, v in batch.items() if k.endswith("_s")},
+                    }
+                )
+                r = runs[-1]
+                print(
+                    f"round {rnd} checksums {mode:3}: load {r['load_sink_s']:.2f}s (write {r['load_write_s']:.2f}, "
+                    f"CPU {r['load_cpu_s']:.2f}), {args.fraction:g} change {r['sink_s']:.2f}s (write "
+                    f"{r['write_s']:.2f}, CPU {r['cpu_s']:.2f})",
+                    flush=True,
+                )
+    med = {
+        mode: {
+            k: round(statistics.median(r[k] for r in runs if r["mode"] == mode), 3)
+            for k in ("load_sink_s", "load_write_s", "load_cpu_s", "sink_s", "write_s", "cpu_s")
+        }
+        for mode in ("off", "on")
+    }
+    ratios = {k: round(med["on"][k] / med["off"][k], 3) for k in med["on"]}
+    return {
+        "size": n,
+        "fraction": args.fraction,
+        "changed": changes,
+        "repeat": args.repeat,
+        "median": med,
+        "on_over_off": ratios,
+        "verify_s": verify_s,
+        "runs": runs,
+    }
+
+
+def report_checksum_cost(cost: dict) -> None:
+    med, ratio = cost["median"], cost["on_over_off"]
+    print(f"medians of {cost['repeat']} round(s), seconds (checksums off / on, on/off):")
+    for k, label in (
+        ("load_sink_s", "load batch"),
+        ("load_write_s", "  its write"),
+        ("load_cpu_s", "  its CPU seconds"),
+        ("sink_s", f"{cost['fraction']:g} change batch"),
+        ("write_s", "  its write"),
+        ("cpu_s", "  its CPU seconds"),
+    ):
+        print(f"  {label:20} {med['off'][k]:7.2f} {med['on'][k]:7.2f}  {ratio[k]:.3f}")
+    if cost["verify_s"]:
+        print(f"check --verify of the 2-batch shard: {statistics.median(cost['verify_s']):.2f}s median")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--sizes", default="100000,1000000,4000000")
@@ -654,6 +769,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batches", type=int, default=200)
     ap.add_argument("--batch-changes", type=int, default=1000)
     ap.add_argument("--compact-every", type=int, default=10)
+    ap.add_argument("--checksum-cost", action="store_true", help="a batch with and without its self-checks")
+    ap.add_argument("--fraction", type=float, default=0.01, help="--checksum-cost: the timed batch's change")
     args = ap.parse_args(argv)
 
     root = Path(tempfile.mkdtemp(prefix="bench-reconcile-"))
@@ -669,7 +786,9 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     info = machine(spark)
     try:
-        if args.flat:
+        if args.checksum_cost:
+            cost = run_checksum_cost(spark, store, root, args)
+        elif args.flat:
             result = run_flat(spark, store, root, args)
         else:
             results = run_main(spark, store, root, args)
@@ -689,7 +808,10 @@ def main(argv: list[str] | None = None) -> int:
         "machine": info,
     }
     print(f"Spark session start {session_start:.1f}s (not counted)")
-    if args.flat:
+    if args.checksum_cost:
+        report_checksum_cost(cost)
+        (out / "reconcile_checksum_cost.json").write_text(json.dumps({**common, **cost}, indent=2))
+    elif args.flat:
         report_flat(result, args)
         (out / "reconcile_flat.json").write_text(
             json.dumps(

@@ -83,6 +83,11 @@ def test_query_sink_with_drift_over_connect(spark, connect_url, warehouse, tmp_p
         want = _model(rows) + (drift if frontier == 300 else Counter())
         assert shard_as_of(spark, cfg, frontier - 1) == want, frontier
     assert check.violations(sqlite_store, cfg, spark=spark) == []
+    # the batches written over Connect recorded their checksums: check --verify finds the foreign
+    # row at 250 in the shard as of batch 2's upper - 1 (299), and nothing else
+    lines, counts = check.verify_checksums(sqlite_store, cfg, spark)
+    second = sqlite_store.batches(cfg.name, ("committed",))[1].batch_id
+    assert counts["verified"] == 3 and len(lines) == 1 and f"batch {second} " in lines[0], lines
     assert leftover_staged(sqlite_store, cfg) == []
 
 
@@ -106,6 +111,8 @@ def test_upsert_random_feed_over_connect(spark, connect_url, warehouse, tmp_path
         check_against(spark, cfg, model, [lower, (lower + upper) // 2, upper - 1])
         lower = upper
     assert check.violations(sqlite_store, cfg, spark=spark) == []
+    lines, counts = check.verify_checksums(sqlite_store, cfg, spark)
+    assert lines == [] and counts["verified"] == 3, (lines, counts)
 
 
 def test_changelog_sink_over_connect(spark, connect_url, warehouse, tmp_path, sqlite_store):
@@ -119,6 +126,8 @@ def test_changelog_sink_over_connect(spark, connect_url, warehouse, tmp_path, sq
         committed_remote(connect_url, tmp_path, cfg.name, f"run-{i}", frontier)
         for t in (frontier - 1, frontier - 50):
             assert shard_as_of(spark, cfg, t) == changelog_model(CHANGELOG_NEW[: i + 1], t), t
+    lines, counts = check.verify_checksums(sqlite_store, cfg, spark)
+    assert lines == [] and counts["verified"] == 3, (lines, counts)
 
 
 @pytest.mark.parametrize(

@@ -259,8 +259,14 @@ def run_append(store: MetadataStore, cfg: SinkConfig, batch_id: str, *, approve:
         "commit_id": commit_id,
         "partitions": manifest["partitions"],
         # the description the commit must match: `check` verifies the version against it
+        # and its checksums as of upper - 1 (`check --verify`; none in batches written before them)
         "parts": {
-            p: {"rows": part["rows"], "checksum": part["checksum"], "files": part["files"]}
+            p: {
+                "rows": part["rows"],
+                "checksum": part["checksum"],
+                "files": part["files"],
+                **{k: part[k] for k in ("desired_checksum", "shard_checksum") if k in part},
+            }
             for p, part in manifest["parts"].items()
         },
     }

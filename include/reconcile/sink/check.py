@@ -118,3 +118,27 @@ def batch_differences(store: MetadataStore, cfg: SinkConfig, entries: list, spar
     if spark is not None:
         out += commit_differences(spark, cfg, described)[0]
     return out
+
+
+def verify_checksums(store: MetadataStore, cfg: SinkConfig, spark) -> tuple[list[str], dict[str, int]]:
+    """``check --verify``: every committed batch whose ``upper - 1`` is at or after the shard's
+    since, against the checksums of the shard as of ``upper - 1`` it recorded when it was
+    written (its commit's metadata, else the ledger's manifest), recomputed from the Delta table
+    in one Spark job (:func:`reconcile.sink.verify.checksum_differences`). -> (one line per
+    partition that differs, counts; ``version``: the Delta version read)."""
+    from reconcile.sink.verify import checksum_differences
+
+    if not storage.exists(cfg):
+        return [], {"verified": 0, "partitions": 0, "not_verifiable": 0, "before_since": 0, "version": -1}
+    latest, entries = storage.log_entries(cfg, -1)
+    ledger = {b.batch_id: b.manifest for b in store.batches(cfg.name, (COMMITTED,)) if b.manifest}
+    described: dict[int, dict] = {}
+    for version, meta, _ in entries:
+        if not meta or meta.get("op") != "batch":
+            continue
+        desc = meta
+        if "partitions" not in meta or "parts" not in meta:
+            desc = {**meta, **json.loads(ledger.get(meta["batch_id"]) or "{}")}
+        described[version] = {**desc, "batch_id": meta["batch_id"], "lower": meta["lower"], "upper": meta["upper"]}
+    lines, counts = checksum_differences(spark, cfg, described, store.get_shard(cfg.name).since, latest)
+    return lines, {**counts, "version": latest}

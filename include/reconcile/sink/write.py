@@ -12,9 +12,12 @@
    partitioned into P partitions, and stage it as Parquet under a directory of this attempt's
    own inside the table, ``<table>/batches/<batch_id>/<stage_id>/reconcile_part=<p>/``: the
    append adopts these files into the Delta log as they are.
-4. Record the manifest (rows, error rows and checksum per partition, observed while writing;
-   the files with their sizes and content digests) and record it in the ledger with state
-   ``staged``: a
+4. Check that the batch adds up (:mod:`reconcile.checksums`, observed in the same Spark action):
+   per partition, the checksum of what the kind says the shard must hold as of ``upper - 1``
+   equals that of persist as read plus the correction as staged; else the batch fails
+   (:class:`~reconcile.checksums.SelfCheckFailed`, nothing staged). Then record the manifest
+   (rows, error rows and checksums per partition, observed while writing; the files with their
+   sizes and content digests) in the ledger with state ``staged``: a
    compare-and-set on the attempt the batch names. Attempts of one batch running at once (a
    zombie task and its retry, a command started twice) each stage their own files; the first to
    record its manifest is the batch, the others delete their own files and say so. A write of
@@ -32,12 +35,14 @@ diffs that the foreign Delta versions changed below ``upper``, computed by Delta
 from __future__ import annotations
 
 import logging
+from contextlib import nullcontext
 from dataclasses import dataclass
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from reconcile import kinds
+from reconcile import checksums, kinds
+from reconcile.checksums import BatchChecks, SelfCheckFailed
 from reconcile.config import SinkConfig
 from reconcile.differential import consolidate, one_row
 from reconcile.errors import StagedBatchInvalid, brief
@@ -114,11 +119,34 @@ def watermark(store: MetadataStore, cfg: SinkConfig) -> int | None:
 
 
 def batch_correction(
-    spark: SparkSession, store: MetadataStore, cfg: SinkConfig, persist: DataFrame, lower: int, upper: int
+    spark: SparkSession,
+    store: MetadataStore,
+    cfg: SinkConfig,
+    persist: DataFrame,
+    lower: int,
+    upper: int,
+    checks: BatchChecks | None = None,
 ) -> kinds.Correction:
-    """The correction of ``(lower, upper)`` against ``persist``, for any kind of sink."""
+    """The correction of ``(lower, upper)`` against ``persist``, for any kind of sink (``checks``:
+    observe its checksums while it is computed)."""
     wm = watermark(store, cfg) if cfg.reads_feed else None
-    return kinds.correction(spark, cfg, persist, lower, upper, wm)
+    return kinds.correction(spark, cfg, persist, lower, upper, wm, checks)
+
+
+def self_check(cfg: SinkConfig, batch_id: str, lower: int, upper: int, sums: dict[str, dict[int, int]]) -> None:
+    """Fail the batch (:class:`SelfCheckFailed`) unless, in every hash partition, the checksum of
+    what the kind says the shard must hold as of ``upper - 1`` equals the shard's after the
+    correction (persist as read plus the correction as staged)."""
+    wrong = [p for p in range(cfg.partitions) if sums["desired"][p] != sums["shard"][p]]
+    if wrong:
+        p = wrong[0]
+        more = f" (and {len(wrong) - 1} more partition(s))" if len(wrong) > 1 else ""
+        raise SelfCheckFailed(
+            f"batch {batch_id} [{iso(lower)}, {iso(upper)}) does not add up: in hash partition {p} the desired "
+            f"collection's checksum is {checksums.text(sums['desired'][p])}, the shard's after the correction "
+            f"{checksums.text(sums['shard'][p])}{more}",
+            sink=cfg.name,
+        )
 
 
 def _stage_state(cfg: SinkConfig, b) -> str | None:
@@ -223,11 +251,18 @@ def run_write(spark: SparkSession, store: MetadataStore, cfg: SinkConfig, batch_
             **state,
         )
     path = storage.staging_path(cfg, batch_id, stage_id)
+    sums = None
     try:
         read_version = storage.latest_version(cfg)
         persist = frames.read_updates(spark, cfg, read_version)
-        corr = batch_correction(spark, store, cfg, persist, desc.lower, desc.upper)
-        _, stats = frames.write_staged(spark, cfg, batch_id, stage_id, corr.updates)
+        checks = BatchChecks(cfg, desc.lower, desc.upper, stage_id) if checksums.ENABLED else None
+        corr = batch_correction(spark, store, cfg, persist, desc.lower, desc.upper, checks)
+        updates = corr.updates if checks is None else checks.observe(corr.updates, "correction", {"shard": 1})
+        with nullcontext() if checks is None else checksums.observable(spark):
+            _, stats = frames.write_staged(spark, cfg, batch_id, stage_id, updates)
+        if checks is not None:
+            sums = checks.totals()
+            self_check(cfg, batch_id, desc.lower, desc.upper, sums)
         failpoint("write.after_partition_staged")
         files = storage.list_files(path)
         digests = {rel: storage.digest(f"{path}/{rel}") for rel in files}
@@ -246,6 +281,9 @@ def run_write(spark: SparkSession, store: MetadataStore, cfg: SinkConfig, batch_
             "files": {k: files[k] for k in mine},
             "digests": {k: digests[k] for k in mine},
         }
+        if sums is not None:  # check --verify recomputes shard_checksum from the Delta table
+            parts[str(p)]["desired_checksum"] = checksums.text(sums["desired"][p])
+            parts[str(p)]["shard_checksum"] = checksums.text(sums["shard"][p])
     rows_err = sum(s["err"] for s in stats.values())
     rows_ok = sum(s["rows"] for s in stats.values()) - rows_err
     drift = drift_rows(spark, store, cfg, read_version, desc.upper)

@@ -156,3 +156,41 @@ def committed_stats(spark: SparkSession, cfg: SinkConfig, versions: dict[int, in
     for r in rows:
         out[int(r["_version"])][int(r["_part"])] = _stats_of(r)
     return out
+
+
+def checksums_by_time(
+    spark: SparkSession, cfg: SinkConfig, partition_counts: list[int], version: int
+) -> dict[int, list[tuple[int, dict[int, int]]]]:
+    """Per partition count P: ``[(time, {partition: checksum of the updates at that time})]`` in
+    ascending time, of the table as of Delta version ``version``, in one Spark job that returns
+    one row per distinct time and partition (:mod:`reconcile.checksums`: the checksum of the
+    shard as of ``t`` is the sum over the times ``<= t``)."""
+    from collections import defaultdict
+
+    from reconcile.checksums import MOD, combine, limbs, row_hash
+
+    counts = sorted(set(partition_counts))
+    h, diff = F.col("_h"), F.col("_diff")
+    keys = [f"_p{n}" for n in counts]
+    sums = [f"_l{i}" for i in range(len(limbs(h, diff)))]
+    rows = (
+        read_updates(spark, cfg, version)
+        .where(F.col("_time").isNotNull())
+        .select("_time", row_hash(cfg).alias("_h"), "_diff")
+        .select(
+            "_time",
+            *[F.pmod(h, F.lit(n)).cast("int").alias(k) for n, k in zip(counts, keys, strict=True)],
+            *[c.alias(s) for c, s in zip(limbs(h, diff), sums, strict=True)],
+        )
+        .groupBy("_time", *keys)
+        .agg(*[F.sum(s).alias(s) for s in sums])
+        .collect()
+    )
+    out: dict[int, list[tuple[int, dict[int, int]]]] = {}
+    for n, k in zip(counts, keys, strict=True):
+        by_time: dict[int, dict[int, int]] = defaultdict(lambda: defaultdict(int))
+        for r in rows:
+            part = by_time[int(r["_time"])]
+            part[int(r[k])] = (part[int(r[k])] + combine([r[s] for s in sums])) % MOD
+        out[n] = [(t, dict(by_time[t])) for t in sorted(by_time)]
+    return out

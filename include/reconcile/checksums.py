@@ -1,0 +1,163 @@
+"""Linear checksums of update frames, per hash partition: batches that verify themselves.
+
+The checksum of a set of updates in hash partition ``p`` is
+
+    sum over its updates u with partition(u) = p of  xxhash64(u's row columns, u._error) * u._diff   (mod 2^64)
+
+with the same hash that places a row in its partition (:func:`reconcile.differential.partition_of`).
+It is linear in the diffs, so the checksum of a collection as of ``t`` is the checksum of the
+updates with ``_time <= t``, consolidated or not; and it does not look at ``_time``, so a
+compaction that advances times leaves the checksum as of any ``t >= since`` as it was.
+
+A batch's write records two of them per partition (``desired_checksum``, ``shard_checksum``):
+
+- **desired**: what the kind says the shard must hold as of ``upper - 1``, from the frames the
+  correction is computed from: a query's result; the change log below ``upper``; for an upsert
+  sink the shard as read, with each touched key's value as of ``lower - 1`` (what the
+  correction retracts) replaced by its last command's value, plus the commands that cannot be
+  keyed;
+- **shard**: the shard as of ``upper - 1`` once the batch is committed: persist as read (below
+  ``upper``) plus the correction as staged.
+
+Both are observed (``DataFrame.observe``) on the frames that flow into the staged write, so the
+write's one Spark action computes them: no Spark job of their own. Equal values say that the
+correction, its consolidation, its partitioning and its staging lost and invented nothing; the
+write fails the batch otherwise. ``check --verify`` recomputes the shard side from the Delta table
+(:func:`reconcile.storage.frames.checksums_by_time`): a difference is corruption, a bug, or a
+foreign edit at a time at or below the batch's ``upper - 1``.
+
+The products are summed as three limbs of the hash (22, 22 and 20 bits) in BIGINTs, exact up to
+about 2^41 units of ``|diff|`` per partition (an overflow raises under ANSI mode, Spark's
+default, and wraps harmlessly modulo 2^64 without it); Python adds the limbs up modulo 2^64.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from reconcile.config import SinkConfig
+from reconcile.differential import row_columns
+from reconcile.errors import SinkError
+
+# Batches observe, record and compare their checksums; bench/reconcile_bench.py --checksum-cost
+# switches this off to measure what that costs. Batches written without them are not verifiable.
+ENABLED = True
+MOD = 1 << 64
+LIMBS = ((0, 22), (22, 22), (44, 0))  # (shift, bits) of the hash's limbs; 0 bits: the signed rest
+SIDES = ("desired", "shard")
+# Spark's adaptive execution drops a finished stage whose output is empty from the final plan,
+# and with it the observations it made (the metrics of an all-empty batch would be missing).
+KEEP_EMPTY_STAGES = "org.apache.spark.sql.execution.adaptive.AQEPropagateEmptyRelation"
+EXCLUDED_RULES = "spark.sql.adaptive.optimizer.excludedRules"
+
+
+class SelfCheckFailed(SinkError):
+    """A batch does not add up: in some hash partition the checksum of what the kind says the
+    shard must hold differs from the shard's after the correction (a bug; nothing is staged)."""
+
+    remedy = (
+        "nothing was staged or committed; report it with the batch id (a bug in the sink or in Spark). "
+        "Rerunning the write recomputes the batch; `python -m reconcile check SINK --verify` checks the "
+        "committed ones."
+    )
+
+
+def row_hash(cfg: SinkConfig) -> Column:
+    """``xxhash64(row columns, _error)``: the hash :func:`reconcile.differential.partition_of` uses."""
+    return F.xxhash64(*[F.col(f"`{c}`") for c in row_columns(cfg)])
+
+
+def limbs(h: Column, diff: Column) -> list[Column]:
+    """``h * diff`` as one BIGINT column per limb of ``h``: sum each, then :func:`combine`."""
+    out = []
+    for shift, bits in LIMBS:
+        limb = F.shiftright(h, shift) if shift else h
+        if bits:
+            limb = limb.bitwiseAND(F.lit((1 << bits) - 1))
+        out.append(limb * diff)
+    return out
+
+
+def combine(sums: Sequence[int | None]) -> int:
+    """The checksum (``0 <= x < 2^64``) from the sums of :func:`limbs`' columns."""
+    return sum(int(s or 0) << shift for s, (shift, _) in zip(sums, LIMBS, strict=True)) % MOD
+
+
+def text(value: int) -> str:
+    """How manifests and commits record a checksum: 16 hex digits."""
+    return f"{value % MOD:016x}"
+
+
+@contextmanager
+def observable(spark: SparkSession) -> Iterator[None]:
+    """Keep every stage of the next Spark action in its final plan, so that each observation
+    reports (even of an empty batch); the session's setting is restored afterwards."""
+    old = spark.conf.get(EXCLUDED_RULES, None) or ""
+    rules = [r for r in old.split(",") if r.strip()]
+    if KEEP_EMPTY_STAGES not in rules:
+        spark.conf.set(EXCLUDED_RULES, ",".join([*rules, KEEP_EMPTY_STAGES]))
+    try:
+        yield
+    finally:
+        if old:
+            spark.conf.set(EXCLUDED_RULES, old)
+        else:
+            spark.conf.unset(EXCLUDED_RULES)
+
+
+class BatchChecks:
+    """The observations of one write attempt: :meth:`observe` the frames a correction is computed
+    from (and the correction), run the write, then :meth:`totals`.
+
+    Observe only frames that every execution consumes in full: a union's inputs, the written
+    frame; never a join's input (a join may stop reading one side when the other is empty).
+    """
+
+    def __init__(self, cfg: SinkConfig, lower: int, upper: int, tag: str):
+        self.cfg, self.lower, self.upper, self.tag = cfg, lower, upper, tag
+        self._observed: list[tuple[str, Any, dict[str, int]]] = []
+
+    def observe(self, df: DataFrame, role: str, into: dict[str, int], where: Column | None = None) -> DataFrame:
+        """``df`` (an update frame), observed: its checksum per partition (of the rows matching
+        ``where``) counts ``into[side]`` times into each side (``desired``, ``shard``)."""
+        from pyspark.sql import Observation  # Spark Connect's in a Connect process
+
+        observation = Observation(f"checksum-{role}-{self.tag}")
+        h = F.col("_ck_h")
+        diff = F.col("_diff") if where is None else F.when(where, F.col("_diff"))
+        n = len(LIMBS)
+        parts = {f"_ck_{i}": c for i, c in enumerate(limbs(h, diff))}
+        parts["_ck_p"] = F.pmod(h, F.lit(self.cfg.partitions)).cast("int")
+        aggregates = [
+            F.sum(F.when(F.col("_ck_p") == p, F.col(f"_ck_{i}"))).alias(f"l{i}_{p}")
+            for p in range(self.cfg.partitions)
+            for i in range(n)
+        ]
+        observed = df.withColumn("_ck_h", row_hash(self.cfg)).withColumns(parts).observe(observation, *aggregates)
+        self._observed.append((role, observation, into))
+        return observed.drop("_ck_h", *parts)
+
+    def totals(self) -> dict[str, dict[int, int]]:
+        """Per side, per partition: the checksum (after the write's action ran)."""
+        out = {side: dict.fromkeys(range(self.cfg.partitions), 0) for side in SIDES}
+        for role, observation, into in self._observed:
+            try:
+                got = observation.get
+            except Exception:  # noqa: BLE001 - the metrics never arrived (classic Spark asserts)
+                got = {}
+            for p in range(self.cfg.partitions):
+                keys = [f"l{i}_{p}" for i in range(len(LIMBS))]
+                if any(k not in got for k in keys):
+                    raise SelfCheckFailed(
+                        f"the checksums of the batch's {role} frame were not observed by Spark; nothing was staged",
+                        sink=self.cfg.name,
+                    )
+                value = combine([got[k] for k in keys])
+                for side, times in into.items():
+                    out[side][p] = (out[side][p] + times * value) % MOD
+        return out

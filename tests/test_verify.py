@@ -1,0 +1,214 @@
+"""Batches that verify themselves (issue 18.3): each batch records, per hash partition, the
+checksum of what its kind says the shard must hold as of ``upper - 1`` and the checksum of the
+shard after it; the write refuses a batch whose two differ, and ``check --verify`` recomputes the
+second from the Delta table.
+
+Expectations are computed independently: the partition of a row with Spark's own
+``pmod(xxhash64(row, _error), P)`` on a one-row frame, the shard's contents with plain Python
+models (``helpers``), the foreign writes with delta-rs.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pyarrow as pa
+import pytest
+
+from helpers import make_sink, model_query, run_batch, shard_as_of, write_json_rows
+from reconcile import checksums, cli
+from reconcile.log import iso
+from reconcile.model import COMMITTED, MINTED
+from reconcile.sink import check, compact, mint, write
+from reconcile.storage import delta as storage
+
+
+def partition_of_row(spark, cfg, k, v, error=None) -> int:
+    row = spark.createDataFrame([(k, v, error)], "k BIGINT, v STRING, _error STRING")
+    return row.selectExpr(f"pmod(xxhash64(k, v, _error), {cfg.partitions}) AS p").first()["p"]
+
+
+def foreign_update(cfg, k, v, time: int, diff: int) -> None:
+    """An update appended by delta-rs behind the sink's back."""
+    from deltalake import write_deltalake
+
+    table = pa.table(
+        {
+            "k": pa.array([k], pa.int64()),
+            "v": pa.array([v]),
+            "_error": pa.array([None], pa.string()),
+            "_time": pa.array([time], pa.int64()),
+            "_diff": pa.array([diff], pa.int64()),
+        }
+    )
+    write_deltalake(storage.table_path(cfg), table, mode="append")
+
+
+def assert_self_checked(store, cfg, skip: int = 0) -> None:
+    """Every committed batch (but the first ``skip``) recorded, per partition, equal desired and
+    shard checksums, in the ledger's manifest and in its Delta commit."""
+    commits = {m["batch_id"]: m for _, m in storage.history_since(cfg, -1)[1] if m and m.get("op") == "batch"}
+    for b in store.batches(cfg.name, (COMMITTED,))[skip:]:
+        parts = json.loads(b.manifest)["parts"]
+        assert sorted(parts, key=int) == [str(p) for p in range(cfg.partitions)]
+        for p, part in parts.items():
+            assert part["desired_checksum"] == part["shard_checksum"], (b.batch_id, p, part)
+            assert len(part["shard_checksum"]) == 16
+            committed = commits[b.batch_id]["parts"][p]
+            assert (committed["desired_checksum"], committed["shard_checksum"]) == (
+                part["desired_checksum"],
+                part["shard_checksum"],
+            )
+
+
+def verify(store, cfg, spark) -> tuple[list[str], dict]:
+    """``check --verify``'s findings and counts."""
+    return check.verify_checksums(store, cfg, spark)
+
+
+def test_query_batches_verify_and_a_foreign_edit_is_reported(
+    spark, warehouse, tmp_path, sqlite_store, monkeypatch, capsys
+):
+    store = sqlite_store
+    monkeypatch.setenv("RECONCILE_SINKS_DIR", str(tmp_path))
+    cfg = make_sink(tmp_path, "vq")
+    rows1 = [{"k": 1, "v": "a"}, {"k": 2, "v": "b"}, {"k": 2, "v": "b"}, {"k": None, "v": "bad"}]
+    write_json_rows(tmp_path / "src", rows1)
+    m1, _, a1 = run_batch(spark, store, cfg, "run-1", 200)
+    assert a1.outcome == "committed", a1.message
+    assert_self_checked(store, cfg)
+
+    # behind the sink's back: row (1, a) is retracted at 150, inside batch 1's [100, 200)
+    foreign_update(cfg, 1, "a", 150, -1)
+    p = partition_of_row(spark, cfg, 1, "a")
+    version = storage.latest_version(cfg)
+    capsys.readouterr()
+    assert cli.main(["check", cfg.name, "--verify"]) == 1
+    out = capsys.readouterr().out
+    violations = [line for line in out.splitlines() if line.startswith("VIOLATION")]
+    assert len(violations) == 1, out
+    assert f"batch {m1.description.batch_id} " in violations[0] and f"Delta version 1's partition {p}:" in violations[0]
+    assert "the shard as of 1970-01-01" in violations[0] and "the batch recorded" in violations[0]
+    assert f"1 batch(es) (3 partitions) checked against Delta version {version}, 1 partition(s) differ" in out
+
+    # the next batch repairs the shard as usual; its own checksums hold, batch 1's history stays edited
+    rows2 = [{"k": 1, "v": "a"}, {"k": 3, "v": "c"}]
+    write_json_rows(tmp_path / "src", rows2)
+    m2, w2, a2 = run_batch(spark, store, cfg, "run-2", 300)
+    assert a2.outcome == "committed" and w2.drift_rows == 1, a2.message
+    assert shard_as_of(spark, cfg, 299) == model_query(rows2, cfg)
+    lines, counts = verify(store, cfg, spark)
+    assert len(lines) == 1 and lines[0].startswith(f"batch {m1.description.batch_id} [{iso(100)}, {iso(200)})")
+    assert (counts["verified"], counts["partitions"]) == (2, 6)
+    assert_self_checked(store, cfg)
+
+
+def test_changelog_batches_verify_before_and_after_compaction(spark, warehouse, tmp_path, sqlite_store, monkeypatch):
+    from test_sink import CHANGELOG_NEW, changelog_model
+
+    store = sqlite_store
+    cfg = make_sink(tmp_path, "vc", kind="changelog")
+    source: list[dict] = []
+    for i, (frontier, new) in enumerate(CHANGELOG_NEW):
+        source += new
+        write_json_rows(tmp_path / "log", source)
+        # the first batch as an earlier release wrote it: without checksums
+        monkeypatch.setattr(checksums, "ENABLED", i > 0)
+        _, _, a = run_batch(spark, store, cfg, f"run-{i}", frontier)
+        assert a.outcome == "committed", a.message
+    assert_self_checked(store, cfg, skip=1)
+
+    # compaction advances every time below 299 to it: batch 2's upper - 1 is since itself
+    assert compact.run_compact(spark, store, cfg, since=299, vacuum_files=False).outcome == "compacted"
+    assert shard_as_of(spark, cfg, 299) == changelog_model(CHANGELOG_NEW, 299)
+    lines, counts = verify(store, cfg, spark)
+    assert lines == [], lines
+    assert counts == {
+        "verified": 2,
+        "partitions": 6,
+        "not_verifiable": 1,
+        "before_since": 0,
+        "version": storage.latest_version(cfg),
+    }
+    # a since past a batch's upper - 1 (compaction raises it first) leaves the batch out
+    store.advance_since(cfg.name, 300)
+    assert verify(store, cfg, spark)[1] == {**counts, "verified": 1, "partitions": 3, "before_since": 1}
+
+
+def test_upsert_batches_verify_and_a_tampered_key_is_reported(spark, warehouse, tmp_path, sqlite_store):
+    from test_upsert import cmd, feed_rows, ok_rows, upsert_sink
+    from upsert_model import UpsertModel
+
+    store = sqlite_store
+    cfg = upsert_sink(tmp_path, name="vu")
+    model = UpsertModel()
+    feed = [cmd(1, "a", 150, 1), cmd(2, "b", 160, 2), cmd(1, "a2", 170, 3), cmd(None, "x", 180, 4)]
+    feed_rows(tmp_path, feed)
+    m1, _, _ = run_batch(spark, store, cfg, "r1", 200)
+    model.batch(feed, 100, 200)
+
+    foreign_update(cfg, 1, "rogue", 190, 1)  # key 1 gets a second value inside batch 1
+    lines, _ = verify(store, cfg, spark)
+    p = partition_of_row(spark, cfg, 1, "rogue")
+    assert len(lines) == 1 and f"batch {m1.description.batch_id} " in lines[0] and f"partition {p}:" in lines[0], lines
+
+    # updates, a delete, a key touched twice, a late command; key 1's next command repairs it
+    feed += [cmd(1, "a3", 210, 5), cmd(2, None, 220, 6), cmd(3, "c", 230, 7), cmd(3, "c2", 240, 8), cmd(4, "d", 120, 9)]
+    feed_rows(tmp_path, feed)
+    _, _, a = run_batch(spark, store, cfg, "r2", 300)
+    assert a.outcome == "committed", a.message
+    model.batch(feed, 200, 300)
+    assert ok_rows(shard_as_of(spark, cfg, 299)) == model.as_of(299)
+    # a batch without commands (nothing touched: the semi-join reads nothing of the shard)
+    _, _, a = run_batch(spark, store, cfg, "r3", 400)
+    assert a.outcome == "committed", a.message
+    lines, counts = verify(store, cfg, spark)
+    assert len(lines) == 1 and m1.description.batch_id in lines[0] and counts["verified"] == 3, lines
+    assert_self_checked(store, cfg)
+
+
+def test_an_empty_batch_of_an_empty_shard_checks_itself(spark, warehouse, tmp_path, sqlite_store):
+    """Nothing desired, nothing held: every stage of the write is empty, and still observed."""
+    query = {"sources": {"src": {"format": "json", "path": "src"}}, "sql": "SELECT k, v FROM src WHERE k < 0"}
+    cfg = make_sink(tmp_path, "vempty", query=query)
+    write_json_rows(tmp_path / "src", [{"k": 1, "v": "a"}])
+    _, w, a = run_batch(spark, sqlite_store, cfg, "run-1", 200)
+    assert (w.rows_ok, a.outcome) == (0, "committed"), a.message
+    parts = json.loads(sqlite_store.get_batch(w.batch_id).manifest)["parts"]
+    assert {part["shard_checksum"] for part in parts.values()} == {"0" * 16}
+    assert verify(sqlite_store, cfg, spark)[0] == []
+
+
+def test_a_correction_that_does_not_add_up_fails_the_batch(spark, warehouse, tmp_path, sqlite_store, monkeypatch):
+    """A bug that drops the retractions from the correction: the write fails the batch with one
+    line, nothing is staged or committed; without the bug the same batch commits."""
+    from pyspark.sql import functions as F
+
+    from reconcile import differential
+
+    store = sqlite_store
+    cfg = make_sink(tmp_path, "vbug")
+    rows1 = [{"k": 1, "v": "a"}, {"k": 2, "v": "b"}]
+    write_json_rows(tmp_path / "src", rows1)
+    run_batch(spark, store, cfg, "run-1", 200)
+    rows2 = [{"k": 1, "v": "a2"}, {"k": 2, "v": "b"}]
+    write_json_rows(tmp_path / "src", rows2)
+    desc = mint.run_mint(store, cfg, "run-2", 1, 300).description
+    consolidate = differential.consolidate
+
+    def buggy(cfg, updates, *, partitioned=True):
+        return consolidate(cfg, updates, partitioned=partitioned).where(F.col("_diff") > 0)
+
+    monkeypatch.setattr(differential, "consolidate", buggy)
+    with pytest.raises(checksums.SelfCheckFailed) as err:
+        write.run_write(spark, store, cfg, desc.batch_id)
+    text = str(err.value)
+    p = partition_of_row(spark, cfg, 1, "a")
+    assert "\n" not in text and f"batch {desc.batch_id} " in text and f"in hash partition {p} " in text, text
+    assert "does not add up" in text and "nothing was staged or committed" in text
+    assert store.get_batch(desc.batch_id).state == MINTED
+    assert storage.list_files(storage.staging_path(cfg, desc.batch_id)) == {}
+    assert storage.latest_version(cfg) == 1
+
+    monkeypatch.setattr(differential, "consolidate", consolidate)
+    assert write.run_write(spark, store, cfg, desc.batch_id).outcome == "staged"
