@@ -120,47 +120,38 @@ class BatchChecks:
 
     def __init__(self, cfg: SinkConfig, lower: int, upper: int, tag: str):
         self.cfg, self.lower, self.upper, self.tag = cfg, lower, upper, tag
-        self._observed: list[tuple[str, Any, dict[str, int], str]] = []
+        self._observed: list[tuple[str, Any, dict[str, int]]] = []
 
     def observe(self, df: DataFrame, role: str, into: dict[str, int], where: Column | None = None) -> DataFrame:
         """``df`` (an update frame), observed: its checksum per partition (of the rows matching
         ``where``) counts ``into[side]`` times into each side (``desired``, ``shard``)."""
-        observed = df.withColumn("_ck_h", row_hash(self.cfg))
-        observed = self.observe_hashed(observed, role, [(into, where)], F.col("_ck_h"))
-        return observed.drop("_ck_h")
-
-    def observe_hashed(
-        self, df: DataFrame, role: str, groups: list[tuple[dict[str, int], Column | None]], h: Column
-    ) -> DataFrame:
-        """``df``, observed in one node whose row hash ``h`` is already computed (the hash of
-        :func:`row_hash`): per group ``(into, where)``, the checksum per partition of the rows
-        matching ``where`` counts ``into[side]`` times into each side. One node and one hash per
-        row for all groups: :func:`reconcile.differential.difference` observes both sides of the
-        union it consolidates this way."""
         from pyspark.sql import Observation  # Spark Connect's in a Connect process
 
         observation = Observation(f"checksum-{role}-{self.tag}")
-        part = F.pmod(h, F.lit(self.cfg.partitions)).cast("int")
-        aggregates = []
-        for g, (into, where) in enumerate(groups):
-            diff = F.col("_diff") if where is None else F.when(where, F.col("_diff"))
-            for i, limb in enumerate(limbs(h, diff)):
-                aggregates += [
-                    F.sum(F.when(part == p, limb)).alias(f"g{g}_l{i}_{p}") for p in range(self.cfg.partitions)
-                ]
-            self._observed.append((f"{role}[{g}]", observation, into, f"g{g}_"))
-        return df.observe(observation, *aggregates)
+        h = F.col("_ck_h")
+        diff = F.col("_diff") if where is None else F.when(where, F.col("_diff"))
+        n = len(LIMBS)
+        parts = {f"_ck_{i}": c for i, c in enumerate(limbs(h, diff))}
+        parts["_ck_p"] = F.pmod(h, F.lit(self.cfg.partitions)).cast("int")
+        aggregates = [
+            F.sum(F.when(F.col("_ck_p") == p, F.col(f"_ck_{i}"))).alias(f"l{i}_{p}")
+            for p in range(self.cfg.partitions)
+            for i in range(n)
+        ]
+        observed = df.withColumn("_ck_h", row_hash(self.cfg)).withColumns(parts).observe(observation, *aggregates)
+        self._observed.append((role, observation, into))
+        return observed.drop("_ck_h", *parts)
 
     def totals(self) -> dict[str, dict[int, int]]:
         """Per side, per partition: the checksum (after the write's action ran)."""
         out = {side: dict.fromkeys(range(self.cfg.partitions), 0) for side in SIDES}
-        for role, observation, into, prefix in self._observed:
+        for role, observation, into in self._observed:
             try:
                 got = observation.get
             except Exception:  # noqa: BLE001 - the metrics never arrived (classic Spark asserts)
                 got = {}
             for p in range(self.cfg.partitions):
-                keys = [f"{prefix}l{i}_{p}" for i in range(len(LIMBS))]
+                keys = [f"l{i}_{p}" for i in range(len(LIMBS))]
                 if any(k not in got for k in keys):
                     raise SelfCheckFailed(
                         f"the checksums of the batch's {role} frame were not observed by Spark; nothing was staged",

@@ -56,26 +56,15 @@ def as_of(cfg: SinkConfig, updates: DataFrame, t: int) -> DataFrame:
     )
 
 
-def difference(cfg: SinkConfig, desired: DataFrame, persist: DataFrame, time: SCol, checks=None) -> DataFrame:
+def difference(cfg: SinkConfig, desired: DataFrame, persist: DataFrame, time: SCol) -> DataFrame:
     """``consolidate(desired - persist)`` with both sides stamped at ``time`` (a column of each
-    side's ``_time``), hash-partitioned: the correction's last step, for any kind. ``checks``
-    (a :class:`reconcile.checksums.BatchChecks`) observes on the way, with the hash that places
-    each row, the checksums of ``desired`` and of ``persist``: one node over the union."""
+    side's ``_time``), hash-partitioned: the correction's last step, for any kind."""
     cols = row_columns(cfg)
     d = desired.select(*[F.col(_q(c)) for c in cols], time.alias("_time"), F.col("_diff").cast("bigint"))
     p = persist.select(
         *[F.col(_q(c)) for c in cols], time.alias("_time"), (-F.col("_diff")).cast("bigint").alias("_diff")
     )
-    if checks is None:
-        both = d.unionByName(p).withColumn("_part", partition_of(cfg))
-    else:
-        side = F.col("_ck_persist")
-        both = d.withColumn("_ck_persist", F.lit(False)).unionByName(p.withColumn("_ck_persist", F.lit(True)))
-        h = F.col("_ck_h")
-        both = both.withColumn("_ck_h", F.xxhash64(*[F.col(_q(c)) for c in cols]))
-        # persist's rows carry negated diffs here: they count -1 times into the shard's side
-        both = checks.observe_hashed(both, "sides", [({"desired": 1}, ~side), ({"shard": -1}, side)], h)
-        both = both.withColumn("_part", F.pmod(h, F.lit(cfg.partitions)).cast("int")).drop("_ck_h", "_ck_persist")
+    both = d.unionByName(p).withColumn("_part", partition_of(cfg))
     # Shuffle once by partition; the aggregation below reuses that distribution.
     return consolidate(cfg, both.repartition(cfg.partitions, "_part"))
 

@@ -47,12 +47,23 @@ def correction(
     """The correction of ``(lower, upper)`` against ``persist`` (the shard's update log).
     ``checks``: observe the checksums of the desired collection as of ``upper - 1`` and of the
     shard as read below ``upper`` (:mod:`reconcile.checksums`) while the correction is computed."""
+    from pyspark.sql import functions as F
+
     from reconcile.kinds import changelog, query, upsert
 
-    if isinstance(cfg, QuerySink):  # difference() observes both sides
-        return Correction(query.correction(cfg, query.desired(spark, cfg), persist, lower, upper, checks))
+    below = F.col("_time") < upper
+    if checks is not None and not isinstance(cfg, UpsertSink):  # the rows the correction retracts
+        persist = checks.observe(persist, "persist", {"shard": 1}, where=below)
+    if isinstance(cfg, QuerySink):
+        snapshot = query.desired(spark, cfg)
+        if checks is not None:
+            snapshot = checks.observe(snapshot, "desired", {"desired": 1})
+        return Correction(query.correction(cfg, snapshot, persist, lower, upper))
     if isinstance(cfg, ChangelogSink):
-        return Correction(changelog.correction(cfg, changelog.desired(spark, cfg), persist, lower, upper, checks))
+        log = changelog.desired(spark, cfg)
+        if checks is not None:
+            log = checks.observe(log, "desired", {"desired": 1}, where=below)
+        return Correction(changelog.correction(cfg, log, persist, lower, upper))
     assert isinstance(cfg, UpsertSink), f"unknown kind {cfg.kind!r}"
     feed = upsert.read_feed(spark, cfg)
     progress = one_row(upsert.feed_progress(cfg, feed, lower, upper, watermark))

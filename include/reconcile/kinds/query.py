@@ -82,11 +82,7 @@ def desired(spark: SparkSession, cfg: QuerySink) -> DataFrame:
     return validate(cfg, df, F.lit(1), None)
 
 
-def correction(
-    cfg: QuerySink, snapshot: DataFrame, persist: DataFrame, lower: int, upper: int, checks=None
-) -> DataFrame:
-    """The snapshot's correction for ``(lower, upper)``: update frame plus ``_part`` (``checks``:
-    observe the checksums of the snapshot and of persist below ``upper``)."""
+def correction(cfg: QuerySink, snapshot: DataFrame, persist: DataFrame, lower: int, upper: int) -> DataFrame:
+    """The snapshot's correction for ``(lower, upper)``: update frame plus ``_part``."""
     assert lower < upper, f"invalid description [{lower}, {upper})"
-    below = persist.where(F.col("_time") < upper)
-    return difference(cfg, snapshot, below, F.lit(upper - 1).cast("bigint"), checks)
+    return difference(cfg, snapshot, persist.where(F.col("_time") < upper), F.lit(upper - 1).cast("bigint"))
