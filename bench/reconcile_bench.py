@@ -55,8 +55,9 @@ the cost of batches 1, 50, 100, 200 (or the nearest), last/first for each sink a
 compaction times; both shards must end equal to the last snapshot.
 
 Checksum-cost mode (--checksum-cost): what batches that verify themselves cost
-(:mod:`reconcile.checksums`: the observations of the desired, persist and correction frames
-inside the write's Spark action, and the comparison). Each of --repeat rounds runs the query
+(:mod:`reconcile.checksums`: the observations of the desired frame and of the correction inside
+the write's Spark action, of persist too when the previous batch's record cannot be carried
+(the load batch), and the comparison). Each of --repeat rounds runs the query
 sink of the main mode twice on fresh tables, with the observations off and on (the order
 alternates round by round): a first batch loading ``size`` rows (the correction is the whole
 snapshot), then the timed batch bringing it to the ``fraction`` change. Reports the medians of

@@ -212,3 +212,84 @@ def test_a_correction_that_does_not_add_up_fails_the_batch(spark, warehouse, tmp
 
     monkeypatch.setattr(differential, "consolidate", consolidate)
     assert write.run_write(spark, store, cfg, desc.batch_id).outcome == "staged"
+
+
+def test_the_shard_side_is_carried_from_the_previous_batch(spark, warehouse, tmp_path, sqlite_store, monkeypatch):
+    """A batch whose table only the sink changed since the previous batch read it takes the
+    shard's checksums from that batch's record instead of observing the whole shard (the real
+    observation runs; a spy notes which frames it saw); a compaction keeps the record valid, a
+    foreign commit does not."""
+    store = sqlite_store
+    cfg = make_sink(tmp_path, "vcarry")
+    seen: list[str] = []
+    observe = checksums.BatchChecks.observe
+
+    def spy(self, df, role, into, where=None):
+        seen.append(role)
+        return observe(self, df, role, into, where)
+
+    monkeypatch.setattr(checksums.BatchChecks, "observe", spy)
+    write_json_rows(tmp_path / "src", [{"k": 1, "v": "a"}, {"k": 2, "v": "b"}])
+    run_batch(spark, store, cfg, "run-1", 200)
+    assert seen == ["persist", "desired"]  # the first batch has nothing to carry
+
+    def recorded(upper: int) -> dict[int, int]:
+        (b,) = [b for b in store.batches(cfg.name, (COMMITTED,)) if b.upper == upper]
+        parts = json.loads(b.manifest)["parts"]
+        return {int(p): int(part["shard_checksum"], 16) for p, part in parts.items()}
+
+    assert write.carried_checksums(store, cfg, 200, storage.latest_version(cfg)) == recorded(200)
+    rows = [{"k": 1, "v": "a2"}, {"k": 3, "v": "c"}]
+    write_json_rows(tmp_path / "src", rows)
+    seen.clear()
+    _, w, a = run_batch(spark, store, cfg, "run-2", 300)
+    assert a.outcome == "committed" and seen == ["desired"], (a.message, seen)
+    assert shard_as_of(spark, cfg, 299) == model_query(rows, cfg)
+
+    # the sink's own compaction keeps the shard's checksums as of any time at or after since
+    assert compact.run_compact(spark, store, cfg, since=299, vacuum_files=False).outcome == "compacted"
+    assert write.carried_checksums(store, cfg, 300, storage.latest_version(cfg)) == recorded(300)
+    seen.clear()
+    assert run_batch(spark, store, cfg, "run-3", 400)[2].outcome == "committed"
+    assert seen == ["desired"]
+
+    # a foreign commit since: nothing is carried, the shard is observed and the drift repaired
+    foreign_update(cfg, 3, "c", 350, -1)
+    assert write.carried_checksums(store, cfg, 400, storage.latest_version(cfg)) is None
+    seen.clear()
+    _, w, a = run_batch(spark, store, cfg, "run-4", 500)
+    assert a.outcome == "committed" and w.drift_rows == 1 and seen == ["persist", "desired"], (a.message, seen)
+    assert shard_as_of(spark, cfg, 499) == model_query(rows, cfg)
+    assert_self_checked(store, cfg)
+    lines, counts = verify(store, cfg, spark)
+    assert len(lines) == 1 and f"[{iso(300)}, {iso(400)})" in lines[0], lines
+
+
+def test_a_damaged_record_is_not_carried_into_the_next_batch(spark, warehouse, tmp_path, sqlite_store, caplog):
+    """The previous batch's recorded checksums were damaged in the ledger: the next batch does not
+    add up with them, is computed again with the shard observed in full, commits, and warns."""
+    from sqlalchemy import text
+
+    store = sqlite_store
+    cfg = make_sink(tmp_path, "vdamaged")
+    write_json_rows(tmp_path / "src", [{"k": 1, "v": "a"}, {"k": 2, "v": "b"}])
+    _, w1, _ = run_batch(spark, store, cfg, "run-1", 200)
+    manifest = json.loads(store.get_batch(w1.batch_id).manifest)
+    p = partition_of_row(spark, cfg, 2, "b")
+    manifest["parts"][str(p)]["shard_checksum"] = "00000000000000ff"
+    with store.engine.begin() as conn:
+        conn.execute(
+            text("UPDATE reconcile_batches SET manifest = :m WHERE batch_id = :b"),
+            {"m": json.dumps(manifest), "b": w1.batch_id},
+        )
+    rows = [{"k": 2, "v": "b"}, {"k": 3, "v": "c"}]
+    write_json_rows(tmp_path / "src", rows)
+    caplog.clear()
+    _, w2, a2 = run_batch(spark, store, cfg, "run-2", 300)
+    assert a2.outcome == "committed", a2.message
+    assert shard_as_of(spark, cfg, 299) == model_query(rows, cfg)
+    warned = [
+        r.getMessage() for r in caplog.records if "does not have the checksums the previous batch" in r.getMessage()
+    ]
+    assert len(warned) == 1 and w2.batch_id in warned[0], warned
+    assert_self_checked(store, cfg, skip=1)  # batch 2 recorded its own, batch 1 keeps the damage

@@ -20,7 +20,10 @@ A batch's write records two of them per partition (``desired_checksum``, ``shard
   ``upper``) plus the correction as staged.
 
 Both are observed (``DataFrame.observe``) on the frames that flow into the staged write, so the
-write's one Spark action computes them: no Spark job of their own. Equal values say that the
+write's one Spark action computes them: no Spark job of their own. The shard as read is not
+observed when the previous batch's record covers it (only the sink's own commits since it read
+the table): its checksum as of ``lower - 1`` is the one that batch recorded, so a batch hashes
+what it desires and what it writes, not the whole shard. Equal values say that the
 correction, its consolidation, its partitioning and its staging lost and invented nothing; the
 write fails the batch otherwise. ``check --verify`` recomputes the shard side from the Delta table
 (:func:`reconcile.storage.frames.checksums_by_time`): a difference is corruption, a bug, or a
@@ -112,15 +115,50 @@ def observable(spark: SparkSession) -> Iterator[None]:
 
 class BatchChecks:
     """The observations of one write attempt: :meth:`observe` the frames a correction is computed
-    from (and the correction), run the write, then :meth:`totals`.
+    from, add the correction's aggregates to the staged write's own observation
+    (:meth:`aggregates`), run the write, then :meth:`totals`.
 
     Observe only frames that every execution consumes in full: a union's inputs, the written
     frame; never a join's input (a join may stop reading one side when the other is empty).
+
+    ``carried``: the shard's checksums as of ``lower - 1`` as the previous batch recorded them
+    (:func:`reconcile.sink.write.carried_checksums`), when nothing but the sink's own commits
+    changed the table since that batch read it: the shard's side then starts from them instead of
+    observing the whole shard as read (the write's costliest observation); the kinds that read
+    the whole shard skip that observation.
     """
 
-    def __init__(self, cfg: SinkConfig, lower: int, upper: int, tag: str):
+    def __init__(self, cfg: SinkConfig, lower: int, upper: int, tag: str, carried: dict[int, int] | None = None):
         self.cfg, self.lower, self.upper, self.tag = cfg, lower, upper, tag
+        self.carried = carried
         self._observed: list[tuple[str, Any, dict[str, int]]] = []
+
+    def aggregates(
+        self, df: DataFrame, role: str, where: Column | None = None
+    ) -> tuple[DataFrame, list[Column], list[str]]:
+        """(``df`` with the hash columns the aggregates need, the aggregates, those columns' names
+        to drop after the observation): for an observation the caller makes, which must then be
+        passed to :meth:`attach`."""
+        h = F.col("_ck_h")
+        diff = F.col("_diff") if where is None else F.when(where, F.col("_diff"))
+        parts = {f"_ck_{i}": c for i, c in enumerate(limbs(h, diff))}
+        parts["_ck_p"] = F.pmod(h, F.lit(self.cfg.partitions)).cast("int")
+        aggregates = [
+            F.sum(F.when(F.col("_ck_p") == p, F.col(f"_ck_{i}"))).alias(f"{role}_l{i}_{p}")
+            for p in range(self.cfg.partitions)
+            for i in range(len(LIMBS))
+        ]
+        return df.withColumn("_ck_h", row_hash(self.cfg)).withColumns(parts), aggregates, ["_ck_h", *parts]
+
+    def attach(self, observation: Any, role: str, into: dict[str, int]) -> None:
+        """Count ``role``'s aggregates of ``observation`` ``into[side]`` times into each side."""
+        self._observed.append((role, observation, into))
+
+    def carry(self, into: dict[str, int]) -> None:
+        """Count the carried checksums (the shard as of ``lower - 1``) ``into[side]`` times into each
+        side, instead of observing the shard as read."""
+        assert self.carried is not None, "nothing to carry"
+        self._observed.append(("carried", None, into))
 
     def observe(self, df: DataFrame, role: str, into: dict[str, int], where: Column | None = None) -> DataFrame:
         """``df`` (an update frame), observed: its checksum per partition (of the rows matching
@@ -128,30 +166,25 @@ class BatchChecks:
         from pyspark.sql import Observation  # Spark Connect's in a Connect process
 
         observation = Observation(f"checksum-{role}-{self.tag}")
-        h = F.col("_ck_h")
-        diff = F.col("_diff") if where is None else F.when(where, F.col("_diff"))
-        n = len(LIMBS)
-        parts = {f"_ck_{i}": c for i, c in enumerate(limbs(h, diff))}
-        parts["_ck_p"] = F.pmod(h, F.lit(self.cfg.partitions)).cast("int")
-        aggregates = [
-            F.sum(F.when(F.col("_ck_p") == p, F.col(f"_ck_{i}"))).alias(f"l{i}_{p}")
-            for p in range(self.cfg.partitions)
-            for i in range(n)
-        ]
-        observed = df.withColumn("_ck_h", row_hash(self.cfg)).withColumns(parts).observe(observation, *aggregates)
-        self._observed.append((role, observation, into))
-        return observed.drop("_ck_h", *parts)
+        hashed, aggregates, tmp = self.aggregates(df, role, where)
+        self.attach(observation, role, into)
+        return hashed.observe(observation, *aggregates).drop(*tmp)
 
     def totals(self) -> dict[str, dict[int, int]]:
         """Per side, per partition: the checksum (after the write's action ran)."""
         out = {side: dict.fromkeys(range(self.cfg.partitions), 0) for side in SIDES}
         for role, observation, into in self._observed:
+            if observation is None:  # carried from the previous batch
+                for p in range(self.cfg.partitions):
+                    for side, times in into.items():
+                        out[side][p] = (out[side][p] + times * (self.carried or {}).get(p, 0)) % MOD
+                continue
             try:
                 got = observation.get
             except Exception:  # noqa: BLE001 - the metrics never arrived (classic Spark asserts)
                 got = {}
             for p in range(self.cfg.partitions):
-                keys = [f"l{i}_{p}" for i in range(len(LIMBS))]
+                keys = [f"{role}_l{i}_{p}" for i in range(len(LIMBS))]
                 if any(k not in got for k in keys):
                     raise SelfCheckFailed(
                         f"the checksums of the batch's {role} frame were not observed by Spark; nothing was staged",

@@ -46,14 +46,18 @@ def correction(
 ) -> Correction:
     """The correction of ``(lower, upper)`` against ``persist`` (the shard's update log).
     ``checks``: observe the checksums of the desired collection as of ``upper - 1`` and of the
-    shard as read below ``upper`` (:mod:`reconcile.checksums`) while the correction is computed."""
+    shard as read below ``upper`` (or carry the latter from the previous batch,
+    :mod:`reconcile.checksums`) while the correction is computed."""
     from pyspark.sql import functions as F
 
     from reconcile.kinds import changelog, query, upsert
 
     below = F.col("_time") < upper
     if checks is not None and not isinstance(cfg, UpsertSink):  # the rows the correction retracts
-        persist = checks.observe(persist, "persist", {"shard": 1}, where=below)
+        if checks.carried is not None:
+            checks.carry({"shard": 1})
+        else:
+            persist = checks.observe(persist, "persist", {"shard": 1}, where=below)
     if isinstance(cfg, QuerySink):
         snapshot = query.desired(spark, cfg)
         if checks is not None:

@@ -234,11 +234,15 @@ def upsert_correction(
     if checks is not None:
         branches[2] = checks.observe(retracted, "retracted", {"desired": 1})
         branches[3] = checks.observe(unkeyed, "unkeyed", {"desired": 1})
-        # The shard as read below upper, on both sides: observed in a branch of the union that
-        # adds no row, since the semi-join above may stop reading persist when no key is touched.
-        below = F.col("_time") < checks.upper
-        shard = checks.observe(persist, "persist", {"desired": 1, "shard": 1}, where=below)
-        branches.append(shard.where(F.spark_partition_id() < 0))
+        # The shard as read below upper, on both sides: carried from the previous batch, or
+        # observed in a branch of the union that adds no row (the semi-join above may stop
+        # reading persist when no key is touched).
+        if checks.carried is not None:
+            checks.carry({"desired": 1, "shard": 1})
+        else:
+            below = F.col("_time") < checks.upper
+            shard = checks.observe(persist, "persist", {"desired": 1, "shard": 1}, where=below)
+            branches.append(shard.where(F.spark_partition_id() < 0))
     both = branches[0].select(*order)
     for branch in branches[1:]:
         both = both.unionByName(branch.select(*order))

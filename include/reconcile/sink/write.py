@@ -15,7 +15,10 @@
 4. Check that the batch adds up (:mod:`reconcile.checksums`, observed in the same Spark action):
    per partition, the checksum of what the kind says the shard must hold as of ``upper - 1``
    equals that of persist as read plus the correction as staged; else the batch fails
-   (:class:`~reconcile.checksums.SelfCheckFailed`, nothing staged). Then record the manifest
+   (:class:`~reconcile.checksums.SelfCheckFailed`, nothing staged). Persist's checksum is the
+   one the previous batch recorded when only the sink's own commits changed the table since
+   (:func:`carried_checksums`); if the batch does not add up with it, the batch is computed again
+   with persist observed in full, and a warning says the table changed behind the sink's back. Then record the manifest
    (rows, error rows and checksums per partition, observed while writing; the files with their
    sizes and content digests) in the ledger with state ``staged``: a
    compare-and-set on the attempt the batch names. Attempts of one batch running at once (a
@@ -109,6 +112,36 @@ def drift_rows(spark: SparkSession, store: MetadataStore, cfg: SinkConfig, read_
             )
             return None
     return total
+
+
+def carried_checksums(store: MetadataStore, cfg: SinkConfig, lower: int, read_version: int) -> dict[int, int] | None:
+    """The shard's checksums as of ``lower - 1``, per partition, as the committed batch ending at
+    ``lower`` recorded them, if nothing but that batch's own commit, the sink's compactions (which
+    keep every checksum as of a time at or after ``since``) and commits that change no data
+    touched the table between the Delta version it read and ``read_version``; else None (the
+    write then observes the shard as read)."""
+    prev = store.committed_ending_at(cfg.name, lower)
+    b = prev[0] if len(prev) == 1 else None
+    if b is None or b.read_version is None or not b.manifest:
+        return None
+    try:
+        manifest = parse_manifest(cfg, b.batch_id, b.manifest)
+        if int(manifest.get("partitions", -1)) != cfg.partitions:
+            return None
+        sums = {p: int(manifest["parts"][str(p)]["shard_checksum"], 16) for p in range(cfg.partitions)}
+    except (StagedBatchInvalid, KeyError, ValueError, TypeError):
+        return None
+    _, entries = storage.history_since(cfg, b.read_version)
+    for v, meta in entries:
+        if v > read_version:
+            break
+        meta = meta or {}
+        if not (
+            meta.get("op") in ("compact", storage.MAINTENANCE)
+            or (meta.get("op") == "batch" and meta.get("batch_id") == b.batch_id)
+        ):
+            return None  # a foreign data change (drift), or a commit the record does not cover
+    return sums
 
 
 def watermark(store: MetadataStore, cfg: SinkConfig) -> int | None:
@@ -252,17 +285,39 @@ def run_write(spark: SparkSession, store: MetadataStore, cfg: SinkConfig, batch_
         )
     path = storage.staging_path(cfg, batch_id, stage_id)
     sums = None
+
+    def stage(carried: dict[int, int] | None) -> tuple[kinds.Correction, dict, dict | None]:
+        checks = BatchChecks(cfg, desc.lower, desc.upper, stage_id, carried) if checksums.ENABLED else None
+        corr = batch_correction(spark, store, cfg, persist, desc.lower, desc.upper, checks)
+        with nullcontext() if checks is None else checksums.observable(spark):
+            _, stats = frames.write_staged(spark, cfg, batch_id, stage_id, corr.updates, checks)
+        if checks is None:
+            return corr, stats, None
+        sums = checks.totals()
+        self_check(cfg, batch_id, desc.lower, desc.upper, sums)
+        return corr, stats, sums
+
     try:
         read_version = storage.latest_version(cfg)
         persist = frames.read_updates(spark, cfg, read_version)
-        checks = BatchChecks(cfg, desc.lower, desc.upper, stage_id) if checksums.ENABLED else None
-        corr = batch_correction(spark, store, cfg, persist, desc.lower, desc.upper, checks)
-        updates = corr.updates if checks is None else checks.observe(corr.updates, "correction", {"shard": 1})
-        with nullcontext() if checks is None else checksums.observable(spark):
-            _, stats = frames.write_staged(spark, cfg, batch_id, stage_id, updates)
-        if checks is not None:
-            sums = checks.totals()
-            self_check(cfg, batch_id, desc.lower, desc.upper, sums)
+        carried = carried_checksums(store, cfg, desc.lower, read_version) if checksums.ENABLED else None
+        try:
+            corr, stats, sums = stage(carried)
+        except SelfCheckFailed:
+            if carried is None:
+                raise
+            # A bug fails this attempt too; otherwise the shard as read is not what the previous
+            # batch recorded.
+            storage.delete_path(path)
+            corr, stats, sums = stage(None)
+            event(
+                log,
+                "the shard as read does not have the checksums the previous batch recorded: the table changed "
+                "behind the sink's back, or it or the record is damaged; this batch was computed again with the "
+                "shard observed in full and adds up (`python -m reconcile check SINK --verify` names the partitions)",
+                level=logging.WARNING,
+                **state,
+            )
         failpoint("write.after_partition_staged")
         files = storage.list_files(path)
         digests = {rel: storage.digest(f"{path}/{rel}") for rel in files}

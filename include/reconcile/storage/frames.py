@@ -67,20 +67,26 @@ def read_as_of(spark: SparkSession, cfg: SinkConfig, t: int) -> tuple[DataFrame,
 
 
 def write_staged(
-    spark: SparkSession, cfg: SinkConfig, batch_id: str, stage_id: str, corr: DataFrame
+    spark: SparkSession, cfg: SinkConfig, batch_id: str, stage_id: str, corr: DataFrame, checks=None
 ) -> tuple[str, dict[int, dict]]:
     """Stage one write attempt's correction in a directory no other attempt writes to; returns
     the directory and, per partition with rows, their statistics (:func:`_stats_aggregates`),
-    observed while writing (no second read of the staged files)."""
+    observed while writing (no second read of the staged files). ``checks``
+    (:class:`reconcile.checksums.BatchChecks`): the correction's checksums join that observation
+    and count into the shard's side."""
     from pyspark.sql import Observation
 
     path = staging_path(cfg, batch_id, stage_id)
     observation = Observation(f"staged-{stage_id}")
-    aggregates = []
+    aggregates, tmp = [], []
     for p in range(cfg.partitions):
         mine = F.col("_part") == p
         aggregates += [agg.alias(f"{name}_{p}") for name, agg in zip(STATS, _stats_aggregates(cfg, mine), strict=True)]
-    observed = corr.observe(observation, *aggregates)
+    if checks is not None:
+        corr, more, tmp = checks.aggregates(corr, "correction")
+        aggregates += more
+        checks.attach(observation, "correction", {"shard": 1})
+    observed = corr.observe(observation, *aggregates).drop(*tmp)
     observed.withColumnRenamed("_part", PART_COLUMN).write.mode("error").partitionBy(PART_COLUMN).parquet(path)
     got = observation.get
     stats = {}

@@ -397,6 +397,13 @@ class MetadataStore:
                 q = q.where(Batch.state.in_(states))
             return list(s.scalars(q.order_by(Batch.lower, Batch.created_at)))
 
+    @_retried_once_if_schema_recreated
+    def committed_ending_at(self, name: str, upper: int) -> list[Batch]:
+        """The shard's committed batches whose upper is ``upper`` (one, unless the ledger is damaged)."""
+        with self.read() as s:
+            q = select(Batch).where(Batch.shard == name, Batch.state == COMMITTED, Batch.upper == upper)
+            return list(s.scalars(q))
+
     def batch_page(self, name: str, *, before: tuple[int, str] | None = None, limit: int = 50) -> list[Batch]:
         """The shard's batches newest first (by lower, then batch id), ``limit`` of them older
         than the (lower, batch id) key ``before``: keyset paging on the index
