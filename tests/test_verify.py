@@ -222,16 +222,16 @@ def test_the_shard_side_is_carried_from_the_previous_batch(spark, warehouse, tmp
     store = sqlite_store
     cfg = make_sink(tmp_path, "vcarry")
     seen: list[str] = []
-    observe = checksums.BatchChecks.observe
+    observe = checksums.BatchChecks.observe_hashed
 
-    def spy(self, df, role, into, where=None):
+    def spy(self, df, role, into):
         seen.append(role)
-        return observe(self, df, role, into, where)
+        return observe(self, df, role, into)
 
-    monkeypatch.setattr(checksums.BatchChecks, "observe", spy)
+    monkeypatch.setattr(checksums.BatchChecks, "observe_hashed", spy)
     write_json_rows(tmp_path / "src", [{"k": 1, "v": "a"}, {"k": 2, "v": "b"}])
     run_batch(spark, store, cfg, "run-1", 200)
-    assert seen == ["persist", "desired"]  # the first batch has nothing to carry
+    assert seen == ["desired", "persist"]  # the first batch has nothing to carry
 
     def recorded(upper: int) -> dict[int, int]:
         (b,) = [b for b in store.batches(cfg.name, (COMMITTED,)) if b.upper == upper]
@@ -258,7 +258,7 @@ def test_the_shard_side_is_carried_from_the_previous_batch(spark, warehouse, tmp
     assert write.carried_checksums(store, cfg, 400, storage.latest_version(cfg)) is None
     seen.clear()
     _, w, a = run_batch(spark, store, cfg, "run-4", 500)
-    assert a.outcome == "committed" and w.drift_rows == 1 and seen == ["persist", "desired"], (a.message, seen)
+    assert a.outcome == "committed" and w.drift_rows == 1 and seen == ["desired", "persist"], (a.message, seen)
     assert shard_as_of(spark, cfg, 499) == model_query(rows, cfg)
     assert_self_checked(store, cfg)
     lines, counts = verify(store, cfg, spark)

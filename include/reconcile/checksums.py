@@ -44,7 +44,7 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from reconcile.config import SinkConfig
-from reconcile.differential import row_columns
+from reconcile.differential import HASH_COLUMN, row_columns
 from reconcile.errors import SinkError
 
 # Batches observe, record and compare their checksums; bench/reconcile_bench.py --checksum-cost
@@ -149,6 +149,25 @@ class BatchChecks:
             for i in range(len(LIMBS))
         ]
         return df.withColumn("_ck_h", row_hash(self.cfg)).withColumns(parts), aggregates, ["_ck_h", *parts]
+
+    def hashed_aggregates(self, role: str) -> list[Column]:
+        """The aggregates of a frame that already carries the row hash (``HASH_COLUMN``) and its
+        ``_part``: no column is added around the observation (each added column would copy
+        every row once more between Spark's generated stages)."""
+        h, part = F.col(HASH_COLUMN), F.col("_part")
+        return [
+            F.sum(F.when(part == p, limb)).alias(f"{role}_l{i}_{p}")
+            for p in range(self.cfg.partitions)
+            for i, limb in enumerate(limbs(h, F.col("_diff")))
+        ]
+
+    def observe_hashed(self, df: DataFrame, role: str, into: dict[str, int]) -> DataFrame:
+        """:meth:`observe` for a frame that carries ``HASH_COLUMN`` and ``_part``."""
+        from pyspark.sql import Observation
+
+        observation = Observation(f"checksum-{role}-{self.tag}")
+        self.attach(observation, role, into)
+        return df.observe(observation, *self.hashed_aggregates(role))
 
     def attach(self, observation: Any, role: str, into: dict[str, int]) -> None:
         """Count ``role``'s aggregates of ``observation`` ``into[side]`` times into each side."""

@@ -18,6 +18,9 @@ from pyspark.sql import functions as F
 from reconcile.config import SinkConfig
 
 META = ("_error", "_time", "_diff")
+# The row hash ``xxhash64(row, _error)`` a correction computed with self-checks carries
+# (:mod:`reconcile.checksums`); never stored.
+HASH_COLUMN = "_ck_h"
 
 
 def _q(name: str) -> str:
@@ -36,8 +39,10 @@ def partition_of(cfg: SinkConfig, partitions: int | SCol | None = None) -> SCol:
 
 
 def consolidate(cfg: SinkConfig, updates: DataFrame, *, partitioned: bool = True) -> DataFrame:
-    """Sum diffs per (row, _error, _time[, _part]); drop zero sums."""
+    """Sum diffs per (row, _error, _time[, _part]); drop zero sums. A ``HASH_COLUMN`` the updates
+    carry (the row's hash) is kept: it is a function of the row."""
     keys = row_columns(cfg) + ["_time"] + (["_part"] if partitioned else [])
+    keys += [HASH_COLUMN] if HASH_COLUMN in updates.columns else []
     return (
         updates.groupBy(*[F.col(_q(k)) for k in keys])
         .agg(F.sum("_diff").cast("bigint").alias("_diff"))
@@ -56,15 +61,39 @@ def as_of(cfg: SinkConfig, updates: DataFrame, t: int) -> DataFrame:
     )
 
 
-def difference(cfg: SinkConfig, desired: DataFrame, persist: DataFrame, time: SCol) -> DataFrame:
+def difference(cfg: SinkConfig, desired: DataFrame, persist: DataFrame, time: SCol, checks=None) -> DataFrame:
     """``consolidate(desired - persist)`` with both sides stamped at ``time`` (a column of each
-    side's ``_time``), hash-partitioned: the correction's last step, for any kind."""
+    side's ``_time``), hash-partitioned: the correction's last step, for any kind.
+
+    ``checks`` (:class:`reconcile.checksums.BatchChecks`): observe the checksums of desired, and of
+    persist unless they are carried, on each side as it enters the union; the correction then
+    carries the row hash in ``HASH_COLUMN`` (the staged write's observation sums it)."""
     cols = row_columns(cfg)
-    d = desired.select(*[F.col(_q(c)) for c in cols], time.alias("_time"), F.col("_diff").cast("bigint"))
-    p = persist.select(
-        *[F.col(_q(c)) for c in cols], time.alias("_time"), (-F.col("_diff")).cast("bigint").alias("_diff")
-    )
-    both = d.unionByName(p).withColumn("_part", partition_of(cfg))
+    keep = [F.col(_q(c)) for c in cols]
+    if checks is None:
+        d = desired.select(*keep, time.alias("_time"), F.col("_diff").cast("bigint"))
+        p = persist.select(*keep, time.alias("_time"), (-F.col("_diff")).cast("bigint").alias("_diff"))
+        both = d.unionByName(p).withColumn("_part", partition_of(cfg))
+    else:
+        h = F.xxhash64(*keep)
+        part = F.pmod(h, F.lit(cfg.partitions)).cast("int")
+
+        def side(df: DataFrame, diff: SCol) -> DataFrame:
+            return df.select(
+                *keep,
+                time.alias("_time"),
+                diff.cast("bigint").alias("_diff"),
+                h.alias(HASH_COLUMN),
+                part.alias("_part"),
+            )
+
+        d = checks.observe_hashed(side(desired, F.col("_diff")), "desired", {"desired": 1})
+        p = side(persist, -F.col("_diff"))
+        if checks.carried is None:
+            p = checks.observe_hashed(p, "persist", {"shard": -1})  # negated on this side
+        else:
+            checks.carry({"shard": 1})
+        both = d.unionByName(p)
     # Shuffle once by partition; the aggregation below reuses that distribution.
     return consolidate(cfg, both.repartition(cfg.partitions, "_part"))
 

@@ -48,26 +48,14 @@ def correction(
     ``checks``: observe the checksums of the desired collection as of ``upper - 1`` and of the
     shard as read below ``upper`` (or carry the latter from the previous batch,
     :mod:`reconcile.checksums`) while the correction is computed."""
-    from pyspark.sql import functions as F
-
     from reconcile.kinds import changelog, query, upsert
 
-    below = F.col("_time") < upper
-    if checks is not None and not isinstance(cfg, UpsertSink):  # the rows the correction retracts
-        if checks.carried is not None:
-            checks.carry({"shard": 1})
-        else:
-            persist = checks.observe(persist, "persist", {"shard": 1}, where=below)
     if isinstance(cfg, QuerySink):
         snapshot = query.desired(spark, cfg)
-        if checks is not None:
-            snapshot = checks.observe(snapshot, "desired", {"desired": 1})
-        return Correction(query.correction(cfg, snapshot, persist, lower, upper))
+        return Correction(query.correction(cfg, snapshot, persist, lower, upper, checks))
     if isinstance(cfg, ChangelogSink):
         log = changelog.desired(spark, cfg)
-        if checks is not None:
-            log = checks.observe(log, "desired", {"desired": 1}, where=below)
-        return Correction(changelog.correction(cfg, log, persist, lower, upper))
+        return Correction(changelog.correction(cfg, log, persist, lower, upper, checks))
     assert isinstance(cfg, UpsertSink), f"unknown kind {cfg.kind!r}"
     feed = upsert.read_feed(spark, cfg)
     progress = one_row(upsert.feed_progress(cfg, feed, lower, upper, watermark))

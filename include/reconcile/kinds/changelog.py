@@ -51,8 +51,12 @@ def decode(cfg: ChangelogSink, df: DataFrame) -> DataFrame:
     )
 
 
-def correction(cfg: ChangelogSink, log: DataFrame, persist: DataFrame, lower: int, upper: int) -> DataFrame:
-    """The change log's correction for ``(lower, upper)``: update frame plus ``_part``."""
+def correction(
+    cfg: ChangelogSink, log: DataFrame, persist: DataFrame, lower: int, upper: int, checks=None
+) -> DataFrame:
+    """The change log's correction for ``(lower, upper)``: update frame plus ``_part`` (``checks``:
+    :func:`reconcile.differential.difference`'s)."""
     assert lower < upper, f"invalid description [{lower}, {upper})"
     advance = F.greatest(F.col("_time"), F.lit(lower)).cast("bigint")
-    return difference(cfg, log.where(F.col("_time") < upper), persist.where(F.col("_time") < upper), advance)
+    below = F.col("_time") < upper
+    return difference(cfg, log.where(below), persist.where(below), advance, checks)

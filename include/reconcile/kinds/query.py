@@ -82,7 +82,11 @@ def desired(spark: SparkSession, cfg: QuerySink) -> DataFrame:
     return validate(cfg, df, F.lit(1), None)
 
 
-def correction(cfg: QuerySink, snapshot: DataFrame, persist: DataFrame, lower: int, upper: int) -> DataFrame:
-    """The snapshot's correction for ``(lower, upper)``: update frame plus ``_part``."""
+def correction(
+    cfg: QuerySink, snapshot: DataFrame, persist: DataFrame, lower: int, upper: int, checks=None
+) -> DataFrame:
+    """The snapshot's correction for ``(lower, upper)``: update frame plus ``_part`` (``checks``:
+    :func:`reconcile.differential.difference`'s)."""
     assert lower < upper, f"invalid description [{lower}, {upper})"
-    return difference(cfg, snapshot, persist.where(F.col("_time") < upper), F.lit(upper - 1).cast("bigint"))
+    below = persist.where(F.col("_time") < upper)
+    return difference(cfg, snapshot, below, F.lit(upper - 1).cast("bigint"), checks)

@@ -13,6 +13,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import StructType
 
 from reconcile.config import SinkConfig
+from reconcile.differential import HASH_COLUMN
 from reconcile.storage.delta import (
     META_KEY,
     PART_COLUMN,
@@ -83,10 +84,13 @@ def write_staged(
         mine = F.col("_part") == p
         aggregates += [agg.alias(f"{name}_{p}") for name, agg in zip(STATS, _stats_aggregates(cfg, mine), strict=True)]
     if checks is not None:
-        corr, more, tmp = checks.aggregates(corr, "correction")
-        aggregates += more
+        if HASH_COLUMN in corr.columns:  # the row hash the correction carries: nothing to add
+            aggregates += checks.hashed_aggregates("correction")
+        else:
+            corr, more, tmp = checks.aggregates(corr, "correction")
+            aggregates += more
         checks.attach(observation, "correction", {"shard": 1})
-    observed = corr.observe(observation, *aggregates).drop(*tmp)
+    observed = corr.observe(observation, *aggregates).drop(*tmp, HASH_COLUMN)
     observed.withColumnRenamed("_part", PART_COLUMN).write.mode("error").partitionBy(PART_COLUMN).parquet(path)
     got = observation.get
     stats = {}
