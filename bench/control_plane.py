@@ -25,6 +25,7 @@ import os
 import re
 import shutil
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -198,6 +199,114 @@ def bench_dags_test(work: Path, connect: str | None) -> dict:
     }
 
 
+def bench_scheduler(work: Path, postgres_url: str, connect: str | None) -> dict:
+    """Runs in a long-lived Airflow (:class:`airflow_stack.AirflowStack`: api-server, scheduler
+    with the LocalExecutor, dag-processor; Airflow's database on PostgreSQL), as production runs
+    them. The demo sink (daily, no catch-up) gets its scheduled run as soon as the scheduler
+    starts: it writes 3 rows into a new shard up to today. Then runs of intervals the shard
+    already covers (a rerun or backfill: nothing to do) are triggered by ``airflow dags trigger``,
+    one after the other. Times from Airflow's database: queued -> finished, started -> finished
+    (the DagRun's own duration), and each task's queued/started/ended seconds after the run's start."""
+    import yaml
+
+    from airflow_stack import AirflowStack
+    from reconcile.demo import embedded_env, write_orders
+
+    home = work / "home"
+    sinks = work / "sinks"
+    sinks.mkdir(parents=True)
+    sink = yaml.safe_load((ROOT / "include" / "sinks" / "demo_orders.yaml").read_text())
+    sink.update(name="bench_orders", retries=0)
+    sink["query"]["sources"]["orders"]["path"] = str(home / "demo" / "orders")
+    (sinks / "bench_orders.yaml").write_text(yaml.safe_dump(sink))
+    env = embedded_env()
+    extra = {k: env[k] for k in ("AIRFLOW__CORE__DAGS_FOLDER", "AIRFLOW__CORE__PLUGINS_FOLDER", "PYTHONPATH", "PATH")}
+    extra.update(
+        {
+            "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+            "RECONCILE_HOME": str(home),
+            "RECONCILE_SINKS_DIR": str(sinks),
+            "RECONCILE_WAREHOUSE": str(home / "warehouse"),
+            "RECONCILE_METADATA_URL": f"sqlite:///{home / 'meta.db'}",
+            "AIRFLOW_CONN_SPARK_DEFAULT": env["AIRFLOW_CONN_SPARK_DEFAULT"],
+        }
+    )
+    if connect:
+        host, port = connect.removeprefix("sc://").split(":")
+        extra["AIRFLOW_CONN_SPARK_DEFAULT"] = json.dumps(
+            {"conn_type": "spark_connect", "host": host, "port": int(port)}
+        )
+    home.mkdir(parents=True)
+    os.environ["RECONCILE_HOME"] = str(home)
+    write_orders(0)
+    stack = AirflowStack(work, postgres_url, extra)
+    try:
+        stack.start()
+        deadline = time.time() + 120
+        while "bench_orders" not in stack.airflow("dags", "list", "-o", "plain").stdout:
+            assert time.time() < deadline, "the dag-processor did not parse the bench sink's DAG in 120 s"
+            time.sleep(1)
+
+        def run(trigger: bool, run_id: str) -> dict:
+            """Wait for the run ``run_id`` (a LIKE pattern unless ``trigger``: triggered now)."""
+            if trigger:
+                out = stack.airflow("dags", "trigger", "bench_orders", "--run-id", run_id)
+                assert out.returncode == 0, out.stderr[-2000:]
+            else:
+                deadline = time.time() + 120
+                while not (found := [x for x in stack.runs("bench_orders", run_id) if x["run_id"] not in done]):
+                    assert time.time() < deadline, f"no run {run_id} in 120 s"
+                    time.sleep(0.5)
+                run_id = found[0]["run_id"]
+            done.add(run_id)
+            deadline = time.time() + 600
+            while True:
+                r = stack.dag_run("bench_orders", run_id)
+                if r and r["state"] in ("success", "failed"):
+                    break
+                assert time.time() < deadline, f"run {run_id} did not finish in 600 s: {r}"
+                time.sleep(0.2)
+            assert r["state"] == "success", (run_id, r, (work / "scheduler.log").read_text()[-3000:])
+            res: dict = {
+                "queued_to_end_s": round((r["end_date"] - r["queued_at"]).total_seconds(), 2),
+                "start_to_end_s": round((r["end_date"] - r["start_date"]).total_seconds(), 2),
+            }
+            start = r["start_date"]
+            for ti in stack.task_instances("bench_orders", run_id):  # where the run's time goes
+                if ti["start_date"] and ti["end_date"]:
+                    res[ti["task_id"]] = {
+                        k: round((ti[col] - start).total_seconds(), 2) if ti[col] else None
+                        for k, col in (
+                            ("queued_s", "queued_dttm"),
+                            ("started_s", "start_date"),
+                            ("ended_s", "end_date"),
+                        )
+                    }
+            return res
+
+        done: set[str] = set()
+        first = run(False, "scheduled__%")  # the scheduler's own run: 3 rows into a new shard
+        # a new interval, the source unchanged: a batch whose correction is empty
+        unchanged = [run(True, f"bench_unchanged_{i}") for i in range(3)]
+        # a backfill of days the shard covers: each run has nothing to do
+        args = ("--dag-id", "bench_orders", "--from-date", "2026-01-02", "--to-date", "2026-01-04")
+        out = stack.airflow("backfill", "create", *args, "--max-active-runs", "1")
+        assert out.returncode == 0, out.stderr[-2000:]
+        noop = [run(False, "backfill__%") for _ in range(3)]
+    finally:
+        stack.close()
+    return {
+        "first_run_3_rows": first,
+        "nothing_changed": unchanged,
+        "nothing_to_do": noop,
+        **{
+            f"{name}_median_{k}": statistics.median(r[k] for r in runs)
+            for name, runs in (("nothing_changed", unchanged), ("nothing_to_do", noop))
+            for k in ("queued_to_end_s", "start_to_end_s")
+        },
+    }
+
+
 def bench_startup(work: Path) -> dict:
     """What every Airflow command and task process pays before the sink's code runs."""
     env = {**os.environ, "AIRFLOW_HOME": str(work / "airflow")}
@@ -219,10 +328,24 @@ def main() -> int:
     p.add_argument("--change", type=float, default=0.01)
     p.add_argument("--out", default=str(ROOT / "bench" / "results" / "control_plane.json"))
     p.add_argument("--skip-airflow", action="store_true")
+    p.add_argument("--scheduler-only", action="store_true", help="only the runs in a long-lived scheduler")
     args = p.parse_args()
     work = Path(tempfile.mkdtemp(prefix="cp-bench-"))
     try:
         out = {"when": datetime.now(UTC).isoformat(timespec="seconds"), "cores": os.cpu_count()}
+        if args.scheduler_only:
+            from reconcile import connect_server
+
+            port = free_port()
+            url = connect_server.start(port, "local[2]", home=work)
+            try:
+                out["scheduler_connect"] = bench_scheduler(
+                    work / "scheduler", os.environ["RECONCILE_TEST_POSTGRES_URL"], url
+                )
+            finally:
+                connect_server.stop(port, home=work)
+            print(json.dumps(out, indent=1))
+            return 0
         if not args.skip_airflow:
             from reconcile import connect_server
 
@@ -235,6 +358,11 @@ def main() -> int:
             out["connect_server_start_s"] = round(time.perf_counter() - t, 1)
             try:
                 out["spark_connect"] = bench_dags_test(work / "connect", url)
+                pg = os.environ.get("RECONCILE_TEST_POSTGRES_URL")
+                if pg:
+                    out["scheduler_connect"] = bench_scheduler(work / "scheduler", pg, url)
+                else:
+                    print("RECONCILE_TEST_POSTGRES_URL is not set: no runs in a long-lived scheduler", flush=True)
             finally:
                 connect_server.stop(port, home=work)
             print(json.dumps(out), flush=True)

@@ -9,29 +9,20 @@ PostgreSQL) running sinks, and `airflow backfill create` from the CLI:
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
-import sys
 import time
-import uuid
 from collections import Counter
 from pathlib import Path
 
 import pytest
 import yaml
 
+from airflow_stack import AIRFLOW, AirflowStack
 from helpers import cli_json, shard_as_of, write_json_rows
 
 pytestmark = [pytest.mark.airflow, pytest.mark.slow]
-AIRFLOW = str(Path(sys.executable).parent / "airflow")
 DAY = 86_400_000
 AS_OF = 1767225600000  # 2026-01-01T00:00:00Z
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _sink(sinks: Path, src: Path, name: str) -> None:
@@ -55,52 +46,19 @@ def _sink(sinks: Path, src: Path, name: str) -> None:
 
 @pytest.fixture
 def airflow_services(tmp_path, pg_url):
-    from sqlalchemy import create_engine, text
-
-    base = os.environ["RECONCILE_TEST_POSTGRES_URL"]
-    db = f"airflow_{uuid.uuid4().hex[:10]}"
-    admin = create_engine(base, isolation_level="AUTOCOMMIT")
-    with admin.connect() as c:
-        c.execute(text(f"CREATE DATABASE {db}"))
-    port = _free_port()
     sinks = tmp_path / "sinks"
     sinks.mkdir()
-    env = {k: v for k, v in os.environ.items() if k != "PYSPARK_GATEWAY_PORT"}
-    env.update(
+    stack = AirflowStack(
+        tmp_path,
+        os.environ["RECONCILE_TEST_POSTGRES_URL"],
         {
-            "AIRFLOW_HOME": str(tmp_path / "airflow"),
-            "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": base.rsplit("/", 1)[0] + f"/{db}",
-            "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",
-            "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"http://127.0.0.1:{port}/execution/",
-            "AIRFLOW__API_AUTH__JWT_SECRET": uuid.uuid4().hex,
-            "AIRFLOW__API__SECRET_KEY": uuid.uuid4().hex,
-            "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "False",
-            "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "5",
-            "AIRFLOW__SCHEDULER__SCHEDULER_HEARTBEAT_SEC": "1",
             "RECONCILE_SINKS_DIR": str(sinks),
             "RECONCILE_METADATA_URL": f"sqlite:///{tmp_path / 'meta.db'}",
             "RECONCILE_WAREHOUSE": str(tmp_path / "warehouse"),
-        }
+        },
     )
-    subprocess.run([AIRFLOW, "db", "migrate"], env=env, check=True, capture_output=True)
-    procs = []
-
-    def start():
-        for cmd in (["api-server", "--port", str(port)], ["scheduler"], ["dag-processor"]):
-            log = open(tmp_path / f"{cmd[0]}.log", "w")
-            procs.append(subprocess.Popen([AIRFLOW, *cmd], env=env, stdout=log, stderr=subprocess.STDOUT))
-
-    yield env, sinks, start
-    for p in procs:
-        p.terminate()
-    for p in procs:
-        try:
-            p.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            p.kill()
-    with admin.connect() as c:
-        c.execute(text(f"DROP DATABASE IF EXISTS {db} WITH (FORCE)"))
-    admin.dispose()
+    yield stack.env, sinks, stack.start
+    stack.close()
 
 
 def _runs(env, dag_id) -> list[dict]:
