@@ -2,6 +2,7 @@
 nothing to do. Run it alone on a quiet machine:
 
     python bench/control_plane.py [--rows 1000000] [--change 0.01] [--out bench/results/control_plane.json]
+    python bench/control_plane.py --scheduler-only     # 3. alone: bench/results/control_plane_scheduler.json
 
 1. **append of the rows x change batch**: a query sink holding ``rows`` rows gets a batch that
    changes ``change`` of them; its staged files are committed (a) by the metadata-only append
@@ -15,6 +16,9 @@ nothing to do. Run it alone on a quiet machine:
    (spark-submit per run) and on a Spark Connect server the script starts (``spark_connect``:
    write runs in the task process as its client). Wall time of each command, and the DagRun's own
    duration (created -> finished), beside what ``airflow version`` costs on this machine.
+3. **runs in a long-lived scheduler** (:func:`bench_scheduler`; needs PostgreSQL for Airflow's
+   database, ``RECONCILE_TEST_POSTGRES_URL``): the scheduled run that writes 3 rows, runs of a new
+   interval with the source unchanged, and a backfill of covered days (nothing to do).
 """
 
 from __future__ import annotations
@@ -345,6 +349,10 @@ def main() -> int:
             finally:
                 connect_server.stop(port, home=work)
             print(json.dumps(out, indent=1))
+            target = Path(args.out)
+            if target.name == "control_plane.json":  # the default: keep the main results
+                target = target.with_name("control_plane_scheduler.json")
+            target.write_text(json.dumps(out, indent=1) + "\n")
             return 0
         if not args.skip_airflow:
             from reconcile import connect_server
