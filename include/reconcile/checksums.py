@@ -136,29 +136,24 @@ class BatchChecks:
     def aggregates(
         self, df: DataFrame, role: str, where: Column | None = None
     ) -> tuple[DataFrame, list[Column], list[str]]:
-        """(``df`` with the hash columns the aggregates need, the aggregates, those columns' names
-        to drop after the observation): for an observation the caller makes, which must then be
-        passed to :meth:`attach`."""
-        h = F.col("_ck_h")
-        diff = F.col("_diff") if where is None else F.when(where, F.col("_diff"))
-        parts = {f"_ck_{i}": c for i, c in enumerate(limbs(h, diff))}
-        parts["_ck_p"] = F.pmod(h, F.lit(self.cfg.partitions)).cast("int")
-        aggregates = [
-            F.sum(F.when(F.col("_ck_p") == p, F.col(f"_ck_{i}"))).alias(f"{role}_l{i}_{p}")
-            for p in range(self.cfg.partitions)
-            for i in range(len(LIMBS))
-        ]
-        return df.withColumn("_ck_h", row_hash(self.cfg)).withColumns(parts), aggregates, ["_ck_h", *parts]
+        """(``df`` with the row hash and its partition added, :meth:`hashed_aggregates` over them,
+        the added columns' names to drop after the observation): for a frame that does not carry
+        the hash; the observation the caller makes must then be passed to :meth:`attach`."""
+        hashed = df.withColumn(HASH_COLUMN, row_hash(self.cfg)).withColumn(
+            "_ck_p", F.pmod(F.col(HASH_COLUMN), F.lit(self.cfg.partitions)).cast("int")
+        )
+        return hashed, self.hashed_aggregates(role, "_ck_p", where), [HASH_COLUMN, "_ck_p"]
 
-    def hashed_aggregates(self, role: str) -> list[Column]:
-        """The aggregates of a frame that already carries the row hash (``HASH_COLUMN``) and its
-        ``_part``: no column is added around the observation (each added column would copy
-        every row once more between Spark's generated stages)."""
-        h, part = F.col(HASH_COLUMN), F.col("_part")
+    def hashed_aggregates(self, role: str, part: str = "_part", where: Column | None = None) -> list[Column]:
+        """The aggregates of a frame that carries the row hash (``HASH_COLUMN``) and its partition
+        (``part``), of the rows matching ``where``: no column is added around the observation
+        (each added column would copy every row once more between Spark's generated stages)."""
+        h = F.col(HASH_COLUMN)
+        diff = F.col("_diff") if where is None else F.when(where, F.col("_diff"))
         return [
-            F.sum(F.when(part == p, limb)).alias(f"{role}_l{i}_{p}")
+            F.sum(F.when(F.col(part) == p, limb)).alias(f"{role}_l{i}_{p}")
             for p in range(self.cfg.partitions)
-            for i, limb in enumerate(limbs(h, F.col("_diff")))
+            for i, limb in enumerate(limbs(h, diff))
         ]
 
     def observe_hashed(self, df: DataFrame, role: str, into: dict[str, int]) -> DataFrame:

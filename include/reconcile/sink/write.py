@@ -18,10 +18,10 @@
    (:class:`~reconcile.checksums.SelfCheckFailed`, nothing staged). Persist's checksum is the
    one the previous batch recorded when only the sink's own commits changed the table since
    (:func:`carried_checksums`); if the batch does not add up with it, the batch is computed again
-   with persist observed in full, and a warning says the table changed behind the sink's back. Then record the manifest
-   (rows, error rows and checksums per partition, observed while writing; the files with their
-   sizes and content digests) in the ledger with state ``staged``: a
-   compare-and-set on the attempt the batch names. Attempts of one batch running at once (a
+   with persist observed in full, and a warning says the table changed behind the sink's back.
+   Then record the manifest (rows, error rows and checksums per partition, observed while
+   writing; the files with their sizes and content digests) in the ledger with state ``staged``:
+   a compare-and-set on the attempt the batch names. Attempts of one batch running at once (a
    zombie task and its retry, a command started twice) each stage their own files; the first to
    record its manifest is the batch, the others delete their own files and say so. A write of
    a batch already staged with intact files does nothing; one whose staged files are damaged
@@ -284,7 +284,6 @@ def run_write(spark: SparkSession, store: MetadataStore, cfg: SinkConfig, batch_
             **state,
         )
     path = storage.staging_path(cfg, batch_id, stage_id)
-    sums = None
 
     def stage(carried: dict[int, int] | None) -> tuple[kinds.Correction, dict, dict | None]:
         checks = BatchChecks(cfg, desc.lower, desc.upper, stage_id, carried) if checksums.ENABLED else None
