@@ -67,22 +67,28 @@ def run_batch(spark, store, cfg: SinkConfig, run_id: str, frontier: int, *, atte
     return r.mint, r.write, r.append
 
 
-def shard_as_of(spark, cfg: SinkConfig, t: int) -> Counter:
-    """The shard as of t as a multiset of (row..., error) tuples (read with plain Spark)."""
-    from reconcile.storage import frames
+def _log_rows(cfg: SinkConfig) -> list[dict]:
+    """Every update the Delta table holds, read with delta-rs (no Spark: independent of the
+    sink's own read path, and a tiny table reads in milliseconds instead of a Spark job)."""
+    from deltalake import DeltaTable
 
-    df = frames.read_updates(spark, cfg)
+    from reconcile.storage import delta as storage
+
+    return DeltaTable(storage.table_path(cfg)).to_pyarrow_table().to_pylist()
+
+
+def shard_as_of(cfg: SinkConfig, t: int) -> Counter:
+    """The shard as of t as a multiset of (row..., error) tuples."""
     out: Counter = Counter()
-    for r in df.collect():
+    for r in _log_rows(cfg):
         if r["_time"] <= t:
             out[tuple(r[c] for c in cfg.column_names) + (r["_error"],)] += r["_diff"]
     return +out
 
 
-def update_log(spark, cfg: SinkConfig) -> list[tuple]:
-    from reconcile.storage import frames
-
-    return [tuple(r) for r in frames.read_updates(spark, cfg).collect()]
+def update_log(cfg: SinkConfig) -> list[dict]:
+    """Every update the Delta table holds, as dicts."""
+    return _log_rows(cfg)
 
 
 def model_query(rows: Iterable[dict], cfg: SinkConfig) -> Counter:

@@ -129,7 +129,7 @@ def test_dag_test_three_intervals_then_rerun_is_noop(airflow_db, spark, tmp_path
         run = dag.test(logical_date=day)
         assert run.state == DagRunState.SUCCESS
         upper = int(day.timestamp() * 1000)
-        assert shard_as_of(spark, cfg, upper - 1) == _model(rows)
+        assert shard_as_of(cfg, upper - 1) == _model(rows)
         tis = {ti.task_id: ti.state for ti in run.get_task_instances()}
         assert tis["compaction_due"] == "success", tis  # a short circuit: it skips compact directly
         assert tis["compact"] == ("success" if i == 2 else "skipped"), tis
@@ -139,7 +139,7 @@ def test_dag_test_three_intervals_then_rerun_is_noop(airflow_db, spark, tmp_path
     assert since == int(days[-1].timestamp() * 1000) - 36 * 3600 * 1000  # upper - 36 h
     for rows, day in zip(sources, days):  # history stays readable as of every upper - 1 >= since
         if int(day.timestamp() * 1000) - 1 >= since:
-            assert shard_as_of(spark, cfg, int(day.timestamp() * 1000) - 1) == _model(rows)
+            assert shard_as_of(cfg, int(day.timestamp() * 1000) - 1) == _model(rows)
     times = {r["_time"] for r in frames.read_updates(spark, cfg).select("_time").collect()}
     assert min(times) == since  # the updates before since were folded into it
 
@@ -221,7 +221,7 @@ def test_dag_test_runs_an_upsert_sink(airflow_db, spark, tmp_path, monkeypatch):
     assert dag.test(logical_date=datetime.fromtimestamp(d2 / 1000, UTC)).state == DagRunState.SUCCESS
     model.batch(feed, d1, d2)
     for t in (d1 - 1, d1, d1 + 5, d2 - 1):
-        assert ok_rows(shard_as_of(spark, cfg, t)) == model.as_of(t), t
+        assert ok_rows(shard_as_of(cfg, t)) == model.as_of(t), t
     store = MetadataStore(f"sqlite:///{tmp_path / 'meta.db'}")
     assert [b.late_commands for b in store.batches(name, ("committed",))] == [0, 1]
     store.dispose()
@@ -267,7 +267,7 @@ def test_an_outdated_batch_skips_the_rest_of_its_run_with_the_reason(airflow_db,
     other = store.run_batch(name, "manual__other")
     assert batch.state == "superseded" and f"outdated: batch {other.batch_id} committed" in batch.message, batch.message
     assert store.get_shard(name).upper == int(day2.timestamp() * 1000)  # write's sync rolled it forward
-    assert shard_as_of(spark, cfg, int(day2.timestamp() * 1000) - 1) == _model(rows)
+    assert shard_as_of(cfg, int(day2.timestamp() * 1000) - 1) == _model(rows)
     store.dispose()
 
 
@@ -324,7 +324,7 @@ def test_a_narrower_winner_leaves_the_wider_run_skipped_with_the_true_reason(
     assert f"the next scheduled run appends {rest}" in text, text[-3000:]
     assert "the superseding run appends this interval" not in text
     assert store.get_shard(name).upper == int(day2.timestamp() * 1000)  # nothing more was committed
-    assert shard_as_of(spark, cfg, int(day2.timestamp() * 1000) - 1) == _model(rows)
+    assert shard_as_of(cfg, int(day2.timestamp() * 1000) - 1) == _model(rows)
     store.dispose()
 
 
@@ -359,5 +359,5 @@ def test_the_correction_guard_stops_a_run_until_a_run_approves_it(airflow_db, sp
     batch = store.run_batch(name, approved.run_id)
     assert batch.state == "committed" and batch.approved.startswith(f"run {approved.run_id}")
     assert store.run_batch(name, blocked.run_id).state == "superseded"
-    assert shard_as_of(spark, cfg, batch.upper - 1) == _model(full[:1])
+    assert shard_as_of(cfg, batch.upper - 1) == _model(full[:1])
     store.dispose()

@@ -142,7 +142,7 @@ def test_airflow_submits_query_and_upsert_batches_to_the_cluster(
     rows = [{"k": 1, "v": "a"}, {"k": 2, "v": "b"}, {"k": 2, "v": "b"}]
     write_json_rows(tmp_path / "src", rows)
     assert bag.get_dag("cq").test(logical_date=day2).state == DagRunState.SUCCESS
-    assert shard_as_of(spark, load_sink("cq"), upper - 1) == Counter((r["k"], r["v"], None) for r in rows)
+    assert shard_as_of(load_sink("cq"), upper - 1) == Counter((r["k"], r["v"], None) for r in rows)
 
     cfg = load_sink("cu")
     feed = [
@@ -154,7 +154,7 @@ def test_airflow_submits_query_and_upsert_batches_to_the_cluster(
     assert bag.get_dag("cu").test(logical_date=day2).state == DagRunState.SUCCESS
     model = UpsertModel()
     model.batch(feed, cfg.as_of, upper)
-    assert ok_rows(shard_as_of(spark, cfg, upper - 1)) == model.as_of(upper - 1)
+    assert ok_rows(shard_as_of(cfg, upper - 1)) == model.as_of(upper - 1)
 
     ran = _apps(ui)
     assert ran["reconcile-cq-write"] == 1 and ran["reconcile-cu-write"] == 1, ran
@@ -188,7 +188,7 @@ def test_a_driver_killed_mid_write_on_the_cluster_then_recovered(
     assert again.returncode == 0, again.stderr[-3000:]
     assert "appended batch" in again.stdout, again.stdout
     assert sqlite_store.get_shard(cfg.name).upper == 200
-    assert shard_as_of(spark, cfg, 199) == Counter((r["k"], r["v"], None) for r in rows)
+    assert shard_as_of(cfg, 199) == Counter((r["k"], r["v"], None) for r in rows)
     assert check.violations(sqlite_store, cfg, spark=spark) == []
     assert leftover_staged(sqlite_store, cfg) == []
     assert _apps(ui)["reconcile-run-ck"] == 2

@@ -12,13 +12,13 @@ from collections import Counter
 
 import pytest
 
-from helpers import make_sink, run_batch, shard_as_of, write_json_rows
+from helpers import make_sink, run_batch, shard_as_of, update_log, write_json_rows
 from reconcile import cli, failpoints
 from reconcile.errors import FailPointHit, SinkError
 from reconcile.log import iso
 from reconcile.sink import check, compact
 from reconcile.storage import delta as storage
-from test_sink import AS_OF, CHANGELOG_NEW, as_of, changelog_model, committed_run, update_log
+from test_sink import AS_OF, CHANGELOG_NEW, as_of, changelog_model, committed_run
 
 
 def _rows(n: int, version: int) -> list[dict]:
@@ -59,13 +59,13 @@ def test_compaction_keeps_every_read_at_or_after_since(spark, warehouse, tmp_pat
         source += new
         write_json_rows(tmp_path / "log", source)
         committed_run(spark, store, cfg, f"run-{i}", frontier)
-    before = update_log(spark, cfg)
+    before = update_log(cfg)
 
     result = compact.run_compact(spark, store, cfg, since=300)
     assert result.outcome == "compacted", result.message
     assert store.get_shard(cfg.name).since == 300
 
-    after = update_log(spark, cfg)
+    after = update_log(cfg)
     assert len(after) < len(before)
     assert min(u["_time"] for u in after) == 300  # everything before since was advanced to it
     assert _consolidated(after, cfg)
@@ -81,8 +81,8 @@ def test_compaction_keeps_every_read_at_or_after_since(spark, warehouse, tmp_pat
         compact.run_compact(spark, store, cfg, since=400)
     assert compact.run_compact(spark, store, cfg, since=399).outcome == "compacted"
     for t in (399, 450):
-        assert as_of(update_log(spark, cfg), cfg, t) == changelog_model(CHANGELOG_NEW, t)
-    assert {u["_time"] for u in update_log(spark, cfg)} == {399}
+        assert as_of(update_log(cfg), cfg, t) == changelog_model(CHANGELOG_NEW, t)
+    assert {u["_time"] for u in update_log(cfg)} == {399}
 
 
 def test_compaction_advances_since_from_retention_and_batches_go_on(
@@ -105,7 +105,7 @@ def test_compaction_advances_since_from_retention_and_batches_go_on(
     assert result.outcome == "compacted", result.message
     upper = history[-1][0]
     assert store.get_shard(cfg.name).since == upper - 1  # the shard stays readable as of upper - 1
-    log = update_log(spark, cfg)
+    log = update_log(cfg)
     assert Counter((u["k"], u["v"], u["_error"]) for u in log for _ in range(u["_diff"])) == _model(history[-1][1])
     assert all(u["_diff"] > 0 and u["_time"] == upper - 1 for u in log)
     # The old files were vacuumed: only the rewrite's files are left (how many is Spark's choice).
@@ -116,7 +116,7 @@ def test_compaction_advances_since_from_retention_and_batches_go_on(
 
     history += _query_history(spark, store, tmp_path, cfg, 2, start=3)
     for u, rows in history[2:]:  # as of upper - 1 of the compacted batch and of those after it
-        assert shard_as_of(spark, cfg, u - 1) == _model(rows), f"as of {u - 1}"
+        assert shard_as_of(cfg, u - 1) == _model(rows), f"as of {u - 1}"
     assert check.violations(store, cfg, spark=spark) == []
 
 
@@ -139,10 +139,10 @@ def test_compaction_loses_to_a_batch_that_commits_after_it_read(spark, warehouse
     monkeypatch.setattr(compact, "compacted", real)
 
     for u, rows in history:
-        assert shard_as_of(spark, cfg, u - 1) == _model(rows), f"as of {u - 1}"
+        assert shard_as_of(cfg, u - 1) == _model(rows), f"as of {u - 1}"
     assert check.violations(store, cfg, spark=spark) == []
     assert compact.run_compact(spark, store, cfg).outcome == "compacted"
-    assert shard_as_of(spark, cfg, history[-1][0] - 1) == _model(history[-1][1])
+    assert shard_as_of(cfg, history[-1][0] - 1) == _model(history[-1][1])
 
 
 def test_compaction_racing_appends_in_threads(spark, warehouse, tmp_path, store):
@@ -183,7 +183,7 @@ def test_compaction_racing_appends_in_threads(spark, warehouse, tmp_path, store)
     since = store.get_shard(cfg.name).since
     for u, rows in history:
         if u - 1 >= since:
-            assert shard_as_of(spark, cfg, u - 1) == _model(rows), f"as of {u - 1}"
+            assert shard_as_of(cfg, u - 1) == _model(rows), f"as of {u - 1}"
     assert store.get_shard(cfg.name).upper == history[-1][0]
     assert check.violations(store, cfg, spark=spark) == []
 
@@ -203,10 +203,10 @@ def test_compaction_crash_then_rerun(spark, warehouse, tmp_path, sqlite_store, p
     again = compact.run_compact(spark, store, cfg)  # the rerun finishes what the crash left
     expected = "compacted" if point == "compact.after_since" else "nothing"
     assert again.outcome == expected, again.message
-    assert {u["_time"] for u in update_log(spark, cfg)} == {history[-1][0] - 1}
+    assert {u["_time"] for u in update_log(cfg)} == {history[-1][0] - 1}
     history += _query_history(spark, store, tmp_path, cfg, 1, start=3)
     for u, rows in history[-2:]:
-        assert shard_as_of(spark, cfg, u - 1) == _model(rows)
+        assert shard_as_of(cfg, u - 1) == _model(rows)
     assert check.violations(store, cfg, spark=spark) == []
 
 

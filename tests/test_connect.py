@@ -81,7 +81,7 @@ def test_query_sink_with_drift_over_connect(spark, connect_url, warehouse, tmp_p
     drift = Counter({(7, "zz", None): 1})  # history keeps the foreign row from 250 until the repair
     for frontier, rows in runs:
         want = _model(rows) + (drift if frontier == 300 else Counter())
-        assert shard_as_of(spark, cfg, frontier - 1) == want, frontier
+        assert shard_as_of(cfg, frontier - 1) == want, frontier
     assert check.violations(sqlite_store, cfg, spark=spark) == []
     # the batches written over Connect recorded their checksums: check --verify finds the foreign
     # row at 250 in the shard as of batch 2's upper - 1 (299), and nothing else
@@ -125,7 +125,7 @@ def test_changelog_sink_over_connect(spark, connect_url, warehouse, tmp_path, sq
         write_json_rows(tmp_path / "log", source)
         committed_remote(connect_url, tmp_path, cfg.name, f"run-{i}", frontier)
         for t in (frontier - 1, frontier - 50):
-            assert shard_as_of(spark, cfg, t) == changelog_model(CHANGELOG_NEW[: i + 1], t), t
+            assert shard_as_of(cfg, t) == changelog_model(CHANGELOG_NEW[: i + 1], t), t
     lines, counts = check.verify_checksums(sqlite_store, cfg, spark)
     assert lines == [] and counts["verified"] == 3, (lines, counts)
 
@@ -170,7 +170,7 @@ def test_queries_in_every_form_pass_over_connect(spark, connect_url, warehouse, 
         query = {"sources": {"src": {"format": "json", "path": "src"}}, "sql": sql}
         cfg = make_sink(tmp_path, f"forms{i}", query=query)
         committed_remote(connect_url, tmp_path, cfg.name, "run-1", 200)
-        assert shard_as_of(spark, cfg, 199) == _model(rows), sql
+        assert shard_as_of(cfg, 199) == _model(rows), sql
 
 
 def test_killed_client_then_retry(spark, connect_url, warehouse, tmp_path, sqlite_store, monkeypatch):
@@ -198,8 +198,8 @@ def test_killed_client_then_retry(spark, connect_url, warehouse, tmp_path, sqlit
     assert append.run_append(sqlite_store, cfg, desc.batch_id).outcome == "committed"
     gc_staged(sqlite_store, cfg)
     assert leftover_staged(sqlite_store, cfg) == []
-    assert shard_as_of(spark, cfg, 199) == _model(rows0)
-    assert shard_as_of(spark, cfg, 299) == _model(rows1)
+    assert shard_as_of(cfg, 199) == _model(rows0)
+    assert shard_as_of(cfg, 299) == _model(rows1)
     assert check.violations(sqlite_store, cfg, spark=spark) == []
 
 
@@ -245,7 +245,7 @@ def test_airflow_runs_on_a_spark_connect_connection(airflow_db, spark, connect_u
         out = proc.stdout + proc.stderr
         assert proc.returncode == 0 and "state=success" in out, out[-4000:]
         assert "write on Spark Connect" in out, out[-4000:]
-        assert shard_as_of(spark, cfg, int(day.timestamp() * 1000) - 1) == model_of(rows)
+        assert shard_as_of(cfg, int(day.timestamp() * 1000) - 1) == model_of(rows)
     assert "compact on Spark Connect" in out
     since = sqlite_store.get_shard(name).since
     assert since == int(days[-1].timestamp() * 1000) - 36 * 3600 * 1000

@@ -84,7 +84,7 @@ def test_append_commits_the_staged_files_as_they_are_without_a_jvm(spark, wareho
     assert storage.last_txn_version(cfg) == desc.lower
 
     want = model_query(rows, cfg)
-    assert shard_as_of(spark, cfg, 199) == want
+    assert shard_as_of(cfg, 199) == want
     assert delta_rs_as_of(cfg, 199) == want
 
     for command in (["status", cfg.name], ["check", cfg.name]):
@@ -157,7 +157,7 @@ def test_timestamps_far_from_the_epoch_read_the_same_everywhere(spark, warehouse
     assert got_rs == want
     got_spark = Counter(
         (k, at.replace(tzinfo=UTC) if at else None, day, amount, err)
-        for (k, at, day, amount, err), n in shard_as_of(spark, cfg, 199).items()
+        for (k, at, day, amount, err), n in shard_as_of(cfg, 199).items()
         for _ in range(n)
     )
     assert got_spark == want

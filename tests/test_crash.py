@@ -49,7 +49,7 @@ def run_job_killed_at(stage: str, cfg, run_id: str, point: str) -> subprocess.Co
 
 def assert_converged(spark, store, cfg, history: list[tuple[int, list[dict]]]) -> None:
     for upper, rows in history:
-        assert shard_as_of(spark, cfg, upper - 1) == _model(rows), f"as of {upper - 1}"
+        assert shard_as_of(cfg, upper - 1) == _model(rows), f"as of {upper - 1}"
     assert check.violations(store, cfg, spark=spark) == []
 
 
@@ -167,7 +167,7 @@ def test_killed_upsert_process_then_recovery(
     assert a.outcome == "committed", a
     model.batch(feed, 300, 400)
     for t in (199, 200, 299, 399):
-        assert ok_rows(shard_as_of(spark, cfg, t)) == model.as_of(t), f"as of {t}"
+        assert ok_rows(shard_as_of(cfg, t)) == model.as_of(t), f"as of {t}"
     assert model.as_of(399)[(1, "newer", None)] == 1
     assert sum(b.late_commands or 0 for b in store.batches(cfg.name, ("committed",))) == model.late == 1
     assert check.violations(store, cfg, spark=spark) == []

@@ -58,7 +58,7 @@ def test_a_small_change_passes_and_a_truncation_stops_with_nothing_committed(spa
     assert "retract 17 of the shard's 20 rows (85.0%" in text and "max_share 20.0%" in text
     assert "python -m reconcile approve guarded" in text
     assert storage.latest_version(cfg) == version and store.get_shard(cfg.name).upper == upper
-    assert shard_as_of(spark, cfg, 399) == model(changed)
+    assert shard_as_of(cfg, 399) == model(changed)
     blocked = store.run_batch(cfg.name, "run-3")
     assert blocked.state == "staged" and blocked.approved is None
     assert batch_change(__import__("json").loads(blocked.manifest)) == (0, 17)
@@ -78,7 +78,7 @@ def test_approval_by_the_cli_lets_the_append_through(spark, guarded, tmp_path, s
     assert "approved batch" in capsys.readouterr().out
     assert cli.main(["append", cfg.name, "--run-id", "run-2"]) == 0
     assert store.get_shard(cfg.name).upper == 300
-    assert shard_as_of(spark, cfg, 299) == model(rows(4))
+    assert shard_as_of(cfg, 299) == model(rows(4))
     assert store.get_batch(batch.batch_id).approved.startswith("oncall at ")
     assert cli.main(["approve", cfg.name, batch.batch_id]) == 2  # committed: nothing left to approve
     assert "only a minted or staged batch" in capsys.readouterr().err
@@ -90,7 +90,7 @@ def test_a_run_approved_up_front_passes(spark, guarded, tmp_path, store):
     write_json_rows(tmp_path / "src", EMPTY)
     r = pipeline_run(spark, store, guarded, "run-2", 300, approve="run-2 (param approve_correction)")
     assert r.append.outcome == "committed"
-    assert shard_as_of(spark, guarded, 299) == Counter()
+    assert shard_as_of(guarded, 299) == Counter()
 
 
 def test_rejection_fixing_the_source_recomputes_the_batch(spark, guarded, tmp_path, store):
@@ -103,8 +103,8 @@ def test_rejection_fixing_the_source_recomputes_the_batch(spark, guarded, tmp_pa
     _, _, a = run_batch(spark, store, cfg, "run-3", 400)  # the next run supersedes the blocked batch
     assert a.outcome == "committed"
     assert store.run_batch(cfg.name, "run-2").state == "superseded"
-    assert shard_as_of(spark, cfg, 399) == model(fixed)
-    assert shard_as_of(spark, cfg, 299) == model(rows(20))  # the blocked wipe never reached the shard
+    assert shard_as_of(cfg, 399) == model(fixed)
+    assert shard_as_of(cfg, 299) == model(rows(20))  # the blocked wipe never reached the shard
 
 
 def test_the_guard_waits_for_min_rows(spark, warehouse, tmp_path, store):
@@ -113,4 +113,4 @@ def test_the_guard_waits_for_min_rows(spark, warehouse, tmp_path, store):
     run_batch(spark, store, cfg, "run-1", 200)
     write_json_rows(tmp_path / "src", EMPTY)
     _, _, a = run_batch(spark, store, cfg, "run-2", 300)  # 3 rows < min_rows 10: not guarded
-    assert a.outcome == "committed" and shard_as_of(spark, cfg, 299) == Counter()
+    assert a.outcome == "committed" and shard_as_of(cfg, 299) == Counter()

@@ -67,7 +67,7 @@ def test_racing_processes_commit_each_lower_once(spark, warehouse, tmp_path, sto
     assert lowers and len(lowers) == len(set(lowers)), lowers
     # One more run settles whatever the race left; then everything agrees with the model.
     run_batch(spark, store, cfg, "settle", 500)
-    assert shard_as_of(spark, cfg, 499) == Counter({(1, "a", None): 1, (2, "b", None): 2})
+    assert shard_as_of(cfg, 499) == Counter({(1, "a", None): 1, (2, "b", None): 2})
     assert check.violations(store, cfg, spark=spark) == []
 
 
@@ -103,7 +103,7 @@ def test_racing_processes_on_an_upsert_sink(spark, warehouse, tmp_path, store, m
     model = UpsertModel()
     model.batch(feed, cfg.as_of, 500)
     for c in commits:
-        assert ok_rows(shard_as_of(spark, cfg, c.upper - 1)) == model.as_of(c.upper - 1), c
+        assert ok_rows(shard_as_of(cfg, c.upper - 1)) == model.as_of(c.upper - 1), c
     assert check.violations(store, cfg, spark=spark) == []
 
 
@@ -190,7 +190,7 @@ def test_attempts_of_one_run_racing_commit_the_batch_once(spark, warehouse, tmp_
     if len(set(lowers)) != len(lowers) or not set(lowers) <= set(bounds[:-1]):
         problems.append(f"committed lowers {lowers}, want each of {bounds[:-1]} at most once")
     for c in commits:
-        got, want = shard_as_of(spark, cfg, c.upper - 1), _log_as_of(rows, c.upper - 1)
+        got, want = shard_as_of(cfg, c.upper - 1), _log_as_of(rows, c.upper - 1)
         if got != want:
             problems.append(
                 f"as of {c.upper - 1} (batch {c.batch_id}): the shard holds {sum(got.values())} "
@@ -262,7 +262,7 @@ def test_a_zombie_write_that_loses_the_manifest_deletes_its_own_files(spark, war
     assert storage.list_dirs(storage.staging_path(cfg, desc.batch_id)) == [b.stage_id]
     a = append.run_append(store, cfg, desc.batch_id)
     assert a.outcome == "committed", a.message
-    assert shard_as_of(spark, cfg, 299) == MODEL
+    assert shard_as_of(cfg, 299) == MODEL
     assert check.violations(store, cfg, spark=spark) == []
 
 
@@ -282,7 +282,7 @@ def test_a_zombie_write_finishing_after_the_commit_says_so(spark, warehouse, tmp
     assert "another attempt of this batch committed it" in zombie.message
     again = append.run_append(store, cfg, desc.batch_id)  # the zombie's own append
     assert again.outcome == "already_committed", again.message
-    assert shard_as_of(spark, cfg, 299) == MODEL
+    assert shard_as_of(cfg, 299) == MODEL
     assert check.violations(store, cfg, spark=spark) == []  # includes: no staged files left
 
 
@@ -315,7 +315,7 @@ def test_a_committed_batch_that_differs_from_its_manifest_is_reported(
         append.run_append(store, cfg, desc.batch_id)
     text = str(info.value)
     assert "\n" not in text and desc.batch_id in text and "does not match the batch's manifest" in text
-    assert shard_as_of(spark, cfg, 299) == MODEL + MODEL  # committed twice over: the broken promise
+    assert shard_as_of(cfg, 299) == MODEL + MODEL  # committed twice over: the broken promise
     problems = check.violations(store, cfg, spark=spark)
     assert len(problems) >= 1 and all(desc.batch_id in p and "the manifest says" in p for p in problems), problems
     monkeypatch.setattr(append, "verify_staged", real)
@@ -323,5 +323,5 @@ def test_a_committed_batch_that_differs_from_its_manifest_is_reported(
     from helpers import run_batch
 
     run_batch(spark, store, cfg, "sched__2", 400)
-    assert shard_as_of(spark, cfg, 399) == MODEL
+    assert shard_as_of(cfg, 399) == MODEL
     assert [p for p in check.violations(store, cfg, spark=spark) if desc.batch_id not in p] == []

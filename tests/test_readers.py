@@ -58,7 +58,7 @@ def polars_as_of(cfg, t: int) -> Counter:
 
 def same_everywhere(spark, cfg, t: int) -> Counter:
     """The shard as of ``t`` by Spark, delta-rs, DuckDB and Polars: all four must agree."""
-    by_spark = shard_as_of(spark, cfg, t)
+    by_spark = shard_as_of(cfg, t)
     assert delta_rs_as_of(cfg, t) == by_spark, f"delta-rs as of {t}"
     assert duckdb_as_of(cfg, t) == by_spark, f"DuckDB as of {t}"
     assert polars_as_of(cfg, t) == by_spark, f"Polars as of {t}"
@@ -167,7 +167,7 @@ def test_extreme_values_read_the_same_in_duckdb_and_polars(spark, warehouse, tmp
     def plain(counter: Counter) -> Counter:
         return Counter({(r[0], norm(r[1]), *r[2:]): n for r, n in counter.items()})
 
-    by_spark = plain(shard_as_of(spark, cfg, 199))
+    by_spark = plain(shard_as_of(cfg, 199))
     assert plain(duckdb_as_of(cfg, 199)) == by_spark
     assert plain(delta_rs_as_of(cfg, 199)) == by_spark
     assert plain(polars_as_of(cfg, 199)) == by_spark

@@ -143,7 +143,7 @@ def test_readme_recipes_run_verbatim(local_airflow, spark, monkeypatch):
     cfg = load_file(ROOT / "include" / "sinks" / "demo_orders.yaml")
     store = MetadataStore(f"sqlite:///{home / 'metadata.db'}")
     shard = store.get_shard("demo_orders")
-    assert shard_as_of(spark, cfg, shard.upper - 1) == _model(orders)
+    assert shard_as_of(cfg, shard.upper - 1) == _model(orders)
     assert check.violations(store, cfg) == []
     version = shard.delta_version
 
@@ -151,5 +151,5 @@ def test_readme_recipes_run_verbatim(local_airflow, spark, monkeypatch):
     assert cleared.returncode == 0, cleared.stderr[-2000:]
     _wait(env, lambda rs: all(r["state"] == "success" for r in rs) and len(rs) == len(runs), "the cleared run")
     assert store.get_shard("demo_orders").delta_version == version  # nothing appended twice
-    assert shard_as_of(spark, cfg, shard.upper - 1) == _model(orders)
+    assert shard_as_of(cfg, shard.upper - 1) == _model(orders)
     store.dispose()

@@ -146,5 +146,5 @@ def test_scheduler_runs_and_backfills_in_order(airflow_services, spark, tmp_path
         (AS_OF + 2 * DAY, AS_OF + 3 * DAY),
     ]
     for b in batches:
-        assert shard_as_of(spark, catchup, b.upper - 1) == Counter({(1, "a", None): 1, (2, "b", None): 1})
+        assert shard_as_of(catchup, b.upper - 1) == Counter({(1, "a", None): 1, (2, "b", None): 1})
     store.dispose()

@@ -16,7 +16,7 @@ from collections import Counter
 import pytest
 from delta.tables import DeltaTable
 
-from helpers import leftover_staged, make_sink, model_query, normalize_errors, run_batch, write_json_rows
+from helpers import leftover_staged, make_sink, model_query, normalize_errors, run_batch, update_log, write_json_rows
 from reconcile import failpoints
 from reconcile.errors import DescriptionOutdated, FailPointHit, InconsistentState, LostRace
 from reconcile.log import iso
@@ -30,11 +30,6 @@ AS_OF = 100
 
 
 # --- reading the shard back (plain Spark/Python, not the code under test) ---------------------
-
-
-def update_log(spark, cfg) -> list[dict]:
-    """The Delta table's updates as dicts (one Spark read)."""
-    return [r.asDict() for r in frames.read_updates(spark, cfg).collect()]
 
 
 def as_of(log: list[dict], cfg, t: int) -> Counter:
@@ -117,7 +112,7 @@ def test_consecutive_runs_follow_the_source(spark, warehouse, tmp_path, sqlite_s
         assert (batch.lower, batch.upper) == ((frontiers[-2] if i else AS_OF), frontier)
         assert batch.drift_rows == 0
 
-        log = update_log(spark, cfg)
+        log = update_log(cfg)
         assert {u["_time"] for u in log} <= {f - 1 for f in frontiers}, "query updates land at upper - 1"
         assert query_as_of(log, cfg, frontier - 1) == model_query(rows, cfg), f"run {i}"
         for earlier, earlier_rows in QUERY_RUNS[:i]:  # history is kept as it was
@@ -126,7 +121,7 @@ def test_consecutive_runs_follow_the_source(spark, warehouse, tmp_path, sqlite_s
         assert_ledger(spark, store, cfg, frontiers)
 
     # the error row of run 3 is stored as data, with a readable message
-    errors = [u for u in update_log(spark, cfg) if u["_error"] is not None]
+    errors = [u for u in update_log(cfg) if u["_error"] is not None]
     assert sorted((u["_time"], u["_diff"]) for u in errors) == [(399, 1), (499, -1)]
     assert "column 'k' is null" in errors[0]["_error"] and '"bad"' in errors[0]["_error"]
 
@@ -144,7 +139,7 @@ def test_drift_is_repaired_and_an_unchanged_source_appends_an_empty_batch(spark,
 
     # tamper with the Delta table behind the sink's back, using plain Spark/Delta
     path = storage.table_path(cfg)
-    before = update_log(spark, cfg)
+    before = update_log(cfg)
     deleted = [u for u in before if u["k"] == 1]
     assert [(u["v"], u["_time"], u["_diff"]) for u in deleted] == [("a", 199, 2)]
     DeltaTable.forPath(spark, path).delete("k = 1")
@@ -156,15 +151,13 @@ def test_drift_is_repaired_and_an_unchanged_source_appends_an_empty_batch(spark,
 
     _, entries = storage.history_since(cfg, -1)
     assert [meta for _, meta in entries[-2:]] == [None, None], "the tampering commits are foreign"
-    assert query_as_of(update_log(spark, cfg), cfg, 199) == Counter(
-        {(2, "b", None): 2, (3, "c", None): 1, (7, "zz", None): 3}
-    )
+    assert query_as_of(update_log(cfg), cfg, 199) == Counter({(2, "b", None): 2, (3, "c", None): 1, (7, "zz", None): 3})
 
     # the next run (with a changed source) repairs the drift and records how much it found
     write_json_rows(tmp_path / "src", rows2)
     repaired = committed_run(spark, store, cfg, "run-2", 300)
     assert repaired.drift_rows == tampered
-    log = update_log(spark, cfg)
+    log = update_log(cfg)
     assert query_as_of(log, cfg, 299) == model_query(rows2, cfg)
     correction = Counter({(u["k"], u["v"]): u["_diff"] for u in log if u["_time"] == 299})
     assert correction == Counter({(1, "a2"): 1, (2, "b"): -1, (7, "zz"): -3, (4, "d"): 1})
@@ -177,7 +170,7 @@ def test_drift_is_repaired_and_an_unchanged_source_appends_an_empty_batch(spark,
     assert a.outcome == "committed", a.message
     empty = store.get_batch(m.description.batch_id)
     assert (empty.state, empty.drift_rows, empty.rows_ok) == (COMMITTED, 0, 0)
-    log_after = update_log(spark, cfg)
+    log_after = update_log(cfg)
     assert [u for u in log_after if 300 <= u["_time"] < 400] == []
     assert sorted(map(str, log_after)) == sorted(map(str, log))  # no data rows written
     assert query_as_of(log_after, cfg, 399) == model_query(rows2, cfg)
@@ -201,10 +194,10 @@ def test_drift_written_between_write_and_append_is_counted(spark, warehouse, tmp
     assert write.run_write(spark, store, cfg, desc.batch_id).outcome == "staged"
     append_foreign_row(spark, cfg, 150)  # after the write read the shard, before the append
     assert append.run_append(store, cfg, desc.batch_id).outcome == "committed"
-    assert query_as_of(update_log(spark, cfg), cfg, 299)[(7, "zz", None)] == 1  # not repaired yet
+    assert query_as_of(update_log(cfg), cfg, 299)[(7, "zz", None)] == 1  # not repaired yet
 
     repair = committed_run(spark, store, cfg, "run-3", 400)
-    assert query_as_of(update_log(spark, cfg), cfg, 399) == model_query(rows, cfg)  # repaired ...
+    assert query_as_of(update_log(cfg), cfg, 399) == model_query(rows, cfg)  # repaired ...
     assert repair.drift_rows == 1  # ... and counted
 
 
@@ -229,7 +222,7 @@ def test_commit_metadata_belongs_to_the_write_not_the_session(spark, warehouse, 
     # data and no commit guard, so it is nobody's batch
     assert [m["op"] for _, m in storage.history_since(cfg, -1)[1][1:]] == ["batch", "batch"]
     assert_ledger(spark, store, cfg, [200, 300])
-    assert query_as_of(update_log(spark, cfg), cfg, 299) == model_query(rows, cfg)
+    assert query_as_of(update_log(cfg), cfg, 299) == model_query(rows, cfg)
 
 
 def test_a_guarded_commit_without_batch_metadata_is_reported_and_never_doubled(
@@ -285,7 +278,7 @@ def test_maintenance_commits_are_not_drift(spark, warehouse, tmp_path, sqlite_st
     write_json_rows(tmp_path / "src", rows2)
     batch = committed_run(spark, store, cfg, "run-3", 400)
     assert batch.drift_rows == 0 and batch.rows_ok == 1
-    assert query_as_of(update_log(spark, cfg), cfg, 399) == model_query(rows2, cfg)
+    assert query_as_of(update_log(cfg), cfg, 399) == model_query(rows2, cfg)
 
 
 def test_foreign_update_at_or_after_the_upper_is_repaired(spark, warehouse, tmp_path, sqlite_store):
@@ -297,7 +290,7 @@ def test_foreign_update_at_or_after_the_upper_is_repaired(spark, warehouse, tmp_
     append_foreign_row(spark, cfg, 250)  # at/after the shard's upper (200)
 
     batch = committed_run(spark, store, cfg, "run-2", 300)
-    assert query_as_of(update_log(spark, cfg), cfg, 299) == model_query(rows, cfg)
+    assert query_as_of(update_log(cfg), cfg, 299) == model_query(rows, cfg)
     assert batch.drift_rows == 1
 
 
@@ -317,7 +310,7 @@ def test_new_shard_starts_at_as_of_and_reruns_are_no_ops(spark, warehouse, tmp_p
 
     batch = committed_run(spark, store, cfg, "run-1", 1500)
     assert (batch.lower, batch.upper) == (cfg.as_of, 1500)
-    log = update_log(spark, cfg)
+    log = update_log(cfg)
     assert query_as_of(log, cfg, 999) == Counter()
     assert query_as_of(log, cfg, 1499) == model_query(rows, cfg)
     assert_ledger(spark, store, cfg, [1500])
@@ -331,7 +324,7 @@ def test_new_shard_starts_at_as_of_and_reruns_are_no_ops(spark, warehouse, tmp_p
     assert storage.latest_version(cfg) == version
     assert [m["lower"] for m in batch_commits(spark, cfg)] == [cfg.as_of]
     assert leftover_staged(store, cfg) == []
-    assert query_as_of(update_log(spark, cfg), cfg, 1499) == model_query(rows, cfg)
+    assert query_as_of(update_log(cfg), cfg, 1499) == model_query(rows, cfg)
     assert_ledger(spark, store, cfg, [1500])
 
 
@@ -432,7 +425,7 @@ def test_outdated_batch_is_cleaned_up(spark, warehouse, tmp_path, sqlite_store, 
     assert not storage.list_files(storage.staging_path(cfg, older.batch_id))
     assert older.batch_id not in storage.list_dirs(storage.staging_root(cfg))
     assert [m["batch_id"] for m in batch_commits(spark, cfg)] == [newer.batch_id]
-    assert query_as_of(update_log(spark, cfg), cfg, newer_upper - 1) == model_query(rows, cfg)
+    assert query_as_of(update_log(cfg), cfg, newer_upper - 1) == model_query(rows, cfg)
     assert_ledger(spark, store, cfg, [newer_upper])
 
 
@@ -525,7 +518,7 @@ def test_crash_after_delta_commit_is_recovered(spark, warehouse, tmp_path, monke
     assert store.get_batch(desc.batch_id).state == COMMITTED
     assert [m["lower"] for m in batch_commits(spark, cfg)] == [AS_OF, 200]  # once, never twice
     assert leftover_staged(store, cfg) == []
-    log = update_log(spark, cfg)
+    log = update_log(cfg)
     assert query_as_of(log, cfg, 299) == model_query(rows2, cfg)
     assert query_as_of(log, cfg, 199) == model_query(rows1, cfg)
     assert_ledger(spark, store, cfg, [200, 300])
@@ -614,7 +607,7 @@ def test_changelog_sink_history(spark, warehouse, tmp_path, sqlite_store):
         frontiers.append(frontier)
         assert (batch.lower, batch.upper) == ((frontiers[-2] if i else AS_OF), frontier)
 
-        log = update_log(spark, cfg)
+        log = update_log(cfg)
         assert all(u["_error"] is None for u in log)
         assert min(u["_time"] for u in log) == AS_OF  # nothing before the first lower
         runs = CHANGELOG_NEW[: i + 1]
@@ -622,7 +615,7 @@ def test_changelog_sink_history(spark, warehouse, tmp_path, sqlite_store):
             assert as_of(log, cfg, t) == changelog_model(runs, t), f"after run {i}, as of {t}"
         assert_ledger(spark, store, cfg, frontiers)
 
-    log = update_log(spark, cfg)
+    log = update_log(cfg)
     assert {(u["k"], u["_time"], u["_diff"]) for u in log if u["k"] in (6, 9)} == {(6, 250, 1), (9, 300, 1)}
     assert max(u["_diff"] for u in log) >= 2 and min(u["_diff"] for u in log) < 0
 

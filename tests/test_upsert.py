@@ -38,7 +38,7 @@ def ok_rows(counter: Counter) -> Counter:
 
 def check_against(spark, cfg, model, times):
     for t in times:
-        assert ok_rows(shard_as_of(spark, cfg, t)) == model.as_of(t), f"as of {t}"
+        assert ok_rows(shard_as_of(cfg, t)) == model.as_of(t), f"as of {t}"
 
 
 def test_inserts_updates_deletes_and_reinserts(spark, warehouse, tmp_path, sqlite_store):
@@ -95,7 +95,7 @@ def test_commands_at_or_after_upper_wait_and_late_commands_are_counted(spark, wa
     feed_rows(tmp_path, feed)
     run_batch(spark, sqlite_store, cfg, "r1", 200)
     model.batch(feed, 100, 200)
-    assert ok_rows(shard_as_of(spark, cfg, 199)) == Counter({(1, "a", None): 1})
+    assert ok_rows(shard_as_of(cfg, 199)) == Counter({(1, "a", None): 1})
 
     # a late command: time 160 (< lower 200), arrived after batch 1 read the feed
     feed += [cmd(1, "late", 160, 4), cmd(4, "late-new", 120, 5)]
@@ -107,8 +107,8 @@ def test_commands_at_or_after_upper_wait_and_late_commands_are_counted(spark, wa
     assert b.late_commands == 2 == model.late
     assert b.source_offset == 5
     # history before lower is not rewritten: the late value appears at lower
-    assert ok_rows(shard_as_of(spark, cfg, 199)) == Counter({(1, "a", None): 1})
-    assert ok_rows(shard_as_of(spark, cfg, 200))[(1, "late", None)] == 1
+    assert ok_rows(shard_as_of(cfg, 199)) == Counter({(1, "a", None): 1})
+    assert ok_rows(shard_as_of(cfg, 200))[(1, "late", None)] == 1
 
     run_batch(spark, sqlite_store, cfg, "r3", 500)
     model.batch(feed, 300, 500)
@@ -135,7 +135,7 @@ def test_feedback_repairs_a_key_tampered_into_two_values(spark, warehouse, tmp_p
     feed += [cmd(1, "a2", 210, 3), cmd(2, None, 220, 4)]
     feed_rows(tmp_path, feed)
     run_batch(spark, sqlite_store, cfg, "r2", 300)
-    assert ok_rows(shard_as_of(spark, cfg, 299)) == Counter({(1, "a2", None): 1})
+    assert ok_rows(shard_as_of(cfg, 299)) == Counter({(1, "a2", None): 1})
     assert upsert.violations(cfg, frames.read_updates(spark, cfg), 299) == []
 
 
@@ -157,7 +157,7 @@ def test_error_values_and_unkeyed_commands(spark, warehouse, tmp_path, sqlite_st
     ]
     write_json_rows(tmp_path / "feed", rows)
     run_batch(spark, sqlite_store, cfg, "r1", 200)
-    got = shard_as_of(spark, cfg, 199)
+    got = shard_as_of(cfg, 199)
     assert ok_rows(got) == Counter({(1, "a", 1, None): 1})
     errors = {k: n for k, n in got.items() if k[-1] is not None}
     assert len(errors) == 4 and all(n == 1 for n in errors.values())
@@ -171,7 +171,7 @@ def test_error_values_and_unkeyed_commands(spark, warehouse, tmp_path, sqlite_st
     rows.append({"k": 2, "v": "fixed", "n": 2, "ts": 250, "off": 6})
     write_json_rows(tmp_path / "feed", rows)
     run_batch(spark, sqlite_store, cfg, "r2", 300)
-    got = shard_as_of(spark, cfg, 299)
+    got = shard_as_of(cfg, 299)
     assert ok_rows(got) == Counter({(1, "a", 1, None): 1, (2, "fixed", 2, None): 1})
     assert Counter(k[0] for k, n in got.items() if k[-1] is not None for _ in range(n)) == Counter({3: 1, None: 2})
 

@@ -96,7 +96,7 @@ def test_query_batches_verify_and_a_foreign_edit_is_reported(
     write_json_rows(tmp_path / "src", rows2)
     m2, w2, a2 = run_batch(spark, store, cfg, "run-2", 300)
     assert a2.outcome == "committed" and w2.drift_rows == 1, a2.message
-    assert shard_as_of(spark, cfg, 299) == model_query(rows2, cfg)
+    assert shard_as_of(cfg, 299) == model_query(rows2, cfg)
     lines, counts = verify(store, cfg, spark)
     assert len(lines) == 1 and lines[0].startswith(f"batch {m1.description.batch_id} [{iso(100)}, {iso(200)})")
     assert (counts["verified"], counts["partitions"]) == (2, 6)
@@ -120,7 +120,7 @@ def test_changelog_batches_verify_before_and_after_compaction(spark, warehouse, 
 
     # compaction advances every time below 299 to it: batch 2's upper - 1 is since itself
     assert compact.run_compact(spark, store, cfg, since=299, vacuum_files=False).outcome == "compacted"
-    assert shard_as_of(spark, cfg, 299) == changelog_model(CHANGELOG_NEW, 299)
+    assert shard_as_of(cfg, 299) == changelog_model(CHANGELOG_NEW, 299)
     lines, counts = verify(store, cfg, spark)
     assert lines == [], lines
     assert counts == {
@@ -158,7 +158,7 @@ def test_upsert_batches_verify_and_a_tampered_key_is_reported(spark, warehouse, 
     _, _, a = run_batch(spark, store, cfg, "r2", 300)
     assert a.outcome == "committed", a.message
     model.batch(feed, 200, 300)
-    assert ok_rows(shard_as_of(spark, cfg, 299)) == model.as_of(299)
+    assert ok_rows(shard_as_of(cfg, 299)) == model.as_of(299)
     # a batch without commands (nothing touched: the semi-join reads nothing of the shard)
     _, _, a = run_batch(spark, store, cfg, "r3", 400)
     assert a.outcome == "committed", a.message
@@ -244,7 +244,7 @@ def test_the_shard_side_is_carried_from_the_previous_batch(spark, warehouse, tmp
     seen.clear()
     _, w, a = run_batch(spark, store, cfg, "run-2", 300)
     assert a.outcome == "committed" and seen == ["desired"], (a.message, seen)
-    assert shard_as_of(spark, cfg, 299) == model_query(rows, cfg)
+    assert shard_as_of(cfg, 299) == model_query(rows, cfg)
 
     # the sink's own compaction keeps the shard's checksums as of any time at or after since
     assert compact.run_compact(spark, store, cfg, since=299, vacuum_files=False).outcome == "compacted"
@@ -259,7 +259,7 @@ def test_the_shard_side_is_carried_from_the_previous_batch(spark, warehouse, tmp
     seen.clear()
     _, w, a = run_batch(spark, store, cfg, "run-4", 500)
     assert a.outcome == "committed" and w.drift_rows == 1 and seen == ["desired", "persist"], (a.message, seen)
-    assert shard_as_of(spark, cfg, 499) == model_query(rows, cfg)
+    assert shard_as_of(cfg, 499) == model_query(rows, cfg)
     assert_self_checked(store, cfg)
     lines, counts = verify(store, cfg, spark)
     assert len(lines) == 1 and f"[{iso(300)}, {iso(400)})" in lines[0], lines
@@ -287,7 +287,7 @@ def test_a_damaged_record_is_not_carried_into_the_next_batch(spark, warehouse, t
     caplog.clear()
     _, w2, a2 = run_batch(spark, store, cfg, "run-2", 300)
     assert a2.outcome == "committed", a2.message
-    assert shard_as_of(spark, cfg, 299) == model_query(rows, cfg)
+    assert shard_as_of(cfg, 299) == model_query(rows, cfg)
     warned = [
         r.getMessage() for r in caplog.records if "does not have the checksums the previous batch" in r.getMessage()
     ]

@@ -8,5 +8,6 @@ Measured: 3 chaos schedules 64 s -> 47 s. Never for production (the sink keeps b
 TINY_DATA_CONF = {
     "spark.sql.adaptive.enabled": "false",
     "spark.sql.codegen.wholeStage": "false",
+    "spark.sql.codegen.factoryMode": "NO_CODEGEN",
     "spark.databricks.delta.snapshotPartitions": "1",
 }
