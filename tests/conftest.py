@@ -73,24 +73,61 @@ def spark():
     session.stop()
 
 
+def _shared_dir(config) -> Path | None:
+    """The directory every xdist worker of this run shares (None without xdist)."""
+    base = config._tmp_path_factory.getbasetemp()
+    if hasattr(config, "workerinput"):
+        return base.parent
+    return base if config.pluginmanager.hasplugin("dsession") else None
+
+
 @pytest.fixture(scope="session")
-def connect_url(tmp_path_factory):
-    """A Spark Connect server (its own JVM, local[2], the Delta jars and the sink's conf) for the
-    session: the URL its clients use. Started by the sink's own command (reconcile.connect_server).
-    pyspark is classic or Connect per process: its clients run in subprocesses (or Airflow's
-    task processes), while this process reads with the classic ``spark`` session."""
+def connect_url(request, tmp_path_factory):
+    """A Spark Connect server (its own JVM, local[2], the Delta jars and the sink's conf): the URL
+    its clients use. Started by the sink's own command (reconcile.connect_server), once per test
+    run: the first xdist worker that asks starts it, the others use it, and the run's controller
+    stops it at the end. pyspark is classic or Connect per process: its clients run in
+    subprocesses (or Airflow's task processes), while this process reads with ``spark``."""
+    import fcntl
     import socket
 
     from reconcile import connect_server
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    home = tmp_path_factory.mktemp("connect-home")
-    env = {k: v for k, v in os.environ.items() if k != "JDK_JAVA_OPTIONS"}  # long-lived: full JIT
-    url = connect_server.start(port, "local[2]", home=home, env=env, warm=False)  # test_connect warms it
+    shared = _shared_dir(request.config)
+    home = (shared or tmp_path_factory.getbasetemp()) / "connect-home"
+    home.mkdir(parents=True, exist_ok=True)
+    with open(home / "lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # one worker starts it; the others wait for its URL
+        record = home / "url"
+        if record.exists():
+            url = record.read_text()
+        else:
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", 0))
+                port = s.getsockname()[1]
+            env = {k: v for k, v in os.environ.items() if k != "JDK_JAVA_OPTIONS"}  # long-lived: full JIT
+            url = connect_server.start(port, "local[2]", home=home, env=env, warm=False)  # test_connect warms it
+            (home / "port").write_text(str(port))
+            record.write_text(url)
     yield url
-    connect_server.stop(port, home=home)
+    if shared is None:
+        _stop_connect(home)
+
+
+def _stop_connect(home: Path) -> None:
+    from reconcile import connect_server
+
+    if (home / "port").exists():
+        connect_server.stop(int((home / "port").read_text()), home=home)
+
+
+def pytest_unconfigure(config):
+    """The run's controller stops the Connect server a worker started."""
+    if hasattr(config, "workerinput") or not hasattr(config, "_tmp_path_factory"):
+        return
+    shared = _shared_dir(config)
+    if shared is not None and (shared / "connect-home").exists():
+        _stop_connect(shared / "connect-home")
 
 
 @pytest.fixture(scope="session")

@@ -1,7 +1,7 @@
 """Racing writers: several processes run batches of one sink at once, on SQLite and PostgreSQL.
 
-Each process is a real ``python -m reconcile run`` (its own Spark, its own metadata
-connections). Whatever the interleaving: at most one commit per lower, the losers clean up and
+Each process is a real ``python -m reconcile run`` (its own metadata connections; its own local
+Spark JVM in one test, a client of the session's Spark Connect server in the others). Whatever the interleaving: at most one commit per lower, the losers clean up and
 say which batch superseded them, and after one more run the shard equals the model.
 """
 
@@ -29,6 +29,16 @@ def _causes(stderr: str) -> str:
     return "\n".join(lines[:15]) + "\n...\n" + stderr[-800:]
 
 
+def _env(remote: str | None) -> dict:
+    """The racers' environment: clients of the shared Spark Connect server at ``remote`` (the
+    races are on the ledger and the Delta log, which every process reaches on its own), or with
+    ``remote`` None, each its own local Spark JVM (one test keeps that form)."""
+    env = {k: v for k, v in os.environ.items() if k != "PYSPARK_GATEWAY_PORT"}
+    if remote:
+        env["RECONCILE_SPARK_REMOTE"] = remote
+    return env
+
+
 def _racers(cfg, frontiers: list[int], env: dict) -> list[subprocess.CompletedProcess]:
     procs = [
         subprocess.Popen(
@@ -48,12 +58,13 @@ def _racers(cfg, frontiers: list[int], env: dict) -> list[subprocess.CompletedPr
 
 
 @pytest.mark.parametrize("racers", [3])
-def test_racing_processes_commit_each_lower_once(spark, warehouse, tmp_path, store, monkeypatch, racers):
+def test_racing_processes_commit_each_lower_once(spark, warehouse, tmp_path, store, monkeypatch, racers, connect_url):
     monkeypatch.setenv("RECONCILE_SINKS_DIR", str(tmp_path))
     cfg = make_sink(tmp_path, f"race_{store.engine.dialect.name}")
     rows = [{"k": 1, "v": "a"}, {"k": 2, "v": "b"}, {"k": 2, "v": "b"}]
     write_json_rows(tmp_path / "src", rows)
-    env = {k: v for k, v in os.environ.items() if k != "PYSPARK_GATEWAY_PORT"}
+    # on SQLite each racer is its own JVM; on PostgreSQL, clients of one Connect server
+    env = _env(None if store.engine.dialect.name == "sqlite" else connect_url)
     frontiers = [300] * (racers - 1) + [400]
     results = _racers(cfg, frontiers, env)
     for r in results:
@@ -71,7 +82,7 @@ def test_racing_processes_commit_each_lower_once(spark, warehouse, tmp_path, sto
     assert check.violations(store, cfg, spark=spark) == []
 
 
-def test_racing_processes_on_an_upsert_sink(spark, warehouse, tmp_path, store, monkeypatch):
+def test_racing_processes_on_an_upsert_sink(spark, warehouse, tmp_path, store, monkeypatch, connect_url):
     from test_upsert import feed_rows, ok_rows, upsert_sink
     from upsert_model import UpsertModel
 
@@ -93,7 +104,7 @@ def test_racing_processes_on_an_upsert_sink(spark, warehouse, tmp_path, store, m
         )
     ]
     feed_rows(tmp_path, feed)
-    env = {k: v for k, v in os.environ.items() if k != "PYSPARK_GATEWAY_PORT"}
+    env = _env(connect_url)
     for r in _racers(cfg, [300, 300, 400], env):
         assert r.returncode in (0, 3), f"racer crashed: {r.returncode}\n{r.stdout[-1500:]}\n{_causes(r.stderr)}"
     run_batch(spark, store, cfg, "settle", 500)
@@ -159,7 +170,9 @@ def _attempts(cfg, runs: list[tuple[str, int]], attempts: int, env: dict) -> tup
 
 
 @pytest.mark.parametrize("round_", range(REPEAT))
-def test_attempts_of_one_run_racing_commit_the_batch_once(spark, warehouse, tmp_path, store, monkeypatch, round_):
+def test_attempts_of_one_run_racing_commit_the_batch_once(
+    spark, warehouse, tmp_path, store, monkeypatch, round_, connect_url
+):
     """Three processes run the same three runs (same run ids, so the same batches): a new shard,
     then an existing one. Every committed batch holds exactly its correction: as of each
     committed ``upper - 1`` the shard equals the model, each batch matches its manifest, no
@@ -169,7 +182,7 @@ def test_attempts_of_one_run_racing_commit_the_batch_once(spark, warehouse, tmp_
     bounds = [100, 300, 400, 500]
     rows = _changelog(200, bounds, seed=round_)
     write_json_rows(tmp_path / "log", rows)
-    env = {k: v for k, v in os.environ.items() if k != "PYSPARK_GATEWAY_PORT"}
+    env = _env(connect_url)
     lines, problems = _attempts(cfg, [(f"sched__{u}", u) for u in bounds[1:]], 3, env)
     problems += [f"a loser was told to clear write: {ln}" for ln in lines if "clear the run's 'write' task" in ln]
     problems += [
