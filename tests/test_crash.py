@@ -1,6 +1,7 @@
 """Crash safety: a process killed at each fail point, then the natural recovery.
 
-The crashing stage runs as a real separate process (the job script, local Spark) with
+The crashing stage runs as a real separate process (the job script: one write in its own local
+Spark, the others clients of the session's Spark Connect server; the append needs no JVM) with
 ``RECONCILE_FAILPOINTS=<point>=kill``: it dies with exit 137 in the middle of its work, no
 cleanup. Recovery is what Airflow would do: the task's retry, a rerun of the whole run, or the
 next run. Afterwards the shard equals the plain-Python model, every lower was committed at most
@@ -29,13 +30,18 @@ def _model(rows) -> Counter:
     return +Counter((r["k"], r["v"], None) for r in rows)
 
 
-def run_job_killed_at(stage: str, cfg, run_id: str, point: str) -> subprocess.CompletedProcess:
+def run_job_killed_at(stage: str, cfg, run_id: str, point: str, remote: str | None) -> subprocess.CompletedProcess:
+    """The stage's job killed at ``point``; a write is a client of the Spark Connect server at
+    ``remote`` (every fail point is in the driver's Python, between Spark actions), or with
+    ``remote`` None its own local Spark JVM."""
     if stage == "write":
         cmd = [sys.executable, str(ROOT / "jobs" / "write_correction.py"), "--sink", cfg.name, "--run-id", run_id]
     else:  # the append runs without a JVM: the CLI's append is the DAG's task
         cmd = [sys.executable, "-m", "reconcile", "append", cfg.name, "--run-id", run_id]
     env = {**os.environ, "RECONCILE_FAILPOINTS": f"{point}=kill"}
     env.pop("PYSPARK_GATEWAY_PORT", None)
+    if remote:
+        env["RECONCILE_SPARK_REMOTE"] = remote
     proc = subprocess.run(
         cmd,
         env=env,
@@ -68,7 +74,9 @@ CASES = [
 
 
 @pytest.mark.parametrize("stage, point, recovery", CASES, ids=[f"{p}-{r}" for _, p, r in CASES])
-def test_killed_process_then_recovery(spark, warehouse, tmp_path, sqlite_store, monkeypatch, stage, point, recovery):
+def test_killed_process_then_recovery(
+    spark, warehouse, tmp_path, sqlite_store, monkeypatch, stage, point, recovery, connect_url
+):
     store = sqlite_store
     monkeypatch.setenv("RECONCILE_SINKS_DIR", str(tmp_path))
     cfg = make_sink(tmp_path, f"crash_{point.replace('.', '_')}"[:60])
@@ -85,7 +93,9 @@ def test_killed_process_then_recovery(spark, warehouse, tmp_path, sqlite_store, 
     desc = mint.run_mint(store, cfg, "run-1", 1, base + 100).description
     if stage == "append":
         write.run_write(spark, store, cfg, desc.batch_id)
-    run_job_killed_at(stage, cfg, "run-1", point)
+    # one write is killed in a JVM of its own (spark-submit's form), the others as Connect clients
+    own_jvm = point == "write.after_partition_staged"
+    run_job_killed_at(stage, cfg, "run-1", point, None if own_jvm else connect_url)
 
     if recovery == "retry":  # Airflow retries the task that died, then runs what follows it
         if stage == "write":
@@ -124,7 +134,7 @@ UPSERT_CASES = [
 
 @pytest.mark.parametrize("stage, point, recovery", UPSERT_CASES, ids=[f"{p}-{r}" for _, p, r in UPSERT_CASES])
 def test_killed_upsert_process_then_recovery(
-    spark, warehouse, tmp_path, sqlite_store, monkeypatch, stage, point, recovery
+    spark, warehouse, tmp_path, sqlite_store, monkeypatch, stage, point, recovery, connect_url
 ):
     """The feed's watermark travels with the Delta commit: a batch rolled forward after a crash
     keeps its late commands from being applied a second time."""
@@ -150,7 +160,7 @@ def test_killed_upsert_process_then_recovery(
     desc = mint.run_mint(store, cfg, "run-1", 1, 300).description
     if stage == "append":
         write.run_write(spark, store, cfg, desc.batch_id)
-    run_job_killed_at(stage, cfg, "run-1", point)
+    run_job_killed_at(stage, cfg, "run-1", point, connect_url)
     if recovery == "retry":
         if stage == "write":
             # killed after its manifest was recorded, the attempt's files are the batch: the retry
