@@ -45,9 +45,15 @@ def _sink(sinks: Path, src: Path, name: str) -> None:
 
 
 @pytest.fixture
-def airflow_services(tmp_path, pg_url):
+def airflow_services(tmp_path, pg_url, connect_url):
+    """Airflow's services with the write tasks on the session's Spark Connect server (a
+    ``spark_connect`` connection: the production shape of many small sinks; spark-submit under
+    Airflow is covered by tests/test_airflow.py and tests/test_cluster.py)."""
+    import json
+
     sinks = tmp_path / "sinks"
     sinks.mkdir()
+    host, port = connect_url.removeprefix("sc://").split(":")
     stack = AirflowStack(
         tmp_path,
         os.environ["RECONCILE_TEST_POSTGRES_URL"],
@@ -55,6 +61,7 @@ def airflow_services(tmp_path, pg_url):
             "RECONCILE_SINKS_DIR": str(sinks),
             "RECONCILE_METADATA_URL": f"sqlite:///{tmp_path / 'meta.db'}",
             "RECONCILE_WAREHOUSE": str(tmp_path / "warehouse"),
+            "AIRFLOW_CONN_SPARK_DEFAULT": json.dumps({"conn_type": "spark_connect", "host": host, "port": int(port)}),
         },
     )
     yield stack.env, sinks, stack.start
