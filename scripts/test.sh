@@ -6,6 +6,11 @@ root="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$root"
 [ -x .venv/bin/python ] && [ -d .jars ] || bash scripts/setup.sh
 export RECONCILE_TEST_POSTGRES_URL="${RECONCILE_TEST_POSTGRES_URL:-postgresql+psycopg://postgres:postgres@127.0.0.1:5432/reconcile_test}"
+# The short-lived Spark JVMs of the tests start from a class-data-sharing archive (built once per
+# JDK and jars, ~25 s): tests/jvm_archive.py.
+if [ -z "${RECONCILE_TEST_JVM_ARCHIVE+x}" ]; then
+  export RECONCILE_TEST_JVM_ARCHIVE="$(.venv/bin/python tests/jvm_archive.py)"
+fi
 # Test files run on two workers (pytest-xdist; a file stays on one worker: its fixtures, servers
 # and ports are its own). Most of the suite's time is spent waiting on JVMs and servers, so two
 # workers help even on 2 cores. RECONCILE_TEST_WORKERS=0 runs everything in this process.

@@ -37,6 +37,8 @@ os.environ["PYTHONPATH"] = f"{ROOT / 'include'}{os.pathsep}{os.environ.get('PYTH
 # JVM's defaults (C1 only made the in-process tests 1.5x slower: 267 s -> 395 s). Off when
 # RECONCILE_TEST_SPARK=default or when JDK_JAVA_OPTIONS is already set.
 SHORT_LIVED_JVM_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
+if os.environ.get("RECONCILE_TEST_JVM_ARCHIVE"):  # Spark's classes mapped, not parsed: tests/jvm_archive.py
+    SHORT_LIVED_JVM_OPTIONS += f" -XX:SharedArchiveFile={os.environ['RECONCILE_TEST_JVM_ARCHIVE']} -Xlog:cds*=off"
 SPARK_MODE = os.environ.get("RECONCILE_TEST_SPARK", "tiny")
 if SPARK_MODE == "tiny":
     os.environ.setdefault("JDK_JAVA_OPTIONS", SHORT_LIVED_JVM_OPTIONS)
