@@ -179,6 +179,48 @@ def test_an_empty_batch_of_an_empty_shard_checks_itself(spark, warehouse, tmp_pa
     assert verify(sqlite_store, cfg, spark)[0] == []
 
 
+def test_checksums_that_cannot_be_summed_exactly_are_left_unrecorded_not_wrong(
+    spark, warehouse, tmp_path, sqlite_store, caplog
+):
+    """The write sums 32-bit limbs of the row hash times the diff (:mod:`reconcile.checksums`).
+    Batch 1: two updates of one row with diff 2^31 - 1 whose low limb is >= 2^31 overflow their
+    partition's sum: that partition's checksums are not recorded, the others are, and verify.
+    Batch 2: a diff of 3 billion makes no product exact: no partition is recorded (the batch is
+    not verifiable). Both commit what the model says, and the write says why in one warning."""
+    from test_sink import change
+
+    store = sqlite_store
+    cfg = make_sink(tmp_path, "vbig", kind="changelog")
+    low = spark.range(1, 200).selectExpr("id AS k", "xxhash64(id, 'a', CAST(NULL AS STRING)) & 4294967295 AS low")
+    k = low.where("low >= 2147483650").orderBy("k").first()["k"]
+    big_part = partition_of_row(spark, cfg, k, "a")
+    near = 2**31 - 1
+    runs = [
+        (200, [change(k, "a", 150, near), change(k, "a", 160, near), change(1000, "b", 160, 1)]),
+        (300, [change(2000, "c", 250, 3_000_000_000)]),
+    ]
+    source: list[dict] = []
+    recorded = []
+    for i, (frontier, new) in enumerate(runs):
+        source += new
+        write_json_rows(tmp_path / "log", source)
+        with caplog.at_level("WARNING", logger="reconcile.write"):
+            _, w, a = run_batch(spark, store, cfg, f"run-{i}", frontier)
+        assert a.outcome == "committed", a.message
+        assert "cannot be summed exactly" in caplog.text
+        caplog.clear()
+        parts = json.loads(store.get_batch(w.batch_id).manifest)["parts"]
+        recorded.append(sorted(int(p) for p, part in parts.items() if "shard_checksum" in part))
+        assert all(
+            part["desired_checksum"] == part["shard_checksum"] for part in parts.values() if "shard_checksum" in part
+        )
+    assert recorded == [[p for p in range(cfg.partitions) if p != big_part], []]
+    assert shard_as_of(cfg, 299) == {(k, "a", None): 2 * near, (1000, "b", None): 1, (2000, "c", None): 3_000_000_000}
+    lines, counts = verify(store, cfg, spark)
+    assert lines == [], lines
+    assert (counts["verified"], counts["partitions"], counts["not_verifiable"]) == (1, cfg.partitions - 1, 1)
+
+
 def test_a_correction_that_does_not_add_up_fails_the_batch(spark, warehouse, tmp_path, sqlite_store, monkeypatch):
     """A bug that drops the retractions from the correction: the write fails the batch with one
     line, nothing is staged or committed; without the bug the same batch commits."""

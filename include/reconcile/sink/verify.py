@@ -147,7 +147,8 @@ def checksum_differences(
     table as of ``version`` (``batches``: ``{Delta version: its description}``, up to
     ``version``), in one Spark job (:func:`reconcile.storage.frames.checksums_by_time`), then
     prefix sums per batch upper. -> (one line per partition whose checksum differs, counts:
-    ``verified``, ``partitions``, ``not_verifiable`` (no checksums recorded), ``before_since``).
+    ``verified``, ``partitions`` (those with checksums: a partition too large to sum exactly has none),
+    ``not_verifiable`` (no checksums recorded), ``before_since``).
     A difference is a change at or below the batch's ``upper - 1`` that is not the sink's: a
     foreign write, corruption, a bug. Batches with ``upper - 1 < since`` are not readable exactly
     any more (compacted) and are left out."""
@@ -159,7 +160,7 @@ def checksum_differences(
     todo: list[tuple[int, dict]] = []
     for v, m in sorted(batches.items()):
         parts = m.get("parts") or {}
-        if not parts or not all(all(k in part for k in CHECKSUMS) for part in parts.values()):
+        if not any(all(k in part for k in CHECKSUMS) for part in parts.values()):
             counts["not_verifiable"] += 1
         elif int(m["upper"]) - 1 < since:
             counts["before_since"] += 1
@@ -179,7 +180,8 @@ def checksum_differences(
                     running[p] = (running.get(p, 0) + value) % MOD
                 i += 1
             what = f"batch {m['batch_id']} [{iso(int(m['lower']))}, {iso(upper)}): Delta version {v}'s partition"
-            for p, part in sorted(m["parts"].items(), key=lambda kv: int(kv[0])):
+            checked = {p: part for p, part in m["parts"].items() if all(k in part for k in CHECKSUMS)}
+            for p, part in sorted(checked.items(), key=lambda kv: int(kv[0])):
                 got, recorded = running.get(int(p), 0), int(part["shard_checksum"], 16)
                 if got != recorded:
                     out.append(
@@ -192,5 +194,5 @@ def checksum_differences(
                         f"{part['shard_checksum']}"
                     )
             counts["verified"] += 1
-            counts["partitions"] += len(m["parts"])
+            counts["partitions"] += len(checked)
     return out, counts

@@ -166,18 +166,29 @@ def batch_correction(
     return kinds.correction(spark, cfg, persist, lower, upper, wm, checks)
 
 
-def self_check(cfg: SinkConfig, batch_id: str, lower: int, upper: int, sums: dict[str, dict[int, int]]) -> None:
+def self_check(cfg: SinkConfig, batch_id: str, lower: int, upper: int, sums: dict[str, dict[int, int | None]]) -> None:
     """Fail the batch (:class:`SelfCheckFailed`) unless, in every hash partition, the checksum of
     what the kind says the shard must hold as of ``upper - 1`` equals the shard's after the
-    correction (persist as read plus the correction as staged)."""
-    wrong = [p for p in range(cfg.partitions) if sums["desired"][p] != sums["shard"][p]]
+    correction (persist as read plus the correction as staged). A partition too large to sum
+    exactly (:mod:`reconcile.checksums`) is not checked, and its checksums are not recorded."""
+    unsure = [p for p in range(cfg.partitions) if sums["desired"][p] is None or sums["shard"][p] is None]
+    if unsure:
+        event(
+            log,
+            f"batch {batch_id}: the checksums of hash partition(s) {', '.join(map(str, unsure))} cannot be summed "
+            "exactly (a diff of 2^31 or more, or more than 2^31 units of |diff| in one partition of a batch): they are "
+            "not recorded (not verifiable); more partitions keep large batches verifiable",
+            level=logging.WARNING,
+            sink=cfg.name,
+        )
+    wrong = [p for p in range(cfg.partitions) if p not in unsure and sums["desired"][p] != sums["shard"][p]]
     if wrong:
         p = wrong[0]
         more = f" (and {len(wrong) - 1} more partition(s))" if len(wrong) > 1 else ""
+        desired, shard = (checksums.text(sums[side][p] or 0) for side in ("desired", "shard"))
         raise SelfCheckFailed(
             f"batch {batch_id} [{iso(lower)}, {iso(upper)}) does not add up: in hash partition {p} the desired "
-            f"collection's checksum is {checksums.text(sums['desired'][p])}, the shard's after the correction "
-            f"{checksums.text(sums['shard'][p])}{more}",
+            f"collection's checksum is {desired}, the shard's after the correction {shard}{more}",
             sink=cfg.name,
         )
 
@@ -335,9 +346,10 @@ def run_write(spark: SparkSession, store: MetadataStore, cfg: SinkConfig, batch_
             "files": {k: files[k] for k in mine},
             "digests": {k: digests[k] for k in mine},
         }
-        if sums is not None:  # check --verify recomputes shard_checksum from the Delta table
-            parts[str(p)]["desired_checksum"] = checksums.text(sums["desired"][p])
-            parts[str(p)]["shard_checksum"] = checksums.text(sums["shard"][p])
+        desired, shard_sum = (None, None) if sums is None else (sums["desired"][p], sums["shard"][p])
+        if desired is not None and shard_sum is not None:  # check --verify recomputes shard_checksum
+            parts[str(p)]["desired_checksum"] = checksums.text(desired)
+            parts[str(p)]["shard_checksum"] = checksums.text(shard_sum)
     rows_err = sum(s["err"] for s in stats.values())
     rows_ok = sum(s["rows"] for s in stats.values()) - rows_err
     drift = drift_rows(spark, store, cfg, read_version, desc.upper)

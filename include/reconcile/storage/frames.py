@@ -177,12 +177,12 @@ def checksums_by_time(
     shard as of ``t`` is the sum over the times ``<= t``)."""
     from collections import defaultdict
 
-    from reconcile.checksums import MOD, combine, limbs, row_hash
+    from reconcile.checksums import MOD, WIDE_LIMBS, combine, limbs, row_hash
 
     counts = sorted(set(partition_counts))
     h, diff = F.col("_h"), F.col("_diff")
     keys = [f"_p{n}" for n in counts]
-    sums = [f"_l{i}" for i in range(len(limbs(h, diff)))]
+    sums = [f"_l{i}" for i in range(len(WIDE_LIMBS))]
     rows = (
         read_updates(spark, cfg, version)
         .where(F.col("_time").isNotNull())
@@ -190,7 +190,7 @@ def checksums_by_time(
         .select(
             "_time",
             *[F.pmod(h, F.lit(n)).cast("int").alias(k) for n, k in zip(counts, keys, strict=True)],
-            *[c.alias(s) for c, s in zip(limbs(h, diff), sums, strict=True)],
+            *[c.alias(s) for c, s in zip(limbs(h, diff, WIDE_LIMBS), sums, strict=True)],
         )
         .groupBy("_time", *keys)
         .agg(*[F.sum(s).alias(s) for s in sums])
@@ -201,6 +201,6 @@ def checksums_by_time(
         by_time: dict[int, dict[int, int]] = defaultdict(lambda: defaultdict(int))
         for r in rows:
             part = by_time[int(r["_time"])]
-            part[int(r[k])] = (part[int(r[k])] + combine([r[s] for s in sums])) % MOD
+            part[int(r[k])] = (part[int(r[k])] + combine([r[s] for s in sums], WIDE_LIMBS)) % MOD
         out[n] = [(t, dict(by_time[t])) for t in sorted(by_time)]
     return out
