@@ -1,8 +1,22 @@
 """Airflow itself: the DAG file imports cleanly, and dag.test() runs a sink end to end.
 
-The write task really spark-submits jobs/write_correction.py on local Spark; the append runs in the
-worker without a JVM. The shard is checked against the plain-Python model of the source after
-every run.
+What runs where:
+
+- the DagBag tests parse the DAG file in this (pytest's) process;
+- the three-intervals, upsert, narrower-winner and correction-guard tests run each ``dag.test()``
+  in a child interpreter (tests/dag_child.py: one for the module, started with *spawn*, Airflow
+  imported once) whose ``spark_default`` is a ``spark_connect`` connection: ``write`` and
+  ``compact`` run there as clients of the test run's Spark Connect server (the ``connect_url``
+  fixture), no JVM per task, and the jobs folder it is given does not exist, so nothing can be
+  spark-submitted. Their logs come back as text; the ledger, the Delta table (delta-rs), and
+  Airflow's database (shared through AIRFLOW_HOME) are read here (and, in the three-intervals
+  test, the committed rows' checksums by this process's classic session, ``check.violations``);
+- the outdated-batch test runs ``dag.test()`` in this process with the real spark-submit of
+  jobs/write_correction.py on local Spark (``spark_default`` is ``local[2]``, tests/conftest.py):
+  the file's one spark-submit path;
+- the append always runs without a JVM (in the child, or in ``airflow tasks test``).
+
+The shard is checked against the plain-Python model of the source after every run.
 """
 
 from __future__ import annotations
@@ -14,7 +28,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from helpers import shard_as_of, write_json_rows
+from helpers import shard_as_of, update_log, write_json_rows
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.airflow
@@ -77,21 +91,59 @@ def _sink(sinks_dir: Path, data_dir: Path, name: str, kind: str = "query", **ext
     )
 
 
-def _dag_of(tmp_path: Path, monkeypatch, prefix: str, **extra):
-    """A daily query sink over ``tmp_path/src`` with its own warehouse and SQLite ledger, made
-    this process's environment: (name, its DAG, its config, the ledger's URL, the source folder)."""
-    from airflow.dag_processing.dagbag import DagBag
+def _sink_env(tmp_path: Path, sinks: Path) -> dict[str, str]:
+    """The sink's environment: its config folder, warehouse and SQLite ledger under ``tmp_path``."""
+    return {
+        "RECONCILE_SINKS_DIR": str(sinks),
+        "RECONCILE_WAREHOUSE": str(tmp_path / "wh"),
+        "RECONCILE_METADATA_URL": f"sqlite:///{tmp_path / 'meta.db'}",
+    }
 
+
+def _use_env(monkeypatch, env: dict[str, str]) -> None:
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+
+
+def _sink_of(tmp_path: Path, monkeypatch, prefix: str, **extra):
+    """A daily query sink over ``tmp_path/src`` with its own warehouse and SQLite ledger, made
+    this process's environment: (name, that environment, its config, the ledger's URL, the
+    source folder)."""
     from reconcile.config import load_sink
 
     name = f"{prefix}_{tmp_path.name[-8:].replace('-', '_').lower()}"
     sinks, data = tmp_path / "sinks", tmp_path / "src"
     _sink(sinks, data, name, **extra)
-    url = f"sqlite:///{tmp_path / 'meta.db'}"
-    monkeypatch.setenv("RECONCILE_SINKS_DIR", str(sinks))
-    monkeypatch.setenv("RECONCILE_WAREHOUSE", str(tmp_path / "wh"))
-    monkeypatch.setenv("RECONCILE_METADATA_URL", url)
-    return name, DagBag(dag_folder=str(ROOT / "dags")).get_dag(name), load_sink(name), url, data
+    env = _sink_env(tmp_path, sinks)
+    _use_env(monkeypatch, env)
+    return name, env, load_sink(name), env["RECONCILE_METADATA_URL"], data
+
+
+def _dag_of(tmp_path: Path, monkeypatch, prefix: str, **extra):
+    """:func:`_sink_of` with the sink's DAG parsed in this process instead of its environment."""
+    from airflow.dag_processing.dagbag import DagBag
+
+    name, _, cfg, url, data = _sink_of(tmp_path, monkeypatch, prefix, **extra)
+    return name, DagBag(dag_folder=str(ROOT / "dags")).get_dag(name), cfg, url, data
+
+
+@pytest.fixture(scope="module")
+def dag_child(request, airflow_db, tmp_path_factory):
+    """The module's child interpreter for ``dag.test()`` (tests/dag_child.py): ``spark_default``
+    is a ``spark_connect`` connection to the session's server; the jobs folder does not exist.
+    The child imports Airflow while the server starts."""
+    from dag_child import DagChild, connect_env
+
+    jobs = tmp_path_factory.mktemp("dag-child") / "no-jobs"  # a spark-submit would fail
+    child = DagChild({"RECONCILE_JOBS_DIR": str(jobs)})
+    warming = child.warm()
+    try:
+        child.env.update(connect_env(request.getfixturevalue("connect_url"), jobs))
+        warming.result(timeout=300)
+        yield child
+    finally:
+        child.close()
+    assert not jobs.exists()
 
 
 def _model(rows) -> Counter:
@@ -99,23 +151,25 @@ def _model(rows) -> Counter:
 
 
 @pytest.mark.slow
-def test_dag_test_three_intervals_then_rerun_is_noop(airflow_db, spark, tmp_path, monkeypatch):
+def test_dag_test_three_intervals_then_rerun_is_noop(airflow_db, dag_child, spark, tmp_path, monkeypatch):
+    """Three daily runs and a rerun, in the child on Spark Connect: write and compact (with its
+    VACUUM) run there as Connect clients; no job is submitted (the jobs folder does not exist)
+    and no JVM starts besides the Connect server's."""
     from airflow.dag_processing.dagbag import DagBag
     from airflow.utils.state import DagRunState
 
     from reconcile.config import load_sink
+    from reconcile.sink import check
     from reconcile.storage import delta as storage
-    from reconcile.storage import frames
     from reconcile.storage.ledger import MetadataStore
 
     name = f"af_{tmp_path.name[-8:].replace('-', '_').lower()}"
     sinks, data = tmp_path / "sinks", tmp_path / "src"
     # compaction keeps 36 h of exact history and runs once 2 batches wait to be folded in
     _sink(sinks, data, name, compaction={"every_batches": 2}, retention={"history_hours": 36, "vacuum_hours": 0})
-    monkeypatch.setenv("RECONCILE_SINKS_DIR", str(sinks))
-    monkeypatch.setenv("RECONCILE_WAREHOUSE", str(tmp_path / "wh"))
-    monkeypatch.setenv("RECONCILE_METADATA_URL", f"sqlite:///{tmp_path / 'meta.db'}")
-    dag = DagBag(dag_folder=str(ROOT / "dags")).get_dag(name)
+    env = _sink_env(tmp_path, sinks)
+    _use_env(monkeypatch, env)
+    dag = DagBag(dag_folder=str(ROOT / "dags")).get_dag(name)  # parsed here for its assets only
     cfg = load_sink(name)
 
     sources = [
@@ -126,13 +180,18 @@ def test_dag_test_three_intervals_then_rerun_is_noop(airflow_db, spark, tmp_path
     days = [datetime(2026, 1, 2 + i, tzinfo=UTC) for i in range(3)]
     for i, (rows, day) in enumerate(zip(sources, days)):
         write_json_rows(data, rows)
-        run = dag.test(logical_date=day)
-        assert run.state == DagRunState.SUCCESS
+        run = dag_child.test(name, day, env)
+        assert run["state"] == DagRunState.SUCCESS, run["log"][-4000:]
+        assert "write on Spark Connect" in run["log"], run["log"][-4000:]
+        jobs = Path(dag_child.env["RECONCILE_JOBS_DIR"])  # write and compact could not spark-submit
+        assert not jobs.exists() and set(run["applications"]) == {"write", "compact"}, run["applications"]
+        assert all(Path(app).parent == jobs for app in run["applications"].values()), run["applications"]
         upper = int(day.timestamp() * 1000)
         assert shard_as_of(cfg, upper - 1) == _model(rows)
-        tis = {ti.task_id: ti.state for ti in run.get_task_instances()}
+        tis = run["tis"]
         assert tis["compaction_due"] == "success", tis  # a short circuit: it skips compact directly
         assert tis["compact"] == ("success" if i == 2 else "skipped"), tis
+    assert "compact on Spark Connect" in run["log"], run["log"][-4000:]
 
     store = MetadataStore(f"sqlite:///{tmp_path / 'meta.db'}")
     since = store.get_shard(name).since
@@ -140,8 +199,10 @@ def test_dag_test_three_intervals_then_rerun_is_noop(airflow_db, spark, tmp_path
     for rows, day in zip(sources, days):  # history stays readable as of every upper - 1 >= since
         if int(day.timestamp() * 1000) - 1 >= since:
             assert shard_as_of(cfg, int(day.timestamp() * 1000) - 1) == _model(rows)
-    times = {r["_time"] for r in frames.read_updates(spark, cfg).select("_time").collect()}
+    times = {r["_time"] for r in update_log(cfg)}
     assert min(times) == since  # the updates before since were folded into it
+    # every invariant, the committed rows' checksums read back by this process's classic session
+    assert check.violations(store, cfg, spark=spark) == []
 
     assert store.get_shard(name).upper == int(days[-1].timestamp() * 1000)
     committed = [b for b in store.batches(name) if b.state == "committed"]
@@ -150,9 +211,9 @@ def test_dag_test_three_intervals_then_rerun_is_noop(airflow_db, spark, tmp_path
 
     # Rerunning a covered interval (with a changed source) mints nothing and writes nothing.
     write_json_rows(data, [{"k": 9, "v": "z"}])
-    run = dag.test(logical_date=days[1] - timedelta(hours=1))
-    assert run.state == DagRunState.SUCCESS
-    tis = {ti.task_id: ti.state for ti in run.get_task_instances()}
+    run = dag_child.test(name, days[1] - timedelta(hours=1), env)
+    assert run["state"] == DagRunState.SUCCESS, run["log"][-4000:]
+    tis = run["tis"]
     # mint finds nothing to do and skips the rest of the run at once (a short circuit)
     assert tis == {
         "mint": "success",
@@ -186,8 +247,7 @@ def test_dag_test_three_intervals_then_rerun_is_noop(airflow_db, spark, tmp_path
 
 
 @pytest.mark.slow
-def test_dag_test_runs_an_upsert_sink(airflow_db, spark, tmp_path, monkeypatch):
-    from airflow.dag_processing.dagbag import DagBag
+def test_dag_test_runs_an_upsert_sink(airflow_db, dag_child, tmp_path, monkeypatch):
     from airflow.utils.state import DagRunState
 
     from reconcile.config import load_sink
@@ -200,10 +260,8 @@ def test_dag_test_runs_an_upsert_sink(airflow_db, spark, tmp_path, monkeypatch):
     feed_source = {"format": "json", "path": str(tmp_path / "feed")}
     upsert = {"source": feed_source, "key": ["k"], "time_column": "ts", "offset_column": "off"}
     _sink(sinks, tmp_path / "feed", name, kind="upsert", upsert=upsert)
-    monkeypatch.setenv("RECONCILE_SINKS_DIR", str(sinks))
-    monkeypatch.setenv("RECONCILE_WAREHOUSE", str(tmp_path / "wh"))
-    monkeypatch.setenv("RECONCILE_METADATA_URL", f"sqlite:///{tmp_path / 'meta.db'}")
-    dag = DagBag(dag_folder=str(ROOT / "dags")).get_dag(name)
+    env = _sink_env(tmp_path, sinks)
+    _use_env(monkeypatch, env)
     cfg = load_sink(name)
     day = 86_400_000
     d1, d2 = cfg.as_of + day, cfg.as_of + 2 * day
@@ -214,11 +272,13 @@ def test_dag_test_runs_an_upsert_sink(airflow_db, spark, tmp_path, monkeypatch):
     ]
     model = UpsertModel()
     feed_rows(tmp_path, feed)
-    assert dag.test(logical_date=datetime.fromtimestamp(d1 / 1000, UTC)).state == DagRunState.SUCCESS
+    run = dag_child.test(name, datetime.fromtimestamp(d1 / 1000, UTC), env)
+    assert run["state"] == DagRunState.SUCCESS, run["log"][-4000:]
     model.batch(feed, cfg.as_of, d1)
     feed += [{"k": 2, "v": None, "ts": d1 + 7, "off": 4}, {"k": 3, "v": "late", "ts": cfg.as_of + 30, "off": 5}]
     feed_rows(tmp_path, feed)
-    assert dag.test(logical_date=datetime.fromtimestamp(d2 / 1000, UTC)).state == DagRunState.SUCCESS
+    run = dag_child.test(name, datetime.fromtimestamp(d2 / 1000, UTC), env)
+    assert run["state"] == DagRunState.SUCCESS, run["log"][-4000:]
     model.batch(feed, d1, d2)
     for t in (d1 - 1, d1, d1 + 5, d2 - 1):
         assert ok_rows(shard_as_of(cfg, t)) == model.as_of(t), t
@@ -232,7 +292,11 @@ def test_an_outdated_batch_skips_the_rest_of_its_run_with_the_reason(airflow_db,
     """Only mint mints: the batch id goes to write by XCom. Another writer committed past the
     run's lower (to Delta; it died before the ledger heard of it, so mint could not know): write
     finds the batch outdated, and the run ends green with write, append and compaction skipped,
-    the reason in the ledger."""
+    the reason in the ledger.
+
+    The file's one spark-submit path: ``dag.test()`` runs in this process and the write task
+    really spark-submits jobs/write_correction.py on local Spark (``spark_default`` is
+    ``local[2]``); the other dag.test() runs are Spark Connect clients in tests/dag_child.py."""
     from airflow.utils.state import DagRunState
 
     from helpers import run_batch
@@ -273,7 +337,7 @@ def test_an_outdated_batch_skips_the_rest_of_its_run_with_the_reason(airflow_db,
 
 @pytest.mark.slow
 def test_a_narrower_winner_leaves_the_wider_run_skipped_with_the_true_reason(
-    airflow_db, spark, tmp_path, monkeypatch, capfd
+    airflow_db, dag_child, tmp_path, monkeypatch
 ):
     """The scheduled run's append fails until its retries are used up (its last line names the
     remedy); a backfill's one-day batch then supersedes its two-day batch and commits. The
@@ -284,35 +348,32 @@ def test_a_narrower_winner_leaves_the_wider_run_skipped_with_the_true_reason(
 
     from airflow.utils.state import DagRunState
 
-    from reconcile import failpoints
     from reconcile.log import iso
     from reconcile.storage.ledger import MetadataStore
 
-    name, dag, cfg, url, data = _dag_of(tmp_path, monkeypatch, "afn")
+    name, env, cfg, url, data = _sink_of(tmp_path, monkeypatch, "afn")
     rows = [{"k": 1, "v": "a"}]
     write_json_rows(data, rows)
     day2, day3 = datetime(2026, 1, 2, tzinfo=UTC), datetime(2026, 1, 3, tzinfo=UTC)
 
-    failpoints.arm("append.before_delta_commit", "raise")
-    try:
-        wide = dag.test(logical_date=day3)
-    finally:
-        failpoints.disarm_all()
-    assert wide.state == DagRunState.FAILED
-    logged = "".join(capfd.readouterr())
+    wide = dag_child.test(name, day3, env, failpoints={"append.before_delta_commit": "raise"})
+    assert wide["state"] == DagRunState.FAILED, wide["log"][-4000:]
+    logged = wide["log"]
     assert "retries are used up: once the cause is fixed, clear the task (`airflow tasks clear" in logged
     # the write's log: Spark's INFO chatter is off; the sink's outcome line is there
     assert "INFO SparkContext" not in logged and "INFO DAGScheduler" not in logged
     assert f"write: sink {name}: batch " in logged and ") is staged rows_ok=1" in logged
 
-    assert dag.test(logical_date=day2).state == DagRunState.SUCCESS  # the narrower batch wins
+    narrow = dag_child.test(name, day2, env)
+    assert narrow["state"] == DagRunState.SUCCESS, narrow["log"][-4000:]  # the narrower batch wins
     store = MetadataStore(url)
     assert store.get_shard(name).upper == int(day2.timestamp() * 1000)
 
-    env = {k: v for k, v in __import__("os").environ.items() if k != "PYSPARK_GATEWAY_PORT"}
+    # only the append, which runs no Spark stage: the sink's environment is all it needs
+    cli_env = {k: v for k, v in __import__("os").environ.items() if k != "PYSPARK_GATEWAY_PORT"}
     out = subprocess.run(
         [str(Path(sys.executable).parent / "airflow"), "tasks", "test", name, "append", day3.isoformat()],
-        env=env,
+        env=cli_env,
         capture_output=True,
         text=True,
         timeout=300,
@@ -329,7 +390,7 @@ def test_a_narrower_winner_leaves_the_wider_run_skipped_with_the_true_reason(
 
 
 @pytest.mark.slow
-def test_the_correction_guard_stops_a_run_until_a_run_approves_it(airflow_db, spark, tmp_path, monkeypatch, capfd):
+def test_the_correction_guard_stops_a_run_until_a_run_approves_it(airflow_db, dag_child, tmp_path, monkeypatch):
     """A truncated source: the run's append fails (red: someone must act) with the numbers and
     the remedy, nothing committed; a run triggered with {"approve_correction": true} commits it."""
     from airflow.utils.state import DagRunState
@@ -338,26 +399,27 @@ def test_the_correction_guard_stops_a_run_until_a_run_approves_it(airflow_db, sp
     from reconcile.storage.ledger import MetadataStore
 
     guard = {"max_share": 0.5, "min_rows": 1}
-    name, dag, cfg, url, data = _dag_of(tmp_path, monkeypatch, "afg", retries=0, correction_guard=guard)
+    name, env, cfg, url, data = _sink_of(tmp_path, monkeypatch, "afg", retries=0, correction_guard=guard)
     full = [{"k": i, "v": "x"} for i in range(10)]
     write_json_rows(data, full)
-    assert dag.test(logical_date=datetime(2026, 1, 2, tzinfo=UTC)).state == DagRunState.SUCCESS
+    first = dag_child.test(name, datetime(2026, 1, 2, tzinfo=UTC), env)
+    assert first["state"] == DagRunState.SUCCESS, first["log"][-4000:]
     version = storage.latest_version(cfg)
 
     write_json_rows(data, full[:1])  # the upstream lost 9 of 10 rows
-    blocked = dag.test(logical_date=datetime(2026, 1, 3, tzinfo=UTC))
-    assert blocked.state == DagRunState.FAILED
-    assert {ti.task_id: ti.state for ti in blocked.get_task_instances()}["append"] == "failed"
-    logged = "".join(capfd.readouterr())
+    blocked = dag_child.test(name, datetime(2026, 1, 3, tzinfo=UTC), env)
+    assert blocked["state"] == DagRunState.FAILED, blocked["log"][-4000:]
+    assert blocked["tis"]["append"] == "failed"
+    logged = blocked["log"]
     assert "correction guard" in logged and "retract 9 of the shard's 10 rows" in logged
     assert f"python -m reconcile approve {name} " in logged
     assert storage.latest_version(cfg) == version  # nothing committed
 
-    approved = dag.test(logical_date=datetime(2026, 1, 4, tzinfo=UTC), run_conf={"approve_correction": True})
-    assert approved.state == DagRunState.SUCCESS
+    approved = dag_child.test(name, datetime(2026, 1, 4, tzinfo=UTC), env, run_conf={"approve_correction": True})
+    assert approved["state"] == DagRunState.SUCCESS, approved["log"][-4000:]
     store = MetadataStore(url)
-    batch = store.run_batch(name, approved.run_id)
-    assert batch.state == "committed" and batch.approved.startswith(f"run {approved.run_id}")
-    assert store.run_batch(name, blocked.run_id).state == "superseded"
+    batch = store.run_batch(name, approved["run_id"])
+    assert batch.state == "committed" and batch.approved.startswith(f"run {approved['run_id']}")
+    assert store.run_batch(name, blocked["run_id"]).state == "superseded"
     assert shard_as_of(cfg, batch.upper - 1) == _model(full[:1])
     store.dispose()

@@ -1,10 +1,12 @@
 """Spark jobs as clients of a long-lived Spark Connect server (``python -m reconcile spark-server``).
 
 The server is a real one (its own JVM, local[2], started by the sink's command: the
-``connect_url`` fixture). The batches below are run by ``python -m reconcile run`` and by
-``airflow dags test`` in processes of their own that hold no JVM (pyspark is classic or Connect
-per process), committed by the metadata-only append, and read back with this process's classic
-session, an independent reader, against the plain-Python models of the other test modules.
+``connect_url`` fixture). The batches below are run by ``python -m reconcile run`` in processes
+of their own that hold no JVM (pyspark is classic or Connect per process), committed by the
+metadata-only append, and read back with this process's classic session, an independent
+reader, against the plain-Python models of the other test modules. Airflow on a
+``spark_connect`` connection (write and compact as Connect clients, nothing spark-submitted) is
+tests/test_airflow.py's three-intervals test: its ``dag.test()`` runs in a Connect client child.
 """
 
 from __future__ import annotations
@@ -15,7 +17,6 @@ import re
 import subprocess
 import sys
 from collections import Counter
-from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -200,53 +201,4 @@ def test_killed_client_then_retry(spark, connect_url, warehouse, tmp_path, sqlit
     assert leftover_staged(sqlite_store, cfg) == []
     assert shard_as_of(cfg, 199) == _model(rows0)
     assert shard_as_of(cfg, 299) == _model(rows1)
-    assert check.violations(sqlite_store, cfg, spark=spark) == []
-
-
-@pytest.mark.airflow
-@pytest.mark.slow
-def test_airflow_runs_on_a_spark_connect_connection(airflow_db, spark, connect_url, warehouse, tmp_path, sqlite_store):
-    """``airflow dags test`` with ``spark_default`` a ``spark_connect`` connection: write and
-    compact (with its VACUUM) run in the task process as Connect clients; no job is submitted
-    (the jobs folder does not exist) and no JVM starts besides the server's."""
-    import json
-
-    from reconcile.config import load_sink
-    from test_airflow import _model as model_of
-    from test_airflow import _sink
-
-    name = "af_connect"
-    sinks, data = tmp_path / "sinks", tmp_path / "src"
-    _sink(sinks, data, name, compaction={"every_batches": 2}, retention={"history_hours": 36, "vacuum_hours": 0})
-    host, port = connect_url.removeprefix("sc://").split(":")
-    env = {
-        **os.environ,
-        "AIRFLOW_CONN_SPARK_DEFAULT": json.dumps({"conn_type": "spark_connect", "host": host, "port": int(port)}),
-        "RECONCILE_JOBS_DIR": str(tmp_path / "no-jobs"),  # a spark-submit would fail
-        "RECONCILE_SINKS_DIR": str(sinks),
-    }
-    env.pop("PYSPARK_GATEWAY_PORT", None)
-    sources = [
-        [{"k": 1, "v": "a"}, {"k": 2, "v": "b"}],
-        [{"k": 1, "v": "a"}, {"k": 2, "v": "B"}, {"k": 3, "v": "c"}],
-        [{"k": 3, "v": "c"}],
-    ]
-    days = [datetime(2026, 1, 2 + i, tzinfo=UTC) for i in range(3)]
-    cfg = load_sink(name, sinks)
-    for rows, day in zip(sources, days, strict=True):
-        write_json_rows(data, rows)
-        proc = subprocess.run(
-            [str(Path(sys.executable).parent / "airflow"), "dags", "test", name, day.date().isoformat()],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=600,
-        )
-        out = proc.stdout + proc.stderr
-        assert proc.returncode == 0 and "state=success" in out, out[-4000:]
-        assert "write on Spark Connect" in out, out[-4000:]
-        assert shard_as_of(cfg, int(day.timestamp() * 1000) - 1) == model_of(rows)
-    assert "compact on Spark Connect" in out
-    since = sqlite_store.get_shard(name).since
-    assert since == int(days[-1].timestamp() * 1000) - 36 * 3600 * 1000
     assert check.violations(sqlite_store, cfg, spark=spark) == []
