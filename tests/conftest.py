@@ -123,31 +123,6 @@ def _stop_connect(home: Path) -> None:
         connect_server.stop(int((home / "port").read_text()), home=home)
 
 
-# Test files by what they took in a run on 2 workers (seconds, 2026-11-25; the rest take less
-# than 40 s each). xdist hands whole files to whichever worker is free, in collection order:
-# the longest first, so that no long file starts last while the other worker sits idle.
-LONGEST_FILES = {
-    "test_crash.py": 169,
-    "test_races.py": 163,
-    "test_sink.py": 146,
-    "test_connect.py": 130,
-    "test_cluster.py": 120,
-    "test_bad_input.py": 116,
-    "test_recipes.py": 110,
-    "test_airflow.py": 90,
-    "test_upsert.py": 79,
-    "test_compaction.py": 72,
-    "test_scheduler.py": 60,
-    "test_history.py": 41,
-    "test_recovery.py": 41,
-}
-
-
-def pytest_collection_modifyitems(config, items):
-    """Longest files first (a stable sort: the order inside a file is kept)."""
-    items.sort(key=lambda item: -LONGEST_FILES.get(item.path.name, 0))
-
-
 def pytest_unconfigure(config):
     """The run's controller stops the Connect server a worker started."""
     if hasattr(config, "workerinput") or not hasattr(config, "_tmp_path_factory"):
