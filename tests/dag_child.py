@@ -21,7 +21,7 @@ import os
 import sys
 import tempfile
 import traceback
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import Future, ProcessPoolExecutor
 from contextlib import contextmanager
 from datetime import datetime
@@ -95,31 +95,45 @@ class DagChild:
 # --- in the child ---------------------------------------------------------------------------
 
 
-def warm_up(env: Mapping[str, str]) -> None:
-    """Runs in the child: the imports (and the in-process Execution API app) the first run
-    would otherwise pay for, with ``env`` in the environment while the DAG module is imported.
-    What it logs is dropped unless it fails."""
+def _in_env(env: Mapping[str, str], what: str, fn: Callable[[], dict]) -> tuple[dict, str]:
+    """``fn()`` with ``env`` in the environment (restored afterwards) and its output captured:
+    (its result, what it wrote). An exception comes back as a :class:`DagTestError` naming
+    ``what``, with its traceback and the end of the output."""
     saved = dict(os.environ)
-    os.environ.pop("PYSPARK_GATEWAY_PORT", None)
+    os.environ.pop("PYSPARK_GATEWAY_PORT", None)  # pyspark must not look for a classic gateway
     os.environ.update(env)
     error: str | None = None
+    result: dict = {}
     try:
         with _captured() as log:
             try:
-                import pyspark.sql.connect.session  # noqa: F401
-                from airflow.dag_processing.dagbag import DagBag  # noqa: F401
-                from airflow.sdk.execution_time.supervisor import in_process_api_server
-
-                import reconcile.airflow.dags  # noqa: F401
-
-                in_process_api_server().app  # noqa: B018 (a cached property: built once per process)
-            except BaseException as exc:
+                result = fn()
+            except BaseException as exc:  # surfaces in the test with its message
                 error = f"{type(exc).__name__}: {exc}\n\n{traceback.format_exc()}"
     finally:
         os.environ.clear()
         os.environ.update(saved)
     if error is not None:
-        raise DagTestError(f"warming the child up raised {error}\n--- log ---\n{log['text'][-6000:]}")
+        raise DagTestError(f"{what} raised {error}\n--- log ---\n{log['text'][-6000:]}")
+    return result, log["text"]
+
+
+def _warm_imports() -> dict:
+    import pyspark.sql.connect.session  # noqa: F401
+    from airflow.dag_processing.dagbag import DagBag  # noqa: F401
+    from airflow.sdk.execution_time.supervisor import in_process_api_server
+
+    import reconcile.airflow.dags  # noqa: F401
+
+    in_process_api_server().app  # noqa: B018 (a cached property: built once per process)
+    return {}
+
+
+def warm_up(env: Mapping[str, str]) -> None:
+    """Runs in the child: the imports (and the in-process Execution API app) the first run
+    would otherwise pay for, with ``env`` in the environment while the DAG module is imported.
+    What it logs is dropped unless it fails."""
+    _in_env(env, "warming the child up", _warm_imports)
 
 
 def run_dag_test(
@@ -133,23 +147,10 @@ def run_dag_test(
     import time
 
     started = time.monotonic()
-    saved = dict(os.environ)
-    os.environ.pop("PYSPARK_GATEWAY_PORT", None)  # pyspark must not look for a classic gateway
-    os.environ.update(env)
-    error: str | None = None
-    result: dict = {}
-    try:
-        with _captured() as log:
-            try:
-                result = _dag_test(dag_id, logical_date, run_conf, failpoints)
-            except BaseException as exc:  # surfaces in the test with its message
-                error = f"{type(exc).__name__}: {exc}\n\n{traceback.format_exc()}"
-    finally:
-        os.environ.clear()
-        os.environ.update(saved)
-    if error is not None:
-        raise DagTestError(f"dag.test({dag_id!r}, {logical_date}) raised {error}\n--- log ---\n{log['text'][-6000:]}")
-    return {**result, "log": log["text"], "seconds": round(time.monotonic() - started, 1)}
+    result, log = _in_env(
+        env, f"dag.test({dag_id!r}, {logical_date})", lambda: _dag_test(dag_id, logical_date, run_conf, failpoints)
+    )
+    return {**result, "log": log, "seconds": round(time.monotonic() - started, 1)}
 
 
 def _dag_test(dag_id: str, logical_date: datetime, run_conf: dict | None, failpoints) -> dict:
