@@ -8,11 +8,14 @@ A seeded command feed (key ``id``; values ``name``, ``amount``, ``qty``; ``ts``,
 (a) the upsert sink: one batch per interval through the library (mint + write + append, SQLite
     metadata), reading the whole feed (it selects the interval's commands itself);
 (b) Delta MERGE keeping the latest command per key: the interval's commands, deduplicated to
-    the highest (ts, off) per key, merged with DELETE / UPDATE / INSERT clauses.
+    the highest (ts, off) per key, merged with DELETE / UPDATE / INSERT clauses; twice, into a
+    table without deletion vectors (b) and into one with them (b', ``delta.enableDeletionVectors``:
+    MERGE marks changed rows instead of rewriting their files). The faster of the two over the
+    incremental batches is MERGE at its best, the anchor of the ratio.
 
 Batch 0 loads every key (timed apart); batches 1..B update, insert and delete. After the last
-batch both tables must hold the same rows (checked both ways with exceptAll). Prints seconds per
-batch and the throughput ratio (commands per second, sink / MERGE), and writes
+batch the three tables must hold the same rows (checked both ways with exceptAll). Prints seconds
+per batch and the throughput ratio (commands per second, sink / the best MERGE), and writes
 bench/out/upsert_vs_merge.json.
 """
 
@@ -132,10 +135,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     cfg = load_file(cfg_path)
     store = MetadataStore(f"sqlite:///{root / 'metadata.db'}")
-    target = str(root / "merge_target")
-    spark.createDataFrame([], "id BIGINT, name STRING, amount DECIMAL(12,2), qty INT").write.format("delta").save(
-        target
-    )
+    targets = {"merge": str(root / "merge_target"), "merge_dv": str(root / "merge_dv_target")}
+    for name, target in targets.items():
+        empty = spark.createDataFrame([], "id BIGINT, name STRING, amount DECIMAL(12,2), qty INT")
+        empty.write.format("delta").save(target)
+        if name == "merge_dv":
+            spark.sql(f"ALTER TABLE delta.`{target}` SET TBLPROPERTIES ('delta.enableDeletionVectors' = 'true')")
 
     rows = []
     try:
@@ -147,21 +152,23 @@ def main(argv: list[str] | None = None) -> int:
             w = run_batch(spark, store, cfg, f"b{b}", upper).write
             assert w is not None
             sink_s = time.perf_counter() - t
-            t = time.perf_counter()
-            merge_batch(spark, target, feed, lower, upper)
-            merge_s = time.perf_counter() - t
+            merged_s = {}
+            for name, target in targets.items():
+                t = time.perf_counter()
+                merge_batch(spark, target, feed, lower, upper)
+                merged_s[f"{name}_s"] = round(time.perf_counter() - t, 2)
             rows.append(
                 {
                     "batch": b,
                     "commands": n,
                     "sink_s": round(sink_s, 2),
-                    "merge_s": round(merge_s, 2),
+                    **merged_s,
                     "updates_written": w.rows_ok + w.rows_err,
                 }
             )
             print(
-                f"batch {b}: {n} commands  sink {sink_s:6.2f}s  MERGE {merge_s:6.2f}s  "
-                f"(sink wrote {w.rows_ok + w.rows_err} updates)",
+                f"batch {b}: {n} commands  sink {sink_s:6.2f}s  MERGE {merged_s['merge_s']:6.2f}s  "
+                f"MERGE+DV {merged_s['merge_dv_s']:6.2f}s  (sink wrote {w.rows_ok + w.rows_err} updates)",
                 flush=True,
             )
 
@@ -169,9 +176,11 @@ def main(argv: list[str] | None = None) -> int:
         ok, _ = frames.read_as_of(spark, cfg, AS_OF + (args.batches + 1) * WIDTH - 1)
         bad_counts = ok.where("_count != 1").count()
         sink_rows = ok.drop("_count")
-        merged = spark.read.format("delta").load(target)
-        only_sink = sink_rows.exceptAll(merged).count()
-        only_merge = merged.exceptAll(sink_rows).count()
+        only_sink = only_merge = 0
+        for target in targets.values():
+            merged = spark.read.format("delta").load(target)
+            only_sink += sink_rows.exceptAll(merged).count()
+            only_merge += merged.exceptAll(sink_rows).count()
         same = bad_counts == 0 and only_sink == 0 and only_merge == 0
         total_rows = merged.count()
     finally:
@@ -179,7 +188,8 @@ def main(argv: list[str] | None = None) -> int:
     inc = rows[1:]
     cmds = sum(r["commands"] for r in inc)
     sink_rate = cmds / sum(r["sink_s"] for r in inc)
-    merge_rate = cmds / sum(r["merge_s"] for r in inc)
+    rates = {name: cmds / sum(r[f"{name}_s"] for r in inc) for name in targets}
+    merge_rate = max(rates.values())
     result = {
         "keys": args.keys,
         "batches": args.batches,
@@ -190,9 +200,11 @@ def main(argv: list[str] | None = None) -> int:
         "same_contents": same,
         "table_rows": total_rows,
         "sink_commands_per_s": round(sink_rate),
-        "merge_commands_per_s": round(merge_rate),
+        "merge_commands_per_s": round(rates["merge"]),
+        "merge_dv_commands_per_s": round(rates["merge_dv"]),
+        "best_merge_commands_per_s": round(merge_rate),
         "throughput_ratio_sink_over_merge": round(sink_rate / merge_rate, 2),
-        "initial_load": {"sink_s": rows[0]["sink_s"], "merge_s": rows[0]["merge_s"]},
+        "initial_load": {k: rows[0][k] for k in ("sink_s", "merge_s", "merge_dv_s")},
     }
     out = ROOT / "bench" / "out"
     out.mkdir(parents=True, exist_ok=True)
@@ -200,11 +212,11 @@ def main(argv: list[str] | None = None) -> int:
     print(f"Spark session start {session_start:.1f}s (not counted)")
     print(
         f"same contents: {same} ({total_rows} rows; only in sink {only_sink}, only in MERGE {only_merge}, "
-        f"counts != 1: {bad_counts})"
+        f"counts != 1: {bad_counts}; both MERGE tables)"
     )
     print(
-        f"incremental batches: sink {sink_rate:,.0f} commands/s, MERGE {merge_rate:,.0f} commands/s, "
-        f"ratio sink/MERGE = {sink_rate / merge_rate:.2f}"
+        f"incremental batches: sink {sink_rate:,.0f} commands/s, MERGE {rates['merge']:,.0f}, "
+        f"MERGE+DV {rates['merge_dv']:,.0f}; ratio sink/best MERGE = {sink_rate / merge_rate:.2f}"
     )
     shutil.rmtree(root, ignore_errors=True)
     return 0 if same else 1
