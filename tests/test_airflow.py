@@ -146,6 +146,11 @@ def dag_child(request, airflow_db, tmp_path_factory):
     assert not jobs.exists()
 
 
+def _assert_state(run: dict, state) -> None:
+    """A run from the child ended in ``state`` (else the end of its log says why)."""
+    assert run["state"] == state, run["log"][-4000:]
+
+
 def _model(rows) -> Counter:
     return Counter((r["k"], r["v"], None) for r in rows)
 
@@ -181,7 +186,7 @@ def test_dag_test_three_intervals_then_rerun_is_noop(airflow_db, dag_child, spar
     for i, (rows, day) in enumerate(zip(sources, days)):
         write_json_rows(data, rows)
         run = dag_child.test(name, day, env)
-        assert run["state"] == DagRunState.SUCCESS, run["log"][-4000:]
+        _assert_state(run, DagRunState.SUCCESS)
         assert "write on Spark Connect" in run["log"], run["log"][-4000:]
         jobs = Path(dag_child.env["RECONCILE_JOBS_DIR"])  # write and compact could not spark-submit
         assert not jobs.exists() and set(run["applications"]) == {"write", "compact"}, run["applications"]
@@ -212,7 +217,7 @@ def test_dag_test_three_intervals_then_rerun_is_noop(airflow_db, dag_child, spar
     # Rerunning a covered interval (with a changed source) mints nothing and writes nothing.
     write_json_rows(data, [{"k": 9, "v": "z"}])
     run = dag_child.test(name, days[1] - timedelta(hours=1), env)
-    assert run["state"] == DagRunState.SUCCESS, run["log"][-4000:]
+    _assert_state(run, DagRunState.SUCCESS)
     tis = run["tis"]
     # mint finds nothing to do and skips the rest of the run at once (a short circuit)
     assert tis == {
@@ -273,12 +278,12 @@ def test_dag_test_runs_an_upsert_sink(airflow_db, dag_child, tmp_path, monkeypat
     model = UpsertModel()
     feed_rows(tmp_path, feed)
     run = dag_child.test(name, datetime.fromtimestamp(d1 / 1000, UTC), env)
-    assert run["state"] == DagRunState.SUCCESS, run["log"][-4000:]
+    _assert_state(run, DagRunState.SUCCESS)
     model.batch(feed, cfg.as_of, d1)
     feed += [{"k": 2, "v": None, "ts": d1 + 7, "off": 4}, {"k": 3, "v": "late", "ts": cfg.as_of + 30, "off": 5}]
     feed_rows(tmp_path, feed)
     run = dag_child.test(name, datetime.fromtimestamp(d2 / 1000, UTC), env)
-    assert run["state"] == DagRunState.SUCCESS, run["log"][-4000:]
+    _assert_state(run, DagRunState.SUCCESS)
     model.batch(feed, d1, d2)
     for t in (d1 - 1, d1, d1 + 5, d2 - 1):
         assert ok_rows(shard_as_of(cfg, t)) == model.as_of(t), t
@@ -357,7 +362,7 @@ def test_a_narrower_winner_leaves_the_wider_run_skipped_with_the_true_reason(
     day2, day3 = datetime(2026, 1, 2, tzinfo=UTC), datetime(2026, 1, 3, tzinfo=UTC)
 
     wide = dag_child.test(name, day3, env, failpoints={"append.before_delta_commit": "raise"})
-    assert wide["state"] == DagRunState.FAILED, wide["log"][-4000:]
+    _assert_state(wide, DagRunState.FAILED)
     logged = wide["log"]
     assert "retries are used up: once the cause is fixed, clear the task (`airflow tasks clear" in logged
     # the write's log: Spark's INFO chatter is off; the sink's outcome line is there
@@ -365,7 +370,7 @@ def test_a_narrower_winner_leaves_the_wider_run_skipped_with_the_true_reason(
     assert f"write: sink {name}: batch " in logged and ") is staged rows_ok=1" in logged
 
     narrow = dag_child.test(name, day2, env)
-    assert narrow["state"] == DagRunState.SUCCESS, narrow["log"][-4000:]  # the narrower batch wins
+    _assert_state(narrow, DagRunState.SUCCESS)  # the narrower batch wins
     store = MetadataStore(url)
     assert store.get_shard(name).upper == int(day2.timestamp() * 1000)
 
@@ -403,12 +408,12 @@ def test_the_correction_guard_stops_a_run_until_a_run_approves_it(airflow_db, da
     full = [{"k": i, "v": "x"} for i in range(10)]
     write_json_rows(data, full)
     first = dag_child.test(name, datetime(2026, 1, 2, tzinfo=UTC), env)
-    assert first["state"] == DagRunState.SUCCESS, first["log"][-4000:]
+    _assert_state(first, DagRunState.SUCCESS)
     version = storage.latest_version(cfg)
 
     write_json_rows(data, full[:1])  # the upstream lost 9 of 10 rows
     blocked = dag_child.test(name, datetime(2026, 1, 3, tzinfo=UTC), env)
-    assert blocked["state"] == DagRunState.FAILED, blocked["log"][-4000:]
+    _assert_state(blocked, DagRunState.FAILED)
     assert blocked["tis"]["append"] == "failed"
     logged = blocked["log"]
     assert "correction guard" in logged and "retract 9 of the shard's 10 rows" in logged
@@ -416,7 +421,7 @@ def test_the_correction_guard_stops_a_run_until_a_run_approves_it(airflow_db, da
     assert storage.latest_version(cfg) == version  # nothing committed
 
     approved = dag_child.test(name, datetime(2026, 1, 4, tzinfo=UTC), env, run_conf={"approve_correction": True})
-    assert approved["state"] == DagRunState.SUCCESS, approved["log"][-4000:]
+    _assert_state(approved, DagRunState.SUCCESS)
     store = MetadataStore(url)
     batch = store.run_batch(name, approved["run_id"])
     assert batch.state == "committed" and batch.approved.startswith(f"run {approved['run_id']}")

@@ -30,13 +30,14 @@ write fails the batch otherwise. ``check --verify`` recomputes the shard side fr
 foreign edit at a time at or below the batch's ``upper - 1``.
 
 A write sums the products as two limbs of the hash (its low 32 bits, unsigned, and the signed
-high 32 bits) in BIGINTs with ``try_multiply`` and ``try_sum``: exact up to 2^31 units of ``|diff|``
-per partition and frame, and null past it; such a partition's checksums are not recorded (not
-verifiable), never wrong, and the write says so. Each observation also notes whether a diff
-reaches 2^31 (a product that may not be exact: the whole frame is then not verifiable); that
-aggregate is null for an empty frame (all sums null: checksum 0). ``check --verify`` sums three limbs (22, 22 and 20
-bits: exact up to about 2^41 units per time and partition). Python adds the limbs up modulo
-2^64; a checksum does not depend on the limbs it was summed in.
+high 32 bits) in BIGINTs with ``try_multiply`` and ``try_sum``: exact up to 2^31 units of
+``|diff|`` per partition and frame, and null past it; such a partition's checksums are not
+recorded (not verifiable), never wrong, and the write says so. Each observation also notes
+whether a diff reaches 2^31 (a product that may not be exact: the whole frame is then not
+verifiable); that aggregate is null for an empty frame (all sums null: checksum 0).
+``check --verify`` sums three limbs (22, 22 and 20 bits: exact up to about 2^41 units per time
+and partition). Python adds the limbs up modulo 2^64; a checksum does not depend on the limbs
+it was summed in.
 
 Measured (1M rows, 4 partitions): the two-limb sums of the other partitions' rows as 0 (not
 null) cost half of what three limbs with nulls did; the split by partition is most of the cost

@@ -140,6 +140,12 @@ def commit_differences(spark, cfg: SinkConfig, batches: dict[int, dict]) -> tupl
 CHECKSUMS = ("desired_checksum", "shard_checksum")
 
 
+def _has_checksums(part: dict) -> bool:
+    """Did the write record this partition's checksums (not: written before batches recorded
+    them, or too large to sum exactly)?"""
+    return all(k in part for k in CHECKSUMS)
+
+
 def checksum_differences(
     spark, cfg: SinkConfig, batches: dict[int, dict], since: int, version: int
 ) -> tuple[list[str], dict[str, int]]:
@@ -160,7 +166,7 @@ def checksum_differences(
     todo: list[tuple[int, dict]] = []
     for v, m in sorted(batches.items()):
         parts = m.get("parts") or {}
-        if not any(all(k in part for k in CHECKSUMS) for part in parts.values()):
+        if not any(_has_checksums(part) for part in parts.values()):
             counts["not_verifiable"] += 1
         elif int(m["upper"]) - 1 < since:
             counts["before_since"] += 1
@@ -180,7 +186,7 @@ def checksum_differences(
                     running[p] = (running.get(p, 0) + value) % MOD
                 i += 1
             what = f"batch {m['batch_id']} [{iso(int(m['lower']))}, {iso(upper)}): Delta version {v}'s partition"
-            checked = {p: part for p, part in m["parts"].items() if all(k in part for k in CHECKSUMS)}
+            checked = {p: part for p, part in m["parts"].items() if _has_checksums(part)}
             for p, part in sorted(checked.items(), key=lambda kv: int(kv[0])):
                 got, recorded = running.get(int(p), 0), int(part["shard_checksum"], 16)
                 if got != recorded:
