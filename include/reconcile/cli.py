@@ -240,17 +240,17 @@ def cmd_dry_run(args) -> int:
     print(
         f"dry run of {cfg.name}: batch [{iso(lower)}, {iso(upper)}) (upper: {which}) would write; nothing was written:"
     )
-    if result.commands is not None:
-        print(
-            f"upsert feed: {result.commands} command(s) eligible, {result.late_commands} late, "
-            f"feed read up to offset {result.source_offset}"
-        )
     corr.groupBy("_part").agg(
         F.count(F.lit(1)).alias("updates"),
         F.sum(F.when(F.col("_error").isNotNull(), 1).otherwise(0)).alias("errors"),
         F.sum(F.when(F.col("_diff") > 0, F.col("_diff")).otherwise(0)).alias("inserts"),
         F.sum(F.when(F.col("_diff") < 0, -F.col("_diff")).otherwise(0)).alias("retractions"),
     ).orderBy("_part").show(cfg.partitions, truncate=False)
+    if result.commands is not None:  # observed by the action above
+        print(
+            f"upsert feed: {result.commands} command(s) eligible, {result.late_commands} late, "
+            f"feed read up to offset {result.source_offset}"
+        )
     print("sample:")
     corr.drop("_part").show(args.limit, truncate=False)
     return 0

@@ -12,27 +12,49 @@ module here and one config model in :mod:`reconcile.config`.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
+from typing import Any
 
 from pyspark.sql import DataFrame, SparkSession
 
 from reconcile.checksums import BatchChecks
 from reconcile.config import ChangelogSink, QuerySink, SinkConfig, UpsertSink
-from reconcile.differential import one_row
 
 
 @dataclass
 class Correction:
     updates: DataFrame  # update frame plus _part
-    source_offset: int | None = None  # upsert: the feed's highest offset (the next watermark)
-    late_commands: int | None = None  # upsert: commands applied late, at lower
-    commands: int | None = None  # upsert: eligible commands
+    # upsert: the feed's progress, observed by the Spark action that reads the correction
+    # (:func:`reconcile.kinds.upsert.unapplied`), and the watermark the batch started from
+    progress: Any = None
+    watermark: int | None = None
+
+    @cached_property
+    def feed(self) -> dict:
+        """A command feed's progress, for the manifest and the log (empty for other kinds): eligible
+        commands, late ones, the feed's highest offset (the next watermark). Read it only after
+        an action has read ``updates``."""
+        if self.progress is None:
+            return {}
+        got = self.progress.get
+        offsets = [x for x in (self.watermark, got.get("max_offset")) if x is not None]
+        return {
+            "commands": int(got.get("commands") or 0),
+            "late_commands": int(got.get("late") or 0),
+            "source_offset": max(offsets) if offsets else None,
+        }
 
     @property
-    def feed(self) -> dict:
-        """A command feed's progress, for the manifest and the log (empty for other kinds)."""
-        if self.commands is None:
-            return {}
-        return {"commands": self.commands, "late_commands": self.late_commands, "source_offset": self.source_offset}
+    def commands(self) -> int | None:
+        return self.feed.get("commands")
+
+    @property
+    def late_commands(self) -> int | None:
+        return self.feed.get("late_commands")
+
+    @property
+    def source_offset(self) -> int | None:
+        return self.feed.get("source_offset")
 
 
 def correction(
@@ -57,16 +79,9 @@ def correction(
         log = changelog.desired(spark, cfg)
         return Correction(changelog.correction(cfg, log, persist, lower, upper, checks))
     assert isinstance(cfg, UpsertSink), f"unknown kind {cfg.kind!r}"
-    feed = upsert.read_feed(spark, cfg)
-    progress = one_row(upsert.feed_progress(cfg, feed, lower, upper, watermark))
-    offsets = [x for x in (watermark, progress["max_offset"]) if x is not None]
+    feed, progress = upsert.unapplied(cfg, upsert.read_feed(spark, cfg), lower, upper, watermark)
     cmds = upsert.commands(cfg, feed, lower, upper, watermark)
-    return Correction(
-        upsert.upsert_correction(cfg, cmds, persist, lower, checks),
-        max(offsets) if offsets else None,
-        int(progress["late"] or 0),
-        int(progress["commands"] or 0),
-    )
+    return Correction(upsert.upsert_correction(cfg, cmds, persist, lower, checks), progress, watermark)
 
 
 def desired(spark: SparkSession, cfg: SinkConfig) -> DataFrame:

@@ -25,20 +25,28 @@ key (seeds 003/004, DESIGN section 3 "Upsert sources"). For a batch ``(lower, up
    integer, cannot be keyed or placed: it becomes an error row of its own (diff 1) and is
    reported once (by offset, or by time when the offset is unreadable).
 
-No Python UDFs: one repartition by key serves the per-(key, time) aggregation and the per-key
-window; the feedback read is a consolidation of the shard joined with the touched keys.
+No Python UDFs. The feed is read once per batch (:func:`unapplied`): only rows that can hold a
+command the shard has not applied pass a filter on the raw time and offset columns, which Spark
+pushes down to the feed's files (a Parquet row group or a Delta file whose statistics say that all
+its commands are older than ``lower`` and at or below the watermark is not read), and the feed's
+progress (highest offset, eligible and late commands) is observed on those rows in the write's
+own Spark action. One repartition by key serves the per-(key, time) aggregation, the per-key
+window and the commands that cannot be keyed; the feedback read is a consolidation of the
+shard's rows of the touched keys.
 """
 
 from __future__ import annotations
 
+import uuid
+
 from pyspark.sql import Column as SCol
-from pyspark.sql import DataFrame, SparkSession, Window
+from pyspark.sql import DataFrame, Observation, SparkSession, Window
 from pyspark.sql import functions as F
 
 from reconcile.checksums import BatchChecks
 from reconcile.config import UpsertSink
 from reconcile.differential import as_of, consolidate, partition_of
-from reconcile.kinds.decode import fit, lossy, raw_text, read_source, require_castable, require_columns
+from reconcile.kinds.decode import INTEGRAL, fit, lossy, raw_text, read_source, require_castable, require_columns
 
 INT = "bigint"
 
@@ -97,16 +105,41 @@ def eligibility(
     return eligible, late
 
 
-def feed_progress(cfg: UpsertSink, feed: DataFrame, lower: int, upper: int, watermark: int | None) -> DataFrame:
-    """One row: the feed's highest offset (the new watermark), commands eligible, late ones."""
+PROGRESS = ("max_offset", "commands", "late")
+
+
+def could_apply(cfg: UpsertSink, lower: int, watermark: int | None, types: dict[str, str]) -> SCol | None:
+    """A filter on the raw time and offset columns that Spark pushes down to the feed's files:
+    it drops only rows with ``time < lower`` and ``offset <= watermark`` (both integers), which no
+    batch from ``lower`` on applies (:func:`eligibility`) and which cannot raise the watermark.
+    None (read every row) before the first watermark, or when a time or offset column is not
+    integral (its raw values do not compare as the sink's integers do)."""
+    if watermark is None or any(types.get(c.lower()) not in INTEGRAL for c in _feed_columns(cfg)):
+        return None
+    t, o = (_c(c) for c in _feed_columns(cfg))
+    return (t >= lower) | (o > watermark) | t.isNull() | o.isNull()
+
+
+def unapplied(
+    cfg: UpsertSink, feed: DataFrame, lower: int, upper: int, watermark: int | None
+) -> tuple[DataFrame, Observation]:
+    """The rows of a raw feed that can hold a command the shard has not applied (or raise the
+    watermark), with the feed's progress observed on them: the highest offset (the new
+    watermark, with the old one), commands eligible, late ones (``Observation.get`` after the
+    action that reads them; :data:`PROGRESS` names the metrics)."""
     types = _types(feed)
+    keep = could_apply(cfg, lower, watermark, types)
+    rows = feed if keep is None else feed.where(keep)
     _, o = _raw_time(cfg, types)
     eligible, late = eligibility(cfg, lower, upper, watermark, types)
-    return feed.agg(
+    progress = Observation(f"feed-progress-{uuid.uuid4().hex}")
+    observed = rows.observe(
+        progress,
         F.max(o).alias("max_offset"),
         F.sum(F.when(eligible, 1).otherwise(0)).cast(INT).alias("commands"),
         F.sum(F.when(eligible & late, 1).otherwise(0)).cast(INT).alias("late"),
     )
+    return observed, progress
 
 
 def commands(cfg: UpsertSink, feed: DataFrame, lower: int, upper: int, watermark: int | None) -> DataFrame:
@@ -180,60 +213,95 @@ def upsert_correction(
     value (the last insert, unless that command deletes), plus the unkeyed commands."""
     keys, values = list(cfg.key_columns), cfg.value_columns
     cols = cfg.column_names
-    keyed = cmds.where(~F.col("_unkeyed")).repartition(*[_c(k) for k in keys])
+    # One shuffle by key for every command: the commands that cannot be keyed (null keys) travel
+    # with the others and are told apart after the aggregation by ``_n``, how many of them share
+    # a (time, error), so that every frame below reads the one shuffle (a filter on a column that
+    # is not aggregated is not pushed below it: the feed is read once).
+    shuffled = cmds.repartition(*[_c(k) for k in keys])
     # 2. Highest offset wins per (key, time); ties (a replay) resolve to one command.
     payload = F.struct(F.col("_off"), F.col("_del"), F.col("_error"), *[_c(v) for v in values])
-    per_time = keyed.groupBy(*[_c(k) for k in keys], F.col("_time")).agg(F.max(payload).alias("c"))
+    unkeyed_error = F.when(F.col("_unkeyed"), F.col("_error")).alias("_ue")
+    per_time = shuffled.groupBy(*[_c(k) for k in keys], F.col("_time"), unkeyed_error).agg(
+        F.max(payload).alias("c"), F.sum(F.col("_unkeyed").cast(INT)).alias("_n")
+    )
     by_key = Window.partitionBy(*[_c(k) for k in keys])
     ordered = per_time.select(
         *[_c(k) for k in keys],
         "_time",
         "c",
+        "_n",
         F.lag("c").over(by_key.orderBy("_time")).alias("prev"),
         F.min("_time").over(by_key).alias("_first"),
         *([F.max("_time").over(by_key).alias("_last")] if checks is not None else []),
     )
+    keyed = F.col("_n") == 0  # keyed commands' windows hold no unkeyed ones (their keys are not null)
 
-    def frame(source: str, diff: int, where: SCol, *extra: SCol) -> DataFrame:
-        return ordered.where(where).select(
-            *[_c(k) for k in keys],
-            *[F.col(f"{source}.`{v}`").alias(v) for v in values],
-            F.col(f"{source}._error").alias("_error"),
-            "_time",
-            F.lit(diff).cast(INT).alias("_diff"),
-            *extra,
+    # Each (key, time) gives, in one pass over the window: its command's value (unless it deletes),
+    # the retraction of the previous command's value (unless that one deleted), or, for commands
+    # that cannot be keyed, their error row counted ``_n`` times. ``_desired``: the update counts
+    # into the desired side's checksum (a key's last insert, at its last command's time, is the
+    # value it ends with; the unkeyed commands' rows).
+    types = {c.name: c.type for c in cfg.columns}
+
+    def update(source: str | None, diff: SCol, desired: SCol) -> SCol:
+        return F.struct(
+            *[(F.col(f"{source}.`{v}`") if source else F.lit(None).cast(types[v])).alias(v) for v in values],
+            F.col(f"{'c' if source is None else source}._error").alias("_error"),
+            diff.cast(INT).alias("_diff"),
+            desired.alias("_desired"),
         )
 
-    if checks is None:
-        inserts = frame("c", 1, ~F.col("c._del"))
-    else:  # each key's last insert, at its last command's time, is the value it ends with
-        inserts = frame("c", 1, ~F.col("c._del"), (F.col("_time") == F.col("_last")).alias("_final"))
-        inserts = checks.observe(inserts, "final", {"desired": 1}, where=F.col("_final"))
-    replaced = frame("prev", -1, F.col("prev").isNotNull() & ~F.col("prev._del"))
+    final = F.col("_time") == F.col("_last") if checks is not None else F.lit(False)
+    updates = F.array(
+        F.when(keyed & ~F.col("c._del"), update("c", F.lit(1), final)),
+        F.when(keyed & F.col("prev").isNotNull() & ~F.col("prev._del"), update("prev", F.lit(-1), F.lit(False))),
+        F.when(~keyed, update(None, F.col("_n"), F.lit(True))),
+    )
+    generated = (
+        ordered.select(*[_c(k) for k in keys], "_time", F.explode(updates).alias("u"))
+        .where(F.col("u").isNotNull())
+        .select(
+            *[_c(k) for k in keys],
+            *[F.col(f"u.`{v}`").alias(v) for v in values],
+            "u._error",
+            "_time",
+            "u._diff",
+            "u._desired",
+        )
+    )
+    if checks is not None:
+        generated = checks.observe(generated, "commands", {"desired": 1}, where=F.col("_desired"))
 
     # 3. Feedback: everything the shard holds for a touched key as of lower - 1, retracted at
     # the key's first command.
-    touched = ordered.where(F.col("_time") == F.col("_first")).select(*[_c(k) for k in keys], "_first")
-    # Only the touched keys' history is consolidated (a semi-join first, not the whole shard).
-    held = as_of(cfg, persist.join(touched.select(*[_c(k) for k in keys]), on=keys, how="left_semi"), lower - 1)
-    retracted = held.join(touched, on=keys, how="inner").select(
-        *[_c(c) for c in cols],
-        "_error",
-        F.col("_first").alias("_time"),
-        (-F.col("_diff")).cast(INT).alias("_diff"),
+    # (``c`` is never null: naming it keeps the aggregation, and the shuffle of the feed below it,
+    # the same as the other frames', so that Spark reuses them instead of reading the feed again.)
+    first = keyed & (F.col("_time") == F.col("_first")) & F.col("c").isNotNull()
+    touched = ordered.where(first).select(*[_c(k) for k in keys], "_first")
+    # Only the touched keys' history is consolidated: one join (the touched keys are broadcast),
+    # then the sum per row as of lower - 1 (``_first`` is a function of the key). The join is
+    # null-safe (no touched key is null) so that Spark infers no "key is not null" filter to
+    # push into the touched keys' side: it stays the shuffle of the feed the other frames read.
+    probe = touched.select(*[_c(k).alias(f"_k{i}") for i, k in enumerate(keys)], "_first")
+    on = [persist[f"`{k}`"].eqNullSafe(probe[f"_k{i}"]) for i, k in enumerate(keys)]
+    joined = persist.where(F.col("_time") <= lower - 1).join(probe, on=on, how="inner")
+    history = joined.drop(*[f"_k{i}" for i in range(len(keys))])
+    retracted = (
+        history.groupBy(*[_c(c) for c in cols], "_error", "_first")
+        .agg(F.sum("_diff").alias("_diff"))
+        .where(F.col("_diff") != 0)
+        .select(
+            *[_c(c) for c in cols],
+            "_error",
+            F.col("_first").alias("_time"),
+            (-F.col("_diff")).cast(INT).alias("_diff"),
+        )
     )
 
-    unkeyed = cmds.where(F.col("_unkeyed")).select(
-        *[F.lit(None).cast(c.type).alias(c.name) for c in cfg.columns],
-        "_error",
-        "_time",
-        F.lit(1).cast(INT).alias("_diff"),
-    )
     order = [*cols, "_error", "_time", "_diff"]
-    branches = [inserts, replaced, retracted, unkeyed]
+    branches = [generated, retracted]
     if checks is not None:
-        branches[2] = checks.observe(retracted, "retracted", {"desired": 1})
-        branches[3] = checks.observe(unkeyed, "unkeyed", {"desired": 1})
+        branches[1] = checks.observe(retracted, "retracted", {"desired": 1})
         # The shard as read below upper, on both sides: carried from the previous batch, or
         # observed in a branch of the union that adds no row (the semi-join above may stop
         # reading persist when no key is touched).

@@ -38,7 +38,6 @@ diffs that the foreign Delta versions changed below ``upper``, computed by Delta
 from __future__ import annotations
 
 import logging
-from contextlib import nullcontext
 from dataclasses import dataclass
 
 from pyspark.sql import DataFrame, SparkSession
@@ -299,7 +298,7 @@ def run_write(spark: SparkSession, store: MetadataStore, cfg: SinkConfig, batch_
     def stage(carried: dict[int, int] | None) -> tuple[kinds.Correction, dict, dict | None]:
         checks = BatchChecks(cfg, desc.lower, desc.upper, stage_id, carried) if checksums.ENABLED else None
         corr = batch_correction(spark, store, cfg, persist, desc.lower, desc.upper, checks)
-        with nullcontext() if checks is None else checksums.observable(spark):
+        with checksums.observable(spark):  # the checksums and an upsert feed's progress
             _, stats = frames.write_staged(spark, cfg, batch_id, stage_id, corr.updates, checks)
         if checks is None:
             return corr, stats, None
