@@ -26,6 +26,10 @@ SINK_CONF = {
     "spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS",
     "spark.sql.session.timeZone": "UTC",
     "spark.ui.showConsoleProgress": "false",
+    # PySpark records the Python call site of every Column function by default: five py4j round
+    # trips each, a second of a upsert batch's planning; the sink's errors name the sink and the
+    # field instead
+    "spark.python.sql.dataFrameDebugging.enabled": "false",
 }
 
 # The embedded default only (a session this process creates on local[*]): no UI, a driver that

@@ -298,6 +298,30 @@ def snapshot_files(cfg: SinkConfig) -> list[str]:
     return [unquote(a) for a in adds]
 
 
+# Reader features that leave every data file readable as it is, by name (Spark reads timestamp_ntz
+# columns from Parquet itself).
+_PLAIN_READER_FEATURES = {"timestampNtz"}
+# Characters a Hadoop path would take for a glob or a URI part.
+_NOT_PLAIN = set("*?[]{}\\:")
+
+
+def plain_files(cfg: SinkConfig, version: int | None = None) -> list[str] | None:
+    """The data files of the table at ``version`` (latest: None), as paths Spark reads as plain
+    Parquet: one log replay in this process (delta-rs), no Spark job. None when the table must
+    be read through Delta's own reader: deletion vectors, column mapping or any other reader
+    feature; a file name Spark would take for a glob."""
+    dt = _snapshot(cfg, version)
+    protocol = dt.protocol()
+    if protocol.min_reader_version > 3 or (
+        protocol.min_reader_version > 1 and not set(protocol.reader_features or ()) <= _PLAIN_READER_FEATURES
+    ):
+        return None
+    names = [unquote(a) for a in dt.get_add_actions(flatten=True).column("path").to_pylist()]
+    if any(_NOT_PLAIN & set(n) or "://" in n or n.startswith("/") for n in names):
+        return None
+    return [f"{table_path(cfg)}/{n}" for n in names]
+
+
 def last_txn_version(cfg: SinkConfig, as_of: int | None = None) -> int | None:
     """The last version the sink's commit guard recorded (application transaction of its app
     id) in the table's snapshot at Delta version ``as_of`` (default: the latest)."""

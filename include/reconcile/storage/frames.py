@@ -20,6 +20,7 @@ from reconcile.storage.delta import (
     added_files,
     commit_actions,
     list_files,
+    plain_files,
     staging_path,
     table_path,
 )
@@ -48,6 +49,17 @@ def writer(df: DataFrame, meta: dict, mode: str):
 
 
 def read_updates(spark: SparkSession, cfg: SinkConfig, version: int | None = None) -> DataFrame:
+    """The shard's update log at Delta ``version`` (latest: None). The files the log names are read
+    as plain Parquet when they can be (:func:`reconcile.storage.delta.plain_files`: the log is
+    replayed in this process, not by a Spark job of Delta's); else through Delta's reader."""
+    try:
+        files = plain_files(cfg, version)
+    except Exception:  # noqa: BLE001 - no such table or version: Delta's reader says so in its words
+        files = None
+    if files is not None:
+        if not files:
+            return spark.createDataFrame([], schema(cfg))
+        return spark.read.schema(schema(cfg)).parquet(*files)
     reader = spark.read.format("delta")
     if version is not None:
         reader = reader.option("versionAsOf", version)
