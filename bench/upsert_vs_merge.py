@@ -1,22 +1,23 @@
 """Upsert sink vs Delta MERGE on the same command stream, side by side in one run.
 
-    python bench/upsert_vs_merge.py [--keys 1000000] [--batches 3] [--commands 100000] [--seed 1]
+    python bench/upsert_vs_merge.py [--keys 1000000,10000000] [--commands 10000,100000] [--batches 3]
 
 A seeded command feed (key ``id``; values ``name``, ``amount``, ``qty``; ``ts``, ``off``, and
 ``op`` = 'd' for a delete) is applied two ways, batch after batch:
 
 (a) the upsert sink: one batch per interval through the library (mint + write + append, SQLite
-    metadata), reading the whole feed (it selects the interval's commands itself);
+    metadata), given the whole feed (it selects the interval's commands itself);
 (b) Delta MERGE keeping the latest command per key: the interval's commands, deduplicated to
     the highest (ts, off) per key, merged with DELETE / UPDATE / INSERT clauses; twice, into a
     table without deletion vectors (b) and into one with them (b', ``delta.enableDeletionVectors``:
-    MERGE marks changed rows instead of rewriting their files). The faster of the two over the
-    incremental batches is MERGE at its best, the anchor of the ratio.
+    MERGE marks changed rows instead of rewriting their files). The faster of the two in a cell
+    is MERGE at its best, the anchor of the ratio.
 
-Batch 0 loads every key (timed apart); batches 1..B update, insert and delete. After the last
-batch the three tables must hold the same rows (checked both ways with exceptAll). Prints seconds
-per batch and the throughput ratio (commands per second, sink / the best MERGE), and writes
-bench/out/upsert_vs_merge.json.
+Per table size (``--keys``): batch 0 loads every key (timed apart), then ``--batches`` batches of
+each ``--commands`` size update, insert (10%) and delete (10%); a cell is one (keys, commands)
+pair. After each size's batches the three tables must hold the same rows (both ways, exceptAll).
+Prints commands per second per cell and the ratio sink / best MERGE; writes
+bench/out/upsert_vs_merge.json and bench/out/upsert_vs_merge.png.
 """
 
 from __future__ import annotations
@@ -84,36 +85,14 @@ def merge_batch(spark, target: str, feed: str, lower: int, upper: int) -> None:
     )
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--keys", type=int, default=1_000_000)
-    ap.add_argument("--batches", type=int, default=3)
-    ap.add_argument("--commands", type=int, default=100_000)
-    ap.add_argument("--partitions", type=int, default=4)
-    ap.add_argument("--seed", type=int, default=1)
-    args = ap.parse_args(argv)
-
-    root = Path(tempfile.mkdtemp(prefix="bench-upsert-"))
-    import os
-
-    os.environ["RECONCILE_WAREHOUSE"] = str(root / "warehouse")
-    from reconcile.config import load_file
-    from reconcile.sink.run import run_batch
-    from reconcile.spark import get_session
-    from reconcile.storage import frames
-    from reconcile.storage.ledger import MetadataStore
-
-    t0 = time.perf_counter()
-    spark = get_session("bench-upsert", {"spark.sql.shuffle.partitions": str(args.partitions)})
-    session_start = time.perf_counter() - t0
-    feed = str(root / "feed")
-    cfg_path = root / "bench_upsert.yaml"
-    cfg_path.write_text(
+def sink_config(root: Path, feed: str, partitions: int) -> Path:
+    path = root / "bench_upsert.yaml"
+    path.write_text(
         yaml.safe_dump(
             {
                 "name": "bench_upsert",
                 "kind": "upsert",
-                "partitions": args.partitions,
+                "partitions": partitions,
                 "start_date": "1970-01-01",
                 "as_of": AS_OF,
                 "schedule": "none",
@@ -133,7 +112,23 @@ def main(argv: list[str] | None = None) -> int:
             }
         )
     )
-    cfg = load_file(cfg_path)
+    return path
+
+
+def run_keys(spark, keys: int, command_sizes: list[int], args) -> tuple[list[dict], dict]:
+    """One table size: load ``keys`` keys (batch 0, timed apart), then ``args.batches`` batches of
+    each command count, through the sink and both MERGEs; then the three tables must agree."""
+    import os
+
+    root = Path(tempfile.mkdtemp(prefix="bench-upsert-"))
+    os.environ["RECONCILE_WAREHOUSE"] = str(root / "warehouse")
+    from reconcile.config import load_file
+    from reconcile.sink.run import run_batch
+    from reconcile.storage import frames
+    from reconcile.storage.ledger import MetadataStore
+
+    feed = str(root / "feed")
+    cfg = load_file(sink_config(root, feed, args.partitions))
     store = MetadataStore(f"sqlite:///{root / 'metadata.db'}")
     targets = {"merge": str(root / "merge_target"), "merge_dv": str(root / "merge_dv_target")}
     for name, target in targets.items():
@@ -142,11 +137,11 @@ def main(argv: list[str] | None = None) -> int:
         if name == "merge_dv":
             spark.sql(f"ALTER TABLE delta.`{target}` SET TBLPROPERTIES ('delta.enableDeletionVectors' = 'true')")
 
-    rows = []
+    rows: list[dict] = []
+    plan = [(0, keys)] + [(size, size) for size in command_sizes for _ in range(args.batches)]
     try:
-        for b in range(args.batches + 1):
-            n = args.keys if b == 0 else args.commands
-            commands(spark, args.keys, b, n, args.seed).write.mode("append").parquet(feed)
+        for b, (cell, n) in enumerate(plan):
+            commands(spark, keys, b, n, args.seed).write.mode("append").parquet(feed)
             lower, upper = AS_OF + b * WIDTH, AS_OF + (b + 1) * WIDTH
             t = time.perf_counter()
             w = run_batch(spark, store, cfg, f"b{b}", upper).write
@@ -157,23 +152,16 @@ def main(argv: list[str] | None = None) -> int:
                 t = time.perf_counter()
                 merge_batch(spark, target, feed, lower, upper)
                 merged_s[f"{name}_s"] = round(time.perf_counter() - t, 2)
-            rows.append(
-                {
-                    "batch": b,
-                    "commands": n,
-                    "sink_s": round(sink_s, 2),
-                    **merged_s,
-                    "updates_written": w.rows_ok + w.rows_err,
-                }
-            )
+            row = {"keys": keys, "cell": cell, "batch": b, "commands": n, "sink_s": round(sink_s, 2), **merged_s}
+            rows.append({**row, "updates_written": w.rows_ok + w.rows_err})
             print(
-                f"batch {b}: {n} commands  sink {sink_s:6.2f}s  MERGE {merged_s['merge_s']:6.2f}s  "
+                f"{keys:>9} keys, batch {b}: {n} commands  sink {sink_s:6.2f}s  MERGE {merged_s['merge_s']:6.2f}s  "
                 f"MERGE+DV {merged_s['merge_dv_s']:6.2f}s  (sink wrote {w.rows_ok + w.rows_err} updates)",
                 flush=True,
             )
 
-        # Both tables must hold the same rows.
-        ok, _ = frames.read_as_of(spark, cfg, AS_OF + (args.batches + 1) * WIDTH - 1)
+        # The three tables must hold the same rows.
+        ok, _ = frames.read_as_of(spark, cfg, AS_OF + len(plan) * WIDTH - 1)
         bad_counts = ok.where("_count != 1").count()
         sink_rows = ok.drop("_count")
         only_sink = only_merge = 0
@@ -181,44 +169,114 @@ def main(argv: list[str] | None = None) -> int:
             merged = spark.read.format("delta").load(target)
             only_sink += sink_rows.exceptAll(merged).count()
             only_merge += merged.exceptAll(sink_rows).count()
-        same = bad_counts == 0 and only_sink == 0 and only_merge == 0
-        total_rows = merged.count()
+        check = {
+            "keys": keys,
+            "same_contents": bad_counts == 0 and only_sink == 0 and only_merge == 0,
+            "table_rows": merged.count(),
+            "only_in_sink": only_sink,
+            "only_in_merge": only_merge,
+            "counts_not_1": bad_counts,
+        }
     finally:
         store.dispose()
-    inc = rows[1:]
-    cmds = sum(r["commands"] for r in inc)
-    sink_rate = cmds / sum(r["sink_s"] for r in inc)
-    rates = {name: cmds / sum(r[f"{name}_s"] for r in inc) for name in targets}
-    merge_rate = max(rates.values())
+        shutil.rmtree(root, ignore_errors=True)
+    return rows, check
+
+
+def cell_result(keys: int, size: int, rows: list[dict]) -> dict:
+    """Commands per second of one (keys, commands per batch) cell over its batches."""
+    mine = [r for r in rows if r["keys"] == keys and r["cell"] == size]
+    cmds = sum(r["commands"] for r in mine)
+    rates = {m: round(cmds / sum(r[f"{m}_s"] for r in mine)) for m in ("sink", "merge", "merge_dv")}
+    best = max(rates["merge"], rates["merge_dv"])
+    return {
+        "keys": keys,
+        "commands_per_batch": size,
+        "batches": len(mine),
+        **{f"{m}_commands_per_s": v for m, v in rates.items()},
+        "best_merge_commands_per_s": best,
+        "ratio_sink_over_best_merge": round(rates["sink"] / best, 2),
+    }
+
+
+def chart(path: Path, cells: list[dict]) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    labels = [f"{c['keys'] / 1e6:g}M keys\n{c['commands_per_batch'] / 1e3:g}k cmds" for c in cells]
+    fig, ax = plt.subplots(figsize=(1.8 * len(cells) + 2, 4))
+    width = 0.27
+    for i, (key, label) in enumerate(
+        [
+            ("sink_commands_per_s", "upsert sink"),
+            ("merge_commands_per_s", "MERGE"),
+            ("merge_dv_commands_per_s", "MERGE + DV"),
+        ]
+    ):
+        ax.bar([x + (i - 1) * width for x in range(len(cells))], [c[key] for c in cells], width, label=label)
+    ax.set_xticks(range(len(cells)), labels)
+    ax.set_ylabel("commands / s (incremental batches)")
+    ax.legend()
+    ax.grid(True, axis="y", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--keys", default="1000000", help="table sizes, comma-separated (e.g. 1000000,10000000)")
+    ap.add_argument("--commands", default="100000", help="commands per batch, comma-separated (e.g. 10000,100000)")
+    ap.add_argument("--batches", type=int, default=3, help="incremental batches per cell")
+    ap.add_argument("--partitions", type=int, default=4)
+    ap.add_argument("--seed", type=int, default=1)
+    args = ap.parse_args(argv)
+    key_sizes = [int(x) for x in args.keys.split(",")]
+    command_sizes = [int(x) for x in args.commands.split(",")]
+
+    from reconcile.spark import get_session
+
+    t0 = time.perf_counter()
+    spark = get_session("bench-upsert", {"spark.sql.shuffle.partitions": str(args.partitions)})
+    session_start = time.perf_counter() - t0
+    rows: list[dict] = []
+    checks = []
+    for keys in key_sizes:
+        got, check = run_keys(spark, keys, command_sizes, args)
+        rows += got
+        checks.append(check)
+    cells = [cell_result(k, c, rows) for k in key_sizes for c in command_sizes]
+    same = all(c["same_contents"] for c in checks)
     result = {
-        "keys": args.keys,
-        "batches": args.batches,
-        "commands_per_batch": args.commands,
         "partitions": args.partitions,
         "session_start_s": round(session_start, 2),
-        "rows": rows,
+        "wall_s": round(time.perf_counter() - t0, 1),
+        "cells": cells,
+        "checks": checks,
         "same_contents": same,
-        "table_rows": total_rows,
-        "sink_commands_per_s": round(sink_rate),
-        "merge_commands_per_s": round(rates["merge"]),
-        "merge_dv_commands_per_s": round(rates["merge_dv"]),
-        "best_merge_commands_per_s": round(merge_rate),
-        "throughput_ratio_sink_over_merge": round(sink_rate / merge_rate, 2),
-        "initial_load": {k: rows[0][k] for k in ("sink_s", "merge_s", "merge_dv_s")},
+        "initial_loads": [
+            {k: r[k] for k in ("keys", "sink_s", "merge_s", "merge_dv_s")} for r in rows if r["cell"] == 0
+        ],
+        "rows": rows,
     }
     out = ROOT / "bench" / "out"
     out.mkdir(parents=True, exist_ok=True)
     (out / "upsert_vs_merge.json").write_text(json.dumps(result, indent=2))
-    print(f"Spark session start {session_start:.1f}s (not counted)")
-    print(
-        f"same contents: {same} ({total_rows} rows; only in sink {only_sink}, only in MERGE {only_merge}, "
-        f"counts != 1: {bad_counts}; both MERGE tables)"
-    )
-    print(
-        f"incremental batches: sink {sink_rate:,.0f} commands/s, MERGE {rates['merge']:,.0f}, "
-        f"MERGE+DV {rates['merge_dv']:,.0f}; ratio sink/best MERGE = {sink_rate / merge_rate:.2f}"
-    )
-    shutil.rmtree(root, ignore_errors=True)
+    chart(out / "upsert_vs_merge.png", cells)
+    print(f"Spark session start {session_start:.1f}s (not counted); whole run {result['wall_s']:.0f}s")
+    for c in checks:
+        print(
+            f"{c['keys']} keys: same contents {c['same_contents']} ({c['table_rows']} rows; only in sink "
+            f"{c['only_in_sink']}, only in MERGE {c['only_in_merge']}, counts != 1: {c['counts_not_1']}; both MERGE tables)"
+        )
+    for c in cells:
+        print(
+            f"{c['keys']:>9} keys, {c['commands_per_batch']:>6} commands/batch: sink {c['sink_commands_per_s']:>7,} "
+            f"commands/s, MERGE {c['merge_commands_per_s']:>7,}, MERGE+DV {c['merge_dv_commands_per_s']:>7,}; "
+            f"sink / best MERGE = {c['ratio_sink_over_best_merge']:.2f}"
+        )
     return 0 if same else 1
 
 

@@ -94,7 +94,7 @@ def write_staged(
     aggregates, tmp = [], []
     for p in range(cfg.partitions):
         mine = F.col("_part") == p
-        aggregates += [agg.alias(f"{name}_{p}") for name, agg in zip(STATS, _stats_aggregates(cfg, mine), strict=True)]
+        aggregates += [agg.alias(f"{name}_{p}") for name, agg in zip(STAT_COLUMNS, _stats_aggregates(cfg, mine), strict=True)]
     if checks is not None:
         if HASH_COLUMN in corr.columns:  # the row hash the correction carries: nothing to add
             aggregates += checks.hashed_aggregates("correction")
@@ -105,10 +105,7 @@ def write_staged(
     observed = corr.observe(observation, *aggregates).drop(*tmp, HASH_COLUMN)
     observed.withColumnRenamed("_part", PART_COLUMN).write.mode("error").partitionBy(PART_COLUMN).parquet(path)
     got = observation.get
-    stats = {}
-    for p in range(cfg.partitions):
-        if got.get(f"rows_{p}"):
-            stats[p] = {k: (got[f"{k}_{p}"] if k == "checksum" else int(got[f"{k}_{p}"])) for k in STATS}
+    stats = {p: _stats_of(got, f"_{p}") for p in range(cfg.partitions) if got.get(f"rows_{p}")}
     return path, stats
 
 
@@ -124,24 +121,35 @@ def read_staged(spark: SparkSession, cfg: SinkConfig, path: str, files: list[str
 
 # The statistics of a set of updates, per hash partition (manifests, commit checks).
 STATS = ("rows", "err", "weight", "checksum", "net")
+STAT_COLUMNS = ("rows", "err", "weight", "checksum", "checksum_high", "net")  # what _stats_aggregates names
 
 
 def _stats_aggregates(cfg: SinkConfig, where=None) -> list:
-    """rows, error rows, weight (sum of |diff|), checksum (sum of a row hash: order-
-    independent) and net (sum of diff) of the rows, or of those matching ``where``."""
+    """rows, error rows, weight (sum of |diff|), checksum (the exact sum of a row hash, as its
+    two 32-bit limbs: order-independent) and net (sum of diff) of the rows, or of those matching
+    ``where`` (:func:`_stats_of` reads them). BIGINT sums throughout: a limb's sum is exact below
+    2^31 rows (Spark fails the job past that)."""
     h = F.xxhash64(*[F.col(f"`{c}`") for c in cfg.column_names], "_error", "_time", "_diff")
     keep = F.lit(True) if where is None else where
     return [
         F.sum(F.when(keep, 1).otherwise(0)).alias("rows"),
         F.sum(F.when(keep & F.col("_error").isNotNull(), 1).otherwise(0)).alias("err"),
         F.sum(F.when(keep, F.abs("_diff")).otherwise(0)).alias("weight"),
-        F.sum(F.when(keep, h.cast("decimal(38,0)"))).cast("string").alias("checksum"),
+        F.sum(F.when(keep, h.bitwiseAND(F.lit(0xFFFFFFFF))).otherwise(0)).alias("checksum"),
+        F.sum(F.when(keep, F.shiftright(h, 32)).otherwise(0)).alias("checksum_high"),
         F.sum(F.when(keep, F.col("_diff")).otherwise(0)).alias("net"),
     ]
 
 
-def _stats_of(r) -> dict:
-    return {k: (r[k] if k == "checksum" else int(r[k])) for k in STATS}
+def _checksum_text(low, high) -> str:
+    """The sum of the row hashes (signed 64-bit) from its limbs' sums, in decimal."""
+    return str(int(low or 0) + (int(high or 0) << 32))
+
+
+def _stats_of(r, suffix: str = "") -> dict:
+    out = {k: int(r[f"{k}{suffix}"] or 0) for k in STATS if k != "checksum"}
+    out["checksum"] = _checksum_text(r[f"checksum{suffix}"], r[f"checksum_high{suffix}"])
+    return out
 
 
 def committed_stats(spark: SparkSession, cfg: SinkConfig, versions: dict[int, int]) -> dict[int, dict[int, dict]]:
