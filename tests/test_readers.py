@@ -210,3 +210,24 @@ def test_a_write_by_delta_rs_is_drift_the_next_batch_repairs(spark, warehouse, t
     assert w.drift_rows == (1 if mode == "append" else 3)  # an overwrite also removed the 2 rows
     assert same_everywhere(spark, cfg, 299) == _model(rows)
     assert check.violations(sqlite_store, cfg, spark=spark) == []
+
+
+def test_the_write_reads_the_shard_through_delta_once_a_reader_feature_needs_it(
+    spark, warehouse, tmp_path, sqlite_store
+):
+    """The write reads the shard's files as plain Parquet (the log replayed in-process) until the
+    table needs Delta's own reader: a deletion vector written behind the sink's back must hide
+    its row, so that table is read through Delta."""
+    from reconcile.storage import frames
+
+    cfg = make_sink(tmp_path, "dv_read")
+    write_json_rows(tmp_path / "src", [{"k": k, "v": f"v{k}"} for k in range(6)])
+    run_batch(spark, sqlite_store, cfg, "run-1", 200)
+    assert len(storage.plain_files(cfg)) >= 1
+    path = storage.table_path(cfg)
+    spark.sql(f"ALTER TABLE delta.`{path}` SET TBLPROPERTIES ('delta.enableDeletionVectors' = 'true')")
+    spark.sql(f"DELETE FROM delta.`{path}` WHERE k = 3")  # a deletion vector, not a rewrite
+    assert storage.plain_files(cfg) is None
+    by_delta = spark.read.format("delta").load(path)
+    assert sorted(frames.read_updates(spark, cfg).collect()) == sorted(by_delta.collect())
+    assert 3 not in {r["k"] for r in frames.read_updates(spark, cfg).collect()}

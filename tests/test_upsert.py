@@ -219,6 +219,47 @@ def test_random_feeds_match_the_model(spark, warehouse, tmp_path, sqlite_store, 
     assert sum(b.late_commands or 0 for b in sqlite_store.batches(cfg.name)) == model.late
 
 
+def _rows_read(spark) -> dict[int, int]:
+    """Rows each finished Spark stage of this session has read from files (Spark's status store)."""
+    sc = spark.sparkContext
+    stages = sc._jsc.sc().statusStore().stageList(None, False, False, sc._gateway.new_array(sc._jvm.double, 0), None)
+    return {int(s.stageId()): int(s.inputRecords()) for s in (stages.apply(i) for i in range(stages.size()))}
+
+
+def test_a_batch_reads_the_feed_once_and_skips_files_the_shard_has_applied(spark, warehouse, tmp_path, sqlite_store):
+    """A Parquet file whose commands are all older than lower and at or below the watermark is
+    not read (its statistics rule it out), and the other feed rows are read once per batch."""
+    cfg = upsert_sink(tmp_path, upsert={"source": {"format": "parquet", "path": "feed"}})
+    model = UpsertModel()
+
+    def append(rows):  # one file per call
+        frame = spark.createDataFrame(
+            [(r["k"], r["v"], r["ts"], r["off"]) for r in rows], "k BIGINT, v STRING, ts BIGINT, off BIGINT"
+        )
+        frame.coalesce(1).write.mode("append").parquet(str(tmp_path / "feed"))
+
+    first = [cmd(k, f"a{k}", 100 + k, k) for k in range(40)]
+    append(first)
+    run_batch(spark, sqlite_store, cfg, "r1", 200)
+    model.batch(first, 100, 200)
+    # the second file: 8 commands of this batch, one late (time 150: before lower, offset above
+    # the watermark), one waiting for the next batch (time 300)
+    second = [cmd(k, f"b{k}", 200 + k, 100 + k) for k in range(0, 40, 6)] + [
+        cmd(7, "late", 150, 200),
+        cmd(8, "wait", 300, 201),
+    ]
+    append(second)
+    before = _rows_read(spark)
+    run_batch(spark, sqlite_store, cfg, "r2", 300)
+    read = sum(n for stage, n in _rows_read(spark).items() if stage not in before)
+    model.batch(first + second, 200, 300)
+    check_against(spark, cfg, model, [199, 200, 299])
+    b = sqlite_store.run_batch(cfg.name, "r2")
+    assert (b.late_commands, b.source_offset) == (1, 201)
+    # the shard as of batch 1 (40 rows) once, the second file once, nothing of the first file
+    assert read == len(first) + len(second), read
+
+
 def test_feed_missing_a_column_is_a_clear_error(spark, warehouse, tmp_path, sqlite_store):
     cfg = upsert_sink(tmp_path)
     write_json_rows(tmp_path / "feed", [{"k": 1, "v": "a", "ts": 150}])
