@@ -94,7 +94,9 @@ def write_staged(
     aggregates, tmp = [], []
     for p in range(cfg.partitions):
         mine = F.col("_part") == p
-        aggregates += [agg.alias(f"{name}_{p}") for name, agg in zip(STAT_COLUMNS, _stats_aggregates(cfg, mine), strict=True)]
+        aggregates += [
+            agg.alias(f"{name}_{p}") for name, agg in zip(STAT_COLUMNS, _stats_aggregates(cfg, mine), strict=True)
+        ]
     if checks is not None:
         if HASH_COLUMN in corr.columns:  # the row hash the correction carries: nothing to add
             aggregates += checks.hashed_aggregates("correction")
@@ -147,7 +149,7 @@ def _checksum_text(low, high) -> str:
 
 
 def _stats_of(r, suffix: str = "") -> dict:
-    out = {k: int(r[f"{k}{suffix}"] or 0) for k in STATS if k != "checksum"}
+    out: dict[str, int | str] = {k: int(r[f"{k}{suffix}"] or 0) for k in STATS if k != "checksum"}
     out["checksum"] = _checksum_text(r[f"checksum{suffix}"], r[f"checksum_high{suffix}"])
     return out
 
