@@ -212,22 +212,29 @@ def test_a_write_by_delta_rs_is_drift_the_next_batch_repairs(spark, warehouse, t
     assert check.violations(sqlite_store, cfg, spark=spark) == []
 
 
+@pytest.mark.parametrize("feature", ["deletion_vectors", "column_mapping"])
 def test_the_write_reads_the_shard_through_delta_once_a_reader_feature_needs_it(
-    spark, warehouse, tmp_path, sqlite_store
+    spark, warehouse, tmp_path, sqlite_store, feature
 ):
     """The write reads the shard's files as plain Parquet (the log replayed in-process) until the
     table needs Delta's own reader: a deletion vector written behind the sink's back must hide
-    its row, so that table is read through Delta."""
+    its row; column mapping may give the files other column names."""
     from reconcile.storage import frames
 
-    cfg = make_sink(tmp_path, "dv_read")
+    cfg = make_sink(tmp_path, f"read_{feature}")
     write_json_rows(tmp_path / "src", [{"k": k, "v": f"v{k}"} for k in range(6)])
     run_batch(spark, sqlite_store, cfg, "run-1", 200)
     assert len(storage.plain_files(cfg)) >= 1
     path = storage.table_path(cfg)
-    spark.sql(f"ALTER TABLE delta.`{path}` SET TBLPROPERTIES ('delta.enableDeletionVectors' = 'true')")
-    spark.sql(f"DELETE FROM delta.`{path}` WHERE k = 3")  # a deletion vector, not a rewrite
+    if feature == "deletion_vectors":
+        spark.sql(f"ALTER TABLE delta.`{path}` SET TBLPROPERTIES ('delta.enableDeletionVectors' = 'true')")
+        spark.sql(f"DELETE FROM delta.`{path}` WHERE k = 3")  # a deletion vector, not a rewrite
+    else:
+        spark.sql(
+            f"ALTER TABLE delta.`{path}` SET TBLPROPERTIES ('delta.columnMapping.mode' = 'name', "
+            "'delta.minReaderVersion' = '2', 'delta.minWriterVersion' = '5')"
+        )
     assert storage.plain_files(cfg) is None
-    by_delta = spark.read.format("delta").load(path)
-    assert sorted(frames.read_updates(spark, cfg).collect()) == sorted(by_delta.collect())
-    assert 3 not in {r["k"] for r in frames.read_updates(spark, cfg).collect()}
+    by_delta = sorted(spark.read.format("delta").load(path).collect())
+    assert sorted(frames.read_updates(spark, cfg).collect()) == by_delta
+    assert {r["k"] for r in by_delta} == ({0, 1, 2, 4, 5} if feature == "deletion_vectors" else set(range(6)))

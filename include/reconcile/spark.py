@@ -27,7 +27,7 @@ SINK_CONF = {
     "spark.sql.session.timeZone": "UTC",
     "spark.ui.showConsoleProgress": "false",
     # PySpark records the Python call site of every Column function by default: five py4j round
-    # trips each, a second of a upsert batch's planning; the sink's errors name the sink and the
+    # trips each, a second of an upsert batch's planning; the sink's errors name the sink and the
     # field instead
     "spark.python.sql.dataFrameDebugging.enabled": "false",
 }

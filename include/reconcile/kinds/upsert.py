@@ -105,9 +105,6 @@ def eligibility(
     return eligible, late
 
 
-PROGRESS = ("max_offset", "commands", "late")
-
-
 def could_apply(cfg: UpsertSink, lower: int, watermark: int | None, types: dict[str, str]) -> SCol | None:
     """A filter on the raw time and offset columns that Spark pushes down to the feed's files:
     it drops only rows with ``time < lower`` and ``offset <= watermark`` (both integers), which no
@@ -125,8 +122,8 @@ def unapplied(
 ) -> tuple[DataFrame, Observation]:
     """The rows of a raw feed that can hold a command the shard has not applied (or raise the
     watermark), with the feed's progress observed on them: the highest offset (the new
-    watermark, with the old one), commands eligible, late ones (``Observation.get`` after the
-    action that reads them; :data:`PROGRESS` names the metrics)."""
+    watermark, with the old one), commands eligible, late ones: ``max_offset``, ``commands`` and
+    ``late`` in ``Observation.get`` after the action that reads them."""
     types = _types(feed)
     keep = could_apply(cfg, lower, watermark, types)
     rows = feed if keep is None else feed.where(keep)
@@ -303,8 +300,8 @@ def upsert_correction(
     if checks is not None:
         branches[1] = checks.observe(retracted, "retracted", {"desired": 1})
         # The shard as read below upper, on both sides: carried from the previous batch, or
-        # observed in a branch of the union that adds no row (the semi-join above may stop
-        # reading persist when no key is touched).
+        # observed in a branch of the union that adds no row (the join above may stop reading
+        # persist when no key is touched).
         if checks.carried is not None:
             checks.carry({"desired": 1, "shard": 1})
         else:

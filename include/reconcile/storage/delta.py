@@ -312,9 +312,10 @@ def plain_files(cfg: SinkConfig, version: int | None = None) -> list[str] | None
     feature; a file name Spark would take for a glob."""
     dt = _snapshot(cfg, version)
     protocol = dt.protocol()
-    if protocol.min_reader_version > 3 or (
-        protocol.min_reader_version > 1 and not set(protocol.reader_features or ()) <= _PLAIN_READER_FEATURES
-    ):
+    plain = protocol.min_reader_version == 1 or (  # 2: column mapping, without a feature list
+        protocol.min_reader_version == 3 and set(protocol.reader_features or ()) <= _PLAIN_READER_FEATURES
+    )
+    if not plain:
         return None
     names = [unquote(a) for a in dt.get_add_actions(flatten=True).column("path").to_pylist()]
     if any(_NOT_PLAIN & set(n) or "://" in n or n.startswith("/") for n in names):
