@@ -30,11 +30,15 @@ write fails the batch otherwise. ``check --verify`` recomputes the shard side fr
 foreign edit at a time at or below the batch's ``upper - 1``.
 
 A write sums the products as two limbs of the hash (its low 32 bits, unsigned, and the signed
-high 32 bits) in BIGINTs with ``try_multiply`` and ``try_sum``: exact up to 2^31 units of
-``|diff|`` per partition and frame, and null past it; such a partition's checksums are not
-recorded (not verifiable), never wrong, and the write says so. Each observation also notes
-whether a diff reaches 2^31 (a product that may not be exact: the whole frame is then not
-verifiable); that aggregate is null for an empty frame (all sums null: checksum 0).
+high 32 bits) in BIGINTs, first with plain ``*`` and ``sum``: exact modulo 2^64 whatever the
+values when arithmetic wraps (ANSI off), and under ANSI exact unless the job fails with an
+overflow (a diff of 2^31 or more, or more than 2^31 units of ``|diff|`` in one partition and
+frame), after which the write computes the batch again **guarded** (:func:`overflowed`):
+``try_multiply`` and ``try_sum`` give null past those bounds, and such a partition's checksums
+are not recorded (not verifiable), never wrong, and the write says so. A guarded observation
+also notes whether a diff reaches 2^31 (a product that may not be exact: the whole frame is
+then not verifiable); that aggregate is null for an empty frame (all sums null: checksum 0).
+The guarded forms cost twice the plain ones (``bench/checksum_observation.py``).
 ``check --verify`` sums three limbs (22, 22 and 20 bits: exact up to about 2^41 units per time
 and partition). Python adds the limbs up modulo 2^64; a checksum does not depend on the limbs
 it was summed in.
@@ -132,6 +136,18 @@ def observable(spark: SparkSession) -> Iterator[None]:
             spark.conf.unset(EXCLUDED_RULES)
 
 
+def overflowed(exc: BaseException | None) -> bool:
+    """Did a Spark action fail on an arithmetic overflow (ANSI), as a plain checksum sum can? The
+    chain of exceptions is searched: PySpark can fail while converting Spark's error (logging its
+    query context) and raise that failure instead, with Spark's error as its context."""
+    seen = 0
+    while exc is not None and seen < 10:
+        if "ARITHMETIC_OVERFLOW" in str(exc):
+            return True
+        exc, seen = exc.__cause__ or exc.__context__, seen + 1
+    return False
+
+
 class BatchChecks:
     """The observations of one write attempt: :meth:`observe` the frames a correction is computed
     from, add the correction's aggregates to the staged write's own observation
@@ -147,9 +163,18 @@ class BatchChecks:
     the whole shard skip that observation.
     """
 
-    def __init__(self, cfg: SinkConfig, lower: int, upper: int, tag: str, carried: dict[int, int] | None = None):
+    def __init__(
+        self,
+        cfg: SinkConfig,
+        lower: int,
+        upper: int,
+        tag: str,
+        carried: dict[int, int] | None = None,
+        guarded: bool = False,
+    ):
         self.cfg, self.lower, self.upper, self.tag = cfg, lower, upper, tag
         self.carried = carried
+        self.guarded = guarded  # try_* sums (after a plain attempt overflowed)
         self._observed: list[tuple[str, Any, dict[str, int]]] = []
 
     def aggregates(
@@ -169,6 +194,12 @@ class BatchChecks:
         (each added column would copy every row once more between Spark's generated stages)."""
         h = F.col(HASH_COLUMN)
         diff = F.col("_diff") if where is None else F.when(where, F.col("_diff")).otherwise(0)
+        if not self.guarded:
+            return [
+                F.sum(F.when(F.col(part) == p, limb * diff).otherwise(0)).alias(f"{role}_l{i}_{p}")
+                for p in range(self.cfg.partitions)
+                for i, limb in enumerate(raw_limbs(h))
+            ]
         wide = F.max((diff >= F.lit(EXACT)) | (diff <= F.lit(-EXACT))).alias(f"{role}_wide")
         return [wide] + [
             F.try_sum(F.when(F.col(part) == p, F.try_multiply(limb, diff)).otherwise(0)).alias(f"{role}_l{i}_{p}")
@@ -227,12 +258,14 @@ class BatchChecks:
         """One partition's checksum from ``role``'s observed aggregates: 0 for an empty frame
         (``_wide`` null: no row), None if a product or a sum was not exact (a diff of 2^31 or
         more in the frame, or more than 2^31 units of |diff| in the partition)."""
-        keys = [f"{role}_wide"] + [f"{role}_l{i}_{p}" for i in range(len(LIMBS))]
+        keys = ([f"{role}_wide"] if self.guarded else []) + [f"{role}_l{i}_{p}" for i in range(len(LIMBS))]
         if any(k not in got for k in keys):
             raise SelfCheckFailed(
                 f"the checksums of the batch's {role} frame were not observed by Spark; nothing was staged",
                 sink=self.cfg.name,
             )
+        if not self.guarded:  # plain sums: exact modulo 2^64, or the action failed
+            return combine([got[k] for k in keys])
         wide, sums = got[keys[0]], [got[k] for k in keys[1:]]
         if wide is None:
             return 0

@@ -296,7 +296,17 @@ def run_write(spark: SparkSession, store: MetadataStore, cfg: SinkConfig, batch_
     path = storage.staging_path(cfg, batch_id, stage_id)
 
     def stage(carried: dict[int, int] | None) -> tuple[kinds.Correction, dict, dict | None]:
-        checks = BatchChecks(cfg, desc.lower, desc.upper, stage_id, carried) if checksums.ENABLED else None
+        try:
+            return stage_once(carried, guarded=False)
+        except Exception as exc:
+            if not (checksums.ENABLED and checksums.overflowed(exc)):
+                raise
+            # A checksum's plain sum overflowed (or the kind's own arithmetic did: it fails again).
+            storage.delete_path(path)
+            return stage_once(carried, guarded=True)
+
+    def stage_once(carried: dict[int, int] | None, guarded: bool) -> tuple[kinds.Correction, dict, dict | None]:
+        checks = BatchChecks(cfg, desc.lower, desc.upper, stage_id, carried, guarded) if checksums.ENABLED else None
         corr = batch_correction(spark, store, cfg, persist, desc.lower, desc.upper, checks)
         with checksums.observable(spark):  # the checksums and an upsert feed's progress
             _, stats = frames.write_staged(spark, cfg, batch_id, stage_id, corr.updates, checks)
