@@ -64,8 +64,12 @@ def main() -> None:
         "3 limbs x P, null outside (until aa529f0)": [
             F.sum(F.when(part == p, limb * D)) for p in parts for limb in three
         ],
-        "2 limbs x P, 0 outside, try_* (the write's)": [F.max((D >= 2**31) | (D <= -(2**31)))]
+        "2 limbs x P, 0 outside, try_* (guarded retry)": [F.max((D >= 2**31) | (D <= -(2**31)))]
         + [F.try_sum(F.when(part == p, F.try_multiply(limb, D)).otherwise(0)) for p in parts for limb in two],
+        "2 limbs x P, 0 outside, plain (the write's)": [
+            F.sum(F.when(part == p, limb * D).otherwise(0)) for p in parts for limb in two
+        ],
+        "one DECIMAL sum x P": [F.sum(F.when(part == p, H.cast("decimal(20,0)") * D)) for p in parts],
         "2 limbs, not split by partition": [F.sum(limb * D) for limb in two],
     }
     seen: dict[str, list[tuple[float, float]]] = {name: [] for name in variants}
