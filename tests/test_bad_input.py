@@ -748,3 +748,21 @@ def test_17_schema_changed_behind_the_sinks_back(spark, warehouse, tmp_path, sql
     assert a.outcome == "committed", a.message
     assert store.get_shard(cfg.name).upper == 300
     assert shard_rows(spark, cfg, 299) == Counter({(r["k"], r["v"], None): 1 for r in ROWS})
+
+
+def test_a_spark_error_after_the_source_checks_stays_spark_s_error(spark, monkeypatch):
+    """The source checks quiet PySpark's error loggers while they probe casts; they must not
+    create those loggers as plain ones, or PySpark turns every later Spark error that carries a
+    query context (here an overflow) into a TypeError of its logging."""
+    import logging
+
+    from pyspark.errors import ArithmeticException
+
+    from reconcile.kinds.decode import _quiet_analysis
+
+    for name in ("DataFrameQueryContextLogger", "SQLQueryContextLogger"):  # as in a fresh process
+        monkeypatch.delitem(logging.Logger.manager.loggerDict, name, raising=False)
+    with _quiet_analysis():
+        pass
+    with pytest.raises(ArithmeticException, match="ARITHMETIC_OVERFLOW"):
+        spark.range(3).select(F.lit(2**62) * F.col("id") * 4).collect()

@@ -9,7 +9,6 @@ column, a binary for a date, any pair Spark refuses to cast), found by analysis 
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 
@@ -145,8 +144,12 @@ def raw_text(src: SCol, have: str | None) -> SCol:
 @contextmanager
 def _quiet_analysis() -> Iterator[None]:
     """PySpark logs every AnalysisException it raises (at ERROR, with the JVM's stack): a
-    refusal found here is reported once, by its SourceError."""
-    loggers = [logging.getLogger(n) for n in ("DataFrameQueryContextLogger", "SQLQueryContextLogger")]
+    refusal found here is reported once, by its SourceError. The loggers are PySpark's own class
+    (a plain logger made first under their names would break PySpark's conversion of every later
+    Spark error with a query context into a TypeError)."""
+    from pyspark.logger import PySparkLogger
+
+    loggers = [PySparkLogger.getLogger(n) for n in ("DataFrameQueryContextLogger", "SQLQueryContextLogger")]
     before = [lg.disabled for lg in loggers]
     for lg in loggers:
         lg.disabled = True
