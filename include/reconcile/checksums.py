@@ -194,18 +194,15 @@ class BatchChecks:
         (each added column would copy every row once more between Spark's generated stages)."""
         h = F.col(HASH_COLUMN)
         diff = F.col("_diff") if where is None else F.when(where, F.col("_diff")).otherwise(0)
-        if not self.guarded:
-            return [
-                F.sum(F.when(F.col(part) == p, limb * diff).otherwise(0)).alias(f"{role}_l{i}_{p}")
-                for p in range(self.cfg.partitions)
-                for i, limb in enumerate(raw_limbs(h))
-            ]
-        wide = F.max((diff >= F.lit(EXACT)) | (diff <= F.lit(-EXACT))).alias(f"{role}_wide")
-        return [wide] + [
-            F.try_sum(F.when(F.col(part) == p, F.try_multiply(limb, diff)).otherwise(0)).alias(f"{role}_l{i}_{p}")
+        total, times = (F.try_sum, F.try_multiply) if self.guarded else (F.sum, lambda a, b: a * b)
+        sums = [
+            total(F.when(F.col(part) == p, times(limb, diff)).otherwise(0)).alias(f"{role}_l{i}_{p}")
             for p in range(self.cfg.partitions)
             for i, limb in enumerate(raw_limbs(h))
         ]
+        if not self.guarded:
+            return sums
+        return [F.max((diff >= F.lit(EXACT)) | (diff <= F.lit(-EXACT))).alias(f"{role}_wide"), *sums]
 
     def observe_hashed(self, df: DataFrame, role: str, into: dict[str, int]) -> DataFrame:
         """:meth:`observe` for a frame that carries ``HASH_COLUMN`` and ``_part``."""

@@ -292,10 +292,14 @@ def check_schema(cfg: SinkConfig) -> None:
         )
 
 
+def _data_files(dt) -> list[str]:
+    """The data files a delta-rs snapshot names, relative to the table, decoded."""
+    return [unquote(a) for a in dt.get_add_actions(flatten=True).column("path").to_pylist()]
+
+
 def snapshot_files(cfg: SinkConfig) -> list[str]:
     """The data files the table's latest snapshot names, relative to the table, decoded."""
-    adds = _snapshot(cfg).get_add_actions(flatten=True).column("path").to_pylist()
-    return [unquote(a) for a in adds]
+    return _data_files(_snapshot(cfg))
 
 
 # Reader features that leave every data file readable as it is, by name (Spark reads timestamp_ntz
@@ -317,7 +321,7 @@ def plain_files(cfg: SinkConfig, version: int | None = None) -> list[str] | None
     )
     if not plain:
         return None
-    names = [unquote(a) for a in dt.get_add_actions(flatten=True).column("path").to_pylist()]
+    names = _data_files(dt)
     if any(_NOT_PLAIN & set(n) or "://" in n or n.startswith("/") for n in names):
         return None
     return [f"{table_path(cfg)}/{n}" for n in names]
