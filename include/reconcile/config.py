@@ -3,12 +3,18 @@
 ``kind`` picks the model (:class:`QuerySink`, :class:`ChangelogSink`, :class:`UpsertSink`, all
 :class:`SinkConfig`); unknown fields are refused. Every problem is one
 :class:`~reconcile.errors.ConfigError` line naming the file and the field (``schema[1].name``,
-``upsert.key[0]``). Identifiers (sink, column and source names) must be plain names, so nothing in
-a config can inject SQL or a path. ``python -m reconcile schema`` prints the JSON schema.
+``upsert.key[0]``), and a file's problems are reported together (:class:`ConfigErrors`): an
+unknown field with the nearest allowed name, a value outside a closed set with the allowed
+values, a YAML 1.1 boolean (``off``, ``no``) or number where text belongs with the advice to
+quote it. Identifiers (sink, column and source names) must be plain names, so nothing in a
+config can inject SQL or a path. ``python -m reconcile schema`` prints the JSON schema; it
+agrees with the loader (``name`` and ``as_of`` have defaults the loader fills in).
 """
 
 from __future__ import annotations
 
+import difflib
+import functools
 import os
 import re
 from datetime import UTC, date, datetime
@@ -30,6 +36,7 @@ from pydantic import (
     TypeAdapter,
     ValidationError,
     ValidationInfo,
+    WithJsonSchema,
     field_validator,
     model_validator,
 )
@@ -43,6 +50,18 @@ TYPE_RE = re.compile(
     r"^(boolean|tinyint|smallint|int|integer|bigint|float|double|string|date|timestamp|"
     r"timestamp_ntz|binary|decimal\(\s*\d{1,2}\s*,\s*\d{1,2}\s*\))$"
 )
+TYPES = (
+    "boolean", "tinyint", "smallint", "int", "bigint", "float", "double", "decimal(p,s)", "string", "date",
+    "timestamp", "timestamp_ntz", "binary",
+)  # fmt: skip
+# what other systems call the supported types
+TYPE_ALIASES = {
+    "bool": "boolean", "byte": "tinyint", "int8": "tinyint", "short": "smallint", "int16": "smallint",
+    "int32": "int", "long": "bigint", "int64": "bigint", "real": "float", "float32": "float",
+    "float64": "double", "double precision": "double", "decimal": "decimal(p,s)", "numeric": "decimal(p,s)",
+    "str": "string", "text": "string", "varchar": "string", "char": "string", "datetime": "timestamp",
+    "datetime64": "timestamp", "timestamptz": "timestamp", "bytes": "binary", "blob": "binary",
+}  # fmt: skip
 KINDS = ("query", "changelog", "upsert")
 FORMATS = ("delta", "parquet", "csv", "json")
 RESERVED = ("_time", "_diff", "_error", "_part", "reconcile_part")
@@ -50,11 +69,28 @@ SCHEDULE_PRESETS = ("@once", "@hourly", "@daily", "@weekly", "@monthly", "@yearl
 
 
 class FieldError(ValueError):
-    """A problem found by a validator that spans fields: names the field it is about."""
+    """Problems found by a validator that spans fields, each naming the field it is about."""
 
-    def __init__(self, field: str, message: str):
+    def __init__(self, field: str, message: str, *more: tuple[str, str]):
         super().__init__(message)
         self.field = field
+        self.problems = [(field, message), *more]
+
+    @classmethod
+    def check(cls, problems: list[tuple[str, str]]) -> None:
+        """Raise the problems (``(field, message)``), if any."""
+        if problems:
+            raise cls(*problems[0], *problems[1:])
+
+
+def did_you_mean(value: object, options, aliases: dict[str, str] | None = None) -> str:
+    """``"; did you mean `time_column`?"`` for the option nearest ``value``, or ``""``."""
+    text = str(value).strip().lower()
+    guess = (aliases or {}).get(text)
+    if guess is None:
+        close = difflib.get_close_matches(text, [str(o) for o in options], n=1, cutoff=0.6)
+        guess = close[0] if close else None
+    return f"; did you mean `{guess}`?" if guess else ""
 
 
 # -- value types ---------------------------------------------------------------------------------
@@ -77,7 +113,8 @@ def _sink_name(value: str) -> str:
 def _spark_type(value: str) -> str:
     value = value.strip().lower()
     if not TYPE_RE.match(value):
-        raise ValueError(f"{value!r} is not a supported type")
+        hint = did_you_mean(value, TYPES, TYPE_ALIASES)
+        raise ValueError(f"{value!r} is not a supported type{hint} (supported: {', '.join(TYPES)})")
     return value
 
 
@@ -106,12 +143,39 @@ def _to_millis(value: Any) -> int:
     return int(_to_datetime(value).timestamp() * 1000)
 
 
-Identifier = Annotated[StrictStr, AfterValidator(_identifier)]
-SinkName = Annotated[StrictStr, AfterValidator(_sink_name)]
-SparkType = Annotated[StrictStr, AfterValidator(_spark_type)]
+def _any_case(pattern: str) -> str:
+    """A regular expression matching what ``pattern`` matches in any letter case (JSON schema
+    patterns have no flags)."""
+    return re.sub(r"(?<!\\)[a-z]", lambda m: f"[{m[0]}{m[0].upper()}]", pattern)
+
+
+# The JSON schema of each value type says what the validator accepts, as far as a pattern can.
+ISO_PATTERN = r"^\d{4}-\d{2}-\d{2}([T ]\d{2}:\d{2}(:\d{2}(\.\d{1,9})?)?(Z|[+-]\d{2}(:?\d{2})?)?)?$"
+_ISO_SCHEMA = {"type": "string", "pattern": ISO_PATTERN, "description": "ISO-8601 date or date-time (UTC if no offset)"}
+Identifier = Annotated[
+    StrictStr, AfterValidator(_identifier), WithJsonSchema({"type": "string", "pattern": NAME_RE.pattern})
+]
+SinkName = Annotated[
+    StrictStr, AfterValidator(_sink_name), WithJsonSchema({"type": "string", "pattern": SINK_NAME_RE.pattern})
+]
+SparkType = Annotated[
+    StrictStr,
+    AfterValidator(_spark_type),
+    WithJsonSchema(
+        {
+            "type": "string",
+            "pattern": _any_case(TYPE_RE.pattern.replace("^(", r"^\s*(").replace(")$", r")\s*$")),
+            "examples": [t for t in TYPES if t != "decimal(p,s)"] + ["decimal(10,2)"],
+        }
+    ),
+]
 NonNegative = Annotated[StrictInt, Field(ge=0)]
-DateTime = Annotated[datetime, BeforeValidator(_to_datetime)]
-Millis = Annotated[int, BeforeValidator(_to_millis)]
+DateTime = Annotated[datetime, BeforeValidator(_to_datetime), WithJsonSchema(_ISO_SCHEMA)]
+Millis = Annotated[
+    int,
+    BeforeValidator(_to_millis),
+    WithJsonSchema({"anyOf": [{"type": "integer", "minimum": 0, "description": "epoch milliseconds"}, _ISO_SCHEMA]}),
+]
 
 
 @dataclass(frozen=True, config=ConfigDict(extra="forbid"))
@@ -230,6 +294,22 @@ class UpsertSpec(_Section):
 # -- the sinks -----------------------------------------------------------------------------------
 
 
+def column_name_problems(names: list) -> list[tuple[str, str]]:
+    """Reserved and duplicate column names (``(field, message)`` each); not a string: skipped
+    (the column's own check names it)."""
+    seen: set[str] = set()
+    problems = []
+    for i, name in enumerate(names):
+        if not isinstance(name, str):
+            continue
+        if name.lower() in RESERVED:
+            problems.append((f"schema[{i}].name", f"{name!r} is reserved by the sink ({', '.join(RESERVED)})"))
+        elif name.lower() in seen:
+            problems.append((f"schema[{i}].name", f"duplicate column {name!r}"))
+        seen.add(name.lower())
+    return problems
+
+
 class SinkConfig(BaseModel):
     """What every sink has; :class:`QuerySink`, :class:`ChangelogSink` and :class:`UpsertSink`
     add their kind's section."""
@@ -263,13 +343,7 @@ class SinkConfig(BaseModel):
     @field_validator("columns")
     @classmethod
     def _distinct_names(cls, columns: tuple[Column, ...]) -> tuple[Column, ...]:
-        seen: set[str] = set()
-        for i, c in enumerate(columns):
-            if c.name.lower() in RESERVED:
-                raise FieldError(f"schema[{i}].name", f"{c.name!r} is reserved by the sink")
-            if c.name.lower() in seen:
-                raise FieldError(f"schema[{i}].name", f"duplicate column {c.name!r}")
-            seen.add(c.name.lower())
+        FieldError.check(column_name_problems([c.name for c in columns]))
         return columns
 
     @field_validator("schedule")
@@ -364,34 +438,7 @@ class UpsertSink(SinkConfig):
 
     @model_validator(mode="after")
     def _keys_and_feed_columns(self) -> UpsertSink:
-        u, names = self.upsert, {c.name.lower(): c for c in self.columns}
-        keys = [u.key] if isinstance(u.key, str) else u.key
-        if not keys:
-            raise FieldError("upsert.key", "must name at least one column of the schema")
-        for i, k in enumerate(keys):
-            if k.lower() not in names:
-                raise FieldError(f"upsert.key[{i}]", f"{k!r} is not a column of the schema ({sorted(names)})")
-        if len({k.lower() for k in keys}) != len(keys):
-            raise FieldError("upsert.key", "lists a column twice")
-        for fld, col in (("time_column", u.time_column), ("offset_column", u.offset_column)):
-            if col.lower() in names:
-                raise FieldError(
-                    f"upsert.{fld}",
-                    f"{col!r} is a column of the schema; the command's time and offset are not stored in the shard",
-                )
-        if u.time_column.lower() == u.offset_column.lower():
-            raise FieldError("upsert.offset_column", "must differ from time_column")
-        if u.delete is not None:
-            if u.delete.column.lower() in names or u.delete.column.lower() in (
-                u.time_column.lower(),
-                u.offset_column.lower(),
-            ):
-                raise FieldError("upsert.delete.column", f"{u.delete.column!r} must be a column of its own in the feed")
-        elif not self.value_columns:
-            raise FieldError(
-                "upsert.delete",
-                "the schema has no value columns, so a delete cannot be a null value: set delete.column and delete.values",
-            )
+        FieldError.check(upsert_problems([c.name for c in self.columns], self.upsert))
         return self
 
     @property
@@ -427,15 +474,76 @@ class UpsertSink(SinkConfig):
         return tuple(str(v) for v in self.upsert.delete.values) if self.upsert.delete else ()
 
 
+def upsert_problems(columns: list[str], u: UpsertSpec) -> list[tuple[str, str]]:
+    """What an upsert section says about the schema's columns that cannot hold: ``(field,
+    message)`` for each (also checked when other fields of the file are invalid)."""
+    names = {c.lower() for c in columns}
+    keys = [u.key] if isinstance(u.key, str) else u.key
+    problems = []
+    if not keys:
+        problems.append(("upsert.key", "must name at least one column of the schema"))
+    for i, k in enumerate(keys):
+        if k.lower() not in names:
+            problems.append(
+                (f"upsert.key[{i}]", f"{k!r} is not a column of the schema{did_you_mean(k, names)} ({sorted(names)})")
+            )
+    if len({k.lower() for k in keys}) != len(keys):
+        problems.append(("upsert.key", "lists a column twice"))
+    for fld, col in (("time_column", u.time_column), ("offset_column", u.offset_column)):
+        if col.lower() in names:
+            problems.append(
+                (
+                    f"upsert.{fld}",
+                    f"{col!r} is a column of the schema; the command's time and offset are not stored in the shard",
+                )
+            )
+    if u.time_column.lower() == u.offset_column.lower():
+        problems.append(("upsert.offset_column", "must differ from time_column"))
+    if u.delete is not None:
+        if u.delete.column.lower() in names | {u.time_column.lower(), u.offset_column.lower()}:
+            problems.append(("upsert.delete.column", f"{u.delete.column!r} must be a column of its own in the feed"))
+    elif not names - {k.lower() for k in keys}:
+        problems.append(
+            (
+                "upsert.delete",
+                "the schema has no value columns, so a delete cannot be a null value: set delete.column and "
+                "delete.values",
+            )
+        )
+    return problems
+
+
 AnySink = Annotated[QuerySink | ChangelogSink | UpsertSink, Field(discriminator="kind")]
 _ADAPTER: TypeAdapter[QuerySink | ChangelogSink | UpsertSink] = TypeAdapter(AnySink)
+
+
+# Fields the loader fills in before validation (:func:`parse`, ``_as_of_defaults_to_start``):
+# required by the model, optional in a file.
+DEFAULTED = {
+    "name": "the sink and DAG id; default: the file's stem",
+    "as_of": "the first time the shard holds: epoch ms or ISO date-time; default: start_date",
+}
 
 
 def json_schema() -> dict:
     """The JSON schema of a sink file (for editors: completion and checks as you type)."""
     schema = _ADAPTER.json_schema(by_alias=True)
     schema["title"] = "Reconcile sink config"
+    for kind in KINDS:
+        model = schema["$defs"][_definition(schema, kind)]
+        model["required"] = [f for f in model["required"] if f not in DEFAULTED]
+        for f, text in DEFAULTED.items():
+            model["properties"][f]["description"] = text
     return schema
+
+
+@functools.cache
+def _schema() -> dict:
+    return json_schema()
+
+
+def _definition(schema: dict, kind: str) -> str:
+    return schema["discriminator"]["mapping"][kind].rsplit("/", 1)[-1]
 
 
 def _valid_cron(expr: str) -> bool:
@@ -446,70 +554,213 @@ def _valid_cron(expr: str) -> bool:
     return bool(croniter.is_valid(expr))
 
 
-# -- errors: one line, naming the file and the field ---------------------------------------------
+# -- errors: one line each, naming the file and the field -------------------------------------
+
+
+class ConfigErrors(ConfigError):
+    """Every problem of one config file: ``problems`` holds one :class:`ConfigError` per field
+    (``path``, ``field`` and ``sink`` are the first's); ``str()`` is their lines."""
+
+    def __init__(self, problems: list[ConfigError]):
+        assert problems, "a ConfigErrors without problems"
+        first = problems[0]
+        self.problems = list(problems)
+        self.path, self.field, self.sink, self.remedy = first.path, first.field, first.sink, first.remedy
+        Exception.__init__(self, "\n".join(str(p) for p in problems))
+
+
+def problems_of(err: ConfigError) -> list[ConfigError]:
+    """The one-line problems of a config error (one, or every problem of a file)."""
+    return list(err.problems) if isinstance(err, ConfigErrors) else [err]
 
 
 _UNION_MEMBER = re.compile(r"^(str|int|bool|float|none|list\[.*\]|dict\[.*\]|[a-z-]+\[.*\])$")
+_YAML_WORDS = {bool: "a boolean", int: "a number", float: "a number", date: "a date", datetime: "a date-time"}
+
+
+def _clean(loc: tuple) -> tuple:
+    """A pydantic location without its ``[key]`` and union member labels."""
+    return tuple(p for p in loc if not (p == "[key]" or (isinstance(p, str) and _UNION_MEMBER.match(p))))
 
 
 def _field(loc: tuple) -> str:
-    """``('schema', 1, 'name')`` -> ``schema[1].name`` (without pydantic's ``[key]`` and union
-    member labels)."""
+    """``('schema', 1, 'name')`` -> ``schema[1].name``."""
     out = ""
     for part in loc:
-        if part == "[key]" or (isinstance(part, str) and _UNION_MEMBER.match(part)):
-            continue
         out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
     return out or "<root>"
 
 
-def _config_error(exc: ValidationError, path: str, sink: str | None) -> ConfigError:
-    err = exc.errors()[0]
-    kind, loc, ctx = err["type"], tuple(err["loc"]), err.get("ctx") or {}
-    if kind in ("union_tag_not_found", "union_tag_invalid"):
-        got = ctx.get("tag")
-        why = "is required" if kind == "union_tag_not_found" else f"{got!r} is not one of {list(KINDS)}"
-        return ConfigError(path, "kind", why, sink=sink)
-    loc = loc[1:]  # the first element is the kind picked by the discriminator
+def _allowed(kind: str | None, parent: tuple) -> list[str]:
+    """The fields the JSON schema allows at ``parent`` of a ``kind`` sink (any kind's if None)."""
+    schema = _schema()
+    defs = schema["$defs"]
+    if kind is None:
+        return sorted({f for k in KINDS for f in defs[_definition(schema, k)]["properties"]})
+
+    def resolve(node: dict) -> dict:
+        while True:
+            if "$ref" in node:
+                node = defs[node["$ref"].rsplit("/", 1)[-1]]
+            elif "anyOf" in node:
+                node = next((m for m in node["anyOf"] if m.get("type") != "null"), {})
+            else:
+                return node
+
+    node = resolve(defs[_definition(schema, kind)])
+    for part in parent:
+        if isinstance(part, int):
+            node = resolve(node.get("items", {}))
+        elif part in node.get("properties", {}):
+            node = resolve(node["properties"][part])
+        elif isinstance(node.get("additionalProperties"), dict):
+            node = resolve(node["additionalProperties"])
+        else:
+            return []
+    return list(node.get("properties", {}))
+
+
+def _spelling(text: str | None, loc: tuple) -> str | None:
+    """The scalar at ``loc`` as the YAML file spells it (``off`` for a boolean false)."""
+    if text is None:
+        return None
+    try:
+        node = yaml.compose(text, Loader=yaml.SafeLoader)
+    except yaml.YAMLError:
+        return None
+    for part in loc:
+        if isinstance(node, yaml.MappingNode):
+            node = next((v for k, v in node.value if getattr(k, "value", None) == part), None)
+        elif isinstance(node, yaml.SequenceNode) and isinstance(part, int) and part < len(node.value):
+            node = node.value[part]
+        else:
+            return None
+    return node.value if isinstance(node, yaml.ScalarNode) else None
+
+
+def _message(err: Any, loc: tuple, kind: str, siblings: dict[tuple, list[str]], text: str | None) -> str:
+    """One problem's message, saying what to write instead where the loader knows."""
+    typ, ctx, got = err["type"], err.get("ctx") or {}, err.get("input")
     cause = ctx.get("error")
-    if isinstance(cause, FieldError):
-        return ConfigError(path, cause.field, str(cause), sink=sink)
-    if kind == "missing":
-        message = "is required"
-    elif kind == "extra_forbidden":
-        message = "unknown field (`python -m reconcile schema` lists the allowed ones)"
-    elif isinstance(cause, ValueError):
-        message = str(cause)
-    else:
-        message = f"{err['msg']}, got {type(err['input']).__name__} {err['input']!r}"
-    return ConfigError(path, _field(loc), " ".join(message.split()), sink=sink)
+    if typ == "missing":
+        near = [f for f in siblings.get(loc[:-1], []) if did_you_mean(f, [loc[-1]])]
+        return "is required" + (f" (the file has `{near[0]}`: misspelled?)" if near else "")
+    if typ == "extra_forbidden":
+        allowed = _allowed(kind, loc[:-1])
+        other = [k for k in KINDS if k != kind and loc == (k,)]
+        if other:
+            return f"is the section of kind '{other[0]}'; this sink's kind is '{kind}' (a sink has one kind's section)"
+        return (
+            f"unknown field{did_you_mean(loc[-1], allowed)} (allowed here: {', '.join(allowed)}; "
+            "`python -m reconcile schema` lists them all)"
+        )
+    if typ in ("string_type", "literal_error") and type(got) in _YAML_WORDS:
+        as_written = _spelling(text, loc) or str(got)
+        why = " (YAML 1.1 reads yes/no/on/off/true/false as booleans)" if isinstance(got, bool) else ""
+        return f"YAML reads `{as_written}` as {_YAML_WORDS[type(got)]}, not text{why}: quote it, '{as_written}'"
+    if typ == "bool_type":
+        return f"expected true or false, got {type(got).__name__} {got!r}"
+    if typ == "literal_error":
+        options = re.findall(r"'([^']*)'", str(ctx.get("expected", "")))
+        return f"{got!r} is not one of {', '.join(options)}{did_you_mean(got, options)}"
+    if isinstance(cause, ValueError):
+        return str(cause)
+    return f"{err['msg']}, got {type(got).__name__} {got!r}"
 
 
-def parse(data: Any, path: str, default_name: str | None = None) -> SinkConfig:
-    """Validate one config mapping. ``path`` names the file in messages."""
+def _problems(exc: ValidationError, data: dict, path: str, sink: str | None, text: str | None) -> list[ConfigError]:
+    """Every problem of a file as one ConfigError each, in the file's order of fields; one per
+    field (a union's members, a list whose items failed: the innermost problem)."""
+    errors = exc.errors()
+    tag = next((e for e in errors if e["type"] in ("union_tag_not_found", "union_tag_invalid")), None)
+    if tag is not None:
+        got = (tag.get("ctx") or {}).get("tag")
+        kinds = ", ".join(KINDS)
+        why = (
+            f"is required ({kinds}: it picks the sink's section)"
+            if tag["type"] == "union_tag_not_found"
+            else f"{got!r} is not one of {kinds}{did_you_mean(got, KINDS)}"
+        )
+        problems = [ConfigError(path, "kind", why, sink=sink)]
+        allowed = _allowed(None, ())
+        for key in data:
+            if key not in allowed:
+                hint = did_you_mean(key, allowed)
+                problems.append(
+                    ConfigError(path, str(key), f"unknown field{hint} (allowed: {', '.join(allowed)})", sink=sink)
+                )
+        return problems
+    kind = str(data.get("kind"))
+    located = [(_clean(tuple(e["loc"])[1:]), e) for e in errors]  # loc[0]: the kind the discriminator picked
+    siblings: dict[tuple, list[str]] = {}
+    for loc, e in located:
+        if e["type"] == "extra_forbidden":
+            siblings.setdefault(loc[:-1], []).append(str(loc[-1]))
+    found: dict[str, str] = {}
+    for loc, e in located:
+        if any(other[: len(loc)] == loc and len(other) > len(loc) for other, _ in located):
+            continue  # a container whose items are reported
+        cause = (e.get("ctx") or {}).get("error")
+        pairs = (
+            cause.problems if isinstance(cause, FieldError) else [(_field(loc), _message(e, loc, kind, siblings, text))]
+        )
+        for fld, message in pairs:
+            found.setdefault(fld, " ".join(message.split()))
+    for fld, message in _raw_problems(data):  # checks that other fields' problems kept from running
+        found.setdefault(fld, message)
+    return [ConfigError(path, fld, message, sink=sink) for fld, message in found.items()]
+
+
+def _raw_problems(data: dict) -> list[tuple[str, str]]:
+    """The checks across fields, on the file's own values: a model runs them only when every
+    field is valid, and a file's problems are reported together."""
+    raw = data.get("schema")
+    names = [c.get("name") for c in raw if isinstance(c, dict)] if isinstance(raw, list) else []
+    problems = column_name_problems(names)
+    if data.get("kind") == "upsert" and names:
+        try:
+            spec = UpsertSpec.model_validate(data.get("upsert"), context={"base": "."})
+        except ValidationError:
+            return problems
+        problems += upsert_problems([n for n in names if isinstance(n, str)], spec)
+    return problems
+
+
+def parse(data: Any, path: str, default_name: str | None = None, text: str | None = None) -> SinkConfig:
+    """Validate one config mapping. ``path`` names the file in messages; ``text`` (the file as
+    written) lets a message quote a value as the file spells it."""
     if not isinstance(data, dict):
         raise ConfigError(path, "<root>", "expected a mapping")
+    problems = []
     if "name" not in data:
-        if not SINK_NAME_RE.match(default_name or ""):
-            raise ConfigError(path, "name", f"file stem {default_name!r} is not a valid sink name; set 'name'")
-        data = {**data, "name": default_name}
-    sink = data["name"] if isinstance(data.get("name"), str) else None
+        if SINK_NAME_RE.match(default_name or ""):
+            data = {**data, "name": default_name}
+        else:
+            why = f"file stem {default_name!r} is not a valid sink name; set 'name'"
+            problems.append(ConfigError(path, "name", why))
+    sink = data["name"] if isinstance(data.get("name"), str) and SINK_NAME_RE.match(data["name"]) else None
     context = {"path": path, "base": str(Path(path).resolve().parent)}
     try:
-        return _ADAPTER.validate_python(data, context=context)
+        cfg = _ADAPTER.validate_python(data, context=context)
     except ValidationError as exc:
-        raise _config_error(exc, path, sink) from None
+        seen = {p.field for p in problems}
+        problems += [p for p in _problems(exc, data, path, sink, text) if p.field not in seen]
+    else:
+        if not problems:
+            return cfg
+    raise ConfigErrors(problems)
 
 
 def load_file(path: Path | str) -> SinkConfig:
     path = Path(path)
     try:
-        data = yaml.safe_load(path.read_text())
+        text = path.read_text()
+        data = yaml.safe_load(text)
     except FileNotFoundError:
         raise ConfigError(str(path), "<file>", "does not exist") from None
     except yaml.YAMLError as exc:
         raise ConfigError(str(path), "<file>", f"is not valid YAML: {' '.join(str(exc).split())}") from None
-    return parse(data, str(path), default_name=path.stem)
+    return parse(data, str(path), default_name=path.stem, text=text)
 
 
 def load_dir(directory: Path | str | None = None) -> tuple[list[SinkConfig], list[ConfigError]]:
