@@ -1,6 +1,6 @@
-"""README's operating recipes run verbatim: Airflow started locally on the embedded default (api-
-server, scheduler, dag-processor; SQLite), a backfill beside the schedule, and clearing a run's
-append without a prompt. The demo sink's shard is checked against a plain-Python model of its
+"""The operating recipes of docs/operating.md run verbatim: Airflow started locally on the embedded
+default (api-server, scheduler, dag-processor; SQLite), a backfill beside the schedule, and clearing
+a run's append without a prompt. The demo sink's shard is checked against a plain-Python model of its
 source after each, and the ledger against the Delta log.
 """
 
@@ -24,13 +24,14 @@ from helpers import cli_json, shard_as_of
 
 pytestmark = [pytest.mark.airflow, pytest.mark.slow]
 ROOT = Path(__file__).resolve().parents[1]
+RECIPES = ROOT / "docs" / "operating.md"
 
 
 def recipe(name: str) -> str:
-    """The bash block that follows ``<!-- recipe: name -->`` in README.md."""
-    text = (ROOT / "README.md").read_text()
+    """The bash block that follows ``<!-- recipe: name -->`` in docs/operating.md."""
+    text = RECIPES.read_text()
     found = re.search(rf"<!-- recipe: {name} -->\s*```bash\n(.*?)```", text, re.S)
-    assert found, f"README.md has no recipe {name!r}"
+    assert found, f"{RECIPES.relative_to(ROOT)} has no recipe {name!r}"
     return found.group(1)
 
 
@@ -113,7 +114,7 @@ def local_airflow(tmp_path):
             os.killpg(started.pid, signal.SIGKILL)
 
 
-def test_readme_recipes_run_verbatim(local_airflow, spark, monkeypatch):
+def test_operating_recipes_run_verbatim(local_airflow, spark, monkeypatch):
     from reconcile.config import load_file
     from reconcile.sink import check
     from reconcile.storage.ledger import MetadataStore
