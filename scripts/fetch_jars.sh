@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# Fetch Delta Lake's JVM artifacts (delta-spark, delta-storage) from Maven Central into .jars/.
-# The pip package delta-spark holds no jars; Spark gets these through spark.jars.
+# Fetch Spark's extra JVM artifacts from Maven Central into .jars/: Delta Lake's (delta-spark,
+# delta-storage; the pip package delta-spark holds no jars) and S3A's for s3a:// (hadoop-aws and
+# the AWS SDK v2 modules it uses, listed in scripts/s3a-jars.pom.xml). Spark gets them through
+# spark.jars. Idempotent: a second run starts no Maven.
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 DELTA_VERSION="${DELTA_VERSION:-4.4.0}"
@@ -13,4 +15,29 @@ for artifact in "io.delta:delta-spark_2.13:$DELTA_VERSION" "io.delta:delta-stora
     mvn -q -B dependency:copy -Dartifact="$artifact" -DoutputDirectory="$root/.jars"
   fi
 done
+
+# S3A: hadoop-aws and the AWS SDK v2 modules with their dependencies, less the groups Spark ships.
+# .jars/s3a-jars.txt lists what was copied, keyed by the pom's hash: when the pom changes, the
+# jars of the old list go first (two SDK versions on one class path do not mix).
+pom="$root/scripts/s3a-jars.pom.xml"
+list="$root/.jars/s3a-jars.txt"
+key="$(sha256sum "$pom" | cut -c1-16)"
+complete=1
+if [ -f "$list" ] && [ "$(head -1 "$list")" = "$key" ]; then
+  while read -r jar; do [ -s "$root/.jars/$jar" ] || complete=0; done < <(tail -n +2 "$list")
+else
+  complete=0
+fi
+if [ "$complete" = 0 ]; then
+  if [ -f "$list" ]; then
+    tail -n +2 "$list" | while read -r jar; do rm -f "$root/.jars/$jar"; done
+  fi
+  tmp="$(mktemp -d)"
+  trap 'rm -rf "$tmp"' EXIT
+  mvn -q -B -f "$pom" dependency:copy-dependencies -DincludeScope=runtime -DoutputDirectory="$tmp" \
+    -DexcludeGroupIds=io.netty,org.apache.httpcomponents,commons-codec,commons-logging,org.slf4j
+  { echo "$key"; (cd "$tmp" && ls -1 -- *.jar); } > "$tmp/s3a-jars.txt"
+  mv "$tmp"/*.jar "$root/.jars/"
+  mv "$tmp/s3a-jars.txt" "$list"
+fi
 ls "$root/.jars"

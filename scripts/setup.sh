@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Install everything the project needs into .venv (Python packages) and .jars (Delta's JVM jars).
+# Install everything the project needs into .venv (Python packages), .jars (Delta's and S3A's JVM
+# jars) and .tools (the tests' S3 server).
 # Needs: python3.11, Java 17, Maven (for the jars). Idempotent: a second run is quick.
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
@@ -19,4 +20,5 @@ fi
 # would otherwise compile Airflow from source at each start (`airflow version` 4.8 s -> 2.7 s).
 .venv/bin/python -m compileall -q -j 0 .venv/lib/python3.11/site-packages include >/dev/null 2>&1 || true
 bash scripts/fetch_jars.sh >/dev/null
+bash scripts/fetch_s3_server.sh >/dev/null   # the tests' S3 server (.tools/)
 echo "setup done: $(.venv/bin/python --version), $(ls .jars | tr '\n' ' ')"
