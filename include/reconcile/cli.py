@@ -1,7 +1,7 @@
 """Operator CLI: ``python -m reconcile <command>`` (also installed as ``reconcile``).
 
 Commands:
-  validate                 check every sink config in RECONCILE_SINKS_DIR
+  validate [--no-spark]    check every sink config in RECONCILE_SINKS_DIR (and plan query sinks' SQL)
   schema                   print the JSON schema of a sink config file (for editors)
   db upgrade|downgrade|current
                            manage the metadata table's schema (Alembic)
@@ -49,14 +49,35 @@ def _ts(ms: int | None) -> str:
 
 
 def cmd_validate(args) -> int:
-    from reconcile.config import load_dir
+    """Every config of the folder: ``ok`` or one ``INVALID`` line per problem (all of a file's);
+    each query sink's SQL planned against its sources' schemas in Spark, unless --no-spark."""
+    from reconcile.config import QuerySink, load_dir, problems_of
 
     configs, errors = load_dir(args.dir)
+    queries = [cfg for cfg in configs if isinstance(cfg, QuerySink)]
+    planned: dict = {}
+    failed = False
+    if queries and not args.no_spark:
+        from reconcile.preflight import plan_queries
+
+        try:
+            planned = plan_queries(queries)
+        except SinkError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            failed = True
     for cfg in configs:
-        print(f"ok      {cfg.name} ({cfg.kind}, {len(cfg.columns)} columns, P={cfg.partitions}) {cfg.path}")
+        problem = planned.get(cfg.name)
+        if problem is not None:
+            print(f"INVALID {problem}")
+            continue
+        sql = ""
+        if isinstance(cfg, QuerySink):
+            sql = ", SQL planned" if cfg.name in planned else ", SQL not planned"
+        print(f"ok      {cfg.name} ({cfg.kind}, {len(cfg.columns)} columns, P={cfg.partitions}{sql}) {cfg.path}")
     for err in errors:
-        print(f"INVALID {err}")
-    return 1 if errors else 0
+        for problem in problems_of(err):
+            print(f"INVALID {problem}")
+    return 1 if failed or errors or any(planned.values()) else 0
 
 
 def cmd_schema(args) -> int:
@@ -457,6 +478,7 @@ def main(argv: list[str] | None = None) -> int:
     sub = p.add_subparsers(dest="command", required=True)
     v = sub.add_parser("validate")
     v.add_argument("--dir", default=None)
+    v.add_argument("--no-spark", action="store_true", help="skip planning the query sinks' SQL (no JVM)")
     v.set_defaults(fn=cmd_validate)
     sub.add_parser("schema").set_defaults(fn=cmd_schema)
     d = sub.add_parser("db")

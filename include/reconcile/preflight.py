@@ -1,0 +1,102 @@
+"""Preflight: what ``python -m reconcile validate`` checks that the config file alone cannot say.
+
+A query sink's SQL is planned against its sources' schemas the way a run builds its desired
+frame (:func:`reconcile.kinds.query.desired`): each source becomes a view, the SQL is refused if
+it is a command, analysed, its result's columns compared with the sink's schema and their types
+checked as the decoding casts them. All of it is analysis: no Spark job runs over the query or
+the sources' rows (a JSON or CSV source's schema is inferred from its files, as in a run).
+
+A problem is one :class:`~reconcile.errors.ConfigError` line naming the file and the field
+(``query.sql``, or ``query.sources.NAME`` for a source that cannot be read), with Spark's own
+reason and suggestion (``... `amt` cannot be resolved. Did you mean one of the following?
+[`amount`, ...]``). The JVM's output (banner, warnings) goes to a log file, never to the
+command's stderr; PySpark's error loggers are quiet while the SQL is analysed.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from reconcile.config import QuerySink
+from reconcile.errors import ConfigError, SinkError, brief
+
+_SOURCE = re.compile(r"cannot read source (query\.sources\.[A-Za-z0-9_]+) ")
+
+
+@contextmanager
+def jvm_output_to(log: Path) -> Iterator[None]:
+    """Send what a JVM started inside the block writes to stderr to ``log``: the JVM keeps the
+    stderr it was started with, this process gets its own back at the end of the block."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        os.dup2(fd, 2)
+        yield
+    finally:
+        sys.stderr.flush()
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(fd)
+
+
+def session(log: Path):
+    """A Spark session for planning: a Spark Connect client when ``RECONCILE_SPARK_REMOTE`` is
+    set, else the active session, else a local one whose JVM logs to ``log`` (warnings only)."""
+    from reconcile.spark import LOG4J2_PROPERTIES, get_session
+
+    java_options = f"-Dlog4j2.configurationFile=file:{LOG4J2_PROPERTIES} -Dreconcile.spark.level=warn"
+    with jvm_output_to(log):
+        return get_session("reconcile-validate", extra={"spark.driver.extraJavaOptions": java_options})
+
+
+def _one_line(exc: BaseException, cfg: QuerySink) -> tuple[str, str]:
+    """(field, message) of a refusal: the sink's message without its sink prefix and remedy,
+    Spark's without the SQL state."""
+    text = brief(exc, 500)
+    if isinstance(exc, SinkError):
+        text = text.removeprefix(f"sink {cfg.name!r}: ").split(" Remedy: ")[0]
+    text = re.sub(r" SQLSTATE: \w+;?", "", text).rstrip(" ;")
+    found = _SOURCE.search(text)
+    if found:
+        return found.group(1), text
+    return "query.sql", text.removeprefix("query.sql ")
+
+
+def plan_query(spark, cfg: QuerySink) -> ConfigError | None:
+    """Plan the sink's SQL against its sources' schemas (no rows read); its problem, or None."""
+    from reconcile.kinds import query
+    from reconcile.kinds.decode import _quiet_analysis
+
+    try:
+        with _quiet_analysis():
+            query.desired(spark, cfg).schema  # noqa: B018 - analysis of the whole desired frame
+    except Exception as exc:
+        field, message = _one_line(exc, cfg)
+        return ConfigError(cfg.path, field, message, sink=cfg.name)
+    finally:
+        for src in cfg.sources:  # a later sink must not see this one's views
+            spark.catalog.dropTempView(src.name)
+    return None
+
+
+def plan_queries(configs: list[QuerySink]) -> dict[str, ConfigError | None]:
+    """Each query sink's planning problem (None: planned) by sink name, in one Spark session;
+    a :class:`~reconcile.errors.SinkError` if Spark does not start."""
+    if not configs:
+        return {}
+    log = Path(tempfile.gettempdir()) / f"reconcile-validate-spark-{os.getuid()}.log"
+    try:
+        spark = session(log)
+    except Exception as exc:
+        raise SinkError(
+            f"Spark did not start, so no query sink's SQL was planned: {brief(exc)} (Spark's log: {log})",
+            remedy="check Java and RECONCILE_SPARK_REMOTE, or skip the planning with `validate --no-spark`.",
+        ) from None
+    return {cfg.name: plan_query(spark, cfg) for cfg in configs}
