@@ -60,8 +60,8 @@ def bench_append(work: Path, rows: int, change: float) -> dict:
     from reconcile.config import load_file
     from reconcile.sink import append, mint, write
     from reconcile.spark import get_session
-    from reconcile.storage import delta as storage
     from reconcile.storage import frames
+    from reconcile.storage.delta import ShardTable
     from reconcile.storage.ledger import MetadataStore
 
     os.environ["RECONCILE_WAREHOUSE"] = str(work / "wh")
@@ -98,13 +98,13 @@ def bench_append(work: Path, rows: int, change: float) -> dict:
     desc = mint.run_mint(store, cfg, "run-2", 1, 300).description
     w = write.run_write(spark, store, cfg, desc.batch_id)
     b = store.get_batch(desc.batch_id)
-    staged = storage.staging_path(cfg, desc.batch_id, b.stage_id)
+    staged = ShardTable(cfg).staging_path(desc.batch_id, b.stage_id)
     copy = work / "copy_of_staged"
     shutil.copytree(staged, copy)
 
     # (b) the previous path first, on a copy of the table, so (a) commits to the original
     table_copy = work / "table_copy"
-    shutil.copytree(storage.table_path(cfg), table_copy, ignore=shutil.ignore_patterns("batches"))
+    shutil.copytree(ShardTable(cfg).path, table_copy, ignore=shutil.ignore_patterns("batches"))
 
     def copy_rows():
         staged_rows = frames.read_staged(spark, cfg, str(copy)).drop("_part")
@@ -131,7 +131,7 @@ def bench_append(work: Path, rows: int, change: float) -> dict:
     cli = [sys.executable, "-m", "reconcile", "append", cfg.name, "--run-id", "run-3"]
     cold_s, proc = timed(lambda: subprocess.run(cli, env=env, capture_output=True, text=True))
     assert proc.returncode == 0 and "appended batch" in proc.stdout, proc.stderr[-2000:]
-    n = frames.read_updates(spark, cfg).count()
+    n = frames.read_updates(spark, ShardTable(cfg)).count()
     store.dispose()
     return {
         "rows": rows,

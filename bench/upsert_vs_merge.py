@@ -125,6 +125,7 @@ def run_keys(spark, keys: int, command_sizes: list[int], args) -> tuple[list[dic
     from reconcile.config import load_file
     from reconcile.sink.run import run_batch
     from reconcile.storage import frames
+    from reconcile.storage.delta import ShardTable
     from reconcile.storage.ledger import MetadataStore
 
     feed = str(root / "feed")
@@ -161,7 +162,7 @@ def run_keys(spark, keys: int, command_sizes: list[int], args) -> tuple[list[dic
             )
 
         # The three tables must hold the same rows.
-        ok, _ = frames.read_as_of(spark, cfg, AS_OF + len(plan) * WIDTH - 1)
+        ok, _ = frames.read_as_of(spark, ShardTable(cfg), AS_OF + len(plan) * WIDTH - 1)
         bad_counts = ok.where("_count != 1").count()
         sink_rows = ok.drop("_count")
         only_sink = only_merge = 0

@@ -184,8 +184,10 @@ def cmd_status(args) -> int:
 
 def show_shard(spark, store, cfg, as_of: int | None, *, log: bool, errors: bool, limit: int) -> None:
     from reconcile.storage import frames
+    from reconcile.storage.delta import ShardTable
 
-    updates = frames.read_updates(spark, cfg)
+    table = ShardTable(cfg)
+    updates = frames.read_updates(spark, table)
     if log:
         print(f"update log of {cfg.name} (row, _error, _time, _diff):")
         updates.orderBy("_time", *cfg.column_names).show(limit, truncate=False)
@@ -196,7 +198,7 @@ def show_shard(spark, store, cfg, as_of: int | None, *, log: bool, errors: bool,
         raise SinkError(
             f"as of {iso(t)} is before the shard's since {iso(shard.since)}: not readable exactly", sink=cfg.name
         )
-    ok, errs = frames.read_as_of(spark, cfg, t)
+    ok, errs = frames.read_as_of(spark, table, t)
     if errors:
         print(f"errors of {cfg.name} as of {_ts(t)}:")
         errs.withColumnRenamed("_count", "count").show(limit, truncate=False)
@@ -234,10 +236,11 @@ def cmd_dry_run(args) -> int:
     from reconcile.sink.mint import next_scheduled_frontier
     from reconcile.sink.write import batch_correction
     from reconcile.spark import get_session
-    from reconcile.storage import delta as storage
     from reconcile.storage import frames
+    from reconcile.storage.delta import ShardTable
 
     cfg = load_sink(args.sink)
+    table = ShardTable(cfg)
     store = _store()
     store.ensure_shard(cfg.name, cfg.as_of)
     shard = store.get_shard(cfg.name)
@@ -255,7 +258,7 @@ def cmd_dry_run(args) -> int:
         print(f"dry run: {which} upper {iso(upper)} is not ahead of lower {iso(lower)}: a run would mint nothing")
         return 0
     spark = get_session("reconcile-dry-run")
-    persist = frames.read_updates(spark, cfg) if storage.exists(cfg) else spark.createDataFrame([], frames.schema(cfg))
+    persist = frames.read_updates(spark, table) if table.exists() else spark.createDataFrame([], frames.schema(cfg))
     result = batch_correction(spark, store, cfg, persist, lower, upper)
     corr = result.updates.cache()
     print(
@@ -340,18 +343,19 @@ def cmd_check(args) -> int:
     from reconcile.config import load_sink
     from reconcile.sink import check
     from reconcile.sink.sync import sync
-    from reconcile.storage import delta as storage
+    from reconcile.storage.delta import ShardTable
 
     cfg = load_sink(args.sink)
+    table = ShardTable(cfg)
     store = _store()
     spark = None
     if args.deep or args.verify:  # the rows themselves (Spark)
         from reconcile.spark import get_session
 
         spark = get_session("reconcile-check")
-    if storage.exists(cfg):  # a lost metadata database: the sync rebuilds the row from the log
+    if table.exists():  # a lost metadata database: the sync rebuilds the row from the log
         store.ensure_shard(cfg.name, cfg.as_of)
-    sync(store, cfg)
+    sync(store, table)
     problems = check.violations(store, cfg, spark=spark if args.deep else None)
     found: list[str] = []
     verified = None

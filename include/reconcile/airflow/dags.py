@@ -157,9 +157,9 @@ def shard_asset(cfg: SinkConfig) -> Asset:
     """The sink's shard as an Airflow Asset: the Delta table's URI (a local path as file://).
     Every committed batch emits an event on it; a downstream DAG scheduled on it reads how far
     the shard is from the event's ``extra`` (lower, upper, Delta version, rows, drift)."""
-    from reconcile.storage import delta as storage
+    from reconcile.storage.delta import ShardTable
 
-    path = storage.table_path(cfg)
+    path = ShardTable(cfg).path
     uri = path if "://" in path else Path(path).absolute().as_uri()
     return Asset(uri=uri, name=f"reconcile_shard_{cfg.name}", group="reconcile")
 

@@ -20,6 +20,8 @@ from urllib.parse import quote
 
 from reconcile.config import SinkConfig
 from reconcile.log import iso
+from reconcile.storage.commits import ForeignCommit
+from reconcile.storage.delta import ShardTable
 
 e = html.escape
 PAGE = 50  # ledger rows per page
@@ -185,35 +187,11 @@ def _svg_bars(title: str, bars: list[tuple[str, dict[str, int]]]) -> str:
 FOREIGN_SHOWN = 20  # foreign Delta versions listed per drifting batch
 
 
-def foreign_versions(cfg: SinkConfig, after: int, up_to: int) -> tuple[list[dict], int]:
-    """The Delta versions in (after, up_to] that are not this sink's commits and changed data
-    (what ``write.drift_rows`` measures): who wrote them (operation, engine, user, time), read
-    from the log's commit files alone; at most :data:`FOREIGN_SHOWN` of them, with their count."""
-    from reconcile.storage import delta as storage
-
-    out: list[dict] = []
-    count = 0
-    for v in (v for v in storage.log_versions(cfg) if after < v <= up_to):
-        try:
-            actions = storage.commit_actions(cfg, v)
-        except Exception:  # noqa: BLE001 - removed by the log's cleanup meanwhile: nothing to show
-            continue
-        if storage.describe_commit(actions) is not None:  # a batch of the sink, or maintenance
-            continue
-        count += 1
-        if len(out) == FOREIGN_SHOWN:
-            continue
-        info: dict = next((a["commitInfo"] for a in actions if "commitInfo" in a), {})
-        out.append(
-            {
-                "version": v,
-                "operation": info.get("operation", "?"),
-                "engine": info.get("engineInfo") or info.get("clientVersion") or "?",
-                "user": info.get("userName") or info.get("userId"),
-                "timestamp": info.get("timestamp"),
-            }
-        )
-    return out, count
+def foreign_versions(cfg: SinkConfig, after: int, up_to: int) -> tuple[list[ForeignCommit], int]:
+    """The foreign Delta versions in (after, up_to] that changed data (what ``write.drift_rows``
+    measures): at most :data:`FOREIGN_SHOWN` of them, with their count."""
+    found = ShardTable(cfg).foreign_commits(after, up_to)
+    return found[:FOREIGN_SHOWN], len(found)
 
 
 def _drift_cause(cfg: SinkConfig, b, previous) -> str:
@@ -235,9 +213,9 @@ def _drift_cause(cfg: SinkConfig, b, previous) -> str:
             "none found in the log (cleaned up since?)</span>"
         )
     lines = [
-        f"<br><span class=small>Delta v{w['version']}: {e(str(w['operation']))} by {e(str(w['engine']))}"
-        + (f", user {e(str(w['user']))}" if w["user"] else "")
-        + (f", {_time(w['timestamp'])}" if isinstance(w["timestamp"], int) else "")
+        f"<br><span class=small>Delta v{w.version}: {e(w.operation)} by {e(w.engine)}"
+        + (f", user {e(str(w.user))}" if w.user else "")
+        + (f", {_time(w.timestamp)}" if w.timestamp is not None else "")
         + "</span>"
         for w in writers
     ]

@@ -26,7 +26,7 @@ The Delta log is the linearization point and the source of truth; the metadata r
    ``(reconcile-sink:<sink>, lower)`` and the batch in the commit metadata (its rows, checksum
    and files per partition, and this append attempt's ``commit_id``): only if the snapshot's
    recorded transaction is below ``lower``, at exactly the version after that snapshot
-   (:func:`reconcile.storage.delta.commit_files`). At most one commit per ``lower``, ever, and
+   (:meth:`reconcile.storage.delta.ShardTable.commit_files`). At most one commit per ``lower``, ever, and
    committed ``lower``s strictly increase.
 5. **Sync** again: absorbs our commit (or the commit of whoever won the same ``lower``: another
    attempt of the same batch says so), then deletes the staged files that can never be
@@ -59,7 +59,8 @@ from reconcile.model import COMMITTED, MINTED, SUPERSEDED, BatchDescription
 from reconcile.sink import guard
 from reconcile.sink.sync import gc_staged, sync
 from reconcile.sink.verify import log_differences, parse_manifest, staged_files
-from reconcile.storage import delta as storage
+from reconcile.storage import commits, footers, layout
+from reconcile.storage.delta import ShardTable
 from reconcile.storage.ledger import MetadataStore
 from reconcile.storage.tables import Shard
 
@@ -73,22 +74,23 @@ class AppendResult:
     delta_version: int | None = None
 
 
-def verify_staged(cfg: SinkConfig, batch_id: str, manifest: dict) -> list[tuple[str, int, dict]]:
+def verify_staged(table: ShardTable, batch_id: str, manifest: dict) -> list[tuple[str, int, dict]]:
     """The files the manifest names as the Delta commit adds them (path relative to the table,
     size, statistics), after checking them against it: present with their sizes and content
     digests, no stranger in the attempt's directory, per partition the manifest's rows."""
-    path, expected = staged_files(cfg, batch_id, manifest)
+    cfg = table.cfg
+    path, expected = staged_files(table, batch_id, manifest)
     out = []
     rows: Counter[int | None] = Counter()
     for rel, size in sorted(expected.items()):
         try:
-            stats = storage.file_stats(f"{path}/{rel}")
+            stats = footers.file_stats(f"{path}/{rel}")
         except Exception as exc:  # noqa: BLE001 - an unreadable (corrupted) Parquet footer
             raise StagedBatchInvalid(
                 f"staged batch {batch_id}: file {rel} is unreadable: {brief(exc, 200)}", sink=cfg.name
             ) from None
-        rows[storage.part_of(rel)] += stats["numRecords"]
-        out.append((storage.table_relative(cfg, batch_id, manifest["stage_id"], rel), size, stats))
+        rows[layout.part_of(rel)] += stats["numRecords"]
+        out.append((layout.staged_relative(batch_id, manifest["stage_id"], rel), size, stats))
     for p, want in manifest["parts"].items():
         if rows[int(p)] != want["rows"]:
             raise StagedBatchInvalid(
@@ -103,7 +105,10 @@ def _nothing_to_append(outcome: str, why: str, shard: Shard, state: dict) -> App
     return AppendResult(outcome, msg)
 
 
-def _outdated(store: MetadataStore, cfg: SinkConfig, desc: BatchDescription, shard: Shard, state: dict) -> AppendResult:
+def _outdated(
+    store: MetadataStore, table: ShardTable, desc: BatchDescription, shard: Shard, state: dict
+) -> AppendResult:
+    cfg = table.cfg
     winner = store.committed_batch(cfg.name, desc.lower)
     if winner is None and shard.upper <= desc.lower:
         # Nothing committed this lower yet: a newer description of it superseded this one. Its
@@ -136,7 +141,7 @@ def _outdated(store: MetadataStore, cfg: SinkConfig, desc: BatchDescription, sha
     store.mark_superseded(
         desc.batch_id, f"outdated: {who} committed lower {iso(desc.lower)}; shard upper {iso(shard.upper)}"
     )
-    gc_staged(store, cfg)
+    gc_staged(store, table)
     if shard.upper >= desc.upper:
         return _nothing_to_append(
             "covered",
@@ -164,8 +169,8 @@ def _rest_remedy(cfg: SinkConfig, desc: BatchDescription, rest_from: int) -> str
     )
 
 
-def _committed_meanwhile(store: MetadataStore, cfg: SinkConfig, b, state: dict, when: str) -> AppendResult:
-    gc_staged(store, cfg)
+def _committed_meanwhile(store: MetadataStore, table: ShardTable, b, state: dict, when: str) -> AppendResult:
+    gc_staged(store, table)
     msg = event(
         log,
         f"another attempt of this batch committed it (Delta version {b.delta_version}) while this one {when}; "
@@ -178,25 +183,26 @@ def _committed_meanwhile(store: MetadataStore, cfg: SinkConfig, b, state: dict, 
 
 def run_append(store: MetadataStore, cfg: SinkConfig, batch_id: str, *, approve: str | None = None) -> AppendResult:
     """Commit the staged batch (``approve``: who lets it past the correction guard, if anyone)."""
+    table = ShardTable(cfg)
     b = store.get_batch(batch_id, cfg.name)
     desc = BatchDescription.of(b)
     state = dict(sink=cfg.name, batch=batch_id, lower=desc.lower, upper=desc.upper, run=desc.run_id)
     if b.state == COMMITTED:
-        gc_staged(store, cfg)
+        gc_staged(store, table)
         msg = event(log, f"already committed in Delta version {b.delta_version}; nothing to do", **state)
         return AppendResult("already_committed", msg, b.delta_version)
-    if not storage.exists(cfg):  # no write created it yet: nothing can be committed
+    if not table.exists():  # no write created it yet: nothing can be committed
         if b.state == SUPERSEDED:
-            return _outdated(store, cfg, desc, store.get_shard(cfg.name), state)
+            return _outdated(store, table, desc, store.get_shard(cfg.name), state)
         raise StagedBatchInvalid(
-            f"batch {batch_id}: the shard's Delta table at {storage.table_path(cfg)} does not exist",
+            f"batch {batch_id}: the shard's Delta table at {table.path} does not exist",
             sink=cfg.name,
             remedy="clear the run's 'write' task (it creates the table and stages the batch), then 'append'.",
         )
-    shard = sync(store, cfg)
+    shard = sync(store, table)
     b = store.get_batch(batch_id, cfg.name)
     if b.state == COMMITTED:  # an earlier attempt committed to Delta and died before the metadata
-        gc_staged(store, cfg)
+        gc_staged(store, table)
         msg = event(
             log,
             "recovered: an earlier attempt had committed this batch to Delta; rolled the metadata forward",
@@ -205,22 +211,22 @@ def run_append(store: MetadataStore, cfg: SinkConfig, batch_id: str, *, approve:
         )
         return AppendResult("recovered", msg, b.delta_version)
     if b.state == SUPERSEDED or shard.upper > desc.lower:
-        return _outdated(store, cfg, desc, shard, state)
+        return _outdated(store, table, desc, shard, state)
     if b.state == MINTED:
         raise StagedBatchInvalid(
             f"batch {batch_id} was minted but never staged",
             sink=cfg.name,
             remedy="clear the run's 'write' task (and 'append' after it).",
         )
-    storage.check_schema(cfg)
+    table.check_schema()
     manifest = parse_manifest(cfg, batch_id, b.manifest)
     try:
-        files = verify_staged(cfg, batch_id, manifest)
+        files = verify_staged(table, batch_id, manifest)
     except StagedBatchInvalid:
-        sync(store, cfg)  # another attempt may have committed it and cleaned up meanwhile
+        sync(store, table)  # another attempt may have committed it and cleaned up meanwhile
         now_b = store.get_batch(batch_id, cfg.name)
         if now_b.state == COMMITTED:
-            return _committed_meanwhile(store, cfg, now_b, state, "verified its staged files")
+            return _committed_meanwhile(store, table, now_b, state, "verified its staged files")
         if now_b.state == b.state and now_b.stage_id == b.stage_id:
             raise
         raise Retryable(  # not damage: another attempt of the batch moved on meanwhile
@@ -231,7 +237,7 @@ def run_append(store: MetadataStore, cfg: SinkConfig, batch_id: str, *, approve:
         ) from None
     if approve:
         b = store.approve(cfg.name, batch_id, approve)
-    change = guard.check(cfg, batch_id, desc.lower, desc.upper, manifest, b.approved)
+    change = guard.check(table, batch_id, desc.lower, desc.upper, manifest, b.approved)
     if change is not None and b.approved and change.share > (cfg.correction_guard.max_share or 1):
         event(log, f"correction guard: {change.share:.1%} of the shard changes, approved by {b.approved}", **state)
     if shard.upper < desc.lower:
@@ -273,17 +279,17 @@ def run_append(store: MetadataStore, cfg: SinkConfig, batch_id: str, *, approve:
     if b.source_offset is not None or b.late_commands is not None:  # upsert: the feed's progress
         meta.update(source_offset=b.source_offset, late_commands=b.late_commands)
     failpoint("append.inside_delta_commit")
-    storage.commit_files(cfg, files, meta, desc.lower)
+    table.commit_files(files, meta, desc.lower)
     failpoint("append.after_delta_commit")
 
-    shard = sync(store, cfg)
+    shard = sync(store, table)
     b = store.get_batch(batch_id, cfg.name)
     if b.state == COMMITTED and b.delta_version is not None:
-        info = storage.commit_info(cfg, b.delta_version)
-        if (storage.reconcile_meta(info) or {}).get("commit_id") != commit_id:
-            return _committed_meanwhile(store, cfg, b, state, "was appending")
-        wrong = log_differences(cfg, b.delta_version, meta)
-        gc_staged(store, cfg)
+        info = table.commit_info(b.delta_version)
+        if (commits.reconcile_meta(info) or {}).get("commit_id") != commit_id:
+            return _committed_meanwhile(store, table, b, state, "was appending")
+        wrong = log_differences(table, b.delta_version, meta)
+        gc_staged(store, table)
         if wrong:
             event(log, f"the committed batch does not match its manifest: {wrong[0]}", level=logging.ERROR, **state)
             raise InconsistentState(
@@ -307,10 +313,10 @@ def run_append(store: MetadataStore, cfg: SinkConfig, batch_id: str, *, approve:
         )
         return AppendResult("committed", msg, b.delta_version)
     if shard.upper > desc.lower:
-        return _outdated(store, cfg, desc, shard, state)
+        return _outdated(store, table, desc, shard, state)
     raise InconsistentState(
         f"Delta skipped the commit of batch {batch_id} (lower {iso(desc.lower)}): a Delta version under the "
-        f"sink's commit guard ({storage.app_id(cfg)}) already recorded a transaction at or above it, but "
+        f"sink's commit guard ({table.app_id}) already recorded a transaction at or above it, but "
         "no batch for it is in the log",
         sink=cfg.name,
         remedy=(

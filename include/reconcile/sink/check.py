@@ -30,18 +30,20 @@ from reconcile.config import SinkConfig
 from reconcile.log import iso
 from reconcile.model import COMMITTED
 from reconcile.sink.sync import stale_staged
-from reconcile.storage import delta as storage
+from reconcile.storage.commits import batch_commits
+from reconcile.storage.delta import ShardTable
 from reconcile.storage.ledger import MetadataStore
 
 
 def violations(store: MetadataStore, cfg: SinkConfig, *, synced: bool = True, spark=None) -> list[str]:
     """Every broken invariant, one line each, from the ledger and the Delta log (no JVM); with
     ``spark``, also from the committed rows (checksums, the kind's invariants)."""
+    table = ShardTable(cfg)
     out: list[str] = []
     shard = store.get_shard(cfg.name)
-    exists = storage.exists(cfg)
-    entries = storage.log_entries(cfg, -1)[1] if exists else []
-    commits = storage.batch_commits([(v, meta) for v, meta, _ in entries])
+    exists = table.exists()
+    entries = table.log_entries(-1)[1] if exists else []
+    commits = batch_commits([(v, meta) for v, meta, _ in entries])
     lowers = [c.lower for c in commits]
     if len(set(lowers)) != len(lowers):
         out.append(f"a lower was committed twice in the Delta log: {sorted(lowers)}")
@@ -77,34 +79,34 @@ def violations(store: MetadataStore, cfg: SinkConfig, *, synced: bool = True, sp
                 f"Delta version {version} carries the sink's commit guard (txnVersion {txn}) but is not "
                 f"one of its batches or compactions ({meta}): the metadata can never absorb it"
             )
-    out += batch_differences(store, cfg, entries, spark)
+    out += batch_differences(store, table, entries, spark)
     if commits and spark is not None:
         from reconcile import kinds
         from reconcile.storage import frames
 
-        out += kinds.invariants(cfg, frames.read_updates(spark, cfg), commits[-1].upper - 1)
+        out += kinds.invariants(cfg, frames.read_updates(spark, table), commits[-1].upper - 1)
     if synced:
-        stale = stale_staged(store, cfg)
+        stale = stale_staged(store, table)
         if stale:
             out.append(f"staged files remain that can never be committed: {stale[:5]}")
     if exists:
-        out += missing_files(cfg)
+        out += missing_files(table)
     return out
 
 
-def missing_files(cfg: SinkConfig) -> list[str]:
+def missing_files(table: ShardTable) -> list[str]:
     """Files the table's current snapshot names that are not on storage."""
-    present = set(storage.list_files(storage.table_path(cfg)))
-    gone = sorted(p for p in storage.snapshot_files(cfg) if p not in present)
+    present = set(table.files())
+    gone = sorted(p for p in table.snapshot_files() if p not in present)
     return [f"the Delta table names {len(gone)} file(s) that are not on storage: {gone[:3]}"] if gone else []
 
 
-def batch_differences(store: MetadataStore, cfg: SinkConfig, entries: list, spark=None) -> list[str]:
+def batch_differences(store: MetadataStore, table: ShardTable, entries: list, spark=None) -> list[str]:
     """Invariant 6: each batch's Delta version against its description (the commit's own
     per-partition counts, files and checksums, else the ledger's manifest)."""
     from reconcile.sink.verify import commit_differences, log_differences
 
-    ledger = {b.batch_id: b.manifest for b in store.batches(cfg.name, (COMMITTED,)) if b.manifest}
+    ledger = {b.batch_id: b.manifest for b in store.batches(table.name, (COMMITTED,)) if b.manifest}
     described: dict[int, dict] = {}
     for version, meta, _ in entries:
         if not meta or meta.get("op") != "batch":
@@ -114,9 +116,9 @@ def batch_differences(store: MetadataStore, cfg: SinkConfig, entries: list, spar
             described[version] = {**desc, "batch_id": meta["batch_id"], "lower": meta["lower"], "upper": meta["upper"]}
     if not described:
         return []
-    out = [line for v, m in sorted(described.items()) for line in log_differences(cfg, v, m)[:3]]
+    out = [line for v, m in sorted(described.items()) for line in log_differences(table, v, m)[:3]]
     if spark is not None:
-        out += commit_differences(spark, cfg, described)[0]
+        out += commit_differences(spark, table, described)[0]
     return out
 
 
@@ -128,9 +130,10 @@ def verify_checksums(store: MetadataStore, cfg: SinkConfig, spark) -> tuple[list
     partition that differs, counts; ``version``: the Delta version read)."""
     from reconcile.sink.verify import checksum_differences
 
-    if not storage.exists(cfg):
+    table = ShardTable(cfg)
+    if not table.exists():
         return [], {"verified": 0, "partitions": 0, "not_verifiable": 0, "before_since": 0, "version": -1}
-    latest, entries = storage.log_entries(cfg, -1)
+    latest, entries = table.log_entries(-1)
     ledger = {b.batch_id: b.manifest for b in store.batches(cfg.name, (COMMITTED,)) if b.manifest}
     described: dict[int, dict] = {}
     for version, meta, _ in entries:
@@ -140,5 +143,5 @@ def verify_checksums(store: MetadataStore, cfg: SinkConfig, spark) -> tuple[list
         if "partitions" not in meta or "parts" not in meta:
             desc = {**meta, **json.loads(ledger.get(meta["batch_id"]) or "{}")}
         described[version] = {**desc, "batch_id": meta["batch_id"], "lower": meta["lower"], "upper": meta["upper"]}
-    lines, counts = checksum_differences(spark, cfg, described, store.get_shard(cfg.name).since, latest)
+    lines, counts = checksum_differences(spark, table, described, store.get_shard(cfg.name).since, latest)
     return lines, {**counts, "version": latest}

@@ -46,8 +46,8 @@ from reconcile.failpoints import failpoint
 from reconcile.log import event, iso
 from reconcile.model import COMMITTED
 from reconcile.sink.sync import sync
-from reconcile.storage import delta as storage
 from reconcile.storage import frames
+from reconcile.storage.delta import ShardTable
 from reconcile.storage.ledger import MetadataStore
 
 log = logging.getLogger("reconcile.compact")
@@ -94,13 +94,14 @@ def compacted(cfg: SinkConfig, updates, since: int):
     return consolidate(cfg, advanced, partitioned=False)
 
 
-def _uncompacted(spark: SparkSession, cfg: SinkConfig, since: int) -> bool:
+def _uncompacted(spark: SparkSession, table: ShardTable, since: int) -> bool:
     """Are there updates at times before ``since``? (Delta's file statistics skip the rest.)"""
-    return bool(frames.read_updates(spark, cfg).where(F.col("_time") < since).limit(1).count())
+    return bool(frames.read_updates(spark, table).where(F.col("_time") < since).limit(1).count())
 
 
-def vacuum(spark: SparkSession, cfg: SinkConfig) -> None:
+def vacuum(spark: SparkSession, table: ShardTable) -> None:
     """Delta's VACUUM of the shard (SQL: the same on a classic and a Spark Connect session)."""
+    cfg = table.cfg
     conf = {
         # Vacuum lists the table with this many tasks (default 10,000: ~40 s of empty tasks on
         # a small local table); the shard is not partitioned, a few suffice.
@@ -112,7 +113,7 @@ def vacuum(spark: SparkSession, cfg: SinkConfig) -> None:
     for k, v in conf.items():
         spark.conf.set(k, v)
     try:
-        path = storage.table_path(cfg).replace("`", "``")
+        path = table.path.replace("`", "``")
         spark.sql(f"VACUUM delta.`{path}` RETAIN {int(cfg.vacuum_retention_hours)} HOURS").collect()
     finally:
         for k, old in saved.items():
@@ -127,11 +128,12 @@ def run_compact(
     since: int | None = None,
     vacuum_files: bool = True,
 ) -> CompactResult:
-    if not storage.exists(cfg):  # never run (maybe not even minted): nothing to fold
+    table = ShardTable(cfg)
+    if not table.exists():  # never run (maybe not even minted): nothing to fold
         return CompactResult(
             "nothing", event(log, "nothing to compact: the shard has no Delta table yet", sink=cfg.name), 0
         )
-    shard = sync(store, cfg)
+    shard = sync(store, table)
     target = target_since(cfg, shard.upper, shard.since) if since is None else since
     state = dict(sink=cfg.name, upper=shard.upper, since=shard.since, new_since=target)
     if target >= shard.upper:
@@ -142,15 +144,15 @@ def run_compact(
             remedy=f"give a since below {iso(shard.upper)}.",
         )
     if target <= shard.since:
-        if not _uncompacted(spark, cfg, shard.since):
+        if not _uncompacted(spark, table, shard.since):
             return CompactResult(
                 "nothing", event(log, "nothing to compact: since is already there", **state), shard.since
             )
         # An earlier compaction raised since and stopped before its rewrite: finish it.
         target = state["new_since"] = shard.since
 
-    read_version = storage.latest_version(cfg)
-    recorded = storage.last_txn_version(cfg, read_version)
+    read_version = table.latest_version()
+    recorded = table.last_txn_version(read_version)
     if recorded is None:
         return CompactResult("nothing", event(log, "nothing to compact: no batch committed yet", **state), shard.since)
     if recorded + 1 >= shard.upper:
@@ -169,14 +171,14 @@ def run_compact(
     failpoint("compact.after_since")
     token = uuid.uuid4().hex
     meta = {"op": "compact", "sink": cfg.name, "since": target, "read_version": read_version, "token": token}
-    out = compacted(cfg, frames.read_updates(spark, cfg, read_version), target)
+    out = compacted(cfg, frames.read_updates(spark, table, read_version), target)
     cols = [f"`{c}`" for c in cfg.column_names] + ["_error", "_time", "_diff"]
     try:
         (
             frames.writer(out.select(*cols), meta, "overwrite")
-            .option("txnAppId", storage.app_id(cfg))
+            .option("txnAppId", table.app_id)
             .option("txnVersion", recorded + 1)
-            .save(storage.table_path(cfg))
+            .save(table.path)
         )
     except Exception as exc:  # a concurrent commit won (ConcurrentTransaction/Append exception)
         if "Concurrent" not in type(exc).__name__ and "Concurrent" not in str(exc)[:500]:
@@ -190,7 +192,7 @@ def run_compact(
         return CompactResult("raced", msg, target)
     failpoint("compact.after_commit")
 
-    _, entries = storage.history_since(cfg, read_version)
+    _, entries = table.history_since(read_version)
     mine = [v for v, m in entries if m and m.get("op") == "compact" and m.get("token") == token]
     if not mine:
         msg = event(
@@ -202,7 +204,7 @@ def run_compact(
         )
         return CompactResult("raced", msg, target)
     version = mine[0]
-    info = storage.commit_info(cfg, version)
+    info = table.commit_info(version)
     metrics = info.get("operationMetrics") or {}
     if int(info.get("readVersion", read_version)) != read_version:
         event(
@@ -213,7 +215,7 @@ def run_compact(
             **state,
         )
     if vacuum_files:
-        vacuum(spark, cfg)
+        vacuum(spark, table)
     rows = int(metrics["numOutputRows"]) if "numOutputRows" in metrics else None
     removed = int(metrics["numRemovedFiles"]) if "numRemovedFiles" in metrics else None
     msg = event(

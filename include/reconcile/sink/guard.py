@@ -18,10 +18,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from reconcile.config import SinkConfig
 from reconcile.errors import CorrectionBlocked
 from reconcile.log import iso
-from reconcile.storage import delta as storage
+from reconcile.storage.delta import ShardTable
 
 
 @dataclass(frozen=True)
@@ -46,29 +45,28 @@ def batch_change(manifest: dict) -> tuple[int, int] | None:
     return (weight + net) // 2, (weight - net) // 2
 
 
-def shard_rows(cfg: SinkConfig) -> int:
+def shard_rows(table: ShardTable) -> int:
     """The shard's rows now (error rows included): the sum of ``_diff`` over its current files."""
     import pyarrow.compute as pc
-    from deltalake import DeltaTable
 
-    if not storage.exists(cfg):
+    if not table.exists():
         return 0
-    diffs = DeltaTable(storage.table_path(cfg)).to_pyarrow_dataset().to_table(columns=["_diff"]).column("_diff")
-    return int(pc.sum(diffs).as_py() or 0)
+    return int(pc.sum(table.row_diffs()).as_py() or 0)
 
 
 def check(
-    cfg: SinkConfig, batch_id: str, lower: int, upper: int, manifest: dict, approved: str | None
+    table: ShardTable, batch_id: str, lower: int, upper: int, manifest: dict, approved: str | None
 ) -> Change | None:
     """Raise :class:`CorrectionBlocked` when the staged batch changes more than the guard
     allows and nobody approved it; returns what was measured (None when the guard is off)."""
+    cfg = table.cfg
     guard = cfg.correction_guard
     if guard.max_share is None:
         return None
     change = batch_change(manifest)
     if change is None:
         return None
-    measured = Change(*change, shard_rows(cfg))
+    measured = Change(*change, shard_rows(table))
     if approved or measured.shard_rows < guard.min_rows or measured.share <= guard.max_share:
         return measured
     raise CorrectionBlocked(

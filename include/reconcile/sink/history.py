@@ -41,7 +41,7 @@ from pyspark.sql import functions as F
 from reconcile.config import SinkConfig, UpsertSink
 from reconcile.errors import SinkError
 from reconcile.log import iso
-from reconcile.storage import delta as storage
+from reconcile.storage.delta import ShardTable
 
 DIALECTS = ("spark", "duckdb", "trino")
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
@@ -72,7 +72,7 @@ def output_names(cfg: SinkConfig) -> dict[str, str]:
 
 def table_ref(cfg: SinkConfig, dialect: str = "spark", location: str | None = None) -> str:
     """How ``dialect`` names the shard's Delta table at ``location`` (default: the sink's)."""
-    loc = location or storage.table_path(cfg)
+    loc = location or ShardTable(cfg).path
     if dialect == "spark":
         return "delta.`" + loc.replace("`", "``") + "`"
     if dialect == "duckdb":
@@ -139,7 +139,7 @@ def diff_sql(cfg: SinkConfig, table: str, t1: int, t2: int, dialect: str = "spar
 def view_sql(cfg: SinkConfig, dialect: str = "spark", location: str | None = None, *, errors: bool = False) -> str:
     """A view definition of the history (``history --sql``) for ``dialect``, over the Delta
     table at ``location`` (default: the sink's)."""
-    loc = location or storage.table_path(cfg)
+    loc = location or ShardTable(cfg).path
     name = f"{cfg.name}_{'error_' if errors else ''}history"
     what = (
         "error rows, per distinct (row, _error)"
@@ -208,8 +208,9 @@ def check_range(cfg: SinkConfig, since: int, upper: int, t1: int, t2: int) -> No
 
 
 def _require_table(cfg: SinkConfig) -> None:
-    if not storage.exists(cfg):
-        raise SinkError(f"the shard's Delta table at {storage.table_path(cfg)} has no commits yet", sink=cfg.name)
+    table = ShardTable(cfg)
+    if not table.exists():
+        raise SinkError(f"the shard's Delta table at {table.path} has no commits yet", sink=cfg.name)
 
 
 # -- running on Spark ----------------------------------------------------------------------------------

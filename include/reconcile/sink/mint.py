@@ -27,7 +27,7 @@ from reconcile.config import SinkConfig
 from reconcile.log import event
 from reconcile.model import BatchDescription
 from reconcile.sink.sync import sync
-from reconcile.storage import delta as storage
+from reconcile.storage.delta import ShardTable
 from reconcile.storage.ledger import MetadataStore
 
 log = logging.getLogger("reconcile.mint")
@@ -100,9 +100,10 @@ def run_mint(
     *,
     read_only: bool = False,
 ) -> MintResult:
-    if not store.has_shard(cfg.name) and storage.exists(cfg):  # a lost metadata database: rebuild the row
+    table = ShardTable(cfg)
+    if not store.has_shard(cfg.name) and table.exists():  # a lost metadata database: rebuild the row
         if store.create_shard(cfg.name, cfg.as_of):
-            shard = sync(store, cfg)
+            shard = sync(store, table)
             event(log, "rebuilt the shard's metadata from the Delta log", sink=cfg.name, upper=shard.upper)
     desc, why = store.mint(cfg.name, cfg.as_of, run_id, attempt, frontier, read_only=read_only or cfg.read_only)
     shard = store.get_shard(cfg.name)

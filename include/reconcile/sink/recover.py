@@ -30,7 +30,8 @@ from reconcile.errors import SinkError
 from reconcile.log import event, iso
 from reconcile.model import COMMITTED, CommitRecord
 from reconcile.sink.sync import compacted_since, sync
-from reconcile.storage import delta as storage
+from reconcile.storage.commits import batch_commits
+from reconcile.storage.delta import ShardTable
 from reconcile.storage.ledger import MetadataStore
 from reconcile.storage.tables import Shard
 
@@ -55,13 +56,13 @@ class LogState:
     since: int
 
 
-def read_log(cfg: SinkConfig) -> LogState:
-    versions = storage.log_versions(cfg)
+def read_log(table: ShardTable) -> LogState:
+    versions = table.log_versions()
     if not versions:
         return LogState(-1, -1, [], 0)
-    latest, entries = storage.history_since(cfg, -1)
+    latest, entries = table.history_since(-1)
     since = compacted_since(entries, truncated=versions[0] > 0) or 0
-    return LogState(versions[0], latest, storage.batch_commits(entries), since)
+    return LogState(versions[0], latest, batch_commits(entries), since)
 
 
 def lost_batches(store: MetadataStore, cfg: SinkConfig, state: LogState) -> dict[str, str]:
@@ -83,10 +84,11 @@ def lost_batches(store: MetadataStore, cfg: SinkConfig, state: LogState) -> dict
 
 def run_recover(store: MetadataStore, cfg: SinkConfig, *, force: bool = False) -> RecoverResult:
     """Make the shard's metadata agree with its Delta log (see the module's docstring)."""
+    table = ShardTable(cfg)
     if not store.has_shard(cfg.name):
-        if not storage.exists(cfg):
+        if not table.exists():
             raise SinkError(
-                f"nothing to recover: no shard row in the metadata and no Delta table at {storage.table_path(cfg)}",
+                f"nothing to recover: no shard row in the metadata and no Delta table at {table.path}",
                 sink=cfg.name,
                 remedy="check the sink's name and RECONCILE_WAREHOUSE; a sink that never ran needs no recovery.",
             )
@@ -95,7 +97,7 @@ def run_recover(store: MetadataStore, cfg: SinkConfig, *, force: bool = False) -
         created = False
     before = store.get_shard(cfg.name)
     committed_before = len(store.batches(cfg.name, (COMMITTED,)))
-    state = read_log(cfg)
+    state = read_log(table)
     lost = lost_batches(store, cfg, state)
     if lost and not force:
         lowers = sorted(store.get_batch(b, cfg.name).lower for b in lost)
@@ -113,7 +115,7 @@ def run_recover(store: MetadataStore, cfg: SinkConfig, *, force: bool = False) -
         shard = store.reset_to_log(cfg.name, state.commits, state.since, state.latest, lost)
         outcome = "reset"
     else:
-        shard = sync(store, cfg) if state.latest >= 0 else before
+        shard = sync(store, table) if state.latest >= 0 else before
         outcome = (
             "rebuilt" if created else "rolled_forward" if shard.delta_version != before.delta_version else "in_sync"
         )

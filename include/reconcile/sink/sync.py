@@ -19,41 +19,43 @@ from __future__ import annotations
 
 import logging
 
-from reconcile.config import SinkConfig
 from reconcile.errors import MetadataAheadOfLog, SinkError
 from reconcile.log import event, iso
 from reconcile.model import COMMITTED
-from reconcile.storage import delta as storage
+from reconcile.storage import files
+from reconcile.storage.commits import batch_commits
+from reconcile.storage.delta import ShardTable
 from reconcile.storage.ledger import MetadataStore
 from reconcile.storage.tables import Batch, Shard
 
 log = logging.getLogger("reconcile.sync")
 
 
-def sync(store: MetadataStore, cfg: SinkConfig) -> Shard:
+def sync(store: MetadataStore, table: ShardTable) -> Shard:
     """Roll the metadata forward to every batch commit in the Delta log it has not absorbed."""
-    shard = store.get_shard(cfg.name)
-    last = store.previous_committed(cfg.name, shard.upper)  # read before the log is listed
-    if not storage.exists(cfg):
-        check_log_holds_ledger(cfg, shard, last, None)
+    name = table.name
+    shard = store.get_shard(name)
+    last = store.previous_committed(name, shard.upper)  # read before the log is listed
+    if not table.exists():
+        check_log_holds_ledger(table, shard, last, None)
         return shard
-    latest, entries = storage.history_since(cfg, shard.delta_version)
-    check_log_holds_ledger(cfg, shard, last, latest)
-    commits = storage.batch_commits(entries)
+    latest, entries = table.history_since(shard.delta_version)
+    check_log_holds_ledger(table, shard, last, latest)
+    commits = batch_commits(entries)
     # A new row (the metadata database was lost) for a log whose first commit files Delta's
     # log cleanup removed: the history starts at the first batch still there.
     truncated = shard.delta_version < 0 and bool(entries) and entries[0][0] > 0
     if truncated and not commits:
-        refuse_truncated(cfg, entries[0][0])
+        refuse_truncated(table, entries[0][0])
     for rec in commits:
-        if store.absorb_commit(cfg.name, rec):
-            event(log, "rolled metadata forward to a Delta batch commit", sink=cfg.name, **rec.summary())
+        if store.absorb_commit(name, rec):
+            event(log, "rolled metadata forward to a Delta batch commit", sink=name, **rec.summary())
     since = compacted_since(entries, truncated)
-    if since is not None and store.absorb_since(cfg.name, since):
-        event(log, "raised since to the Delta log's last compaction", sink=cfg.name, since=since)
+    if since is not None and store.absorb_since(name, since):
+        event(log, "raised since to the Delta log's last compaction", sink=name, since=since)
     if entries:
-        store.note_delta_version(cfg.name, latest)
-    return store.get_shard(cfg.name)
+        store.note_delta_version(name, latest)
+    return store.get_shard(name)
 
 
 def compacted_since(entries: list[tuple[int, dict | None]], truncated: bool = False) -> int | None:
@@ -62,26 +64,26 @@ def compacted_since(entries: list[tuple[int, dict | None]], truncated: bool = Fa
     are then promised exact only from the first batch still there on (a narrower promise)."""
     found = [int(m["since"]) for _, m in entries if m and m.get("op") == "compact" and m.get("since") is not None]
     if truncated:
-        found += [c.lower for c in storage.batch_commits(entries)[:1]]
+        found += [c.lower for c in batch_commits(entries)[:1]]
     return max(found, default=None)
 
 
-def refuse_truncated(cfg: SinkConfig, first: int) -> None:
+def refuse_truncated(table: ShardTable, first: int) -> None:
     """A lost ledger cannot be rebuilt from a log that no longer says where the shard ends."""
-    txn = storage.last_txn_version(cfg)
+    txn = table.last_txn_version()
     if txn is None:  # the sink never committed a batch to this table
         return
     raise SinkError(
         f"cannot rebuild the shard's metadata from the Delta log: its commit files before version {first} were "
         f"cleaned up (delta.logRetentionDuration) and none of those left holds a batch of the sink, so where the "
         f"shard ends is unknown (its last committed lower is {iso(txn)})",
-        sink=cfg.name,
-        remedy=f"restore the metadata database from a backup, then run `python -m reconcile recover {cfg.name}` "
+        sink=table.name,
+        remedy=f"restore the metadata database from a backup, then run `python -m reconcile recover {table.name}` "
         "(it rolls the backup forward to the log).",
     )
 
 
-def check_log_holds_ledger(cfg: SinkConfig, shard: Shard, last: Batch | None, latest: int | None) -> None:
+def check_log_holds_ledger(table: ShardTable, shard: Shard, last: Batch | None, latest: int | None) -> None:
     """Refuse a ledger ahead of the Delta log (``latest``: the log's last version, None without
     a table): the log must reach every version the ledger absorbed, and the version of the
     ledger's last committed batch (``last``) must still be that batch's commit (a commit file
@@ -95,23 +97,23 @@ def check_log_holds_ledger(cfg: SinkConfig, shard: Shard, last: Batch | None, la
         if last.delta_version > latest:
             ahead = True
         else:
-            found, meta = storage.version_description(cfg, last.delta_version)
+            found, meta = table.version_description(last.delta_version)
             m = meta or {}
             held = f"batch {m.get('batch_id')}" if m.get("op") == "batch" else m.get("op") or "a foreign commit"
             ahead = found and held != f"batch {last.batch_id}"
     if ahead:
-        raise ahead_of_log(cfg, shard, last, latest, held)
+        raise ahead_of_log(table, shard, last, latest, held)
 
 
 def ahead_of_log(
-    cfg: SinkConfig, shard: Shard, last: Batch | None, latest: int | None, held: str | None = None
+    table: ShardTable, shard: Shard, last: Batch | None, latest: int | None, held: str | None = None
 ) -> MetadataAheadOfLog:
     """The one-line error for a ledger ahead of its Delta log, with the log's actual end."""
     if latest is None:
-        end = f"the Delta table at {storage.table_path(cfg)} has no commits"
+        end = f"the Delta table at {table.path} has no commits"
         log_upper = None
     else:
-        commits = storage.batch_commits(storage.history_since(cfg, -1)[1])
+        commits = batch_commits(table.history_since(-1)[1])
         log_upper = commits[-1].upper if commits else None
         end = f"the Delta log ends at version {latest} with " + (
             f"upper={iso(log_upper)} (batch {commits[-1].batch_id})" if commits else "no batch committed"
@@ -127,14 +129,14 @@ def ahead_of_log(
     return MetadataAheadOfLog(
         f"the metadata says {said} but {end}: the Delta table was restored from an older copy or replaced; "
         "nothing was written",
-        sink=cfg.name,
+        sink=table.name,
         remedy=f"put the newer Delta table back if it still exists; otherwise stop the sink's runs and run "
-        f"`python -m reconcile recover {cfg.name} --force`: it resets the metadata to the Delta log, and the next "
+        f"`python -m reconcile recover {table.name} --force`: it resets the metadata to the Delta log, and the next "
         f"run recomputes the shard {redo}.",
     )
 
 
-def stale_staged(store: MetadataStore, cfg: SinkConfig) -> list[str]:
+def stale_staged(store: MetadataStore, table: ShardTable) -> list[str]:
     """Staged directories that can never become part of the table (``<batch>`` or
     ``<batch>/<stage>``), as of the synced ledger.
 
@@ -143,41 +145,32 @@ def stale_staged(store: MetadataStore, cfg: SinkConfig) -> list[str]:
     passed loses files (no batch with that lower can ever be committed again: Delta's guard
     records a version at or above it), and of a committed batch only the attempts other than
     the committed one. A directory of a batch the ledger does not know is left alone."""
-    shard = store.get_shard(cfg.name)
-    known = {b.batch_id: b for b in store.batches(cfg.name)}
+    shard = store.get_shard(table.name)
+    known = {b.batch_id: b for b in store.batches(table.name)}
     out = []
-    for batch_id in storage.list_dirs(storage.staging_root(cfg)):
+    for batch_id in table.staged_batches():
         b = known.get(batch_id)
         if b is None or b.lower >= shard.upper:
             continue
         if b.state != COMMITTED:
             out.append(batch_id)
         elif b.stage_id:  # a committed batch without its attempt recorded keeps every directory
-            out += [
-                f"{batch_id}/{s}" for s in storage.list_dirs(storage.staging_path(cfg, batch_id)) if s != b.stage_id
-            ]
+            out += [f"{batch_id}/{s}" for s in table.staged_attempts(batch_id) if s != b.stage_id]
     return out
 
 
-def gc_staged(store: MetadataStore, cfg: SinkConfig) -> list[str]:
-    """Delete staged files that can never be appended (seed 002, batch.delete())."""
-    deleted = stale_staged(store, cfg)
+def gc_staged(store: MetadataStore, table: ShardTable) -> list[str]:
+    """Delete staged files that can never be appended (as persist's sink deletes a batch's blobs
+    once it can never be appended)."""
+    deleted = stale_staged(store, table)
     for rel in deleted:
-        storage.delete_path(f"{storage.staging_root(cfg)}/{rel}")
-    legacy = storage.legacy_staging_root(cfg)  # staged by releases before the metadata-only append
-    if storage.path_exists(legacy):
-        upper = store.get_shard(cfg.name).upper
-        open_ids = {b.batch_id for b in store.batches(cfg.name) if b.lower >= upper}
-        for batch_id in storage.list_dirs(legacy):
-            if batch_id not in open_ids:
-                storage.delete_path(f"{legacy}/{batch_id}")
-                deleted.append(f"{legacy}/{batch_id}")
+        files.delete_path(f"{table.staging_root}/{rel}")
     if deleted:
-        shard = store.get_shard(cfg.name)
+        shard = store.get_shard(table.name)
         event(
             log,
             "deleted staged files that can never be appended",
-            sink=cfg.name,
+            sink=table.name,
             dirs=",".join(deleted),
             upper=shard.upper,
         )

@@ -7,7 +7,8 @@ import json
 
 from reconcile.config import SinkConfig
 from reconcile.errors import StagedBatchInvalid
-from reconcile.storage import delta as storage
+from reconcile.storage import commits, files, layout
+from reconcile.storage.delta import ShardTable
 
 
 def parse_manifest(cfg: SinkConfig, batch_id: str, text: str | None) -> dict:
@@ -19,43 +20,38 @@ def parse_manifest(cfg: SinkConfig, batch_id: str, text: str | None) -> dict:
         raise StagedBatchInvalid(f"batch {batch_id} has no readable manifest in the ledger.", sink=cfg.name) from None
 
 
-def staged_files(cfg: SinkConfig, batch_id: str, manifest: dict) -> tuple[str, dict[str, int]]:
+def staged_files(table: ShardTable, batch_id: str, manifest: dict) -> tuple[str, dict[str, int]]:
     """(the write attempt's directory, {file: size} the manifest names), after checking that
     exactly those files are there with their sizes and content digests; else
     :class:`StagedBatchInvalid`."""
-    if manifest.get("layout") != storage.BATCHES_DIR or not manifest.get("stage_id"):
-        raise StagedBatchInvalid(
-            f"staged batch {batch_id} was staged by an earlier release, outside the table", sink=cfg.name
-        )
-    path = storage.staging_path(cfg, batch_id, manifest["stage_id"])
-    if not storage.path_exists(path):
-        raise StagedBatchInvalid(f"staged batch {batch_id} misses its folder {path}", sink=cfg.name)
-    files = storage.list_files(path)
+    sink = table.name
+    path = table.staging_path(batch_id, manifest["stage_id"])
+    if not files.path_exists(path):
+        raise StagedBatchInvalid(f"staged batch {batch_id} misses its folder {path}", sink=sink)
+    found = files.list_files(path)
     expected: dict[str, int] = {}
     for part in manifest["parts"].values():
         expected.update(part["files"])
-    missing = sorted(set(expected) - set(files))
+    missing = sorted(set(expected) - set(found))
     if missing:
-        raise StagedBatchInvalid(f"staged batch {batch_id} misses file(s) {missing[:3]} under {path}", sink=cfg.name)
-    changed = sorted(k for k, size in expected.items() if files[k] != size)
-    unknown = sorted(set(files) - set(expected))
+        raise StagedBatchInvalid(f"staged batch {batch_id} misses file(s) {missing[:3]} under {path}", sink=sink)
+    changed = sorted(k for k, size in expected.items() if found[k] != size)
+    unknown = sorted(set(found) - set(expected))
     if changed or unknown:
         raise StagedBatchInvalid(
             f"staged batch {batch_id} does not match its manifest: changed {changed[:3]}, unexpected {unknown[:3]}",
-            sink=cfg.name,
+            sink=sink,
         )
     for part in manifest["parts"].values():
         for rel, want in (part.get("digests") or {}).items():
             try:
-                got = storage.digest(f"{path}/{rel}")
+                got = files.digest(f"{path}/{rel}")
             except FileNotFoundError:
-                raise StagedBatchInvalid(
-                    f"staged batch {batch_id} misses file {rel} under {path}", sink=cfg.name
-                ) from None
+                raise StagedBatchInvalid(f"staged batch {batch_id} misses file {rel} under {path}", sink=sink) from None
             if got != want:
                 raise StagedBatchInvalid(
                     f"staged batch {batch_id}: file {rel} under {path} changed after it was staged (content digest)",
-                    sink=cfg.name,
+                    sink=sink,
                 )
     return path, expected
 
@@ -76,14 +72,14 @@ def differences(
     return out
 
 
-def added_by_part(cfg: SinkConfig, version: int) -> tuple[dict[int, dict], list[str]]:
+def added_by_part(table: ShardTable, version: int) -> tuple[dict[int, dict], list[str]]:
     """Per hash partition, what one Delta version added according to its ``add`` actions (rows
     from their statistics, files by path and size), and the added files outside any partition
     directory; no data file is read."""
     parts: dict[int, dict] = {}
     loose: list[str] = []
-    for add in storage.added_files(storage.commit_actions(cfg, version)):
-        p = storage.part_of(add["path"])
+    for add in commits.added_files(table.commit_actions(version)):
+        p = layout.part_of(add["path"])
         if p is None:
             loose.append(add["path"])
             continue
@@ -93,42 +89,37 @@ def added_by_part(cfg: SinkConfig, version: int) -> tuple[dict[int, dict], list[
     return parts, loose
 
 
-def log_differences(cfg: SinkConfig, version: int, meta: dict) -> list[str]:
+def log_differences(table: ShardTable, version: int, meta: dict) -> list[str]:
     """A batch's Delta version against its description, from the log alone: the version added
     exactly the files of the committed attempt (``files`` per partition, when the description
     names them) with the rows the description records per partition."""
     what = f"batch {meta['batch_id']} [{meta['lower']}, {meta['upper']}): Delta version {version}"
-    if meta.get("layout") != storage.BATCHES_DIR:  # committed by copying the rows (earlier releases)
-        adds = storage.added_files(storage.commit_actions(cfg, version))
-        total = sum(int(json.loads(a.get("stats") or "{}").get("numRecords", 0)) for a in adds)
-        expected = sum(int(part["rows"]) for part in meta["parts"].values())
-        return [] if total == expected else [f"{what} added {total} rows, the manifest says {expected}"]
-    parts, loose = added_by_part(cfg, version)
+    parts, loose = added_by_part(table, version)
     if loose:
         return [f"{what} added file(s) outside the batch's attempt: {loose[:3]}"]
     out = differences(meta, parts, f"{what}'s partition {{p}}", keys=("rows",))
     for p, want in sorted(meta["parts"].items(), key=lambda kv: int(kv[0])):
-        files = {
-            storage.table_relative(cfg, meta["batch_id"], meta["stage_id"], rel): size
+        named = {
+            layout.staged_relative(meta["batch_id"], meta["stage_id"], rel): size
             for rel, size in want.get("files", {}).items()
         }
         got = parts.get(int(p), {}).get("files", {})
-        if "files" in want and files != got:
+        if "files" in want and named != got:
             out.append(
                 f"{what}'s partition {p} added {len(got)} file(s) {sorted(got)[:3]}, "
-                f"the manifest says {len(files)}: {sorted(files)[:3]}"
+                f"the manifest says {len(named)}: {sorted(named)[:3]}"
             )
     return out
 
 
-def commit_differences(spark, cfg: SinkConfig, batches: dict[int, dict]) -> tuple[list[str], int]:
+def commit_differences(spark, table: ShardTable, batches: dict[int, dict]) -> tuple[list[str], int]:
     """Committed batches checked against their descriptions by reading their rows (Spark):
     ``{Delta version: manifest}`` -> (one line per batch whose Delta version's rows differ from
     its manifest's rows and checksums, versions checked). Versions whose files were vacuumed
     after a compaction cannot be checked."""
     from reconcile.storage import frames
 
-    stats = frames.committed_stats(spark, cfg, {v: int(m["partitions"]) for v, m in batches.items()})
+    stats = frames.committed_stats(spark, table, {v: int(m["partitions"]) for v, m in batches.items()})
     out = []
     for v, got in sorted(stats.items()):
         m = batches[v]
@@ -147,7 +138,7 @@ def _has_checksums(part: dict) -> bool:
 
 
 def checksum_differences(
-    spark, cfg: SinkConfig, batches: dict[int, dict], since: int, version: int
+    spark, table: ShardTable, batches: dict[int, dict], since: int, version: int
 ) -> tuple[list[str], dict[str, int]]:
     """Each batch's recorded checksums of the shard as of its ``upper - 1`` against the Delta
     table as of ``version`` (``batches``: ``{Delta version: its description}``, up to
@@ -174,7 +165,7 @@ def checksum_differences(
             todo.append((v, m))
     if not todo:
         return [], counts
-    sums = frames.checksums_by_time(spark, cfg, [int(m["partitions"]) for _, m in todo], version)
+    sums = frames.checksums_by_time(spark, table, [int(m["partitions"]) for _, m in todo], version)
     out: list[str] = []
     for n, times in sums.items():
         running: dict[int, int] = {}

@@ -53,8 +53,9 @@ from reconcile.log import event, iso
 from reconcile.model import COMMITTED, OPEN_STATES, STAGED, BatchDescription, Staged
 from reconcile.sink.sync import sync
 from reconcile.sink.verify import parse_manifest, staged_files
-from reconcile.storage import delta as storage
-from reconcile.storage import frames
+from reconcile.storage import files, frames, layout
+from reconcile.storage.commits import MAINTENANCE, runs_of
+from reconcile.storage.delta import ShardTable
 from reconcile.storage.ledger import MetadataStore
 
 log = logging.getLogger("reconcile.write")
@@ -73,31 +74,20 @@ class WriteResult:
     batch_id: str | None = None
 
 
-def foreign_runs(entries: list[tuple[int, dict | None]], up_to: int) -> list[tuple[int, int]]:
-    """Contiguous runs ``(first, last)`` of Delta versions not written by the sink."""
-    runs: list[tuple[int, int]] = []
-    for v, meta in entries:
-        if meta is not None or v > up_to:
-            continue
-        if runs and runs[-1][1] == v - 1:
-            runs[-1] = (runs[-1][0], v)
-        else:
-            runs.append((v, v))
-    return runs
-
-
-def drift_rows(spark: SparkSession, store: MetadataStore, cfg: SinkConfig, read_version: int, upper: int) -> int | None:
+def drift_rows(
+    spark: SparkSession, store: MetadataStore, table: ShardTable, read_version: int, upper: int
+) -> int | None:
     """Sum of |diff| written behind the sink's back (below ``upper``) that this batch repairs:
     the foreign Delta versions after the version the previous committed batch read, up to
     ``read_version``. Each contiguous run of foreign versions costs two time-travel reads."""
+    cfg = table.cfg
     seen = [b.read_version for b in store.batches(cfg.name, (COMMITTED,)) if b.read_version is not None]
     base = max(seen) if seen else -1
-    _, entries = storage.history_since(cfg, base)
     total = 0
-    for first, last in foreign_runs(entries, read_version):
+    for first, last in runs_of([c.version for c in table.foreign_commits(base, read_version)]):
         try:
-            after = frames.read_updates(spark, cfg, last).where(F.col("_time") < upper)
-            before = frames.read_updates(spark, cfg, first - 1).where(F.col("_time") < upper)
+            after = frames.read_updates(spark, table, last).where(F.col("_time") < upper)
+            before = frames.read_updates(spark, table, first - 1).where(F.col("_time") < upper)
             changed = consolidate(
                 cfg, after.unionByName(before.withColumn("_diff", -F.col("_diff"))), partitioned=False
             )
@@ -113,12 +103,13 @@ def drift_rows(spark: SparkSession, store: MetadataStore, cfg: SinkConfig, read_
     return total
 
 
-def carried_checksums(store: MetadataStore, cfg: SinkConfig, lower: int, read_version: int) -> dict[int, int] | None:
+def carried_checksums(store: MetadataStore, table: ShardTable, lower: int, read_version: int) -> dict[int, int] | None:
     """The shard's checksums as of ``lower - 1``, per partition, as the committed batch ending at
     ``lower`` recorded them, if nothing but that batch's own commit, the sink's compactions (which
     keep every checksum as of a time at or after ``since``) and commits that change no data
     touched the table between the Delta version it read and ``read_version``; else None (the
     write then observes the shard as read)."""
+    cfg = table.cfg
     prev = store.committed_ending_at(cfg.name, lower)
     b = prev[0] if len(prev) == 1 else None
     if b is None or b.read_version is None or not b.manifest:
@@ -130,13 +121,13 @@ def carried_checksums(store: MetadataStore, cfg: SinkConfig, lower: int, read_ve
         sums = {p: int(manifest["parts"][str(p)]["shard_checksum"], 16) for p in range(cfg.partitions)}
     except (StagedBatchInvalid, KeyError, ValueError, TypeError):
         return None
-    _, entries = storage.history_since(cfg, b.read_version)
+    _, entries = table.history_since(b.read_version)
     for v, meta in entries:
         if v > read_version:
             break
         meta = meta or {}
         if not (
-            meta.get("op") in ("compact", storage.MAINTENANCE)
+            meta.get("op") in ("compact", MAINTENANCE)
             or (meta.get("op") == "batch" and meta.get("batch_id") == b.batch_id)
         ):
             return None  # a foreign data change (drift), or a commit the record does not cover
@@ -192,11 +183,11 @@ def self_check(cfg: SinkConfig, batch_id: str, lower: int, upper: int, sums: dic
         )
 
 
-def _stage_state(cfg: SinkConfig, b) -> str | None:
+def _stage_state(table: ShardTable, b) -> str | None:
     """Why the batch's recorded attempt cannot be appended as it is (None: exactly the files its
     manifest names are there, with their sizes)."""
     try:
-        staged_files(cfg, b.batch_id, parse_manifest(cfg, b.batch_id, b.manifest))
+        staged_files(table, b.batch_id, parse_manifest(table.cfg, b.batch_id, b.manifest))
     except StagedBatchInvalid as exc:
         return str(exc)
     return None
@@ -221,6 +212,7 @@ def _lost(b, stage_id: str) -> tuple[str, str]:
 
 
 def run_write(spark: SparkSession, store: MetadataStore, cfg: SinkConfig, batch_id: str) -> WriteResult:
+    table = ShardTable(cfg)
     b = store.get_batch(batch_id, cfg.name)
     desc = BatchDescription.of(b)
     state = dict(sink=cfg.name, batch=batch_id, lower=desc.lower, upper=desc.upper, run=desc.run_id)
@@ -235,8 +227,8 @@ def run_write(spark: SparkSession, store: MetadataStore, cfg: SinkConfig, batch_
         msg = event(log, f"skipping write: batch is {b.state} ({b.message or 'no message'})", **state)
         return WriteResult("skipped", msg)
 
-    storage.ensure_table(cfg)
-    shard = sync(store, cfg)
+    table.ensure()
+    shard = sync(store, table)
     if shard.upper > desc.lower:
         b = store.get_batch(batch_id, cfg.name)
         if b.state == COMMITTED:
@@ -268,7 +260,7 @@ def run_write(spark: SparkSession, store: MetadataStore, cfg: SinkConfig, batch_
     b = store.get_batch(batch_id, cfg.name)
     replaces = None
     if b.state == STAGED:
-        damage = _stage_state(cfg, b)
+        damage = _stage_state(table, b)
         if damage is None:
             msg = event(
                 log,
@@ -284,8 +276,8 @@ def run_write(spark: SparkSession, store: MetadataStore, cfg: SinkConfig, batch_
             level=logging.WARNING,
             **state,
         )
-    stage_id = storage.new_stage_id()
-    others = sorted(set(storage.list_dirs(storage.staging_path(cfg, batch_id))) - {replaces})
+    stage_id = layout.new_stage_id()
+    others = sorted(set(table.staged_attempts(batch_id)) - {replaces})
     if others:
         event(
             log,
@@ -293,7 +285,7 @@ def run_write(spark: SparkSession, store: MetadataStore, cfg: SinkConfig, batch_
             "the first to record its manifest is the batch, the others delete their files",
             **state,
         )
-    path = storage.staging_path(cfg, batch_id, stage_id)
+    path = table.staging_path(batch_id, stage_id)
 
     def stage(carried: dict[int, int] | None) -> tuple[kinds.Correction, dict, dict | None]:
         try:
@@ -302,14 +294,14 @@ def run_write(spark: SparkSession, store: MetadataStore, cfg: SinkConfig, batch_
             if not (checksums.ENABLED and checksums.overflowed(exc)):
                 raise
             # A checksum's plain sum overflowed (or the kind's own arithmetic did: it fails again).
-            storage.delete_path(path)
+            files.delete_path(path)
             return stage_once(carried, guarded=True)
 
     def stage_once(carried: dict[int, int] | None, guarded: bool) -> tuple[kinds.Correction, dict, dict | None]:
         checks = BatchChecks(cfg, desc.lower, desc.upper, stage_id, carried, guarded) if checksums.ENABLED else None
         corr = batch_correction(spark, store, cfg, persist, desc.lower, desc.upper, checks)
         with checksums.observable(spark):  # the checksums and an upsert feed's progress
-            _, stats = frames.write_staged(spark, cfg, batch_id, stage_id, corr.updates, checks)
+            _, stats = frames.write_staged(spark, table, batch_id, stage_id, corr.updates, checks)
         if checks is None:
             return corr, stats, None
         sums = checks.totals()
@@ -317,9 +309,9 @@ def run_write(spark: SparkSession, store: MetadataStore, cfg: SinkConfig, batch_
         return corr, stats, sums
 
     try:
-        read_version = storage.latest_version(cfg)
-        persist = frames.read_updates(spark, cfg, read_version)
-        carried = carried_checksums(store, cfg, desc.lower, read_version) if checksums.ENABLED else None
+        read_version = table.latest_version()
+        persist = frames.read_updates(spark, table, read_version)
+        carried = carried_checksums(store, table, desc.lower, read_version) if checksums.ENABLED else None
         try:
             corr, stats, sums = stage(carried)
         except SelfCheckFailed:
@@ -327,7 +319,7 @@ def run_write(spark: SparkSession, store: MetadataStore, cfg: SinkConfig, batch_
                 raise
             # A bug fails this attempt too; otherwise the shard as read is not what the previous
             # batch recorded.
-            storage.delete_path(path)
+            files.delete_path(path)
             corr, stats, sums = stage(None)
             event(
                 log,
@@ -338,21 +330,21 @@ def run_write(spark: SparkSession, store: MetadataStore, cfg: SinkConfig, batch_
                 **state,
             )
         failpoint("write.after_partition_staged")
-        files = storage.list_files(path)
-        digests = {rel: storage.digest(f"{path}/{rel}") for rel in files}
+        staged_sizes = files.list_files(path)
+        digests = {rel: files.digest(f"{path}/{rel}") for rel in staged_sizes}
     except Exception:
         now_b = store.get_batch(batch_id, cfg.name)
-        storage.delete_path(path)  # this attempt's files: never recorded, so never committed
+        files.delete_path(path)  # this attempt's files: never recorded, so never committed
         if now_b.state in OPEN_STATES and now_b.stage_id == replaces:
             raise  # nobody else finished: this attempt's own failure
         outcome, msg = _lost(now_b, stage_id)
         return WriteResult(outcome, event(log, msg, **state), batch_id=batch_id)
     parts = {}
     for p in range(cfg.partitions):
-        mine = sorted(k for k in files if storage.part_of(k) == p)
+        mine = sorted(k for k in staged_sizes if layout.part_of(k) == p)
         parts[str(p)] = {
             **stats.get(p, {"rows": 0, "err": 0, "weight": 0, "checksum": "0", "net": 0}),
-            "files": {k: files[k] for k in mine},
+            "files": {k: staged_sizes[k] for k in mine},
             "digests": {k: digests[k] for k in mine},
         }
         desired, shard_sum = (None, None) if sums is None else (sums["desired"][p], sums["shard"][p])
@@ -361,11 +353,11 @@ def run_write(spark: SparkSession, store: MetadataStore, cfg: SinkConfig, batch_
             parts[str(p)]["shard_checksum"] = checksums.text(shard_sum)
     rows_err = sum(s["err"] for s in stats.values())
     rows_ok = sum(s["rows"] for s in stats.values()) - rows_err
-    drift = drift_rows(spark, store, cfg, read_version, desc.upper)
+    drift = drift_rows(spark, store, table, read_version, desc.upper)
     manifest = {
         "batch_id": batch_id,
         "stage_id": stage_id,
-        "layout": storage.BATCHES_DIR,
+        "layout": layout.BATCHES_DIR,
         "lower": desc.lower,
         "upper": desc.upper,
         "partitions": cfg.partitions,
@@ -396,7 +388,7 @@ def run_write(spark: SparkSession, store: MetadataStore, cfg: SinkConfig, batch_
     )
     won, now_b = store.mark_staged(batch_id, staged, replaces=replaces)
     if not won:
-        storage.delete_path(path)  # never recorded: no append can commit it
+        files.delete_path(path)  # never recorded: no append can commit it
         outcome, msg = _lost(now_b, stage_id)
         return WriteResult(outcome, event(log, msg, **state), batch_id=batch_id)
     failpoint("write.after_staged")

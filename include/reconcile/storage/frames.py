@@ -1,6 +1,6 @@
 """The shard as Spark DataFrames: the Delta table read as of any time, staged corrections written
 and read, statistics of rows. Spark jobs only (write, compact, deep checks); the control plane
-uses :mod:`reconcile.storage.delta`, which needs no JVM.
+uses :class:`reconcile.storage.delta.ShardTable`, which needs no JVM.
 """
 
 from __future__ import annotations
@@ -14,16 +14,9 @@ from pyspark.sql.types import StructType
 
 from reconcile.config import SinkConfig
 from reconcile.differential import HASH_COLUMN
-from reconcile.storage.delta import (
-    META_KEY,
-    PART_COLUMN,
-    added_files,
-    commit_actions,
-    list_files,
-    plain_files,
-    staging_path,
-    table_path,
-)
+from reconcile.storage.commits import META_KEY, added_files
+from reconcile.storage.delta import ShardTable
+from reconcile.storage.layout import PART_COLUMN
 
 
 def schema(cfg: SinkConfig, *, with_part: bool = False) -> StructType:
@@ -48,12 +41,13 @@ def writer(df: DataFrame, meta: dict, mode: str):
     return df.write.format("delta").mode(mode).option("userMetadata", json.dumps({META_KEY: meta}, sort_keys=True))
 
 
-def read_updates(spark: SparkSession, cfg: SinkConfig, version: int | None = None) -> DataFrame:
+def read_updates(spark: SparkSession, table: ShardTable, version: int | None = None) -> DataFrame:
     """The shard's update log at Delta ``version`` (latest: None). The files the log names are read
-    as plain Parquet when they can be (:func:`reconcile.storage.delta.plain_files`: the log is
+    as plain Parquet when they can be (:meth:`ShardTable.plain_files`: the log is
     replayed in this process, not by a Spark job of Delta's); else through Delta's reader."""
+    cfg = table.cfg
     try:
-        files = plain_files(cfg, version)
+        files = table.plain_files(version)
     except Exception:  # noqa: BLE001 - no such table or version: Delta's reader says so in its words
         files = None
     if files is not None:
@@ -63,24 +57,24 @@ def read_updates(spark: SparkSession, cfg: SinkConfig, version: int | None = Non
     reader = spark.read.format("delta")
     if version is not None:
         reader = reader.option("versionAsOf", version)
-    return reader.load(table_path(cfg))
+    return reader.load(table.path)
 
 
-def read_as_of(spark: SparkSession, cfg: SinkConfig, t: int) -> tuple[DataFrame, DataFrame]:
+def read_as_of(spark: SparkSession, table: ShardTable, t: int) -> tuple[DataFrame, DataFrame]:
     """The shard as of time ``t``, consolidated: (ok rows with ``_count``, errors with ``_count``).
 
     Exact for ``t >= since`` (the caller checks the shard's since in the metadata table).
     """
     from reconcile.differential import as_of
 
-    snap = as_of(cfg, read_updates(spark, cfg), t).withColumnRenamed("_diff", "_count")
+    snap = as_of(table.cfg, read_updates(spark, table), t).withColumnRenamed("_diff", "_count")
     ok = snap.where(F.col("_error").isNull()).drop("_error")
     errors = snap.where(F.col("_error").isNotNull()).select("_error", "_count")
     return ok, errors
 
 
 def write_staged(
-    spark: SparkSession, cfg: SinkConfig, batch_id: str, stage_id: str, corr: DataFrame, checks=None
+    spark: SparkSession, table: ShardTable, batch_id: str, stage_id: str, corr: DataFrame, checks=None
 ) -> tuple[str, dict[int, dict]]:
     """Stage one write attempt's correction in a directory no other attempt writes to; returns
     the directory and, per partition with rows, their statistics (:func:`_stats_aggregates`),
@@ -89,7 +83,8 @@ def write_staged(
     and count into the shard's side."""
     from pyspark.sql import Observation
 
-    path = staging_path(cfg, batch_id, stage_id)
+    cfg = table.cfg
+    path = table.staging_path(batch_id, stage_id)
     observation = Observation(f"staged-{stage_id}")
     aggregates, tmp = [], []
     for p in range(cfg.partitions):
@@ -154,18 +149,18 @@ def _stats_of(r, suffix: str = "") -> dict:
     return out
 
 
-def committed_stats(spark: SparkSession, cfg: SinkConfig, versions: dict[int, int]) -> dict[int, dict[int, dict]]:
+def committed_stats(spark: SparkSession, table: ShardTable, versions: dict[int, int]) -> dict[int, dict[int, dict]]:
     """Per Delta version (``{version: its batch's partition count P}``) and hash partition: the
     statistics of the rows that version added, in one Spark job. Versions whose added files are
     no longer all on storage (vacuumed after a compaction) are left out: not verifiable."""
     from reconcile.differential import partition_of
 
-    root = table_path(cfg)
-    present = set(list_files(root))
+    cfg, root = table.cfg, table.path
+    present = set(table.files())
     out: dict[int, dict[int, dict]] = {}
     owner: list[tuple[str, int, int]] = []
     for v, parts in versions.items():
-        files = [a["path"] for a in added_files(commit_actions(cfg, v))]
+        files = [a["path"] for a in added_files(table.commit_actions(v))]
         if all(f in present for f in files):
             out[v] = {}
             owner += [(f, v, parts) for f in files]
@@ -191,7 +186,7 @@ def committed_stats(spark: SparkSession, cfg: SinkConfig, versions: dict[int, in
 
 
 def checksums_by_time(
-    spark: SparkSession, cfg: SinkConfig, partition_counts: list[int], version: int
+    spark: SparkSession, table: ShardTable, partition_counts: list[int], version: int
 ) -> dict[int, list[tuple[int, dict[int, int]]]]:
     """Per partition count P: ``[(time, {partition: checksum of the updates at that time})]`` in
     ascending time, of the table as of Delta version ``version``, in one Spark job that returns
@@ -201,12 +196,13 @@ def checksums_by_time(
 
     from reconcile.checksums import MOD, WIDE_LIMBS, combine, limbs, row_hash
 
+    cfg = table.cfg
     counts = sorted(set(partition_counts))
     h, diff = F.col("_h"), F.col("_diff")
     keys = [f"_p{n}" for n in counts]
     sums = [f"_l{i}" for i in range(len(WIDE_LIMBS))]
     rows = (
-        read_updates(spark, cfg, version)
+        read_updates(spark, table, version)
         .where(F.col("_time").isNotNull())
         .select("_time", row_hash(cfg).alias("_h"), "_diff")
         .select(

@@ -1,0 +1,109 @@
+"""Files under the warehouse, through fsspec: local folders and object stores alike. Small reads,
+listings and best-effort deletes; nothing here knows about Delta or sinks."""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import time
+
+log = logging.getLogger("reconcile.shard")
+
+
+def fs_of(path: str):
+    """(file system, path inside it) of a local path or URI."""
+    from fsspec.core import url_to_fs
+
+    return url_to_fs(path)
+
+
+def read_text(path: str) -> str | None:
+    """A small file's text (None if it does not exist)."""
+    fs, p = fs_of(path)
+    try:
+        with fs.open(p, "rb") as f:
+            return f.read().decode("utf-8")
+    except FileNotFoundError:
+        return None
+
+
+def read_bytes(path: str) -> bytes:
+    fs, p = fs_of(path)
+    with fs.open(p, "rb") as f:
+        return f.read()
+
+
+def digest(path: str) -> str:
+    """A file's content digest (sha256, hex)."""
+    return hashlib.sha256(read_bytes(path)).hexdigest()
+
+
+def list_files(path: str) -> dict[str, int]:
+    """{relative path: size} of the data files below ``path`` (empty if it does not exist).
+
+    A directory deleted while it is listed (another attempt's cleanup) is listed again; one
+    that is gone is empty."""
+    fs, root = fs_of(path)
+    root = root.rstrip("/")
+    for attempt in range(3):
+        try:
+            if not fs.exists(root):
+                return {}
+            found = fs.find(root, detail=True)
+        except FileNotFoundError:
+            if attempt == 2:
+                raise
+            continue
+        out = {}
+        for full, info in found.items():
+            rel = full[len(root) + 1 :] if full.startswith(root + "/") else full
+            if rel.rsplit("/", 1)[-1].startswith(("_", ".")) or info.get("type") == "directory":
+                continue
+            out[rel] = int(info["size"])
+        return out
+    return {}
+
+
+def list_dirs(path: str) -> list[str]:
+    """The names of the directories directly below ``path`` (empty if it does not exist)."""
+    fs, root = fs_of(path)
+    try:
+        return sorted(p.rstrip("/").rsplit("/", 1)[-1] for p in fs.ls(root, detail=False) if fs.isdir(p))
+    except FileNotFoundError:
+        return []
+
+
+def list_names(path: str) -> list[str]:
+    """The names of the entries directly below ``path`` (empty if it does not exist)."""
+    fs, root = fs_of(path)
+    try:
+        return [n.rstrip("/").rsplit("/", 1)[-1] for n in fs.ls(root, detail=False)]
+    except FileNotFoundError:
+        return []
+
+
+def path_exists(path: str) -> bool:
+    fs, p = fs_of(path)
+    return bool(fs.exists(p))
+
+
+def delete_path(path: str, attempts: int = 3) -> bool:
+    """Delete a staged directory; False if it was not there or could not be emptied. Cleanup is
+    best effort and never fails a task: an outdated attempt may still be writing files into the
+    directory while it is removed (the listing is then not empty); what stays is deleted by the
+    next cleanup."""
+    fs, p = fs_of(path)
+    for attempt in range(attempts):
+        try:
+            if not fs.exists(p):
+                return False
+            fs.rm(p, recursive=True)
+            return True
+        except FileNotFoundError:  # deleted meanwhile by another attempt's cleanup
+            return False
+        except OSError as exc:  # ENOTEMPTY: a zombie attempt wrote into it meanwhile
+            if attempt == attempts - 1:
+                log.warning("could not delete %s (%s): the next cleanup retries it", path, exc)
+                return False
+            time.sleep(0.2 * (attempt + 1))
+    return False

@@ -1,0 +1,36 @@
+"""Where a shard's files live under the warehouse root (a local folder or any fsspec URI)::
+
+    <warehouse>/<sink>/                                       Delta table: sink columns, _time, _diff, _error
+    <warehouse>/<sink>/_delta_log/                            its log
+    <warehouse>/<sink>/batches/<batch_id>/<stage_id>/reconcile_part=<p>/*.parquet
+                                                              one write attempt's correction
+
+Every write attempt stages into a directory of its own (``stage_id``) inside the table's
+directory; the ledger's manifest names the one attempt whose files are the batch, and the
+append commits exactly those files to the Delta log as they are.
+"""
+
+from __future__ import annotations
+
+import uuid
+
+BATCHES_DIR = "batches"
+PART_COLUMN = "reconcile_part"  # the staged files' hash-partition directory: reconcile_part=<p>/
+
+
+def new_stage_id() -> str:
+    """A fresh write attempt's directory name."""
+    return f"w-{uuid.uuid4().hex[:16]}"
+
+
+def staged_relative(batch_id: str, stage_id: str, rel: str) -> str:
+    """A staged file's path relative to the table, as its Delta ``add`` action names it."""
+    return f"{BATCHES_DIR}/{batch_id}/{stage_id}/{rel}"
+
+
+def part_of(path: str) -> int | None:
+    """The hash partition a staged file belongs to (its ``reconcile_part=<p>`` directory)."""
+    for seg in path.split("/"):
+        if seg.startswith(PART_COLUMN + "="):
+            return int(seg.split("=", 1)[1])
+    return None
