@@ -9,7 +9,17 @@ from pathlib import Path
 import pytest
 import yaml
 
-from reconcile.config import ChangelogSink, Column, QuerySink, Source, UpsertSink, load_dir, load_file
+from reconcile.config import (
+    TYPES,
+    ChangelogSink,
+    Column,
+    QuerySink,
+    Source,
+    UpsertSink,
+    load_dir,
+    load_file,
+    problems_of,
+)
 from reconcile.errors import ConfigError
 
 QUERY = {
@@ -307,3 +317,112 @@ def test_schema_command_prints_a_json_schema_that_accepts_the_examples(tmp_path,
 def test_unknown_field_is_named_with_where_to_look(tmp_path):
     err = expect_error(tmp_path, variant(UPSERT, **{"upsert.source.compression": "gzip"}), "upsert.source.compression")
     assert "unknown field" in str(err) and "reconcile schema" in str(err)
+
+
+# --- every problem at once, said so that the user knows what to write -------------------------
+
+
+def load_problems(path: Path) -> list[ConfigError]:
+    with pytest.raises(ConfigError) as info:
+        load_file(path)
+    problems = problems_of(info.value)
+    for p in problems:
+        assert p.path == str(path) and "\n" not in str(p), p
+        assert str(p).startswith(f"sink '{p.sink}': config {path}: field '{p.field}': ") or p.sink is None
+    assert str(info.value) == "\n".join(str(p) for p in problems)
+    return problems
+
+
+def test_every_problem_of_a_file_is_reported_at_once(tmp_path):
+    data = variant(
+        UPSERT,
+        "upsert.time_column",
+        partitions=0,
+        partiton=3,
+        **{
+            "schema.0.type": "int64",
+            "schema.1.name": "_time",
+            "schema.3.nullable": "no",
+            "upsert.source.format": "avro",
+            "upsert.time_colum": "ts",
+        },
+    )
+    problems = load_problems(write(tmp_path, "customers.yaml", data))
+    fields = [p.field for p in problems]
+    assert sorted(fields) == sorted(
+        [
+            "schema[0].type",
+            "schema[1].name",
+            "schema[3].nullable",
+            "partitions",
+            "upsert.source.format",
+            "upsert.time_column",
+            "upsert.time_colum",
+            "partiton",
+        ]
+    ), fields
+    assert len(set(fields)) == len(fields)
+
+
+def test_cross_field_problems_are_reported_beside_the_others(tmp_path):
+    """The upsert section's checks against the schema run although another field is invalid."""
+    data = variant(UPSERT, partitions=0, **{"upsert.key": ["id", "nope"], "upsert.time_column": "score"})
+    fields = {p.field for p in load_problems(write(tmp_path, "customers.yaml", data))}
+    assert fields == {"partitions", "upsert.key[1]", "upsert.time_column"}
+
+
+def test_misspelled_required_field_is_named_as_unknown_with_the_nearest_name(tmp_path):
+    data = variant(CHANGELOG, "changelog.time_column", **{"changelog.time_colum": "ts"})
+    problems = {p.field: str(p) for p in load_problems(write(tmp_path, "ledger.yaml", data))}
+    assert set(problems) == {"changelog.time_colum", "changelog.time_column"}
+    assert "unknown field; did you mean `time_column`?" in problems["changelog.time_colum"]
+    assert "allowed here: source, time_column, diff_column" in problems["changelog.time_colum"]
+    assert "is required (the file has `time_colum`: misspelled?)" in problems["changelog.time_column"]
+
+
+def test_unknown_fields_are_named_when_the_kind_is_missing(tmp_path):
+    data = variant(QUERY, "kind", partiton=2)
+    problems = {p.field: str(p) for p in load_problems(write(tmp_path, "orders_daily.yaml", data))}
+    assert set(problems) == {"kind", "partiton"}
+    assert "query, changelog, upsert" in problems["kind"]
+    assert "did you mean `partitions`?" in problems["partiton"]
+
+
+def test_another_kinds_section_says_whose_it_is(tmp_path):
+    data = variant(QUERY, changelog=CHANGELOG["changelog"])
+    (problem,) = load_problems(write(tmp_path, "orders_daily.yaml", data))
+    assert problem.field == "changelog" and "section of kind 'changelog'" in str(problem)
+
+
+ALLOWED = {
+    "type": ({"schema.1.type": "int64"}, "schema[1].type", ["did you mean `bigint`?", *TYPES]),
+    "type typo": ({"schema.1.type": "strng"}, "schema[1].type", ["did you mean `string`?", "timestamp_ntz"]),
+    "kind": ({"kind": "querry"}, "kind", ["did you mean `query`?", "query, changelog, upsert"]),
+    "format": ({"query.sources.users.format": "avro"}, "query.sources.users.format", ["delta, parquet, csv, json"]),
+    "format typo": ({"query.sources.users.format": "parqet"}, "query.sources.users.format", ["`parquet`"]),
+    "schedule": ({"schedule": "daily"}, "schedule", ["@daily", "@hourly", "none"]),
+}
+
+
+@pytest.mark.parametrize("change,field,listed", ALLOWED.values(), ids=ALLOWED.keys())
+def test_a_value_outside_a_closed_set_lists_the_allowed_values(tmp_path, change, field, listed):
+    text = str(expect_error(tmp_path, variant(QUERY, **change), field))
+    assert all(word in text for word in listed), text
+
+
+YAML_WORDS = {
+    "off as offset column": ("offset_column: lsn", "offset_column: off", "upsert.offset_column", "off"),
+    "on as time column": ("time_column: ts", "time_column: on", "upsert.time_column", "on"),
+    "yes as a delete value": ("values: [d, 3]", "values: [d, yes]", "upsert.delete.values[1]", "yes"),
+    "On as a column name": ("name: score", "name: On", "schema[3].name", "On"),
+}
+
+
+@pytest.mark.parametrize("before,after,field,word", YAML_WORDS.values(), ids=YAML_WORDS.keys())
+def test_a_yaml_boolean_where_text_belongs_says_to_quote_it(tmp_path, before, after, field, word):
+    text = yaml.safe_dump(UPSERT, sort_keys=False, default_flow_style=None)
+    assert before in text
+    err = expect_error(tmp_path, text.replace(before, after), field)
+    assert f"YAML reads `{word}` as a boolean" in str(err) and f"quote it, '{word}'" in str(err), str(err)
+    fixed = load_file(write(tmp_path, "fixed.yaml", text.replace(before, after.replace(f" {word}", f" '{word}'"))))
+    assert word in repr(fixed.upsert) + repr(fixed.columns)

@@ -700,6 +700,8 @@ def _problems(exc: ValidationError, data: dict, path: str, sink: str | None, tex
     for loc, e in located:
         if any(other[: len(loc)] == loc and len(other) > len(loc) for other, _ in located):
             continue  # a container whose items are reported
+        if loc == ("as_of",) and e["type"] == "missing":
+            continue  # it defaults to start_date, which is reported missing
         cause = (e.get("ctx") or {}).get("error")
         pairs = (
             cause.problems if isinstance(cause, FieldError) else [(_field(loc), _message(e, loc, kind, siblings, text))]
