@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import re
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -426,3 +427,229 @@ def test_a_yaml_boolean_where_text_belongs_says_to_quote_it(tmp_path, before, af
     assert f"YAML reads `{word}` as a boolean" in str(err) and f"quote it, '{word}'" in str(err), str(err)
     fixed = load_file(write(tmp_path, "fixed.yaml", text.replace(before, after.replace(f" {word}", f" '{word}'"))))
     assert word in repr(fixed.upsert) + repr(fixed.columns)
+
+
+# --- the JSON schema agrees with the loader ---------------------------------------------------
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+class EditorLoader(yaml.SafeLoader):
+    """YAML as an editor checks it against a JSON schema: a date or time is text (JSON has none)."""
+
+
+EditorLoader.yaml_implicit_resolvers = {
+    first: [(tag, regexp) for tag, regexp in resolvers if tag != "tag:yaml.org,2002:timestamp"]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+}
+
+
+@pytest.fixture(scope="module")
+def schema_check():
+    """The schema `python -m reconcile schema` prints, as a validator: (file text) -> its errors."""
+    import json
+
+    import jsonschema
+
+    from reconcile.cli import main
+
+    with pytest.MonkeyPatch.context() as mp:
+        out: list[str] = []
+        mp.setattr("builtins.print", lambda text, **_: out.append(text))
+        assert main(["schema"]) == 0
+    validator = jsonschema.Draft202012Validator(json.loads(out[0]))
+    jsonschema.Draft202012Validator.check_schema(validator.schema)
+
+    def errors(text: str) -> list[str]:
+        data = yaml.load(text, Loader=EditorLoader)
+        return [f"{'.'.join(map(str, e.absolute_path)) or '<root>'}: {e.message}" for e in validator.iter_errors(data)]
+
+    return errors
+
+
+# The functions of the tests that write a sink config (found by test_every_config_writer_is_listed)
+# and the configs they write, called with the fields their callers pass.
+WRITERS = {
+    "helpers.make_sink",
+    "test_airflow._sink",
+    "test_cluster._sink",
+    "test_scheduler._sink",
+    "test_bad_input._config",
+    "chaos.__init__",
+}
+# Functions that build a config but write none that should be valid.
+NOT_WRITERS = {
+    "test_airflow.test_invalid_config_is_visible_without_hiding_valid_sinks": "a copy of the demo sink, and one "
+    "invalid on purpose",
+    "test_plugin.shard_pages": "an invalid config on purpose",
+    "test_correction.config": "a config parsed from a dict in memory (the fields of helpers.make_sink)",
+}
+
+
+def configs_the_tests_write(root: Path) -> list[Path]:
+    import chaos
+    import helpers
+    import test_airflow
+    import test_bad_input
+    import test_cluster
+    import test_guard
+    import test_history
+    import test_scheduler
+    import test_upsert
+
+    def folder(name: str) -> Path:
+        (root / name).mkdir(parents=True)
+        return root / name
+
+    make = folder("make_sink")
+    helpers.make_sink(make, "query")
+    helpers.make_sink(make, "changelog", "changelog")
+    test_upsert.upsert_sink(make, name="upsert", partitions=2, retention={"history_hours": 0})
+    helpers.make_sink(make, "guarded", correction_guard=test_guard.GUARD, query=test_guard.QUERY)
+    helpers.make_sink(make, "paged", schedule="@hourly", alert={"lag_minutes": 5})
+    helpers.make_sink(make, "catchup", schedule="@daily", catchup=True, as_of="2026-01-01T00:00:00Z")
+    helpers.make_sink(make, "manual", schedule="none", read_only=True, partitions=4)
+    helpers.make_sink(make, "retained", retention={"history_hours": 0, "vacuum_hours": 0})
+    schema = [
+        {"name": "order", "type": "bigint"},
+        {"name": "at", "type": "timestamp"},
+        {"name": "amount", "type": "decimal(38,9)"},
+    ]
+    helpers.make_sink(make, "typed", schema=schema, as_of=0)
+    assert test_history  # its sinks are make_sink's and upsert_sink's
+    airflow = folder("airflow")
+    test_airflow._sink(airflow, root / "src", "af_query")
+    test_airflow._sink(
+        airflow, root / "src", "af_compact", compaction={"every_batches": 2}, retention={"history_hours": 36}
+    )
+    upsert = {
+        "source": {"format": "json", "path": str(root / "feed")},
+        "key": ["k"],
+        "time_column": "ts",
+        "offset_column": "off",
+    }
+    test_airflow._sink(airflow, root / "feed", "af_upsert", kind="upsert", upsert=upsert)
+    cluster = folder("cluster")
+    test_cluster._sink(
+        cluster, "cq", "query", {"sources": {"src": {"format": "json", "path": "src"}}, "sql": "SELECT 1"}
+    )
+    test_cluster._sink(cluster, "cu", "upsert", upsert)
+    test_scheduler._sink(folder("scheduler"), root / "src", "sched")
+    test_bad_input._config(folder("bad_input"))
+    chaos.Schedule(None, None, folder("chaos"), 1, 0, chaos.Stats())
+    return sorted(root.rglob("*.yaml"))
+
+
+def test_every_config_writer_of_the_tests_is_listed():
+    """A function of the tests that builds a sink config (a dict with a "kind" key, or YAML text
+    with a kind: line) is one whose configs the schema checks, or is listed as writing none."""
+    import ast
+    import re
+
+    found = set()
+    for path in sorted((ROOT / "tests").glob("*.py")):
+        if path.name == "test_config.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.FunctionDef):
+                continue
+            for inner in ast.walk(node):
+                keyed = isinstance(inner, ast.Dict) and any(
+                    isinstance(k, ast.Constant) and k.value == "kind" for k in inner.keys
+                )
+                text = isinstance(inner, ast.Constant) and isinstance(inner.value, str)
+                if keyed or (text and re.search(r"(^|\n)kind:", inner.value)):
+                    found.add(f"{path.stem}.{node.name}")
+    assert found == WRITERS | set(NOT_WRITERS)
+
+
+def test_schema_accepts_every_example_and_test_config(tmp_path, schema_check):
+    examples = sorted((ROOT / "include" / "sinks").glob("*.y*ml"))
+    assert examples
+    ours = [write(tmp_path, f"{name}.yaml", data) for name, data in (("q", QUERY), ("c", CHANGELOG), ("u", UPSERT))]
+    ours.append(write(tmp_path, "from_stem.yaml", variant(CHANGELOG, "name")))  # name and as_of default
+    ours.append(write(tmp_path, "plain.yaml", variant(UPSERT, "upsert.delete", **{"upsert.key": "id"})))
+    written = configs_the_tests_write(tmp_path / "written")
+    assert len(written) == 17, written  # one file per call above
+    for path in examples + ours + written:
+        load_file(path)  # valid for the loader...
+        assert schema_check(path.read_text()) == [], path  # ...and for an editor with the schema
+
+
+FULL = {  # every field of each kind present
+    "query": variant(QUERY, catchup=True, correction_guard={"max_share": 0.2, "min_rows": 5}, alert={"lag_minutes": 9}),
+    "changelog": variant(CHANGELOG, description="d", partitions=2, as_of=5, retries=1, read_only=False),
+    "upsert": variant(UPSERT, compaction={"every_batches": 0}, retention={"vacuum_hours": 1, "history_hours": 2}),
+}
+
+
+def _object_nodes(data, node: dict, defs: dict, path: tuple = ()):
+    """(path, the schema's object node) for every mapping of ``data`` with fields of its own."""
+
+    def resolve(n: dict) -> dict:
+        while "$ref" in n or "anyOf" in n:
+            n = (
+                defs[n["$ref"].split("/")[-1]]
+                if "$ref" in n
+                else next(m for m in n["anyOf"] if m.get("type") != "null")
+            )
+        return n
+
+    node = resolve(node)
+    if isinstance(data, dict) and "properties" in node:
+        yield path, node
+        for key, value in data.items():
+            yield from _object_nodes(value, node["properties"][key], defs, (*path, key))
+    elif isinstance(data, dict) and isinstance(node.get("additionalProperties"), dict):  # query.sources
+        for key, value in data.items():
+            yield from _object_nodes(value, node["additionalProperties"], defs, (*path, key))
+    elif isinstance(data, list) and "items" in node:
+        yield from _object_nodes(data[0], node["items"], defs, (*path, 0))
+
+
+@pytest.mark.parametrize("kind", FULL)
+def test_schema_requires_exactly_the_fields_the_loader_requires(tmp_path, kind):
+    """At every level of a full config, each field is dropped in turn: the loader says "is
+    required" for exactly the fields the schema lists as required."""
+    from reconcile.config import json_schema
+
+    schema = json_schema()
+    top = schema["$defs"][schema["discriminator"]["mapping"][kind].split("/")[-1]]
+    data = FULL[kind]
+    sections = set()
+    for path, node in _object_nodes(data, top, schema["$defs"]):
+        sections.add(path[0] if path else "<root>")
+        here = data
+        for p in path:
+            here = here[p]
+        assert set(node.get("required", [])) <= set(here), f"{path}: the full config lacks a required field"
+        loader_required = set()
+        for key in here:
+            dotted = ".".join(str(p) for p in (*path, key))
+            field = re.sub(r"\.(\d+)", r"[\1]", dotted)
+            try:
+                load_file(write(tmp_path, f"{data['name']}.yaml", variant(data, dotted)))
+            except ConfigError as exc:
+                if any(f"field '{field}': is required" in str(p) for p in problems_of(exc)):
+                    loader_required.add(key)
+        assert loader_required == set(node.get("required", [])), path
+    assert sections >= {"<root>", "schema", kind}
+
+
+# What only the loader can check: across fields, and cron syntax.
+LOADER_ONLY = {
+    "reserved _time", "reserved _diff", "reserved any case", "duplicate column", "duplicate column any case",
+    "bad schedule", "upsert key not in schema", "upsert key twice", "upsert time column in schema",
+    "upsert offset equals time", "upsert delete column in schema", "upsert key-only without delete",
+    "upsert empty key",
+}  # fmt: skip
+
+
+def test_schema_refuses_what_the_loader_refuses(schema_check):
+    """Each invalid config of CASES: the schema refuses it too, unless only the loader can see it."""
+    accepted = set()
+    for case, (data, _) in CASES.items():
+        text = data if isinstance(data, str) else yaml.safe_dump(data, sort_keys=False)
+        if not schema_check(text):
+            accepted.add(case)
+    assert accepted == LOADER_ONLY

@@ -213,7 +213,10 @@ def _expand(raw: str) -> str:
 
 class SourceSpec(_Section):
     format: Literal["delta", "parquet", "csv", "json"]
-    path: StrictStr = Field(description="a path (relative to the config file) or URI; ${VAR} is expanded")
+    path: StrictStr = Field(
+        description="a path (relative to the config file) or URI; ${VAR} is expanded",
+        json_schema_extra={"pattern": r"\S"},
+    )
     options: dict[StrictStr, StrictStr | StrictBool | StrictInt | StrictFloat] = {}
 
     @field_validator("path")
@@ -261,7 +264,9 @@ class Alert(_Section):
 
 
 class QuerySpec(_Section):
-    sources: dict[Identifier, SourceSpec] = {}
+    sources: dict[Identifier, SourceSpec] = Field(
+        default={}, json_schema_extra={"propertyNames": {"pattern": NAME_RE.pattern}}
+    )
     sql: StrictStr
 
     @field_validator("sql")
