@@ -1,6 +1,7 @@
-"""Test helpers: sink configs, source files, running batches, and the independent model.
+"""Test helpers: sink configs, source files, running batches, reading the shard back, and the
+independent models of query and changelog sinks (the upsert model is in ``upsert_model.py``).
 
-The model computes what a shard must hold with plain Python (Counters), never with the code
+The models compute what a shard must hold with plain Python (Counters), never with the code
 under test.
 """
 
@@ -10,12 +11,17 @@ import json
 from collections import Counter
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
 
 from reconcile.config import SinkConfig, load_file
+from reconcile.errors import ShardNotFound
+from reconcile.model import COMMITTED
 from reconcile.sink import run as pipeline
+
+AS_OF = 100  # make_sink's default as_of: the first batch's lower
 
 
 def make_sink(directory: Path, name: str, kind: str = "query", **fields) -> SinkConfig:
@@ -31,7 +37,7 @@ def make_sink(directory: Path, name: str, kind: str = "query", **fields) -> Sink
         ),
         "partitions": fields.pop("partitions", 3),
         "start_date": fields.pop("start_date", "1970-01-01"),
-        "as_of": fields.pop("as_of", 100),
+        "as_of": fields.pop("as_of", AS_OF),
     }
     if kind == "query":
         data["query"] = fields.pop(
@@ -62,7 +68,7 @@ def write_json_rows(directory: Path, rows: Iterable[dict], schema_hint: dict | N
 
 
 def run_batch(spark, store, cfg: SinkConfig, run_id: str, frontier: int, *, attempt: int = 1):
-    """:func:`reconcile.pipeline.run_batch` for one run; returns its (mint, write, append) results."""
+    """:func:`reconcile.sink.run.run_batch` for one run; returns its (mint, write, append) results."""
     r = pipeline.run_batch(spark, store, cfg, run_id, frontier, attempt=attempt)
     return r.mint, r.write, r.append
 
@@ -77,18 +83,28 @@ def _log_rows(cfg: SinkConfig) -> list[dict]:
     return DeltaTable(storage.table_path(cfg)).to_pyarrow_table().to_pylist()
 
 
-def shard_as_of(cfg: SinkConfig, t: int) -> Counter:
-    """The shard as of t as a multiset of (row..., error) tuples."""
+def as_of(log: list[dict], cfg: SinkConfig, t: int) -> Counter:
+    """The collection as of t: per (row..., error), the sum of diffs with time <= t; zeros dropped."""
     out: Counter = Counter()
-    for r in _log_rows(cfg):
-        if r["_time"] <= t:
-            out[tuple(r[c] for c in cfg.column_names) + (r["_error"],)] += r["_diff"]
-    return +out
+    for u in log:
+        if u["_time"] <= t:
+            out[tuple(u[c] for c in cfg.column_names) + (u["_error"],)] += u["_diff"]
+    return Counter({k: n for k, n in out.items() if n != 0})
+
+
+def shard_as_of(cfg: SinkConfig, t: int) -> Counter:
+    """The shard as of t as a multiset of (row..., error) tuples (negative counts dropped)."""
+    return +as_of(_log_rows(cfg), cfg, t)
 
 
 def update_log(cfg: SinkConfig) -> list[dict]:
     """Every update the Delta table holds, as dicts."""
     return _log_rows(cfg)
+
+
+def model_kv(rows: Iterable[dict]) -> Counter:
+    """What a sink of columns (k, v) holds when every source row is valid: (k, v, None) counted."""
+    return +Counter((r["k"], r["v"], None) for r in rows)
 
 
 def model_query(rows: Iterable[dict], cfg: SinkConfig) -> Counter:
@@ -122,11 +138,127 @@ def normalize_errors(counter: Counter, cfg: SinkConfig) -> Counter:
     return out
 
 
+def change(k, v, ts, diff) -> dict:
+    """One update of a changelog source."""
+    return {"k": k, "v": v, "ts": ts, "diff": diff}
+
+
+CHANGELOG_NEW = [  # (frontier, updates first added to the source log before this run)
+    (
+        200,
+        [
+            change(1, "a", 50, 1),  # before as_of: lands at the first lower
+            change(2, "b", 10, 3),
+            change(2, "b", 90, -1),  # multiplicity, negative diff, before as_of
+            change(3, "c", 120, 1),
+            change(3, "c", 150, -1),  # inserted, then deleted
+            change(4, "d", 180, 2),
+            change(5, "e", 150, 1),
+            change(5, "e", 150, 1),  # the same update twice
+            change(6, "f", 250, 1),  # beyond the frontier: waits for the next run
+        ],
+    ),
+    (
+        300,
+        [
+            change(1, "a", 210, -1),
+            change(1, "a2", 210, 1),  # an update at its own time
+            change(2, "b", 260, -2),
+            change(7, "g", 299, 1),  # just below the frontier
+            change(8, "h", 350, 1),
+        ],
+    ),
+    (
+        400,
+        [
+            change(4, "d", 320, -2),
+            change(2, "b", 330, 1),
+            change(9, "i", 150, 1),  # arrives late, below lower: lands at 300
+            change(7, "g", 399, -1),
+        ],
+    ),
+]
+
+
+def changelog_model(runs, t) -> Counter:
+    """Per (k, v, None): the sum of diffs of the updates these runs wrote, as of t.
+
+    An update is written by the first run whose source holds it and whose frontier is above its
+    time; it lands at ``max(time, that run's lower)``.
+    """
+    source: list[dict] = []
+    lands_at: dict[int, int] = {}  # index in source -> time in the shard
+    lower = AS_OF
+    for frontier, new in runs:
+        source += new
+        for i, upd in enumerate(source):
+            if i not in lands_at and upd["ts"] < frontier:
+                lands_at[i] = max(upd["ts"], lower)
+        lower = frontier
+    out: Counter = Counter()
+    for i, time in lands_at.items():
+        if time <= t:
+            out[(source[i]["k"], source[i]["v"], None)] += source[i]["diff"]
+    return Counter({k: n for k, n in out.items() if n != 0})
+
+
+def committed_run(spark, store, cfg: SinkConfig, run_id: str, frontier: int):
+    """One run that must mint, stage and commit its batch; returns the committed batch."""
+    m, w, a = run_batch(spark, store, cfg, run_id, frontier)
+    assert m.description is not None, m.message
+    assert w.outcome == "staged", w.message
+    assert a.outcome == "committed", a.message
+    return store.get_batch(m.description.batch_id)
+
+
+def append_foreign_row(spark, cfg: SinkConfig, time: int, diff: int = 1) -> None:
+    """A write behind the sink's back: a plain Delta append without the sink's commit metadata."""
+    from reconcile.storage import delta as storage
+    from reconcile.storage import frames
+
+    row = {"k": 7, "v": "zz", "_error": None, "_time": time, "_diff": diff}
+    spark.createDataFrame([row], frames.schema(cfg)).write.format("delta").mode("append").save(storage.table_path(cfg))
+
+
+def assert_one_line(exc: BaseException, sink: str) -> str:
+    """``sink '<sink>': <cause> Remedy: <remedy>`` on one line."""
+    text = str(exc)
+    assert "\n" not in text and "\r" not in text, f"message is not one line: {text!r}"
+    assert text.startswith(f"sink {sink!r}: "), text
+    cause, sep, remedy = text.partition(" Remedy: ")
+    assert sep and cause.strip() and remedy.strip(), f"no cause/remedy: {text!r}"
+    return text
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    upper: int | None  # the shard's upper in the metadata (None: no shard row)
+    version: int | None  # the Delta table's latest version (None: no table)
+    commits: tuple  # (lower, upper, batch_id) of every batch commit in the Delta log
+    committed: tuple  # batch ids in state committed in the ledger
+
+
+def snapshot(spark, store, cfg) -> Snapshot:
+    """What a failed stage must leave as it was (compare a snapshot before with one after)."""
+    from reconcile.storage import delta as storage
+
+    try:
+        upper = store.get_shard(cfg.name).upper
+    except ShardNotFound:
+        upper = None
+    version, commits = None, ()
+    if storage.exists(cfg):
+        version, entries = storage.history_since(cfg, -1)
+        commits = tuple((c.lower, c.upper, c.batch_id) for c in storage.batch_commits(entries))
+    committed = tuple(b.batch_id for b in store.batches(cfg.name, (COMMITTED,)))
+    return Snapshot(upper, version, commits, committed)
+
+
 def leftover_staged(store, cfg: SinkConfig) -> list[str]:
     """Staged directories that should be gone: every directory under the table's ``batches/``
     must be the committed attempt of a committed batch, or belong to a batch that can still be
     committed (open, lower at or after the shard's upper)."""
-    from reconcile.model import COMMITTED, OPEN_STATES
+    from reconcile.model import OPEN_STATES
     from reconcile.storage import delta as storage
 
     upper = store.get_shard(cfg.name).upper

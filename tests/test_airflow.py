@@ -21,14 +21,13 @@ The shard is checked against the plain-Python model of the source after every ru
 
 from __future__ import annotations
 
-from collections import Counter
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
 import yaml
 
-from helpers import shard_as_of, update_log, write_json_rows
+from helpers import model_kv, shard_as_of, update_log, write_json_rows
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.airflow
@@ -151,10 +150,6 @@ def _assert_state(run: dict, state) -> None:
     assert run["state"] == state, run["log"][-4000:]
 
 
-def _model(rows) -> Counter:
-    return Counter((r["k"], r["v"], None) for r in rows)
-
-
 @pytest.mark.slow
 def test_dag_test_three_intervals_then_rerun_is_noop(airflow_db, dag_child, spark, tmp_path, monkeypatch):
     """Three daily runs and a rerun, in the child on Spark Connect: write and compact (with its
@@ -192,7 +187,7 @@ def test_dag_test_three_intervals_then_rerun_is_noop(airflow_db, dag_child, spar
         assert not jobs.exists() and set(run["applications"]) == {"write", "compact"}, run["applications"]
         assert all(Path(app).parent == jobs for app in run["applications"].values()), run["applications"]
         upper = int(day.timestamp() * 1000)
-        assert shard_as_of(cfg, upper - 1) == _model(rows)
+        assert shard_as_of(cfg, upper - 1) == model_kv(rows)
         tis = run["tis"]
         assert tis["compaction_due"] == "success", tis  # a short circuit: it skips compact directly
         assert tis["compact"] == ("success" if i == 2 else "skipped"), tis
@@ -203,7 +198,7 @@ def test_dag_test_three_intervals_then_rerun_is_noop(airflow_db, dag_child, spar
     assert since == int(days[-1].timestamp() * 1000) - 36 * 3600 * 1000  # upper - 36 h
     for rows, day in zip(sources, days):  # history stays readable as of every upper - 1 >= since
         if int(day.timestamp() * 1000) - 1 >= since:
-            assert shard_as_of(cfg, int(day.timestamp() * 1000) - 1) == _model(rows)
+            assert shard_as_of(cfg, int(day.timestamp() * 1000) - 1) == model_kv(rows)
     times = {r["_time"] for r in update_log(cfg)}
     assert min(times) == since  # the updates before since were folded into it
     # every invariant, the committed rows' checksums read back by this process's classic session
@@ -257,8 +252,7 @@ def test_dag_test_runs_an_upsert_sink(airflow_db, dag_child, tmp_path, monkeypat
 
     from reconcile.config import load_sink
     from reconcile.storage.ledger import MetadataStore
-    from test_upsert import feed_rows, ok_rows
-    from upsert_model import UpsertModel
+    from upsert_model import UpsertModel, feed_rows, ok_rows
 
     name = f"afu_{tmp_path.name[-8:].replace('-', '_').lower()}"
     sinks = tmp_path / "sinks"
@@ -336,7 +330,7 @@ def test_an_outdated_batch_skips_the_rest_of_its_run_with_the_reason(airflow_db,
     other = store.run_batch(name, "manual__other")
     assert batch.state == "superseded" and f"outdated: batch {other.batch_id} committed" in batch.message, batch.message
     assert store.get_shard(name).upper == int(day2.timestamp() * 1000)  # write's sync rolled it forward
-    assert shard_as_of(cfg, int(day2.timestamp() * 1000) - 1) == _model(rows)
+    assert shard_as_of(cfg, int(day2.timestamp() * 1000) - 1) == model_kv(rows)
     store.dispose()
 
 
@@ -390,7 +384,7 @@ def test_a_narrower_winner_leaves_the_wider_run_skipped_with_the_true_reason(
     assert f"the next scheduled run appends {rest}" in text, text[-3000:]
     assert "the superseding run appends this interval" not in text
     assert store.get_shard(name).upper == int(day2.timestamp() * 1000)  # nothing more was committed
-    assert shard_as_of(cfg, int(day2.timestamp() * 1000) - 1) == _model(rows)
+    assert shard_as_of(cfg, int(day2.timestamp() * 1000) - 1) == model_kv(rows)
     store.dispose()
 
 
@@ -426,5 +420,5 @@ def test_the_correction_guard_stops_a_run_until_a_run_approves_it(airflow_db, da
     batch = store.run_batch(name, approved["run_id"])
     assert batch.state == "committed" and batch.approved.startswith(f"run {approved['run_id']}")
     assert store.run_batch(name, blocked["run_id"]).state == "superseded"
-    assert shard_as_of(cfg, batch.upper - 1) == _model(full[:1])
+    assert shard_as_of(cfg, batch.upper - 1) == model_kv(full[:1])
     store.dispose()

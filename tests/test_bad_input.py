@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -28,7 +27,7 @@ from pyspark.sql import functions as F
 from sqlalchemy import update
 from sqlalchemy.exc import SQLAlchemyError
 
-from helpers import leftover_staged, make_sink, run_batch, write_json_rows
+from helpers import Snapshot, assert_one_line, leftover_staged, make_sink, run_batch, snapshot, write_json_rows
 from reconcile.airflow import tasks
 from reconcile.config import load_file
 from reconcile.errors import (
@@ -58,37 +57,6 @@ BAD_PG_URL = "postgresql+psycopg://nobody:secret@127.0.0.1:1/none"
 
 
 # --- helpers ----------------------------------------------------------------------------------
-
-
-def assert_one_line(exc: BaseException, sink: str) -> str:
-    """``sink '<sink>': <cause> Remedy: <remedy>`` on one line."""
-    text = str(exc)
-    assert "\n" not in text and "\r" not in text, f"message is not one line: {text!r}"
-    assert text.startswith(f"sink {sink!r}: "), text
-    cause, sep, remedy = text.partition(" Remedy: ")
-    assert sep and cause.strip() and remedy.strip(), f"no cause/remedy: {text!r}"
-    return text
-
-
-@dataclass(frozen=True)
-class Snapshot:
-    upper: int | None  # the shard's upper in the metadata (None: no shard row)
-    version: int | None  # the Delta table's latest version (None: no table)
-    commits: tuple  # (lower, upper, batch_id) of every batch commit in the Delta log
-    committed: tuple  # batch ids in state committed in the ledger
-
-
-def snapshot(spark, store, cfg) -> Snapshot:
-    try:
-        upper = store.get_shard(cfg.name).upper
-    except ShardNotFound:
-        upper = None
-    version, commits = None, ()
-    if storage.exists(cfg):
-        version, entries = storage.history_since(cfg, -1)
-        commits = tuple((c.lower, c.upper, c.batch_id) for c in storage.batch_commits(entries))
-    committed = tuple(b.batch_id for b in store.batches(cfg.name, (COMMITTED,)))
-    return Snapshot(upper, version, commits, committed)
 
 
 def assert_nothing_committed(spark, store, cfg, before: Snapshot, *, unstaged: str | None = None) -> None:

@@ -110,8 +110,7 @@ def test_airflow_submits_query_and_upsert_batches_to_the_cluster(
     from airflow.utils.state import DagRunState
 
     from reconcile.config import load_sink
-    from test_upsert import feed_rows, ok_rows
-    from upsert_model import UpsertModel
+    from upsert_model import UpsertModel, feed_rows, ok_rows
 
     master, ui = spark_cluster
     host, port = master.rsplit(":", 1)

@@ -12,22 +12,29 @@ from collections import Counter
 
 import pytest
 
-from helpers import make_sink, run_batch, shard_as_of, update_log, write_json_rows
+from helpers import (
+    AS_OF,
+    CHANGELOG_NEW,
+    as_of,
+    changelog_model,
+    committed_run,
+    make_sink,
+    model_kv,
+    run_batch,
+    shard_as_of,
+    update_log,
+    write_json_rows,
+)
 from reconcile import cli, failpoints
 from reconcile.errors import FailPointHit, SinkError
 from reconcile.log import iso
 from reconcile.sink import check, compact
 from reconcile.storage import delta as storage
-from test_sink import AS_OF, CHANGELOG_NEW, as_of, changelog_model, committed_run
 
 
 def _rows(n: int, version: int) -> list[dict]:
     """A query source that changes a little each version (updates, inserts, deletes)."""
     return [{"k": k, "v": f"v{(k * 7 + version) % 3}"} for k in range(version % 3, n + version)]
-
-
-def _model(rows) -> Counter:
-    return +Counter((r["k"], r["v"], None) for r in rows)
 
 
 def _query_history(spark, store, tmp_path, cfg, batches: int, start: int = 0) -> list[tuple[int, list[dict]]]:
@@ -106,7 +113,7 @@ def test_compaction_advances_since_from_retention_and_batches_go_on(
     upper = history[-1][0]
     assert store.get_shard(cfg.name).since == upper - 1  # the shard stays readable as of upper - 1
     log = update_log(cfg)
-    assert Counter((u["k"], u["v"], u["_error"]) for u in log for _ in range(u["_diff"])) == _model(history[-1][1])
+    assert Counter((u["k"], u["v"], u["_error"]) for u in log for _ in range(u["_diff"])) == model_kv(history[-1][1])
     assert all(u["_diff"] > 0 and u["_time"] == upper - 1 for u in log)
     # The old files were vacuumed: only the rewrite's files are left (how many is Spark's choice).
     files_after = _data_files(spark, cfg)
@@ -116,7 +123,7 @@ def test_compaction_advances_since_from_retention_and_batches_go_on(
 
     history += _query_history(spark, store, tmp_path, cfg, 2, start=3)
     for u, rows in history[2:]:  # as of upper - 1 of the compacted batch and of those after it
-        assert shard_as_of(cfg, u - 1) == _model(rows), f"as of {u - 1}"
+        assert shard_as_of(cfg, u - 1) == model_kv(rows), f"as of {u - 1}"
     assert check.violations(store, cfg, spark=spark) == []
 
 
@@ -139,10 +146,10 @@ def test_compaction_loses_to_a_batch_that_commits_after_it_read(spark, warehouse
     monkeypatch.setattr(compact, "compacted", real)
 
     for u, rows in history:
-        assert shard_as_of(cfg, u - 1) == _model(rows), f"as of {u - 1}"
+        assert shard_as_of(cfg, u - 1) == model_kv(rows), f"as of {u - 1}"
     assert check.violations(store, cfg, spark=spark) == []
     assert compact.run_compact(spark, store, cfg).outcome == "compacted"
-    assert shard_as_of(cfg, history[-1][0] - 1) == _model(history[-1][1])
+    assert shard_as_of(cfg, history[-1][0] - 1) == model_kv(history[-1][1])
 
 
 def test_compaction_racing_appends_in_threads(spark, warehouse, tmp_path, store):
@@ -185,7 +192,7 @@ def test_compaction_racing_appends_in_threads(spark, warehouse, tmp_path, store)
     since = store.get_shard(cfg.name).since
     for u, rows in history:
         if u - 1 >= since:
-            assert shard_as_of(cfg, u - 1) == _model(rows), f"as of {u - 1}"
+            assert shard_as_of(cfg, u - 1) == model_kv(rows), f"as of {u - 1}"
     assert store.get_shard(cfg.name).upper == history[-1][0]
     assert check.violations(store, cfg, spark=spark) == []
 
@@ -208,7 +215,7 @@ def test_compaction_crash_then_rerun(spark, warehouse, tmp_path, sqlite_store, p
     assert {u["_time"] for u in update_log(cfg)} == {history[-1][0] - 1}
     history += _query_history(spark, store, tmp_path, cfg, 1, start=3)
     for u, rows in history[-2:]:
-        assert shard_as_of(cfg, u - 1) == _model(rows)
+        assert shard_as_of(cfg, u - 1) == model_kv(rows)
     assert check.violations(store, cfg, spark=spark) == []
 
 

@@ -21,17 +21,23 @@ from pathlib import Path
 
 import pytest
 
-from helpers import leftover_staged, make_sink, run_batch, shard_as_of, write_json_rows
+from helpers import (
+    CHANGELOG_NEW,
+    append_foreign_row,
+    changelog_model,
+    leftover_staged,
+    make_sink,
+    model_kv,
+    run_batch,
+    shard_as_of,
+    write_json_rows,
+)
 from reconcile import connect_server
 from reconcile.sink import append, check, mint, write
 from reconcile.sink.sync import gc_staged
 from reconcile.storage import delta as storage
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def _model(rows) -> Counter:
-    return +Counter((r["k"], r["v"], None) for r in rows)
 
 
 def run_remote(connect_url: str, sinks: Path, sink: str, run_id: str, frontier: int, **env_extra):
@@ -65,7 +71,6 @@ def test_the_server_command(connect_url):
 
 
 def test_query_sink_with_drift_over_connect(spark, connect_url, warehouse, tmp_path, sqlite_store):
-    from test_sink import append_foreign_row
 
     cfg = make_sink(tmp_path, "cq")
     runs = [
@@ -81,7 +86,7 @@ def test_query_sink_with_drift_over_connect(spark, connect_url, warehouse, tmp_p
         assert f"drift_rows={1 if i == 2 else 0}" in out, out
     drift = Counter({(7, "zz", None): 1})  # history keeps the foreign row from 250 until the repair
     for frontier, rows in runs:
-        want = _model(rows) + (drift if frontier == 300 else Counter())
+        want = model_kv(rows) + (drift if frontier == 300 else Counter())
         assert shard_as_of(cfg, frontier - 1) == want, frontier
     assert check.violations(sqlite_store, cfg, spark=spark) == []
     # the batches written over Connect recorded their checksums: check --verify finds the foreign
@@ -93,8 +98,7 @@ def test_query_sink_with_drift_over_connect(spark, connect_url, warehouse, tmp_p
 
 
 def test_upsert_random_feed_over_connect(spark, connect_url, warehouse, tmp_path, sqlite_store):
-    from test_upsert import check_against, cmd, feed_rows, upsert_sink
-    from upsert_model import UpsertModel
+    from upsert_model import UpsertModel, check_against, cmd, feed_rows, upsert_sink
 
     rng = random.Random(7)
     cfg = upsert_sink(tmp_path, partitions=3)
@@ -117,7 +121,6 @@ def test_upsert_random_feed_over_connect(spark, connect_url, warehouse, tmp_path
 
 
 def test_changelog_sink_over_connect(spark, connect_url, warehouse, tmp_path, sqlite_store):
-    from test_sink import CHANGELOG_NEW, changelog_model
 
     cfg = make_sink(tmp_path, "clog", kind="changelog")
     source: list[dict] = []
@@ -171,7 +174,7 @@ def test_queries_in_every_form_pass_over_connect(spark, connect_url, warehouse, 
         query = {"sources": {"src": {"format": "json", "path": "src"}}, "sql": sql}
         cfg = make_sink(tmp_path, f"forms{i}", query=query)
         committed_remote(connect_url, tmp_path, cfg.name, "run-1", 200)
-        assert shard_as_of(cfg, 199) == _model(rows), sql
+        assert shard_as_of(cfg, 199) == model_kv(rows), sql
 
 
 def test_killed_client_then_retry(spark, connect_url, warehouse, tmp_path, sqlite_store, monkeypatch):
@@ -199,6 +202,6 @@ def test_killed_client_then_retry(spark, connect_url, warehouse, tmp_path, sqlit
     assert append.run_append(sqlite_store, cfg, desc.batch_id).outcome == "committed"
     gc_staged(sqlite_store, cfg)
     assert leftover_staged(sqlite_store, cfg) == []
-    assert shard_as_of(cfg, 199) == _model(rows0)
-    assert shard_as_of(cfg, 299) == _model(rows1)
+    assert shard_as_of(cfg, 199) == model_kv(rows0)
+    assert shard_as_of(cfg, 299) == model_kv(rows1)
     assert check.violations(sqlite_store, cfg, spark=spark) == []

@@ -13,21 +13,16 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from collections import Counter
 from pathlib import Path
 
 import pytest
 
-from helpers import make_sink, run_batch, shard_as_of, write_json_rows
+from helpers import make_sink, model_kv, run_batch, shard_as_of, write_json_rows
 from reconcile import failpoints
 from reconcile.sink import append, check, mint, write
 from reconcile.storage import delta as storage
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def _model(rows) -> Counter:
-    return +Counter((r["k"], r["v"], None) for r in rows)
 
 
 def run_job_killed_at(stage: str, cfg, run_id: str, point: str, remote: str | None) -> subprocess.CompletedProcess:
@@ -55,7 +50,7 @@ def run_job_killed_at(stage: str, cfg, run_id: str, point: str, remote: str | No
 
 def assert_converged(spark, store, cfg, history: list[tuple[int, list[dict]]]) -> None:
     for upper, rows in history:
-        assert shard_as_of(cfg, upper - 1) == _model(rows), f"as of {upper - 1}"
+        assert shard_as_of(cfg, upper - 1) == model_kv(rows), f"as of {upper - 1}"
     assert check.violations(store, cfg, spark=spark) == []
 
 
@@ -138,8 +133,7 @@ def test_killed_upsert_process_then_recovery(
 ):
     """The feed's watermark travels with the Delta commit: a batch rolled forward after a crash
     keeps its late commands from being applied a second time."""
-    from test_upsert import feed_rows, ok_rows, upsert_sink
-    from upsert_model import UpsertModel
+    from upsert_model import UpsertModel, feed_rows, ok_rows, upsert_sink
 
     store = sqlite_store
     monkeypatch.setenv("RECONCILE_SINKS_DIR", str(tmp_path))

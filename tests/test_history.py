@@ -18,7 +18,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from helpers import make_sink, run_batch, write_json_rows
+from helpers import change, changelog_model, make_sink, run_batch, write_json_rows
 from reconcile import cli
 from reconcile.log import iso
 from reconcile.sink import history
@@ -142,7 +142,6 @@ def query_shard(spark, store, tmp_path, rng: random.Random, batches: int):
 
 
 def changelog_shard(spark, store, tmp_path, rng: random.Random, batches: int):
-    from test_sink import change, changelog_model
 
     cfg = make_sink(tmp_path, "hc", kind="changelog")
     runs: list[tuple[int, list[dict]]] = []
@@ -171,8 +170,7 @@ def changelog_shard(spark, store, tmp_path, rng: random.Random, batches: int):
 
 
 def upsert_shard(spark, store, tmp_path, rng: random.Random, batches: int):
-    from test_upsert import cmd, feed_rows, upsert_sink
-    from upsert_model import UpsertModel
+    from upsert_model import UpsertModel, cmd, feed_rows, upsert_sink
 
     cfg = upsert_sink(tmp_path, name="hu")
     model = UpsertModel()
@@ -239,7 +237,7 @@ def _log_state(updates, errors: bool) -> Callable[[int], Counter]:
 def test_the_view_sql_on_random_update_logs(tmp_path, updates):
     """Distinct-row versions (ok rows, error rows) and upsert per-key versions, by DuckDB over
     random update logs (negative counts, several updates per time, cancelling updates)."""
-    from test_upsert import upsert_sink
+    from upsert_model import upsert_sink
 
     query, upsert = make_sink(tmp_path, "hv"), upsert_sink(tmp_path, name="hw")
     setup = _duckdb_table(updates)

@@ -83,8 +83,7 @@ def test_racing_processes_commit_each_lower_once(spark, warehouse, tmp_path, sto
 
 
 def test_racing_processes_on_an_upsert_sink(spark, warehouse, tmp_path, store, monkeypatch, connect_url):
-    from test_upsert import feed_rows, ok_rows, upsert_sink
-    from upsert_model import UpsertModel
+    from upsert_model import UpsertModel, feed_rows, ok_rows, upsert_sink
 
     monkeypatch.setenv("RECONCILE_SINKS_DIR", str(tmp_path))
     cfg = upsert_sink(tmp_path, name=f"race_upsert_{store.engine.dialect.name}")

@@ -26,7 +26,7 @@ import pytest
 from deltalake import DeltaTable
 from sqlalchemy import create_engine, delete, insert, select, text
 
-from helpers import make_sink, run_batch, write_json_rows
+from helpers import make_sink, model_kv, run_batch, write_json_rows
 from reconcile import cli
 from reconcile.errors import MetadataAheadOfLog, SinkError
 from reconcile.model import COMMITTED, SUPERSEDED
@@ -35,10 +35,6 @@ from reconcile.sink.sync import sync
 from reconcile.storage import delta as storage
 from reconcile.storage.ledger import MetadataStore
 from reconcile.storage.tables import Batch, Shard
-
-
-def _model(rows) -> Counter:
-    return +Counter((r["k"], r["v"], None) for r in rows)
 
 
 def _rows(version: int) -> list[dict]:
@@ -74,7 +70,7 @@ def _converged(spark, store, cfg, history: list[tuple[int, list[dict]]]) -> None
         for u in updates:
             if u["_time"] <= upper - 1:
                 got[tuple(u[c] for c in cfg.column_names) + (u["_error"],)] += u["_diff"]
-        assert +got == _model(rows), f"as of {upper - 1}"
+        assert +got == model_kv(rows), f"as of {upper - 1}"
     assert check.violations(store, cfg) == []
 
 

@@ -16,7 +16,21 @@ from collections import Counter
 import pytest
 from delta.tables import DeltaTable
 
-from helpers import leftover_staged, make_sink, model_query, normalize_errors, run_batch, update_log, write_json_rows
+from helpers import (
+    AS_OF,
+    CHANGELOG_NEW,
+    append_foreign_row,
+    as_of,
+    changelog_model,
+    committed_run,
+    leftover_staged,
+    make_sink,
+    model_query,
+    normalize_errors,
+    run_batch,
+    update_log,
+    write_json_rows,
+)
 from reconcile import failpoints
 from reconcile.errors import DescriptionOutdated, FailPointHit, InconsistentState, LostRace
 from reconcile.log import iso
@@ -26,19 +40,7 @@ from reconcile.storage import delta as storage
 from reconcile.storage import frames
 from reconcile.storage.ledger import MetadataStore
 
-AS_OF = 100
-
-
 # --- reading the shard back (plain Spark/Python, not the code under test) ---------------------
-
-
-def as_of(log: list[dict], cfg, t: int) -> Counter:
-    """The collection as of t: per (row..., error), the sum of diffs with time <= t; zeros dropped."""
-    out: Counter = Counter()
-    for u in log:
-        if u["_time"] <= t:
-            out[tuple(u[c] for c in cfg.column_names) + (u["_error"],)] += u["_diff"]
-    return Counter({k: n for k, n in out.items() if n != 0})
 
 
 def query_as_of(log, cfg, t) -> Counter:
@@ -67,14 +69,6 @@ def assert_ledger(spark, store, cfg, frontiers: list[int]) -> None:
     assert [(m["lower"], m["upper"], m["batch_id"]) for m in in_delta] == [
         (b.lower, b.upper, b.batch_id) for b in committed
     ], "the Delta log holds exactly the committed batches, once each"
-
-
-def committed_run(spark, store, cfg, run_id, frontier):
-    m, w, a = run_batch(spark, store, cfg, run_id, frontier)
-    assert m.description is not None, m.message
-    assert w.outcome == "staged", w.message
-    assert a.outcome == "committed", a.message
-    return store.get_batch(m.description.batch_id)
 
 
 # --- a query sink over several runs -----------------------------------------------------------
@@ -176,12 +170,6 @@ def test_drift_is_repaired_and_an_unchanged_source_appends_an_empty_batch(spark,
     assert query_as_of(log_after, cfg, 399) == model_query(rows2, cfg)
     assert storage.latest_version(cfg) > versions_before  # an empty Delta commit records the batch
     assert_ledger(spark, store, cfg, [200, 300, 400])
-
-
-def append_foreign_row(spark, cfg, time: int, diff: int = 1) -> None:
-    """A write behind the sink's back: a plain Delta append without the sink's commit metadata."""
-    row = {"k": 7, "v": "zz", "_error": None, "_time": time, "_diff": diff}
-    spark.createDataFrame([row], frames.schema(cfg)).write.format("delta").mode("append").save(storage.table_path(cfg))
 
 
 def test_drift_written_between_write_and_append_is_counted(spark, warehouse, tmp_path, sqlite_store):
@@ -525,69 +513,6 @@ def test_crash_after_delta_commit_is_recovered(spark, warehouse, tmp_path, monke
 
 
 # --- a changelog sink -------------------------------------------------------------------------
-
-
-def change(k, v, ts, diff):
-    return {"k": k, "v": v, "ts": ts, "diff": diff}
-
-
-CHANGELOG_NEW = [  # (frontier, updates first added to the source log before this run)
-    (
-        200,
-        [
-            change(1, "a", 50, 1),  # before as_of: lands at the first lower
-            change(2, "b", 10, 3),
-            change(2, "b", 90, -1),  # multiplicity, negative diff, before as_of
-            change(3, "c", 120, 1),
-            change(3, "c", 150, -1),  # inserted, then deleted
-            change(4, "d", 180, 2),
-            change(5, "e", 150, 1),
-            change(5, "e", 150, 1),  # the same update twice
-            change(6, "f", 250, 1),  # beyond the frontier: waits for the next run
-        ],
-    ),
-    (
-        300,
-        [
-            change(1, "a", 210, -1),
-            change(1, "a2", 210, 1),  # an update at its own time
-            change(2, "b", 260, -2),
-            change(7, "g", 299, 1),  # just below the frontier
-            change(8, "h", 350, 1),
-        ],
-    ),
-    (
-        400,
-        [
-            change(4, "d", 320, -2),
-            change(2, "b", 330, 1),
-            change(9, "i", 150, 1),  # arrives late, below lower: lands at 300
-            change(7, "g", 399, -1),
-        ],
-    ),
-]
-
-
-def changelog_model(runs, t) -> Counter:
-    """Per (k, v, None): the sum of diffs of the updates these runs wrote, as of t.
-
-    An update is written by the first run whose source holds it and whose frontier is above its
-    time; it lands at ``max(time, that run's lower)``.
-    """
-    source: list[dict] = []
-    lands_at: dict[int, int] = {}  # index in source -> time in the shard
-    lower = AS_OF
-    for frontier, new in runs:
-        source += new
-        for i, upd in enumerate(source):
-            if i not in lands_at and upd["ts"] < frontier:
-                lands_at[i] = max(upd["ts"], lower)
-        lower = frontier
-    out: Counter = Counter()
-    for i, time in lands_at.items():
-        if time <= t:
-            out[(source[i]["k"], source[i]["v"], None)] += source[i]["diff"]
-    return Counter({k: n for k, n in out.items() if n != 0})
 
 
 def test_changelog_sink_history(spark, warehouse, tmp_path, sqlite_store):

@@ -37,13 +37,12 @@ from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
 from pyspark.sql import functions as F
 
-from helpers import make_sink, run_batch
+from helpers import assert_one_line, make_sink, run_batch, snapshot
 from reconcile import cli
 from reconcile.errors import SourceError
 from reconcile.kinds import changelog, decode, query, upsert
 from reconcile.storage import delta as storage
 from reconcile.storage import frames
-from test_bad_input import assert_one_line, snapshot
 
 INT_BITS = {"tinyint": 8, "smallint": 16, "int": 32, "bigint": 64}
 FLOATS = ("float", "double")

@@ -7,38 +7,13 @@ from collections import Counter
 
 import pytest
 
-from helpers import make_sink, run_batch, shard_as_of, write_json_rows
+from helpers import run_batch, shard_as_of, write_json_rows
 from reconcile.errors import SourceError
 from reconcile.kinds import upsert
 from reconcile.sink import check
 from reconcile.storage import delta as storage
 from reconcile.storage import frames
-from upsert_model import UpsertModel
-
-UPSERT = {"source": {"format": "json", "path": "feed"}, "key": ["k"], "time_column": "ts", "offset_column": "off"}
-HINT = {"k": 0, "v": "x", "ts": 10**15, "off": -1}  # a schema-only row far in the future, never eligible
-
-
-def upsert_sink(tmp_path, name="ups", **kw):
-    return make_sink(tmp_path, name, "upsert", upsert={**UPSERT, **kw.pop("upsert", {})}, **kw)
-
-
-def cmd(k, v, ts, off, **extra):
-    return {"k": k, "v": v, "ts": ts, "off": off, **extra}
-
-
-def feed_rows(tmp_path, rows):
-    """Write the feed; a schema-only hint row keeps the columns when rows are few or empty."""
-    write_json_rows(tmp_path / "feed", list(rows) + [HINT])
-
-
-def ok_rows(counter: Counter) -> Counter:
-    return Counter({k: n for k, n in counter.items() if k[-1] is None})
-
-
-def check_against(spark, cfg, model, times):
-    for t in times:
-        assert ok_rows(shard_as_of(cfg, t)) == model.as_of(t), f"as of {t}"
+from upsert_model import HINT, UpsertModel, check_against, cmd, feed_rows, ok_rows, upsert_sink
 
 
 def test_inserts_updates_deletes_and_reinserts(spark, warehouse, tmp_path, sqlite_store):

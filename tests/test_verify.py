@@ -15,7 +15,16 @@ import json
 import pyarrow as pa
 import pytest
 
-from helpers import make_sink, model_query, run_batch, shard_as_of, write_json_rows
+from helpers import (
+    CHANGELOG_NEW,
+    change,
+    changelog_model,
+    make_sink,
+    model_query,
+    run_batch,
+    shard_as_of,
+    write_json_rows,
+)
 from reconcile import checksums, cli
 from reconcile.log import iso
 from reconcile.model import COMMITTED, MINTED
@@ -104,7 +113,6 @@ def test_query_batches_verify_and_a_foreign_edit_is_reported(
 
 
 def test_changelog_batches_verify_before_and_after_compaction(spark, warehouse, tmp_path, sqlite_store, monkeypatch):
-    from test_sink import CHANGELOG_NEW, changelog_model
 
     store = sqlite_store
     cfg = make_sink(tmp_path, "vc", kind="changelog")
@@ -136,8 +144,7 @@ def test_changelog_batches_verify_before_and_after_compaction(spark, warehouse, 
 
 
 def test_upsert_batches_verify_and_a_tampered_key_is_reported(spark, warehouse, tmp_path, sqlite_store):
-    from test_upsert import cmd, feed_rows, ok_rows, upsert_sink
-    from upsert_model import UpsertModel
+    from upsert_model import UpsertModel, cmd, feed_rows, ok_rows, upsert_sink
 
     store = sqlite_store
     cfg = upsert_sink(tmp_path, name="vu")
@@ -187,7 +194,6 @@ def test_checksums_that_cannot_be_summed_exactly_are_left_unrecorded_not_wrong(
     partition's sum: that partition's checksums are not recorded, the others are, and verify.
     Batch 2: a diff of 3 billion makes no product exact: no partition is recorded (the batch is
     not verifiable). Both commit what the model says, and the write says why in one warning."""
-    from test_sink import change
 
     store = sqlite_store
     cfg = make_sink(tmp_path, "vbig", kind="changelog")

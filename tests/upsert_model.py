@@ -5,11 +5,16 @@ feed snapshot with ``time < upper`` that no earlier batch applied (first batch: 
 later: ``time >= lower``, or a ``time < lower`` with an offset above every offset an earlier
 batch saw: late, applied at ``lower``). Per (key, effective time) the highest offset wins;
 commands apply in time order; a null value (or delete marker) removes the key.
+
+Below the model: the upsert sink and its feed as the tests write them, and the comparison of
+the shard (read with delta-rs) with the model.
 """
 
 from __future__ import annotations
 
 from collections import Counter
+
+from helpers import make_sink, shard_as_of, write_json_rows
 
 
 class UpsertModel:
@@ -59,3 +64,33 @@ class UpsertModel:
             if time <= t:
                 state = s
         return Counter({(k, v, None): 1 for k, v in state.items()})
+
+
+UPSERT = {"source": {"format": "json", "path": "feed"}, "key": ["k"], "time_column": "ts", "offset_column": "off"}
+HINT = {"k": 0, "v": "x", "ts": 10**15, "off": -1}  # a schema-only row far in the future, never eligible
+
+
+def upsert_sink(tmp_path, name="ups", **kw):
+    """An upsert sink reading the feed ``tmp_path/feed`` (key k, time ts, offset off)."""
+    return make_sink(tmp_path, name, "upsert", upsert={**UPSERT, **kw.pop("upsert", {})}, **kw)
+
+
+def cmd(k, v, ts, off, **extra):
+    """One command of the feed."""
+    return {"k": k, "v": v, "ts": ts, "off": off, **extra}
+
+
+def feed_rows(tmp_path, rows):
+    """Write the feed; a schema-only hint row keeps the columns when rows are few or empty."""
+    write_json_rows(tmp_path / "feed", list(rows) + [HINT])
+
+
+def ok_rows(counter: Counter) -> Counter:
+    """The valid rows of a shard read as a multiset (error rows left out)."""
+    return Counter({k: n for k, n in counter.items() if k[-1] is None})
+
+
+def check_against(spark, cfg, model, times):
+    """The shard's valid rows equal the model's collection at each of ``times``."""
+    for t in times:
+        assert ok_rows(shard_as_of(cfg, t)) == model.as_of(t), f"as of {t}"
