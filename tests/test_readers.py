@@ -14,11 +14,10 @@ from decimal import Decimal
 import pyarrow as pa
 import pytest
 
-from helpers import make_sink, run_batch, shard_as_of, write_json_rows
+from helpers import CHANGELOG_NEW, changelog_model, make_sink, model_kv, run_batch, shard_as_of, write_json_rows
 from reconcile.sink import check
 from reconcile.sink.compact import run_compact
 from reconcile.storage import delta as storage
-from test_control_plane import delta_rs_as_of
 
 
 def duckdb_as_of(cfg, t: int) -> Counter:
@@ -56,17 +55,23 @@ def polars_as_of(cfg, t: int) -> Counter:
     return Counter({tuple(r[:-1]): int(r[-1]) for r in frame.iter_rows()})
 
 
+def spark_as_of(spark, cfg, t: int) -> Counter:
+    """The README's as-of query in Spark over the Delta table (``spark.read.format("delta")``)."""
+    from pyspark.sql import functions as F
+
+    keys = [*cfg.column_names, "_error"]
+    updates = spark.read.format("delta").load(storage.table_path(cfg)).where(F.col("_time") <= t)
+    counts = updates.groupBy(*keys).agg(F.sum("_diff").alias("n")).where(F.col("n") != 0)
+    return Counter({tuple(r[:-1]): int(r[-1]) for r in counts.collect()})
+
+
 def same_everywhere(spark, cfg, t: int) -> Counter:
-    """The shard as of ``t`` by Spark, delta-rs, DuckDB and Polars: all four must agree."""
-    by_spark = shard_as_of(cfg, t)
-    assert delta_rs_as_of(cfg, t) == by_spark, f"delta-rs as of {t}"
-    assert duckdb_as_of(cfg, t) == by_spark, f"DuckDB as of {t}"
-    assert polars_as_of(cfg, t) == by_spark, f"Polars as of {t}"
-    return by_spark
-
-
-def _model(rows) -> Counter:
-    return +Counter((r["k"], r["v"], None) for r in rows)
+    """The shard as of ``t`` by delta-rs, Spark, DuckDB and Polars: all four must agree."""
+    by_delta_rs = shard_as_of(cfg, t)
+    assert spark_as_of(spark, cfg, t) == by_delta_rs, f"Spark as of {t}"
+    assert duckdb_as_of(cfg, t) == by_delta_rs, f"DuckDB as of {t}"
+    assert polars_as_of(cfg, t) == by_delta_rs, f"Polars as of {t}"
+    return by_delta_rs
 
 
 def test_query_sink_before_and_after_compaction(spark, warehouse, tmp_path, sqlite_store):
@@ -80,14 +85,13 @@ def test_query_sink_before_and_after_compaction(spark, warehouse, tmp_path, sqli
         write_json_rows(tmp_path / "src", rows)
         run_batch(spark, sqlite_store, cfg, f"run-{i}", frontier)
     for frontier, rows in runs:
-        assert same_everywhere(spark, cfg, frontier - 1) == _model(rows)
+        assert same_everywhere(spark, cfg, frontier - 1) == model_kv(rows)
     run_compact(spark, sqlite_store, cfg, since=299)
     for frontier, rows in runs[1:]:  # exact at and after since
-        assert same_everywhere(spark, cfg, frontier - 1) == _model(rows)
+        assert same_everywhere(spark, cfg, frontier - 1) == model_kv(rows)
 
 
 def test_changelog_sink_everywhere(spark, warehouse, tmp_path, sqlite_store):
-    from test_sink import CHANGELOG_NEW, changelog_model
 
     cfg = make_sink(tmp_path, "rc", kind="changelog")
     source: list[dict] = []
@@ -100,8 +104,7 @@ def test_changelog_sink_everywhere(spark, warehouse, tmp_path, sqlite_store):
 
 
 def test_upsert_sink_before_and_after_compaction(spark, warehouse, tmp_path, sqlite_store):
-    from test_upsert import cmd, feed_rows, ok_rows, upsert_sink
-    from upsert_model import UpsertModel
+    from upsert_model import UpsertModel, cmd, feed_rows, ok_rows, upsert_sink
 
     cfg = upsert_sink(tmp_path, name="ru", retention={"history_hours": 0, "vacuum_hours": 0})
     model = UpsertModel()
@@ -167,10 +170,9 @@ def test_extreme_values_read_the_same_in_duckdb_and_polars(spark, warehouse, tmp
     def plain(counter: Counter) -> Counter:
         return Counter({(r[0], norm(r[1]), *r[2:]): n for r, n in counter.items()})
 
-    by_spark = plain(shard_as_of(cfg, 199))
-    assert plain(duckdb_as_of(cfg, 199)) == by_spark
-    assert plain(delta_rs_as_of(cfg, 199)) == by_spark
-    assert plain(polars_as_of(cfg, 199)) == by_spark
+    by_delta_rs = plain(shard_as_of(cfg, 199))
+    assert plain(duckdb_as_of(cfg, 199)) == by_delta_rs
+    assert plain(polars_as_of(cfg, 199)) == by_delta_rs
     want = {
         (
             r["k"],
@@ -184,7 +186,7 @@ def test_extreme_values_read_the_same_in_duckdb_and_polars(spark, warehouse, tmp
         )
         for r in rows
     }
-    assert set(by_spark) == want and set(by_spark.values()) == {1}
+    assert set(by_delta_rs) == want and set(by_delta_rs.values()) == {1}
 
 
 @pytest.mark.parametrize("mode", ["append", "overwrite"])
@@ -208,7 +210,7 @@ def test_a_write_by_delta_rs_is_drift_the_next_batch_repairs(spark, warehouse, t
     _, w, a = run_batch(spark, sqlite_store, cfg, "run-2", 300)
     assert a.outcome == "committed", a.message
     assert w.drift_rows == (1 if mode == "append" else 3)  # an overwrite also removed the 2 rows
-    assert same_everywhere(spark, cfg, 299) == _model(rows)
+    assert same_everywhere(spark, cfg, 299) == model_kv(rows)
     assert check.violations(sqlite_store, cfg, spark=spark) == []
 
 
