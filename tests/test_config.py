@@ -653,3 +653,75 @@ def test_schema_refuses_what_the_loader_refuses(schema_check):
         if not schema_check(text):
             accepted.add(case)
     assert accepted == LOADER_ONLY
+
+
+# --- python -m reconcile validate ---------------------------------------------------------------
+
+
+def test_validate_prints_each_problem_on_its_own_line(tmp_path, capsys):
+    from reconcile.cli import main
+
+    good = write(tmp_path, "orders_daily.yaml", QUERY)
+    bad = write(tmp_path, "customers.yaml", variant(UPSERT, "upsert.time_column", **{"upsert.time_colum": "ts"}))
+    assert main(["validate", "--dir", str(tmp_path), "--no-spark"]) == 1
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == f"ok      orders_daily (query, 2 columns, P=8, SQL not planned) {good}"
+    assert [line.split("field ")[1].split(":")[0] for line in lines[1:]] == [
+        "'upsert.time_column'",
+        "'upsert.time_colum'",
+    ]
+    assert all(line.startswith(f"INVALID sink 'customers': config {bad}: field ") for line in lines[1:])
+
+
+def test_validate_plans_query_sql_against_the_sources_schemas(tmp_path):
+    """A real JVM: each query sink's SQL is analysed against its sources' schemas; a bad column
+    is one line naming the file, query.sql, the column and Spark's suggestion; stderr stays
+    empty (no banner, no stack trace)."""
+    import json
+    import os
+    import subprocess
+    import sys
+    import time
+
+    (tmp_path / "orders").mkdir()
+    (tmp_path / "orders" / "part-0.json").write_text(json.dumps({"k": 1, "v": "a", "amount": 2.5}) + "\n")
+    source = {"orders": {"format": "json", "path": "orders"}}
+    sinks = {
+        "good": "SELECT k, v FROM orders",
+        "typo": "SELECT k, amout AS v FROM orders",
+        "extra": "SELECT k, v, amount FROM orders",
+        "undeclared": "SELECT k, v FROM elsewhere",
+    }
+    paths = {}
+    for name, sql in sinks.items():
+        data = variant(QUERY, "name", "query.sources", **{"query.sql": sql})
+        paths[name] = write(tmp_path, f"{name}.yaml", {**data, "query": {"sources": source, "sql": sql}})
+    gone = variant(QUERY, "name", **{"query.sources": {"gone": {"format": "parquet", "path": "nowhere"}}})
+    paths["missing"] = write(tmp_path, "missing.yaml", gone)
+    write(tmp_path, "ledger.yaml", CHANGELOG)  # not a query: not planned, no source read
+
+    started = time.monotonic()
+    run = subprocess.run(
+        [sys.executable, "-m", "reconcile", "validate", "--dir", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "RECONCILE_SPARK_REMOTE": ""},
+        timeout=300,
+    )
+    took = time.monotonic() - started
+    assert run.returncode == 1, run.stdout + run.stderr
+    assert run.stderr == "", run.stderr
+    out = {line.split()[1].strip("'"): line for line in run.stdout.splitlines() if line.startswith("ok")}
+    bad = {line.split("'")[1]: line for line in run.stdout.splitlines() if line.startswith("INVALID")}
+    assert set(out) == {"good", "ledger"} and set(bad) == {"typo", "extra", "undeclared", "missing"}, run.stdout
+    assert "SQL planned" in out["good"] and "SQL" not in out["ledger"]
+    typo = bad["typo"]
+    assert f"config {paths['typo']}: field 'query.sql': " in typo
+    assert (
+        "`amout` cannot be resolved" in typo and "Did you mean one of the following? [" in typo and "`amount`" in typo
+    )
+    assert f"config {paths['extra']}: field 'query.sql': " in bad["extra"] and "['amount']" in bad["extra"]
+    assert "`elsewhere` cannot be found" in bad["undeclared"]
+    assert f"config {paths['missing']}: field 'query.sources.gone': " in bad["missing"]
+    assert "Path does not exist" in bad["missing"]
+    print(f"validate with 5 query sinks planned in a new JVM: {took:.1f} s")
