@@ -12,7 +12,7 @@ from helpers import make_sink, run_batch, write_json_rows
 from reconcile import cli, failpoints
 from reconcile.errors import FailPointHit
 from reconcile.log import iso
-from reconcile.sink.mint import next_scheduled_frontier
+from reconcile.schedule import next_scheduled_frontier
 
 
 def ms(text: str) -> int:

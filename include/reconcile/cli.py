@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-from datetime import UTC, datetime
 
 from reconcile import settings
 from reconcile.errors import SinkError
@@ -233,7 +232,7 @@ def cmd_dry_run(args) -> int:
     from pyspark.sql import functions as F
 
     from reconcile.config import load_sink
-    from reconcile.sink.mint import next_scheduled_frontier
+    from reconcile.schedule import next_scheduled_frontier, now_ms
     from reconcile.sink.write import batch_correction
     from reconcile.spark import get_session
     from reconcile.storage import frames
@@ -245,7 +244,7 @@ def cmd_dry_run(args) -> int:
     store.ensure_shard(cfg.name, cfg.as_of)
     shard = store.get_shard(cfg.name)
     lower = max(shard.upper, shard.as_of)
-    now = int(datetime.now(UTC).timestamp() * 1000)
+    now = now_ms()
     scheduled = next_scheduled_frontier(cfg.schedule, cfg.catchup, lower, now)
     upper = args.frontier or scheduled or now
     if args.frontier:
@@ -284,12 +283,13 @@ def cmd_run(args) -> int:
     """One batch without Airflow: mint, write and append in this process."""
     from reconcile.config import load_sink
     from reconcile.errors import DescriptionOutdated
+    from reconcile.schedule import now_ms
     from reconcile.sink.run import run_batch
     from reconcile.spark import get_session
 
     cfg = load_sink(args.sink)
     store = _store()
-    frontier = args.frontier or int(datetime.now(UTC).timestamp() * 1000)
+    frontier = args.frontier or now_ms()
     run_id = args.run_id or f"cli__{frontier}"
     try:
         r = run_batch(

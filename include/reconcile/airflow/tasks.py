@@ -20,7 +20,8 @@ from reconcile.config import SinkConfig, load_sink
 from reconcile.errors import Retryable, SinkError
 from reconcile.log import iso
 from reconcile.model import FINAL, RETRYABLE, SUPERSEDED
-from reconcile.sink.mint import MintResult, desired_frontier, run_mint
+from reconcile.schedule import desired_frontier
+from reconcile.sink.mint import MintResult, run_mint
 from reconcile.storage.ledger import MetadataStore
 from reconcile.storage.tables import Batch
 

@@ -15,11 +15,11 @@ from __future__ import annotations
 
 import html
 from collections.abc import Callable
-from datetime import UTC, datetime
 from urllib.parse import quote
 
 from reconcile.config import SinkConfig
 from reconcile.log import iso
+from reconcile.schedule import now_ms, schedule_period_ms
 from reconcile.storage.commits import ForeignCommit
 from reconcile.storage.delta import ShardTable
 
@@ -34,10 +34,6 @@ STYLE = (
     ".bad{color:#b00020;font-weight:600}.warn{color:#a05a00}.ok{color:#1b6e20}"
     ".small{color:#666;font-size:85%}svg{border:1px solid #ddd;margin:.5em 1em .5em 0}"
 )
-
-
-def _now_ms() -> int:
-    return int(datetime.now(UTC).timestamp() * 1000)
 
 
 def _time(ms: int | None) -> str:
@@ -57,8 +53,6 @@ def _duration(ms: int) -> str:
 
 def lag_threshold_ms(cfg: SinkConfig) -> int | None:
     """When a sink's lag turns red: ``alert.lag_minutes``, else twice its schedule's period."""
-    from reconcile.sink.mint import schedule_period_ms
-
     if cfg.alert.lag_minutes is not None:
         return cfg.alert.lag_minutes * 60_000
     period = schedule_period_ms(cfg.schedule)
@@ -92,7 +86,7 @@ def render_overview(can_read: Callable[[str], bool] = lambda name: True) -> str:
     from reconcile.storage.ledger import MetadataStore
 
     configs, errors = load_dir()
-    now = _now_ms()
+    now = now_ms()
     rows = []
     store = MetadataStore(settings.metadata_url())
     try:
