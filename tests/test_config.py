@@ -195,6 +195,8 @@ CASES = {
     "duplicate column": (variant(QUERY, **{"schema.1.name": "k"}), "schema[1].name"),
     "duplicate column any case": (variant(QUERY, **{"schema.1.name": "K"}), "schema[1].name"),
     "unsupported type": (variant(QUERY, **{"schema.1.type": "map<string,int>"}), "schema[1].type"),
+    "decimal precision over 38": (variant(QUERY, **{"schema.1.type": "decimal(40,2)"}), "schema[1].type"),
+    "decimal scale over precision": (variant(QUERY, **{"schema.1.type": "decimal(5,7)"}), "schema[1].type"),
     "type with sql": (variant(QUERY, **{"schema.1.type": "string) --"}), "schema[1].type"),
     "bad schedule": (variant(QUERY, schedule="every day"), "schedule"),
     "partitions 0": (variant(QUERY, partitions=0), "partitions"),
@@ -382,9 +384,9 @@ def test_misspelled_required_field_is_named_as_unknown_with_the_nearest_name(tmp
 
 
 def test_unknown_fields_are_named_when_the_kind_is_missing(tmp_path):
-    data = variant(QUERY, "kind", partiton=2)
+    data = variant(QUERY, "kind", partiton=2, retries=-1, **{"schema.1.type": "int64"})
     problems = {p.field: str(p) for p in load_problems(write(tmp_path, "orders_daily.yaml", data))}
-    assert set(problems) == {"kind", "partiton"}
+    assert set(problems) == {"kind", "partiton", "retries", "schema[1].type"}  # and the fields every kind has
     assert "query, changelog, upsert" in problems["kind"]
     assert "did you mean `partitions`?" in problems["partiton"]
 
@@ -399,6 +401,7 @@ ALLOWED = {
     "type": ({"schema.1.type": "int64"}, "schema[1].type", ["did you mean `bigint`?", *TYPES]),
     "type typo": ({"schema.1.type": "strng"}, "schema[1].type", ["did you mean `string`?", "timestamp_ntz"]),
     "kind": ({"kind": "querry"}, "kind", ["did you mean `query`?", "query, changelog, upsert"]),
+    "kind a boolean": ({"kind": True}, "kind", ["YAML reads `true` as a boolean", "query, changelog, upsert"]),
     "format": ({"query.sources.users.format": "avro"}, "query.sources.users.format", ["delta, parquet, csv, json"]),
     "format typo": ({"query.sources.users.format": "parqet"}, "query.sources.users.format", ["`parquet`"]),
     "schedule": ({"schedule": "daily"}, "schedule", ["@daily", "@hourly", "none"]),
@@ -641,7 +644,7 @@ LOADER_ONLY = {
     "reserved _time", "reserved _diff", "reserved any case", "duplicate column", "duplicate column any case",
     "bad schedule", "upsert key not in schema", "upsert key twice", "upsert time column in schema",
     "upsert offset equals time", "upsert delete column in schema", "upsert key-only without delete",
-    "upsert empty key",
+    "upsert empty key", "decimal precision over 38", "decimal scale over precision",
 }  # fmt: skip
 
 

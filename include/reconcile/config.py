@@ -115,6 +115,10 @@ def _spark_type(value: str) -> str:
     if not TYPE_RE.match(value):
         hint = did_you_mean(value, TYPES, TYPE_ALIASES)
         raise ValueError(f"{value!r} is not a supported type{hint} (supported: {', '.join(TYPES)})")
+    if value.startswith("decimal"):
+        precision, scale = (int(n) for n in re.findall(r"\d+", value))
+        if not 1 <= precision <= 38 or scale > precision:
+            raise ValueError(f"{value!r}: a decimal's precision is 1 to 38, its scale at most the precision")
     return value
 
 
@@ -643,7 +647,7 @@ def _spelling(text: str | None, loc: tuple) -> str | None:
     return node.value if isinstance(node, yaml.ScalarNode) else None
 
 
-def _message(err: Any, loc: tuple, kind: str, siblings: dict[tuple, list[str]], text: str | None) -> str:
+def _message(err: Any, loc: tuple, kind: str | None, siblings: dict[tuple, list[str]], text: str | None) -> str:
     """One problem's message, saying what to write instead where the loader knows."""
     typ, ctx, got = err["type"], err.get("ctx") or {}, err.get("input")
     cause = ctx.get("error")
@@ -673,35 +677,45 @@ def _message(err: Any, loc: tuple, kind: str, siblings: dict[tuple, list[str]], 
     return f"{err['msg']}, got {type(got).__name__} {got!r}"
 
 
-def _problems(exc: ValidationError, data: dict, path: str, sink: str | None, text: str | None) -> list[ConfigError]:
-    """Every problem of a file as one ConfigError each, in the file's order of fields; one per
-    field (a union's members, a list whose items failed: the innermost problem)."""
+def _kind_problem(tag: Any, data: dict, text: str | None) -> str:
+    kinds = ", ".join(KINDS)
+    got = data.get("kind")
+    if tag["type"] == "union_tag_not_found":
+        return f"is required ({kinds}: it picks the sink's section)"
+    if isinstance(got, bool):
+        as_written = _spelling(text, ("kind",)) or str(got)
+        return f"YAML reads `{as_written}` as a boolean, not text: one of {kinds}"
+    return f"{got!r} is not one of {kinds}{did_you_mean(got, KINDS)}"
+
+
+def _problems(
+    exc: ValidationError, data: dict, path: str, sink: str | None, text: str | None, context: dict
+) -> list[ConfigError]:
+    """Every problem of a file as one ConfigError each; one per field (a union's members, a
+    list whose items failed: the innermost problem)."""
     errors = exc.errors()
     tag = next((e for e in errors if e["type"] in ("union_tag_not_found", "union_tag_invalid")), None)
-    if tag is not None:
-        got = (tag.get("ctx") or {}).get("tag")
-        kinds = ", ".join(KINDS)
-        why = (
-            f"is required ({kinds}: it picks the sink's section)"
-            if tag["type"] == "union_tag_not_found"
-            else f"{got!r} is not one of {kinds}{did_you_mean(got, KINDS)}"
-        )
-        problems = [ConfigError(path, "kind", why, sink=sink)]
+    found: dict[str, str] = {}
+    kind: str | None = str(data.get("kind"))
+    if tag is None:
+        located = [(_clean(tuple(e["loc"])[1:]), e) for e in errors]  # loc[0]: the kind the discriminator picked
+    else:  # no kind to pick a model: the fields every kind has, and the unknown ones
+        kind = None
+        found["kind"] = _kind_problem(tag, data, text)
         allowed = _allowed(None, ())
         for key in data:
             if key not in allowed:
-                hint = did_you_mean(key, allowed)
-                problems.append(
-                    ConfigError(path, str(key), f"unknown field{hint} (allowed: {', '.join(allowed)})", sink=sink)
-                )
-        return problems
-    kind = str(data.get("kind"))
-    located = [(_clean(tuple(e["loc"])[1:]), e) for e in errors]  # loc[0]: the kind the discriminator picked
+                found[str(key)] = f"unknown field{did_you_mean(key, allowed)} (allowed: {', '.join(allowed)})"
+        common = [f.alias or name for name, f in SinkConfig.model_fields.items()]
+        try:
+            SinkConfig.model_validate({**{k: v for k, v in data.items() if k in common}, "kind": "-"}, context=context)
+            located = []
+        except ValidationError as inner:
+            located = [(_clean(tuple(e["loc"])), e) for e in inner.errors()]
     siblings: dict[tuple, list[str]] = {}
     for loc, e in located:
         if e["type"] == "extra_forbidden":
             siblings.setdefault(loc[:-1], []).append(str(loc[-1]))
-    found: dict[str, str] = {}
     for loc, e in located:
         if any(other[: len(loc)] == loc and len(other) > len(loc) for other, _ in located):
             continue  # a container whose items are reported
@@ -751,7 +765,7 @@ def parse(data: Any, path: str, default_name: str | None = None, text: str | Non
         cfg = _ADAPTER.validate_python(data, context=context)
     except ValidationError as exc:
         seen = {p.field for p in problems}
-        problems += [p for p in _problems(exc, data, path, sink, text) if p.field not in seen]
+        problems += [p for p in _problems(exc, data, path, sink, text, context) if p.field not in seen]
     else:
         if not problems:
             return cfg
