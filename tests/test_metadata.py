@@ -1,7 +1,8 @@
 """The metadata store on SQLite and PostgreSQL: migrations, compare-and-set, the ledger's guards.
 
-No Spark here: these tests drive :class:`reconcile.metadata.store.MetadataStore` directly, and
-race threads against it to check that writers of one shard are linearized.
+No Spark here: these tests drive :class:`reconcile.storage.ledger.MetadataStore` directly (mints
+through :func:`reconcile.sink.mint.maybe_mint`, whose rules run inside the ledger's transaction),
+and race threads against it to check that writers of one shard are linearized.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from sqlalchemy.orm import Session
 
 from reconcile import errors
 from reconcile.model import COMMITTED, MINTED, OPEN_STATES, SUPERSEDED, CommitRecord
+from reconcile.sink.mint import maybe_mint
 from reconcile.storage.ledger import MetadataStore, current_revision, downgrade, head, make_engine, now, upgrade
 from reconcile.storage.tables import Base, Batch, Shard
 
@@ -95,7 +97,7 @@ def test_upgrade_downgrade_upgrade(metadata_url):
         assert reconcile_tables(engine) == TABLES
         # the re-created schema works: a store on it needs no migration and can mint
         s = MetadataStore(metadata_url, auto_migrate=False)
-        desc, why = s.mint("again", AS_OF, "run-1", 1, 200)
+        desc, why = maybe_mint(s, "again", AS_OF, "run-1", 1, 200)
         assert desc is not None and (desc.lower, desc.upper) == (AS_OF, 200), why
         s.dispose()
     finally:
@@ -206,7 +208,7 @@ def test_absorb_commit_is_idempotent(store):
 
 
 def test_absorb_commit_supersedes_open_batches_below_the_new_upper(store):
-    a, _ = store.mint("sup", AS_OF, "run-a", 1, 300)
+    a, _ = maybe_mint(store, "sup", AS_OF, "run-a", 1, 300)
     rec = CommitRecord(version=1, batch_id="100-winner", lower=AS_OF, upper=200, run_id="run-w")
     assert store.absorb_commit("sup", rec) is True
     assert store.get_batch(a.batch_id).state == SUPERSEDED
@@ -242,7 +244,7 @@ def test_attempts_advancing_a_new_shard_to_as_of_all_go_on(store):
 def test_concurrent_mints_share_a_lower_and_leave_one_open(store):
     store.ensure_shard("mints", AS_OF)
     n = 6
-    results = race(n, lambda i: store.mint("mints", AS_OF, f"run-{i}", 1, 500))
+    results = race(n, lambda i: maybe_mint(store, "mints", AS_OF, f"run-{i}", 1, 500))
     descs = [r[0] if isinstance(r, tuple) else r for _, r in results]
     assert all(d is not None and not isinstance(d, Exception) for d in descs), results
     assert {(d.lower, d.upper) for d in descs} == {(AS_OF, 500)}
@@ -269,7 +271,7 @@ def test_concurrent_mints_share_a_lower_and_leave_one_open(store):
 def test_concurrent_first_mints_of_a_new_shard(store):
     """Several runs of a brand-new sink mint at once: the shard row is created once, no error."""
     n = 4
-    results = race(n, lambda i: store.mint("fresh", AS_OF, f"run-{i}", 1, 500))
+    results = race(n, lambda i: maybe_mint(store, "fresh", AS_OF, f"run-{i}", 1, 500))
     failures = [r for _, r in results if isinstance(r, Exception)]
     assert failures == [], failures
     ledger = store.batches("fresh")
@@ -287,7 +289,7 @@ def test_mint_while_another_process_creates_the_shard_row(store):
 
     def mint():
         try:
-            result["mint"] = store.mint("fresh", AS_OF, "run-late", 1, 500)
+            result["mint"] = maybe_mint(store, "fresh", AS_OF, "run-late", 1, 500)
         except Exception as exc:  # noqa: BLE001 - asserted below
             result["mint"] = exc
 

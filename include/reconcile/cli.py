@@ -233,6 +233,7 @@ def cmd_dry_run(args) -> int:
 
     from reconcile.config import load_sink
     from reconcile.schedule import next_scheduled_frontier, now_ms
+    from reconcile.sink.mint import next_lower
     from reconcile.sink.write import batch_correction
     from reconcile.spark import get_session
     from reconcile.storage import frames
@@ -243,7 +244,7 @@ def cmd_dry_run(args) -> int:
     store = _store()
     store.ensure_shard(cfg.name, cfg.as_of)
     shard = store.get_shard(cfg.name)
-    lower = max(shard.upper, shard.as_of)
+    lower = next_lower(shard)
     now = now_ms()
     scheduled = next_scheduled_frontier(cfg.schedule, cfg.catchup, lower, now)
     upper = args.frontier or scheduled or now

@@ -29,6 +29,7 @@ from reconcile.config import SinkConfig
 from reconcile.errors import SinkError
 from reconcile.log import event, iso
 from reconcile.model import COMMITTED, CommitRecord
+from reconcile.sink.mint import next_lower
 from reconcile.sink.sync import compacted_since, sync
 from reconcile.storage.commits import batch_commits
 from reconcile.storage.delta import ShardTable
@@ -130,7 +131,7 @@ def run_recover(store: MetadataStore, cfg: SinkConfig, *, force: bool = False) -
     if outcome == "reset" and lost:
         notes.append(
             f"marked {len(lost)} batch(es) the log no longer holds as superseded; the next run recomputes the shard "
-            f"from {iso(max(shard.upper, shard.as_of))} on"
+            f"from {iso(next_lower(shard))} on"
         )
     if created:
         notes.append(

@@ -16,13 +16,12 @@ from __future__ import annotations
 
 import json
 import logging
-import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from functools import lru_cache, wraps
 from pathlib import Path
-from typing import ParamSpec, TypeVar
+from typing import ParamSpec, Protocol, TypeVar
 
 from sqlalchemy import create_engine, event, inspect, or_, select, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
@@ -113,6 +112,22 @@ def current_revision(engine: Engine) -> str | None:
 
 P = ParamSpec("P")
 R = TypeVar("R")
+
+
+class MintDecision(Protocol):
+    """What :meth:`MetadataStore.mint` writes (decided by :func:`reconcile.sink.mint.decide`)."""
+
+    @property
+    def new(self) -> BatchDescription | None: ...  # the description to add, state minted
+
+    @property
+    def supersede(self) -> Collection[str]: ...  # the open descriptions (ids) it supersedes
+
+    @property
+    def superseded_why(self) -> str: ...  # their message
+
+
+D = TypeVar("D", bound=MintDecision)
 
 
 def _retried_once_if_schema_recreated(fn: Callable[P, R]) -> Callable[P, R]:
@@ -304,71 +319,42 @@ class MetadataStore:
 
     # -- mint ---------------------------------------------------------------------------------
 
-    def mint(
-        self,
-        name: str,
-        as_of: int,
-        run_id: str,
-        attempt: int,
-        desired_frontier: int,
-        *,
-        read_only: bool = False,
-    ) -> tuple[BatchDescription | None, str]:
-        """Mint ``(lower, upper)`` for a run, or return (None, why nothing was minted)."""
-        self.ensure_shard(name, as_of)
+    def mint(self, name: str, decide: Callable[[Shard, list[Batch]], D]) -> D:
+        """A mint, in one transaction holding the shard's row: ``decide(shard, its open
+        descriptions)`` (the rules are :mod:`reconcile.sink.mint`'s) says what to write; the
+        open descriptions it names in ``supersede`` are marked superseded with its
+        ``superseded_why`` and its ``new`` description is added (state minted). A decision
+        without ``new`` writes nothing. Returns the decision."""
         with self.tx() as s:
             shard = self._locked(s, name)
-            lower = max(shard.upper, shard.as_of)
-            if read_only or shard.read_only:
-                return None, (
-                    f"read-only: minted nothing (shard upper={iso(shard.upper)}, desired "
-                    f"frontier={iso(desired_frontier)}); turn read-only off to resume writing"
-                )
-            if desired_frontier <= lower:
-                return None, (
-                    f"nothing to do: desired frontier {iso(desired_frontier)} is not ahead of lower "
-                    f"{iso(lower)} (shard upper={iso(shard.upper)}); this interval is already covered"
-                )
-            mine = s.scalars(
-                select(Batch).where(
-                    Batch.shard == name,
-                    Batch.run_id == run_id,
-                    Batch.lower == lower,
-                    Batch.state.in_(OPEN_STATES),
-                )
-            ).first()
-            if mine is not None and mine.upper == desired_frontier:
-                return BatchDescription.of(mine), (
-                    f"re-using this run's batch {mine.batch_id} [{iso(mine.lower)}, {iso(mine.upper)}): "
-                    "the shard's upper has not moved"
-                )
-            batch_id = f"{lower}-{uuid.uuid4().hex[:16]}"
+            q = select(Batch).where(Batch.shard == name, Batch.state.in_(OPEN_STATES))
+            open_batches = list(s.scalars(q.order_by(Batch.lower, Batch.created_at)))
+            decision = decide(shard, open_batches)
+            new = decision.new
+            if new is None:
+                return decision
             t = now()
-            older = s.scalars(
-                select(Batch).where(Batch.shard == name, Batch.state.in_(OPEN_STATES), Batch.lower <= lower)
-            ).all()
-            for b in older:
-                b.state = SUPERSEDED
-                b.message = f"superseded by batch {batch_id} of run {run_id}"
-                b.updated_at = t
-            batch = Batch(
-                batch_id=batch_id,
-                shard=name,
-                lower=lower,
-                upper=desired_frontier,
-                state=MINTED,
-                run_id=run_id,
-                attempt=attempt,
-                created_at=t,
-                updated_at=t,
+            for b in open_batches:
+                if b.batch_id in decision.supersede:
+                    b.state = SUPERSEDED
+                    b.message = decision.superseded_why
+                    b.updated_at = t
+            s.add(
+                Batch(
+                    batch_id=new.batch_id,
+                    shard=name,
+                    lower=new.lower,
+                    upper=new.upper,
+                    state=MINTED,
+                    run_id=new.run_id,
+                    attempt=new.attempt,
+                    created_at=t,
+                    updated_at=t,
+                )
             )
-            s.add(batch)
-            shard.last_minted_lower = lower
+            shard.last_minted_lower = new.lower
             shard.updated_at = t
-            desc = BatchDescription.of(batch)
-            return desc, f"minted batch {batch_id} [{iso(lower)}, {iso(desired_frontier)})" + (
-                f", superseding {len(older)} older description(s)" if older else ""
-            )
+            return decision
 
     # -- ledger -------------------------------------------------------------------------------
 
