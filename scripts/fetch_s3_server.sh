@@ -1,15 +1,14 @@
 #!/usr/bin/env bash
-# Fetch the tests' S3 API server, S3Proxy (Apache-2.0, one self-contained jar from Maven Central),
-# into .tools/ (not .jars: Spark loads every jar there). Needs Java 17 and Maven. Idempotent.
-# Why S3Proxy: docs/object-stores.md.
+# Build the tests' S3 API server, Versity S3 Gateway (versitygw, Apache-2.0), from the Go module
+# proxy into .tools/versitygw. Needs Go >= 1.25. Idempotent: quick when that version is there.
+# Why versitygw: docs/object-stores.md.
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
-S3PROXY_VERSION="${S3PROXY_VERSION:-4.0.0}"
-name="s3proxy-$S3PROXY_VERSION-jar-with-dependencies.jar"
+VERSITYGW_VERSION="${VERSITYGW_VERSION:-v1.8.0}"
+GO="$(command -v go || echo /usr/local/go/bin/go)"
+bin="$root/.tools/versitygw"
 mkdir -p "$root/.tools"
-if [ ! -s "$root/.tools/$name" ]; then
-  find "$root/.tools" -maxdepth 1 -name 's3proxy-*.jar' -delete
-  mvn -q -B dependency:copy -Dartifact="org.gaul:s3proxy:$S3PROXY_VERSION:jar:jar-with-dependencies" \
-    -DoutputDirectory="$root/.tools"
+if [ ! -x "$bin" ] || ! "$GO" version -m "$bin" 2>/dev/null | grep -q "mod	github.com/versity/versitygw	$VERSITYGW_VERSION	"; then
+  GOBIN="$root/.tools" GOFLAGS=-mod=mod "$GO" install "github.com/versity/versitygw/cmd/versitygw@$VERSITYGW_VERSION"
 fi
-ls "$root/.tools/$name"
+echo "$bin $VERSITYGW_VERSION"

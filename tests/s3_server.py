@@ -1,20 +1,23 @@
-"""A real S3 API server for the tests: S3Proxy on 127.0.0.1, storing objects in a temp folder.
+"""A real S3 API server for the tests: Versity S3 Gateway (versitygw) on 127.0.0.1, storing
+objects as files in a temp folder (its POSIX backend).
 
-Why S3Proxy (docs/object-stores.md): Apache-2.0, one jar from Maven Central (no build), starts in
-about a second, and its filesystem store answers ``PutObject`` with ``If-None-Match: *`` by
-publishing the object with link(2), which fails if the key exists: concurrent put-if-absent of one
-key has exactly one winner (tests/test_s3_store.py measures it). ``If-Match`` (a named ETag) is a
-read followed by a write there, not atomic; delta-rs only uses ``If-None-Match: *``.
-
-``scripts/fetch_s3_server.sh`` (run by scripts/setup.sh) puts the jar in ``.tools/``. Use::
+Why versitygw (docs/object-stores.md): Apache-2.0, one Go binary built from the Go module proxy
+(``scripts/fetch_s3_server.sh``, run by scripts/setup.sh, puts it in ``.tools/``), starts in well
+under a second, and since v1.8.0 it checks ``If-None-Match: *`` / ``If-Match`` on ``PutObject``
+under a per-key publish lock (an in-process stripe plus ``flock`` on a per-bucket lock file), so
+concurrent put-if-absent of one key has exactly one winner; uploads are staged in unnamed
+``O_TMPFILE`` files, so a listing never shows a half-written object. tests/test_s3_store.py
+measures both. Use::
 
     with s3_server.running(tmp_path) as s3:      # or s3 = s3_server.start(tmp_path); s3.stop()
         s3.storage_options()                     # for delta-rs (deltalake)
         s3.hadoop_conf()                         # for Spark through s3a (spark.hadoop.fs.s3a.*)
         s3.client().put("k", b"v", if_none_match="*")
 
-The credentials are random per server; ``secret_key`` is the value a no-secret-in-logs test greps
-for.
+The credentials are random per server and reach the server through its environment, not its
+command line; ``secret_key`` is the value a no-secret-in-logs test greps for. Each server gets a
+bucket of its own name (``warehouse-<random>``): Hadoop caches one S3A file system per bucket
+for the life of a JVM, so a shared Spark session never talks to a stopped server's endpoint.
 """
 
 from __future__ import annotations
@@ -26,7 +29,6 @@ import hmac
 import http.client
 import os
 import secrets
-import shutil
 import socket
 import subprocess
 import time
@@ -36,8 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-S3PROXY_VERSION = "4.0.0"
-JAR = ROOT / ".tools" / f"s3proxy-{S3PROXY_VERSION}-jar-with-dependencies.jar"
+BINARY = ROOT / ".tools" / "versitygw"
 REGION = "us-east-1"
 
 
@@ -68,7 +69,7 @@ class S3Client:
     region: str = REGION
     _conn: http.client.HTTPConnection | None = field(default=None, repr=False)
 
-    def request(
+    def signed(
         self,
         method: str,
         key: str | None = None,
@@ -76,12 +77,13 @@ class S3Client:
         headers: dict[str, str] | None = None,
         query: dict[str, str] | None = None,
         bucket: str | None = None,
-    ) -> tuple[int, dict[str, str], bytes]:
+    ) -> tuple[str, dict[str, str]]:
+        """The request target (path and query) and the headers of a signed request."""
         bucket = self.bucket if bucket is None else bucket
         path = "/" + urllib.parse.quote(bucket) + ("/" + urllib.parse.quote(key, safe="/~") if key else "")
-        query = query or {}
         canonical_query = "&".join(
-            f"{urllib.parse.quote(k, safe='-_.~')}={urllib.parse.quote(v, safe='-_.~')}" for k, v in sorted(query.items())
+            f"{urllib.parse.quote(k, safe='-_.~')}={urllib.parse.quote(v, safe='-_.~')}"
+            for k, v in sorted((query or {}).items())
         )
         now = dt.datetime.now(dt.UTC)
         amz_date, day = now.strftime("%Y%m%dT%H%M%SZ"), now.strftime("%Y%m%d")
@@ -101,7 +103,18 @@ class S3Client:
         hdrs["authorization"] = (
             f"AWS4-HMAC-SHA256 Credential={self.access_key}/{scope}, SignedHeaders={';'.join(signed)}, Signature={signature}"
         )
-        url = path + (f"?{canonical_query}" if canonical_query else "")
+        return path + (f"?{canonical_query}" if canonical_query else ""), hdrs
+
+    def request(
+        self,
+        method: str,
+        key: str | None = None,
+        body: bytes = b"",
+        headers: dict[str, str] | None = None,
+        query: dict[str, str] | None = None,
+        bucket: str | None = None,
+    ) -> tuple[int, dict[str, str], bytes]:
+        url, hdrs = self.signed(method, key, body, headers, query, bucket)
         for attempt in (1, 2):  # one retry on a connection the server closed while it sat idle
             if self._conn is None:
                 self._conn = http.client.HTTPConnection(self.host, self.port, timeout=60)
@@ -115,6 +128,14 @@ class S3Client:
                 if attempt == 2:
                     raise
         raise AssertionError("unreachable")
+
+    def raw_put(self, key: str, body: bytes, headers: dict[str, str] | None = None) -> bytes:
+        """A signed PutObject as the bytes to send on a fresh connection (``Connection: close``),
+        for tests that hold a request back before its last byte."""
+        hdrs = {**(headers or {}), "content-length": str(len(body)), "connection": "close"}
+        url, hdrs = self.signed("PUT", key, body, hdrs)
+        head = f"PUT {url} HTTP/1.1\r\n" + "".join(f"{k}: {v}\r\n" for k, v in hdrs.items()) + "\r\n"
+        return head.encode() + body
 
     def close(self) -> None:
         if self._conn is not None:
@@ -196,19 +217,23 @@ class S3Server:
             "AWS_ALLOW_HTTP": "true",
         }
 
-    def hadoop_conf(self) -> dict[str, str]:
-        """Spark conf for s3a on this server (``spark.hadoop.`` + the Hadoop key). The secret is in
-        ``fs.s3a.secret.key`` (and the key id in ``fs.s3a.access.key``)."""
-        return {
-            "spark.hadoop.fs.s3a.endpoint": self.endpoint,
-            "spark.hadoop.fs.s3a.endpoint.region": self.region,
-            "spark.hadoop.fs.s3a.path.style.access": "true",
-            "spark.hadoop.fs.s3a.connection.ssl.enabled": "false",
-            "spark.hadoop.fs.s3a.access.key": self.access_key,
-            "spark.hadoop.fs.s3a.secret.key": self.secret_key,
-            "spark.hadoop.fs.s3a.aws.credentials.provider": "org.apache.hadoop.fs.s3a.SimpleAWSCredentialsProvider",
-            "spark.hadoop.fs.s3.impl": "org.apache.hadoop.fs.s3a.S3AFileSystem",
+    def hadoop_conf(self, per_bucket: bool = False) -> dict[str, str]:
+        """Spark conf for s3a on this server (``spark.hadoop.`` + the Hadoop key). With
+        ``per_bucket``, S3A's per-bucket form (``fs.s3a.bucket.<bucket>.<option>``): it applies to
+        this bucket only, so it can be set on a running session's Hadoop configuration beside other
+        buckets. Secrets: ``fs.s3a.secret.key`` (and ``fs.s3a.access.key``, an identifier)."""
+        options = {
+            "endpoint": self.endpoint,
+            "endpoint.region": self.region,
+            "path.style.access": "true",
+            "access.key": self.access_key,
+            "secret.key": self.secret_key,
         }
+        prefix = f"spark.hadoop.fs.s3a.bucket.{self.bucket}." if per_bucket else "spark.hadoop.fs.s3a."
+        conf = {prefix + k: v for k, v in options.items()}
+        # s3:// (as the warehouse is named) through the same connector
+        conf["spark.hadoop.fs.s3.impl"] = "org.apache.hadoop.fs.s3a.S3AFileSystem"
+        return conf
 
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
@@ -221,18 +246,12 @@ class S3Server:
         self.proc = None
 
 
-def _java() -> str:
-    java = shutil.which("java")
-    if not java:
-        raise S3ServerMissing("java is not on PATH: S3Proxy needs Java 17+")
-    return java
-
-
-def start(base: Path, bucket: str = "warehouse", timeout: float = 60.0) -> S3Server:
-    """Start S3Proxy on a free port of 127.0.0.1 with its objects under ``base/s3-data``, create
-    ``bucket``, and return once it answers. Raises S3ServerMissing when the jar is not installed."""
-    if not JAR.exists():
-        raise S3ServerMissing(f"{JAR.relative_to(ROOT)} is missing: run scripts/fetch_s3_server.sh (scripts/setup.sh does)")
+def start(base: Path, bucket: str | None = None, timeout: float = 30.0) -> S3Server:
+    """Start versitygw on a free port of 127.0.0.1 with its objects under ``base/s3-data``, create
+    ``bucket`` (default ``warehouse-<random>``), and return once it answers. Raises
+    S3ServerMissing when the binary is not installed."""
+    if not BINARY.exists():
+        raise S3ServerMissing(f"{BINARY.relative_to(ROOT)} is missing: run scripts/fetch_s3_server.sh (scripts/setup.sh does)")
     base.mkdir(parents=True, exist_ok=True)
     data_dir = base / "s3-data"
     data_dir.mkdir(exist_ok=True)
@@ -240,34 +259,17 @@ def start(base: Path, bucket: str = "warehouse", timeout: float = 60.0) -> S3Ser
     server = S3Server(
         host="127.0.0.1",
         port=port,
-        access_key="test-" + secrets.token_hex(4),
+        access_key="test" + secrets.token_hex(6),
         secret_key=secrets.token_hex(20),
-        bucket=bucket,
+        bucket=bucket or f"warehouse-{secrets.token_hex(4)}",
         data_dir=data_dir,
-        log_path=base / "s3proxy.log",
+        log_path=base / "versitygw.log",
     )
-    conf = base / "s3proxy.conf"
-    conf.write_text(
-        "\n".join(
-            [
-                f"s3proxy.endpoint=http://127.0.0.1:{port}",
-                "s3proxy.authorization=aws-v2-or-v4",
-                f"s3proxy.identity={server.access_key}",
-                f"s3proxy.credential={server.secret_key}",
-                "jclouds.provider=filesystem-nio2",
-                f"jclouds.filesystem.basedir={data_dir}",
-                "",
-            ]
-        )
-    )
-    conf.chmod(0o600)
-    # A small heap and the quick JIT: it serves a few small objects per test.
-    env = {k: v for k, v in os.environ.items() if k not in ("JDK_JAVA_OPTIONS", "JAVA_TOOL_OPTIONS")}
-    env["LOG_LEVEL"] = "warn"
-    env["JETTY_LOG_LEVEL"] = "warn"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "VGW_", "ROOT_"))}
+    env.update(ROOT_ACCESS_KEY=server.access_key, ROOT_SECRET_KEY=server.secret_key, VGW_REGION=server.region)
     with open(server.log_path, "wb") as log:
         server.proc = subprocess.Popen(
-            [_java(), "-Xmx256m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1", "-jar", str(JAR), "--properties", str(conf)],
+            [str(BINARY), "--quiet", "--port", f"127.0.0.1:{port}", "posix", str(data_dir)],
             stdout=log,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
@@ -278,22 +280,22 @@ def start(base: Path, bucket: str = "warehouse", timeout: float = 60.0) -> S3Ser
     client = server.client()
     while True:
         if server.proc.poll() is not None:
-            raise RuntimeError(f"S3Proxy exited with {server.proc.returncode}: see {server.log_path}")
+            raise RuntimeError(f"versitygw exited with {server.proc.returncode}: see {server.log_path}")
         try:
-            client.create_bucket(bucket)
+            client.create_bucket(server.bucket)
             break
         except (ConnectionError, OSError):
             client.close()
             if time.monotonic() > deadline:
                 server.stop()
-                raise RuntimeError(f"S3Proxy did not answer on port {port} within {timeout:.0f} s: see {server.log_path}") from None
-            time.sleep(0.1)
+                raise RuntimeError(f"versitygw did not answer on port {port} within {timeout:.0f} s: see {server.log_path}") from None
+            time.sleep(0.05)
     client.close()
     return server
 
 
 @contextlib.contextmanager
-def running(base: Path, bucket: str = "warehouse") -> Iterator[S3Server]:
+def running(base: Path, bucket: str | None = None) -> Iterator[S3Server]:
     server = start(base, bucket)
     try:
         yield server
