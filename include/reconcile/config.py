@@ -667,6 +667,8 @@ def _message(err: Any, loc: tuple, kind: str | None, siblings: dict[tuple, list[
         as_written = _spelling(text, loc) or str(got)
         why = " (YAML 1.1 reads yes/no/on/off/true/false as booleans)" if isinstance(got, bool) else ""
         return f"YAML reads `{as_written}` as {_YAML_WORDS[type(got)]}, not text{why}: quote it, '{as_written}'"
+    if typ == "too_short":
+        return f"must have at least {ctx.get('min_length')} item(s)"
     if typ == "bool_type":
         return f"expected true or false, got {type(got).__name__} {got!r}"
     if typ == "literal_error":
