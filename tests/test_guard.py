@@ -13,8 +13,8 @@ import pytest
 from helpers import make_sink, run_batch, shard_as_of, write_json_rows
 from reconcile import cli
 from reconcile.errors import CorrectionBlocked
-from reconcile.sink.guard import batch_change
-from reconcile.storage import delta as storage
+from reconcile.manifest import Manifest
+from reconcile.storage.delta import ShardTable
 
 GUARD = {"max_share": 0.2, "min_rows": 5}
 QUERY = {"sources": {"src": {"format": "json", "path": "src"}}, "sql": "SELECT k, v FROM src WHERE k >= 0"}
@@ -50,18 +50,18 @@ def test_a_small_change_passes_and_a_truncation_stops_with_nothing_committed(spa
     assert a.outcome == "committed"
 
     write_json_rows(tmp_path / "src", changed[:3])  # upstream truncated: 17 of 20 rows retracted
-    version, upper = storage.latest_version(cfg), store.get_shard(cfg.name).upper
+    version, upper = ShardTable(cfg).latest_version(), store.get_shard(cfg.name).upper
     with pytest.raises(CorrectionBlocked) as info:
         run_batch(spark, store, cfg, "run-3", 400)
     text = str(info.value)
     assert "\n" not in text and "guarded" in text
     assert "retract 17 of the shard's 20 rows (85.0%" in text and "max_share 20.0%" in text
     assert "python -m reconcile approve guarded" in text
-    assert storage.latest_version(cfg) == version and store.get_shard(cfg.name).upper == upper
+    assert ShardTable(cfg).latest_version() == version and store.get_shard(cfg.name).upper == upper
     assert shard_as_of(cfg, 399) == model(changed)
     blocked = store.run_batch(cfg.name, "run-3")
     assert blocked.state == "staged" and blocked.approved is None
-    assert batch_change(__import__("json").loads(blocked.manifest)) == (0, 17)
+    assert Manifest.from_json(blocked.manifest).change() == (0, 17)
 
 
 def test_approval_by_the_cli_lets_the_append_through(spark, guarded, tmp_path, store, capsys):

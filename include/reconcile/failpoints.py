@@ -1,4 +1,4 @@
-"""Named fail points in the write and append paths (seed 002's ``fail_point!``).
+"""Named fail points in the write and append paths (as Materialize's ``fail_point!``).
 
 Off by default and free when off: ``failpoint(name)`` is a dict lookup on an empty dict.
 Armed through the environment, ``RECONCILE_FAILPOINTS="append.after_delta_commit=kill,..."``
@@ -9,7 +9,7 @@ Armed through the environment, ``RECONCILE_FAILPOINTS="append.after_delta_commit
   no ``finally`` blocks, exactly like a lost machine;
 - ``<action>@<n>``: act only on the n-th hit (1-based), pass otherwise.
 
-Points (see README): write.after_partition_staged, write.after_staged, append.after_advance_as_of,
+Points (docs/design.md says what each proves): write.after_partition_staged, write.after_staged, append.after_advance_as_of,
 append.before_delta_commit, append.inside_delta_commit, append.after_delta_commit,
 metadata.inside_absorb, compact.after_since, compact.after_commit.
 """

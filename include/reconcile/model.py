@@ -103,7 +103,7 @@ class Staged:
     the batch's counts."""
 
     stage_id: str
-    manifest: dict
+    manifest: str  # its JSON text (reconcile.manifest.Manifest.to_json)
     rows_ok: int
     rows_err: int
     read_version: int

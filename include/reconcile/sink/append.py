@@ -17,8 +17,8 @@ The Delta log is the linearization point and the source of truth; the metadata r
    passed ``lower``, the batch is outdated: its staged files are deleted, and the append
    succeeds as a no-op when the winner covered ``[lower, upper)``, else fails harmlessly
    (:class:`~reconcile.errors.LostRace`). If the shard is new (upper behind the sink's
-   ``as_of`` == ``lower``), its upper is first advanced to ``lower`` (seed 002,
-   ``advance_shard_upper``).
+   ``as_of`` == ``lower``), its upper is first advanced to ``lower`` (as Materialize's persist sink
+   advances a new shard's upper).
 3. **Verify** the staged files against the manifest: exactly the files of the write attempt
    the manifest names, with their sizes and content digests, and per partition the rows the
    manifest records (from the files' Parquet footers).
@@ -55,6 +55,7 @@ from reconcile.config import SinkConfig
 from reconcile.errors import DescriptionOutdated, InconsistentState, LostRace, Retryable, StagedBatchInvalid, brief
 from reconcile.failpoints import failpoint
 from reconcile.log import event, iso
+from reconcile.manifest import Manifest
 from reconcile.model import COMMITTED, MINTED, SUPERSEDED, BatchDescription
 from reconcile.sink import guard
 from reconcile.sink.sync import gc_staged, sync
@@ -74,7 +75,7 @@ class AppendResult:
     delta_version: int | None = None
 
 
-def verify_staged(table: ShardTable, batch_id: str, manifest: dict) -> list[tuple[str, int, dict]]:
+def verify_staged(table: ShardTable, batch_id: str, manifest: Manifest) -> list[tuple[str, int, dict]]:
     """The files the manifest names as the Delta commit adds them (path relative to the table,
     size, statistics), after checking them against it: present with their sizes and content
     digests, no stranger in the attempt's directory, per partition the manifest's rows."""
@@ -90,11 +91,11 @@ def verify_staged(table: ShardTable, batch_id: str, manifest: dict) -> list[tupl
                 f"staged batch {batch_id}: file {rel} is unreadable: {brief(exc, 200)}", sink=cfg.name
             ) from None
         rows[layout.part_of(rel)] += stats["numRecords"]
-        out.append((layout.staged_relative(batch_id, manifest["stage_id"], rel), size, stats))
-    for p, want in manifest["parts"].items():
-        if rows[int(p)] != want["rows"]:
+        out.append((layout.staged_relative(batch_id, manifest.stage_id or "", rel), size, stats))
+    for p, want in manifest.parts.items():
+        if rows[p] != want.rows:
             raise StagedBatchInvalid(
-                f"staged partition {p} of batch {batch_id} has {rows[int(p)]} rows, the manifest says {want['rows']}",
+                f"staged partition {p} of batch {batch_id} has {rows[p]} rows, the manifest says {want.rows}",
                 sink=cfg.name,
             )
     return out
@@ -114,7 +115,7 @@ def _outdated(
         # Nothing committed this lower yet: a newer description of it superseded this one. Its
         # staged files stay until the shard's upper passes its lower (an append of it already
         # in flight may still commit them); the garbage collection deletes them then.
-        b = store.get_batch(desc.batch_id, cfg.name)
+        b = store.get_batch(desc.batch_id, cfg.name)  # its message says what superseded it
         why = b.message or "superseded by a newer description"
         newer = store.superseder(b)
         if newer is not None and newer.upper >= desc.upper:
@@ -200,7 +201,7 @@ def run_append(store: MetadataStore, cfg: SinkConfig, batch_id: str, *, approve:
             remedy="clear the run's 'write' task (it creates the table and stages the batch), then 'append'.",
         )
     shard = sync(store, table)
-    b = store.get_batch(batch_id, cfg.name)
+    b = store.get_batch(batch_id, cfg.name)  # re-read: the sync may have absorbed this batch's commit
     if b.state == COMMITTED:  # an earlier attempt committed to Delta and died before the metadata
         gc_staged(store, table)
         msg = event(
@@ -260,21 +261,10 @@ def run_append(store: MetadataStore, cfg: SinkConfig, batch_id: str, *, approve:
         "run_id": desc.run_id,
         "rows_ok": b.rows_ok,
         "rows_err": b.rows_err,
-        "stage_id": manifest["stage_id"],
-        "layout": manifest["layout"],
         "commit_id": commit_id,
-        "partitions": manifest["partitions"],
-        # the description the commit must match: `check` verifies the version against it
-        # and its checksums as of upper - 1 (`check --verify`; none in batches written before them)
-        "parts": {
-            p: {
-                "rows": part["rows"],
-                "checksum": part["checksum"],
-                "files": part["files"],
-                **{k: part[k] for k in ("desired_checksum", "shard_checksum") if k in part},
-            }
-            for p, part in manifest["parts"].items()
-        },
+        # the description the commit must match: `check` verifies the version against it and
+        # its checksums as of upper - 1 (`check --verify`)
+        **manifest.commit_meta(),
     }
     if b.source_offset is not None or b.late_commands is not None:  # upsert: the feed's progress
         meta.update(source_offset=b.source_offset, late_commands=b.late_commands)
@@ -283,12 +273,12 @@ def run_append(store: MetadataStore, cfg: SinkConfig, batch_id: str, *, approve:
     failpoint("append.after_delta_commit")
 
     shard = sync(store, table)
-    b = store.get_batch(batch_id, cfg.name)
+    b = store.get_batch(batch_id, cfg.name)  # re-read: the sync absorbed whichever commit took this lower
     if b.state == COMMITTED and b.delta_version is not None:
         info = table.commit_info(b.delta_version)
         if (commits.reconcile_meta(info) or {}).get("commit_id") != commit_id:
             return _committed_meanwhile(store, table, b, state, "was appending")
-        wrong = log_differences(table, b.delta_version, meta)
+        wrong = log_differences(table, b.delta_version, manifest)
         gc_staged(store, table)
         if wrong:
             event(log, f"the committed batch does not match its manifest: {wrong[0]}", level=logging.ERROR, **state)

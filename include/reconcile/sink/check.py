@@ -24,10 +24,9 @@ Used by the crash, race and randomized-schedule tests, and by on-call
 
 from __future__ import annotations
 
-import json
-
 from reconcile.config import SinkConfig
 from reconcile.log import iso
+from reconcile.manifest import Manifest
 from reconcile.model import COMMITTED
 from reconcile.sink.sync import stale_staged
 from reconcile.storage.commits import batch_commits
@@ -101,19 +100,25 @@ def missing_files(table: ShardTable) -> list[str]:
     return [f"the Delta table names {len(gone)} file(s) that are not on storage: {gone[:3]}"] if gone else []
 
 
+def described_batches(store: MetadataStore, sink: str, entries: list) -> dict[int, Manifest]:
+    """{Delta version: the batch's manifest} of the batch commits among ``entries``: what the
+    commit records of it, completed by the ledger's manifest where the commit carries no parts."""
+    ledger = {b.batch_id: b.manifest for b in store.batches(sink, (COMMITTED,)) if b.manifest}
+    out = {}
+    for version, meta, _ in entries:
+        if meta and meta.get("op") == "batch":
+            found = Manifest.described(meta, ledger.get(meta["batch_id"]))
+            if found is not None:
+                out[version] = found
+    return out
+
+
 def batch_differences(store: MetadataStore, table: ShardTable, entries: list, spark=None) -> list[str]:
     """Invariant 6: each batch's Delta version against its description (the commit's own
     per-partition counts, files and checksums, else the ledger's manifest)."""
     from reconcile.sink.verify import commit_differences, log_differences
 
-    ledger = {b.batch_id: b.manifest for b in store.batches(table.name, (COMMITTED,)) if b.manifest}
-    described: dict[int, dict] = {}
-    for version, meta, _ in entries:
-        if not meta or meta.get("op") != "batch":
-            continue
-        desc = meta if "parts" in meta else json.loads(ledger.get(meta["batch_id"]) or "null")
-        if desc and "parts" in desc and "partitions" in desc:
-            described[version] = {**desc, "batch_id": meta["batch_id"], "lower": meta["lower"], "upper": meta["upper"]}
+    described = described_batches(store, table.name, entries)
     if not described:
         return []
     out = [line for v, m in sorted(described.items()) for line in log_differences(table, v, m)[:3]]
@@ -134,14 +139,6 @@ def verify_checksums(store: MetadataStore, cfg: SinkConfig, spark) -> tuple[list
     if not table.exists():
         return [], {"verified": 0, "partitions": 0, "not_verifiable": 0, "before_since": 0, "version": -1}
     latest, entries = table.log_entries(-1)
-    ledger = {b.batch_id: b.manifest for b in store.batches(cfg.name, (COMMITTED,)) if b.manifest}
-    described: dict[int, dict] = {}
-    for version, meta, _ in entries:
-        if not meta or meta.get("op") != "batch":
-            continue
-        desc = meta
-        if "partitions" not in meta or "parts" not in meta:
-            desc = {**meta, **json.loads(ledger.get(meta["batch_id"]) or "{}")}
-        described[version] = {**desc, "batch_id": meta["batch_id"], "lower": meta["lower"], "upper": meta["upper"]}
+    described = described_batches(store, cfg.name, entries)
     lines, counts = checksum_differences(spark, table, described, store.get_shard(cfg.name).since, latest)
     return lines, {**counts, "version": latest}

@@ -2,8 +2,8 @@
 
 The shard is an update log; read as of ``t`` it is the sum of the updates at times ``<= t``.
 Every batch adds updates, so without compaction reading the shard (which every batch does)
-costs more with every batch. Compaction keeps that cost flat (DESIGN: ``since``; seed 002's
-``as_of`` / ``since`` frontiers):
+costs more with every batch. Compaction keeps that cost flat (the shard's ``since``
+frontier, as in Materialize's persist):
 
 1. **since**: the new since is ``upper - retention.history_hours`` (or one given by hand), at
    most ``upper - 1`` (the latest readable time), never below the current since. It is raised in the metadata table *first*:
@@ -17,8 +17,8 @@ costs more with every batch. Compaction keeps that cost flat (DESIGN: ``since``;
    sink's own commit guard (``txnAppId = reconcile-sink:<sink>``) with
    ``txnVersion = last recorded + 1``. A batch that commits after compaction read the table
    records a higher ``txnVersion`` (its ``lower``, which is above that) so Delta skips the
-   stale rewrite; a batch racing the commit itself conflicts on the same app id and loses
-   (``ConcurrentTransactionException``), and the append retries. Either way nothing is lost:
+   stale rewrite; a batch racing the commit itself finds the commit file of its version taken
+   (put-if-absent) and checks again on the newer snapshot. Either way nothing is lost:
    compaction leaves the sum of updates at times ``>= since`` as it was, so a correction
    staged before compaction is still exact after it. The guard needs an unused version below
    the shard's upper (the next batch's lower), so compaction waits while the last batch is

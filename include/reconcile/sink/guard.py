@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 from reconcile.errors import CorrectionBlocked
 from reconcile.log import iso
+from reconcile.manifest import Manifest
 from reconcile.storage.delta import ShardTable
 
 
@@ -34,17 +35,6 @@ class Change:
         return max(self.inserted, self.retracted) / max(self.shard_rows, 1)
 
 
-def batch_change(manifest: dict) -> tuple[int, int] | None:
-    """(inserted, retracted) rows of a staged batch, from its manifest; None for manifests
-    written before they recorded ``net``."""
-    parts = manifest.get("parts", {}).values()
-    if any("net" not in p or "weight" not in p for p in parts):
-        return None
-    weight = sum(int(p["weight"]) for p in parts)
-    net = sum(int(p["net"]) for p in parts)
-    return (weight + net) // 2, (weight - net) // 2
-
-
 def shard_rows(table: ShardTable) -> int:
     """The shard's rows now (error rows included): the sum of ``_diff`` over its current files."""
     import pyarrow.compute as pc
@@ -55,7 +45,7 @@ def shard_rows(table: ShardTable) -> int:
 
 
 def check(
-    table: ShardTable, batch_id: str, lower: int, upper: int, manifest: dict, approved: str | None
+    table: ShardTable, batch_id: str, lower: int, upper: int, manifest: Manifest, approved: str | None
 ) -> Change | None:
     """Raise :class:`CorrectionBlocked` when the staged batch changes more than the guard
     allows and nobody approved it; returns what was measured (None when the guard is off)."""
@@ -63,7 +53,7 @@ def check(
     guard = cfg.correction_guard
     if guard.max_share is None:
         return None
-    change = batch_change(manifest)
+    change = manifest.change()
     if change is None:
         return None
     measured = Change(*change, shard_rows(table))

@@ -1,5 +1,6 @@
-"""A batch against its description: staged or committed rows, per hash partition, against the
-manifest's row counts and checksums."""
+"""A batch against its manifest (:class:`reconcile.manifest.Manifest`): the staged files before
+the append, the committed Delta version after it (from the log alone, or by reading its rows),
+and the checksums of the shard as of each batch's ``upper - 1`` (``check --verify``)."""
 
 from __future__ import annotations
 
@@ -7,31 +8,29 @@ import json
 
 from reconcile.config import SinkConfig
 from reconcile.errors import StagedBatchInvalid
+from reconcile.manifest import Manifest, ManifestUnreadable
 from reconcile.storage import commits, files, layout
 from reconcile.storage.delta import ShardTable
 
 
-def parse_manifest(cfg: SinkConfig, batch_id: str, text: str | None) -> dict:
+def parse_manifest(cfg: SinkConfig, batch_id: str, text: str | None) -> Manifest:
+    """The ledger's manifest of a batch (:class:`StagedBatchInvalid` if unreadable)."""
     try:
-        manifest = json.loads(text or "")
-        manifest["parts"].items()
-        return manifest
-    except (ValueError, KeyError, TypeError, AttributeError):
+        return Manifest.from_json(text)
+    except ManifestUnreadable:
         raise StagedBatchInvalid(f"batch {batch_id} has no readable manifest in the ledger.", sink=cfg.name) from None
 
 
-def staged_files(table: ShardTable, batch_id: str, manifest: dict) -> tuple[str, dict[str, int]]:
+def staged_files(table: ShardTable, batch_id: str, manifest: Manifest) -> tuple[str, dict[str, int]]:
     """(the write attempt's directory, {file: size} the manifest names), after checking that
     exactly those files are there with their sizes and content digests; else
     :class:`StagedBatchInvalid`."""
     sink = table.name
-    path = table.staging_path(batch_id, manifest["stage_id"])
+    path = table.staging_path(batch_id, manifest.stage_id)
     if not files.path_exists(path):
         raise StagedBatchInvalid(f"staged batch {batch_id} misses its folder {path}", sink=sink)
     found = files.list_files(path)
-    expected: dict[str, int] = {}
-    for part in manifest["parts"].values():
-        expected.update(part["files"])
+    expected = manifest.staged_files()
     missing = sorted(set(expected) - set(found))
     if missing:
         raise StagedBatchInvalid(f"staged batch {batch_id} misses file(s) {missing[:3]} under {path}", sink=sink)
@@ -42,8 +41,8 @@ def staged_files(table: ShardTable, batch_id: str, manifest: dict) -> tuple[str,
             f"staged batch {batch_id} does not match its manifest: changed {changed[:3]}, unexpected {unknown[:3]}",
             sink=sink,
         )
-    for part in manifest["parts"].values():
-        for rel, want in (part.get("digests") or {}).items():
+    for part in manifest.parts.values():
+        for rel, want in (part.digests or {}).items():
             try:
                 got = files.digest(f"{path}/{rel}")
             except FileNotFoundError:
@@ -57,17 +56,18 @@ def staged_files(table: ShardTable, batch_id: str, manifest: dict) -> tuple[str,
 
 
 def differences(
-    manifest: dict, stats: dict[int, dict], what: str, keys: tuple[str, ...] = ("rows", "checksum")
+    manifest: Manifest, stats: dict[int, dict], what: str, keys: tuple[str, ...] = ("rows", "checksum")
 ) -> list[str]:
     """Partitions whose ``keys`` (rows, checksum) differ from the manifest's; ``what`` names one
     (``{p}``: the partition)."""
     out = []
-    for p, want in sorted(manifest["parts"].items(), key=lambda kv: int(kv[0])):
-        got = stats.get(int(p), {"rows": 0, "checksum": "0"})
+    for p, part in sorted(manifest.parts.items()):
+        got = stats.get(p, {"rows": 0, "checksum": "0"})
+        want = {k: getattr(part, k) for k in keys}
         if any(got[k] != want[k] for k in keys):
             have, says = ("/".join(str(side[k]) for k in keys) for side in (got, want))
             out.append(f"{what.format(p=p)} has {have} {'/'.join(keys)}, the manifest says {says}")
-    for p in sorted(set(stats) - {int(p) for p in manifest["parts"]})[:3]:
+    for p in sorted(set(stats) - set(manifest.parts))[:3]:
         out.append(f"{what.format(p=p)} has {stats[p]['rows']} rows, the manifest has no such partition")
     return out
 
@@ -89,22 +89,22 @@ def added_by_part(table: ShardTable, version: int) -> tuple[dict[int, dict], lis
     return parts, loose
 
 
-def log_differences(table: ShardTable, version: int, meta: dict) -> list[str]:
+def log_differences(table: ShardTable, version: int, manifest: Manifest) -> list[str]:
     """A batch's Delta version against its description, from the log alone: the version added
     exactly the files of the committed attempt (``files`` per partition, when the description
     names them) with the rows the description records per partition."""
-    what = f"batch {meta['batch_id']} [{meta['lower']}, {meta['upper']}): Delta version {version}"
+    m = manifest
+    what = f"batch {m.batch_id} [{m.lower}, {m.upper}): Delta version {version}"
     parts, loose = added_by_part(table, version)
     if loose:
         return [f"{what} added file(s) outside the batch's attempt: {loose[:3]}"]
-    out = differences(meta, parts, f"{what}'s partition {{p}}", keys=("rows",))
-    for p, want in sorted(meta["parts"].items(), key=lambda kv: int(kv[0])):
-        named = {
-            layout.staged_relative(meta["batch_id"], meta["stage_id"], rel): size
-            for rel, size in want.get("files", {}).items()
-        }
-        got = parts.get(int(p), {}).get("files", {})
-        if "files" in want and named != got:
+    out = differences(m, parts, f"{what}'s partition {{p}}", keys=("rows",))
+    for p, want in sorted(m.parts.items()):
+        if want.files is None or m.stage_id is None:
+            continue
+        named = {layout.staged_relative(m.batch_id, m.stage_id, rel): size for rel, size in want.files.items()}
+        got = parts.get(p, {}).get("files", {})
+        if named != got:
             out.append(
                 f"{what}'s partition {p} added {len(got)} file(s) {sorted(got)[:3]}, "
                 f"the manifest says {len(named)}: {sorted(named)[:3]}"
@@ -112,33 +112,24 @@ def log_differences(table: ShardTable, version: int, meta: dict) -> list[str]:
     return out
 
 
-def commit_differences(spark, table: ShardTable, batches: dict[int, dict]) -> tuple[list[str], int]:
+def commit_differences(spark, table: ShardTable, batches: dict[int, Manifest]) -> tuple[list[str], int]:
     """Committed batches checked against their descriptions by reading their rows (Spark):
     ``{Delta version: manifest}`` -> (one line per batch whose Delta version's rows differ from
     its manifest's rows and checksums, versions checked). Versions whose files were vacuumed
     after a compaction cannot be checked."""
     from reconcile.storage import frames
 
-    stats = frames.committed_stats(spark, table, {v: int(m["partitions"]) for v, m in batches.items()})
+    stats = frames.committed_stats(spark, table, {v: m.partitions for v, m in batches.items()})
     out = []
     for v, got in sorted(stats.items()):
         m = batches[v]
-        what = f"batch {m['batch_id']} [{m['lower']}, {m['upper']}): Delta version {v}'s partition {{p}}"
+        what = f"batch {m.batch_id} [{m.lower}, {m.upper}): Delta version {v}'s partition {{p}}"
         out += differences(m, got, what)[:3]
     return out, len(stats)
 
 
-CHECKSUMS = ("desired_checksum", "shard_checksum")
-
-
-def _has_checksums(part: dict) -> bool:
-    """Did the write record this partition's checksums (not: written before batches recorded
-    them, or too large to sum exactly)?"""
-    return all(k in part for k in CHECKSUMS)
-
-
 def checksum_differences(
-    spark, table: ShardTable, batches: dict[int, dict], since: int, version: int
+    spark, table: ShardTable, batches: dict[int, Manifest], since: int, version: int
 ) -> tuple[list[str], dict[str, int]]:
     """Each batch's recorded checksums of the shard as of its ``upper - 1`` against the Delta
     table as of ``version`` (``batches``: ``{Delta version: its description}``, up to
@@ -154,41 +145,40 @@ def checksum_differences(
     from reconcile.storage import frames
 
     counts = {"verified": 0, "partitions": 0, "not_verifiable": 0, "before_since": 0}
-    todo: list[tuple[int, dict]] = []
+    todo: list[tuple[int, Manifest]] = []
     for v, m in sorted(batches.items()):
-        parts = m.get("parts") or {}
-        if not any(_has_checksums(part) for part in parts.values()):
+        if not any(part.has_checksums for part in m.parts.values()):
             counts["not_verifiable"] += 1
-        elif int(m["upper"]) - 1 < since:
+        elif m.upper - 1 < since:
             counts["before_since"] += 1
         else:
             todo.append((v, m))
     if not todo:
         return [], counts
-    sums = frames.checksums_by_time(spark, table, [int(m["partitions"]) for _, m in todo], version)
+    sums = frames.checksums_by_time(spark, table, [m.partitions for _, m in todo], version)
     out: list[str] = []
     for n, times in sums.items():
         running: dict[int, int] = {}
         i = 0
-        for v, m in sorted((x for x in todo if int(x[1]["partitions"]) == n), key=lambda x: int(x[1]["upper"])):
-            upper = int(m["upper"])
+        for v, m in sorted((x for x in todo if x[1].partitions == n), key=lambda x: x[1].upper):
+            upper = m.upper
             while i < len(times) and times[i][0] <= upper - 1:
                 for p, value in times[i][1].items():
                     running[p] = (running.get(p, 0) + value) % MOD
                 i += 1
-            what = f"batch {m['batch_id']} [{iso(int(m['lower']))}, {iso(upper)}): Delta version {v}'s partition"
-            checked = {p: part for p, part in m["parts"].items() if _has_checksums(part)}
-            for p, part in sorted(checked.items(), key=lambda kv: int(kv[0])):
-                got, recorded = running.get(int(p), 0), int(part["shard_checksum"], 16)
+            what = f"batch {m.batch_id} [{iso(m.lower)}, {iso(upper)}): Delta version {v}'s partition"
+            checked = {p: part for p, part in m.parts.items() if part.has_checksums}
+            for p, part in sorted(checked.items()):
+                got, recorded = running.get(p, 0), int(part.shard_checksum or "0", 16)
                 if got != recorded:
                     out.append(
                         f"{what} {p}: the shard as of {iso(upper - 1)} has checksum {got:016x}, "
                         f"the batch recorded {recorded:016x}"
                     )
-                if part["desired_checksum"] != part["shard_checksum"]:
+                if part.desired_checksum != part.shard_checksum:
                     out.append(
-                        f"{what} {p} recorded the desired checksum {part['desired_checksum']} but the shard's "
-                        f"{part['shard_checksum']}"
+                        f"{what} {p} recorded the desired checksum {part.desired_checksum} but the shard's "
+                        f"{part.shard_checksum}"
                     )
             counts["verified"] += 1
             counts["partitions"] += len(checked)

@@ -38,7 +38,7 @@ diffs that the foreign Delta versions changed below ``upper``, computed by Delta
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -50,6 +50,7 @@ from reconcile.differential import consolidate, one_row
 from reconcile.errors import StagedBatchInvalid, brief
 from reconcile.failpoints import failpoint
 from reconcile.log import event, iso
+from reconcile.manifest import Manifest, ManifestUnreadable, Part
 from reconcile.model import COMMITTED, OPEN_STATES, STAGED, BatchDescription, Staged
 from reconcile.sink.sync import sync
 from reconcile.sink.verify import parse_manifest, staged_files
@@ -115,11 +116,11 @@ def carried_checksums(store: MetadataStore, table: ShardTable, lower: int, read_
     if b is None or b.read_version is None or not b.manifest:
         return None
     try:
-        manifest = parse_manifest(cfg, b.batch_id, b.manifest)
-        if int(manifest.get("partitions", -1)) != cfg.partitions:
+        manifest = Manifest.from_json(b.manifest)
+        if manifest.partitions != cfg.partitions:
             return None
-        sums = {p: int(manifest["parts"][str(p)]["shard_checksum"], 16) for p in range(cfg.partitions)}
-    except (StagedBatchInvalid, KeyError, ValueError, TypeError):
+        sums = {p: int(manifest.parts[p].shard_checksum or "", 16) for p in range(cfg.partitions)}
+    except (ManifestUnreadable, KeyError, ValueError):
         return None
     _, entries = table.history_since(b.read_version)
     for v, meta in entries:
@@ -183,9 +184,9 @@ def self_check(cfg: SinkConfig, batch_id: str, lower: int, upper: int, sums: dic
         )
 
 
-def _stage_state(table: ShardTable, b) -> str | None:
+def _damage(table: ShardTable, b) -> str | None:
     """Why the batch's recorded attempt cannot be appended as it is (None: exactly the files its
-    manifest names are there, with their sizes)."""
+    manifest names are there, with their sizes and digests)."""
     try:
         staged_files(table, b.batch_id, parse_manifest(table.cfg, b.batch_id, b.manifest))
     except StagedBatchInvalid as exc:
@@ -211,186 +212,275 @@ def _lost(b, stage_id: str) -> tuple[str, str]:
     )
 
 
+@dataclass
+class Attempt:
+    """One write attempt of a batch: what every step needs."""
+
+    spark: SparkSession
+    store: MetadataStore
+    table: ShardTable
+    desc: BatchDescription
+    replaces: str | None = None  # the damaged staged attempt this one replaces
+    stage_id: str = field(default_factory=layout.new_stage_id)
+
+    @property
+    def cfg(self) -> SinkConfig:
+        return self.table.cfg
+
+    @property
+    def batch_id(self) -> str:
+        return self.desc.batch_id
+
+    @property
+    def path(self) -> str:
+        return self.table.staging_path(self.batch_id, self.stage_id)
+
+    @property
+    def state(self) -> dict:
+        d = self.desc
+        return dict(sink=self.cfg.name, batch=d.batch_id, lower=d.lower, upper=d.upper, run=d.run_id)
+
+    def lost(self) -> WriteResult:
+        """This attempt's files are deleted: another attempt, or a newer mint, decided the batch."""
+        files.delete_path(self.path)  # never recorded: no append can commit it
+        now_b = self.store.get_batch(self.batch_id, self.cfg.name)
+        outcome, msg = _lost(now_b, self.stage_id)
+        return WriteResult(outcome, event(log, msg, **self.state), batch_id=self.batch_id)
+
+
 def run_write(spark: SparkSession, store: MetadataStore, cfg: SinkConfig, batch_id: str) -> WriteResult:
     table = ShardTable(cfg)
     b = store.get_batch(batch_id, cfg.name)
-    desc = BatchDescription.of(b)
-    state = dict(sink=cfg.name, batch=batch_id, lower=desc.lower, upper=desc.upper, run=desc.run_id)
+    attempt = Attempt(spark, store, table, BatchDescription.of(b))
     if b.state == COMMITTED:
         msg = event(
             log,
             f"skipping write: an attempt of this batch already committed it (Delta version {b.delta_version})",
-            **state,
+            **attempt.state,
         )
         return WriteResult("skipped", msg, batch_id=batch_id)
     if b.state not in OPEN_STATES:
-        msg = event(log, f"skipping write: batch is {b.state} ({b.message or 'no message'})", **state)
+        msg = event(log, f"skipping write: batch is {b.state} ({b.message or 'no message'})", **attempt.state)
         return WriteResult("skipped", msg)
-
     table.ensure()
     shard = sync(store, table)
-    if shard.upper > desc.lower:
-        b = store.get_batch(batch_id, cfg.name)
-        if b.state == COMMITTED:
-            msg = event(
-                log,
-                "skipping write: an earlier attempt already committed this batch (metadata rolled forward)",
-                **state,
-            )
-            return WriteResult("skipped", msg, batch_id=batch_id)
-        store.mark_superseded(
-            batch_id, f"outdated before write: another writer moved the shard's upper to {iso(shard.upper)}"
-        )
-        rest = (
-            "the shard already covers this batch's interval"
-            if desc.upper <= shard.upper
-            else f"[{iso(shard.upper)}, {iso(desc.upper)}) is appended by the next run, or by clearing this whole run "
-            f"(its mint starts from {iso(shard.upper)})"
-        )
-        msg = event(
-            log,
-            f"not writing: the batch is outdated, another writer moved the shard's upper to {iso(shard.upper)}; {rest}",
-            shard_upper=shard.upper,
-            **state,
-        )
-        return WriteResult("outdated", msg)
+    if shard.upper > attempt.desc.lower:
+        return absorb_outdated(attempt, shard.upper)
+    kept = keep_intact(attempt)
+    if kept is not None:
+        return kept
+    staged = stage(attempt)
+    if isinstance(staged, WriteResult):
+        return staged
+    return record(attempt, staged)
 
-    # Each attempt stages under a directory of its own; recording the manifest is a compare-
-    # and-set on the attempt the batch names now (None, or a damaged attempt this one replaces).
-    b = store.get_batch(batch_id, cfg.name)
-    replaces = None
+
+def absorb_outdated(attempt: Attempt, shard_upper: int) -> WriteResult:
+    """The shard's upper passed the batch's lower: the batch is committed (the sync absorbed an
+    earlier attempt's commit) or outdated (another writer moved the upper), never written."""
+    desc, state = attempt.desc, attempt.state
+    # Re-read: the sync may just have absorbed this batch's own commit.
+    b = attempt.store.get_batch(desc.batch_id, attempt.cfg.name)
+    if b.state == COMMITTED:
+        msg = event(
+            log, "skipping write: an earlier attempt already committed this batch (metadata rolled forward)", **state
+        )
+        return WriteResult("skipped", msg, batch_id=desc.batch_id)
+    attempt.store.mark_superseded(
+        desc.batch_id, f"outdated before write: another writer moved the shard's upper to {iso(shard_upper)}"
+    )
+    rest = (
+        "the shard already covers this batch's interval"
+        if desc.upper <= shard_upper
+        else f"[{iso(shard_upper)}, {iso(desc.upper)}) is appended by the next run, or by clearing this whole run "
+        f"(its mint starts from {iso(shard_upper)})"
+    )
+    msg = event(
+        log,
+        f"not writing: the batch is outdated, another writer moved the shard's upper to {iso(shard_upper)}; {rest}",
+        shard_upper=shard_upper,
+        **state,
+    )
+    return WriteResult("outdated", msg)
+
+
+def keep_intact(attempt: Attempt) -> WriteResult | None:
+    """A batch already staged with intact files is kept (the append commits it); one whose staged
+    files are damaged is restaged by this attempt, which then replaces it (``attempt.replaces``).
+    Each attempt stages under a directory of its own; recording the manifest is a compare-and-set
+    on the attempt the batch names now (None, or the damaged attempt this one replaces)."""
+    # Re-read after the sync: another attempt may have staged the batch meanwhile.
+    b = attempt.store.get_batch(attempt.batch_id, attempt.cfg.name)
     if b.state == STAGED:
-        damage = _stage_state(table, b)
+        damage = _damage(attempt.table, b)
         if damage is None:
             msg = event(
                 log,
                 f"skipping write: attempt {b.stage_id} already staged this batch "
                 f"({b.rows_ok} ok, {b.rows_err} error rows); the append commits it",
-                **state,
+                **attempt.state,
             )
-            return WriteResult("already_staged", msg, b.rows_ok or 0, b.rows_err or 0, b.drift_rows, batch_id=batch_id)
-        replaces = b.stage_id
+            return WriteResult(
+                "already_staged", msg, b.rows_ok or 0, b.rows_err or 0, b.drift_rows, batch_id=attempt.batch_id
+            )
+        attempt.replaces = b.stage_id
         event(
             log,
             f"restaging: the staged attempt {b.stage_id} cannot be appended: {damage}",
             level=logging.WARNING,
-            **state,
+            **attempt.state,
         )
-    stage_id = layout.new_stage_id()
-    others = sorted(set(table.staged_attempts(batch_id)) - {replaces})
+    others = sorted(set(attempt.table.staged_attempts(attempt.batch_id)) - {attempt.replaces})
     if others:
         event(
             log,
             f"other attempt(s) of this batch are writing or died writing ({', '.join(others)}); "
             "the first to record its manifest is the batch, the others delete their files",
-            **state,
+            **attempt.state,
         )
-    path = table.staging_path(batch_id, stage_id)
+    return None
 
-    def stage(carried: dict[int, int] | None) -> tuple[kinds.Correction, dict, dict | None]:
-        try:
-            return stage_once(carried, guarded=False)
-        except Exception as exc:
-            if not (checksums.ENABLED and checksums.overflowed(exc)):
-                raise
-            # A checksum's plain sum overflowed (or the kind's own arithmetic did: it fails again).
-            files.delete_path(path)
-            return stage_once(carried, guarded=True)
 
-    def stage_once(carried: dict[int, int] | None, guarded: bool) -> tuple[kinds.Correction, dict, dict | None]:
-        checks = BatchChecks(cfg, desc.lower, desc.upper, stage_id, carried, guarded) if checksums.ENABLED else None
-        corr = batch_correction(spark, store, cfg, persist, desc.lower, desc.upper, checks)
-        with checksums.observable(spark):  # the checksums and an upsert feed's progress
-            _, stats = frames.write_staged(spark, table, batch_id, stage_id, corr.updates, checks)
-        if checks is None:
-            return corr, stats, None
-        sums = checks.totals()
-        self_check(cfg, batch_id, desc.lower, desc.upper, sums)
-        return corr, stats, sums
+@dataclass
+class StagedFiles:
+    """What one attempt staged: the correction, its statistics and checksums per partition, and
+    the files written (sizes, digests) at the Delta version persist was read."""
 
+    corr: kinds.Correction
+    stats: dict[int, dict]
+    sums: dict | None
+    read_version: int
+    sizes: dict[str, int]
+    digests: dict[str, str]
+
+
+def stage(attempt: Attempt) -> StagedFiles | WriteResult:
+    """Compute the correction against persist as of the latest Delta version and stage it. If it
+    fails while another attempt decided the batch, this attempt's files go and it says so."""
     try:
-        read_version = table.latest_version()
-        persist = frames.read_updates(spark, table, read_version)
-        carried = carried_checksums(store, table, desc.lower, read_version) if checksums.ENABLED else None
+        read_version = attempt.table.latest_version()
+        persist = frames.read_updates(attempt.spark, attempt.table, read_version)
+        carried = carried_checksums(attempt.store, attempt.table, attempt.desc.lower, read_version)
         try:
-            corr, stats, sums = stage(carried)
+            corr, stats, sums = _stage_checked(attempt, persist, carried if checksums.ENABLED else None)
         except SelfCheckFailed:
-            if carried is None:
+            if carried is None or not checksums.ENABLED:
                 raise
             # A bug fails this attempt too; otherwise the shard as read is not what the previous
             # batch recorded.
-            files.delete_path(path)
-            corr, stats, sums = stage(None)
+            files.delete_path(attempt.path)
+            corr, stats, sums = _stage_checked(attempt, persist, None)
             event(
                 log,
                 "the shard as read does not have the checksums the previous batch recorded: the table changed "
                 "behind the sink's back, or it or the record is damaged; this batch was computed again with the "
                 "shard observed in full and adds up (`python -m reconcile check SINK --verify` names the partitions)",
                 level=logging.WARNING,
-                **state,
+                **attempt.state,
             )
         failpoint("write.after_partition_staged")
-        staged_sizes = files.list_files(path)
-        digests = {rel: files.digest(f"{path}/{rel}") for rel in staged_sizes}
+        sizes = files.list_files(attempt.path)
+        digests = {rel: files.digest(f"{attempt.path}/{rel}") for rel in sizes}
     except Exception:
-        now_b = store.get_batch(batch_id, cfg.name)
-        files.delete_path(path)  # this attempt's files: never recorded, so never committed
-        if now_b.state in OPEN_STATES and now_b.stage_id == replaces:
+        now_b = attempt.store.get_batch(attempt.batch_id, attempt.cfg.name)
+        if now_b.state in OPEN_STATES and now_b.stage_id == attempt.replaces:
+            files.delete_path(attempt.path)  # this attempt's files: never recorded, so never committed
             raise  # nobody else finished: this attempt's own failure
-        outcome, msg = _lost(now_b, stage_id)
-        return WriteResult(outcome, event(log, msg, **state), batch_id=batch_id)
+        return attempt.lost()
+    return StagedFiles(corr, stats, sums, read_version, sizes, digests)
+
+
+def _stage_checked(attempt: Attempt, persist: DataFrame, carried: dict[int, int] | None) -> tuple:
+    """Stage the correction once with plain checksum sums; if a sum overflowed, once more with
+    the guarded ones (the kind's own arithmetic overflowing fails again, as it should)."""
+    try:
+        return _stage_once(attempt, persist, carried, guarded=False)
+    except Exception as exc:
+        if not (checksums.ENABLED and checksums.overflowed(exc)):
+            raise
+        files.delete_path(attempt.path)
+        return _stage_once(attempt, persist, carried, guarded=True)
+
+
+def _stage_once(attempt: Attempt, persist: DataFrame, carried: dict[int, int] | None, guarded: bool) -> tuple:
+    """(correction, statistics per partition, checksums or None) of one staged correction, after
+    the self-check (:func:`self_check`)."""
+    cfg, desc = attempt.cfg, attempt.desc
+    checks = BatchChecks(cfg, desc.lower, desc.upper, attempt.stage_id, carried, guarded) if checksums.ENABLED else None
+    corr = batch_correction(attempt.spark, attempt.store, cfg, persist, desc.lower, desc.upper, checks)
+    with checksums.observable(attempt.spark):  # the checksums and an upsert feed's progress
+        _, stats = frames.write_staged(
+            attempt.spark, attempt.table, desc.batch_id, attempt.stage_id, corr.updates, checks
+        )
+    if checks is None:
+        return corr, stats, None
+    sums = checks.totals()
+    self_check(cfg, desc.batch_id, desc.lower, desc.upper, sums)
+    return corr, stats, sums
+
+
+def manifest_of(attempt: Attempt, staged: StagedFiles) -> Manifest:
+    """The manifest of what the attempt staged: per partition its statistics, files, digests and
+    (when summed exactly) the checksums ``check --verify`` recomputes."""
     parts = {}
-    for p in range(cfg.partitions):
-        mine = sorted(k for k in staged_sizes if layout.part_of(k) == p)
-        parts[str(p)] = {
-            **stats.get(p, {"rows": 0, "err": 0, "weight": 0, "checksum": "0", "net": 0}),
-            "files": {k: staged_sizes[k] for k in mine},
-            "digests": {k: digests[k] for k in mine},
-        }
-        desired, shard_sum = (None, None) if sums is None else (sums["desired"][p], sums["shard"][p])
-        if desired is not None and shard_sum is not None:  # check --verify recomputes shard_checksum
-            parts[str(p)]["desired_checksum"] = checksums.text(desired)
-            parts[str(p)]["shard_checksum"] = checksums.text(shard_sum)
-    rows_err = sum(s["err"] for s in stats.values())
-    rows_ok = sum(s["rows"] for s in stats.values()) - rows_err
-    drift = drift_rows(spark, store, table, read_version, desc.upper)
-    manifest = {
-        "batch_id": batch_id,
-        "stage_id": stage_id,
-        "layout": layout.BATCHES_DIR,
-        "lower": desc.lower,
-        "upper": desc.upper,
-        "partitions": cfg.partitions,
-        "read_version": read_version,
-        "parts": parts,
-    }
-    feed = corr.feed
-    if feed:
-        manifest.update(feed)
-        if corr.late_commands:
-            event(
-                log,
-                f"{corr.late_commands} late command(s) (time below lower {iso(desc.lower)}, arrived after "
-                "their time's batch) are applied at lower",
-                level=logging.WARNING,
-                **state,
-            )
-    staged = Staged(
-        stage_id,
-        manifest,
-        rows_ok,
-        rows_err,
-        read_version,
+    for p in range(attempt.cfg.partitions):
+        mine = sorted(k for k in staged.sizes if layout.part_of(k) == p)
+        stats = staged.stats.get(p, {"rows": 0, "err": 0, "weight": 0, "checksum": "0", "net": 0})
+        desired, shard = (None, None) if staged.sums is None else (staged.sums["desired"][p], staged.sums["shard"][p])
+        parts[p] = Part(
+            rows=stats["rows"],
+            checksum=stats["checksum"],
+            err=stats["err"],
+            weight=stats["weight"],
+            net=stats["net"],
+            files={k: staged.sizes[k] for k in mine},
+            digests={k: staged.digests[k] for k in mine},
+            desired_checksum=checksums.text(desired) if desired is not None and shard is not None else None,
+            shard_checksum=checksums.text(shard) if desired is not None and shard is not None else None,
+        )
+    desc = attempt.desc
+    return Manifest(
+        batch_id=desc.batch_id,
+        lower=desc.lower,
+        upper=desc.upper,
+        partitions=attempt.cfg.partitions,
+        parts=parts,
+        stage_id=attempt.stage_id,
+        read_version=staged.read_version,
+        feed=staged.corr.feed,
+    )
+
+
+def record(attempt: Attempt, staged: StagedFiles) -> WriteResult:
+    """Record the manifest in the ledger (compare-and-set on the attempt the batch names): this
+    attempt's files are then the batch; if another attempt recorded first, they are deleted."""
+    desc, state = attempt.desc, attempt.state
+    manifest = manifest_of(attempt, staged)
+    drift = drift_rows(attempt.spark, attempt.store, attempt.table, staged.read_version, desc.upper)
+    corr = staged.corr
+    if corr.late_commands:
+        event(
+            log,
+            f"{corr.late_commands} late command(s) (time below lower {iso(desc.lower)}, arrived after "
+            "their time's batch) are applied at lower",
+            level=logging.WARNING,
+            **state,
+        )
+    row = Staged(
+        attempt.stage_id,
+        manifest.to_json(),
+        manifest.rows_ok,
+        manifest.rows_err,
+        staged.read_version,
         drift,
         corr.source_offset,
         corr.late_commands,
-        rows_net=sum(s["net"] for s in stats.values()),
+        rows_net=manifest.rows_net,
     )
-    won, now_b = store.mark_staged(batch_id, staged, replaces=replaces)
+    won, _ = attempt.store.mark_staged(desc.batch_id, row, replaces=attempt.replaces)
     if not won:
-        files.delete_path(path)  # never recorded: no append can commit it
-        outcome, msg = _lost(now_b, stage_id)
-        return WriteResult(outcome, event(log, msg, **state), batch_id=batch_id)
+        return attempt.lost()
     failpoint("write.after_staged")
-    msg = event(log, "staged batch", **staged.summary(), partitions=cfg.partitions, **feed, **state)
-    return WriteResult("staged", msg, rows_ok, rows_err, drift, parts, batch_id)
+    msg = event(log, "staged batch", **row.summary(), partitions=attempt.cfg.partitions, **corr.feed, **state)
+    parts = manifest.to_dict()["parts"]
+    return WriteResult("staged", msg, manifest.rows_ok, manifest.rows_err, drift, parts, desc.batch_id)

@@ -63,7 +63,7 @@ class Batch(Base):
     source_offset: Mapped[int | None] = mapped_column(BigInteger, nullable=True)  # upsert feed read up to
     late_commands: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     manifest: Mapped[str | None] = mapped_column(Text, nullable=True)
-    # The write attempt whose files are the batch (``_staging/<sink>/<batch_id>/<stage_id>/``).
+    # The write attempt whose files are the batch (``<table>/batches/<batch_id>/<stage_id>/``).
     stage_id: Mapped[str | None] = mapped_column(String(40), nullable=True)
     message: Mapped[str | None] = mapped_column(Text, nullable=True)
     failure_kind: Mapped[str | None] = mapped_column(String(16), nullable=True)  # model.FailureKind

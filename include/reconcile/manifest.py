@@ -1,0 +1,166 @@
+"""A batch's manifest: what one write attempt staged, per hash partition (its files with sizes
+and content digests, rows, error rows, weight, net change and checksums), and the batch it
+describes. The write records it in the ledger; the append verifies the staged files against it
+and commits its description into the Delta log; ``check`` and ``check --verify`` read it back
+from either. Serialized in one place (:meth:`Manifest.to_json`, :meth:`Manifest.commit_meta`).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any
+
+LAYOUT = "batches"  # the staged files live inside the table's directory (storage.layout)
+
+
+class ManifestUnreadable(ValueError):
+    """The text is not a manifest (damaged, or not one at all)."""
+
+
+@dataclass(frozen=True)
+class Part:
+    """One hash partition of a batch. ``files``/``digests``: paths relative to the attempt's
+    directory. The checksums of the desired collection and of the shard after the correction as
+    of ``upper - 1`` are absent when they could not be summed exactly (or self-checks are off)."""
+
+    rows: int = 0
+    checksum: str = "0"
+    err: int | None = None
+    weight: int | None = None
+    net: int | None = None
+    files: dict[str, int] | None = None
+    digests: dict[str, str] | None = None
+    desired_checksum: str | None = None
+    shard_checksum: str | None = None
+
+    @property
+    def has_checksums(self) -> bool:
+        """Did the write record this partition's checksums of the shard?"""
+        return self.desired_checksum is not None and self.shard_checksum is not None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: v for k, v in asdict(self).items() if v is not None}
+
+    @classmethod
+    def from_dict(cls, raw: dict) -> Part:
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in raw.items() if k in known})
+
+
+@dataclass(frozen=True)
+class Manifest:
+    batch_id: str
+    lower: int
+    upper: int
+    partitions: int
+    parts: dict[int, Part]
+    stage_id: str | None = None
+    read_version: int | None = None
+    # a command feed's progress (upsert): eligible and late commands, the feed's highest offset
+    feed: dict[str, int | None] = field(default_factory=dict)
+
+    # -- what it says ---------------------------------------------------------------------------
+
+    @property
+    def rows_err(self) -> int:
+        return sum(p.err or 0 for p in self.parts.values())
+
+    @property
+    def rows_ok(self) -> int:
+        return sum(p.rows for p in self.parts.values()) - self.rows_err
+
+    @property
+    def rows_net(self) -> int:
+        return sum(p.net or 0 for p in self.parts.values())
+
+    def change(self) -> tuple[int, int] | None:
+        """(inserted, retracted) rows; None when a partition does not record weight and net."""
+        if any(p.net is None or p.weight is None for p in self.parts.values()):
+            return None
+        weight = sum(p.weight or 0 for p in self.parts.values())
+        return (weight + self.rows_net) // 2, (weight - self.rows_net) // 2
+
+    def staged_files(self) -> dict[str, int]:
+        """{path relative to the attempt's directory: size} of every file of the batch."""
+        out: dict[str, int] = {}
+        for part in self.parts.values():
+            out.update(part.files or {})
+        return out
+
+    # -- serialized -----------------------------------------------------------------------------
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "batch_id": self.batch_id,
+            "stage_id": self.stage_id,
+            "layout": LAYOUT,
+            "lower": self.lower,
+            "upper": self.upper,
+            "partitions": self.partitions,
+            "read_version": self.read_version,
+            "parts": {str(p): part.to_dict() for p, part in sorted(self.parts.items())},
+            **self.feed,
+        }
+        return {k: v for k, v in out.items() if v is not None or k in ("stage_id", "read_version", *self.feed)}
+
+    def to_json(self) -> str:
+        """The ledger's text of the manifest."""
+        return json.dumps(self.to_dict(), sort_keys=True)
+
+    def commit_meta(self) -> dict[str, Any]:
+        """What the batch's Delta commit records of it: the description ``check`` verifies the
+        version against, and the checksums ``check --verify`` recomputes."""
+        keep = ("rows", "checksum", "files", "desired_checksum", "shard_checksum")
+        return {
+            "stage_id": self.stage_id,
+            "layout": LAYOUT,
+            "partitions": self.partitions,
+            "parts": {
+                str(p): {k: v for k, v in part.to_dict().items() if k in keep} for p, part in sorted(self.parts.items())
+            },
+        }
+
+    @classmethod
+    def from_dict(cls, raw: dict) -> Manifest:
+        try:
+            feed = {k: raw[k] for k in ("commands", "late_commands", "source_offset") if k in raw}
+            return cls(
+                batch_id=str(raw["batch_id"]),
+                lower=int(raw["lower"]),
+                upper=int(raw["upper"]),
+                partitions=int(raw["partitions"]),
+                parts={int(p): Part.from_dict(part) for p, part in raw["parts"].items()},
+                stage_id=raw.get("stage_id"),
+                read_version=raw.get("read_version"),
+                feed=feed,
+            )
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise ManifestUnreadable(str(exc)) from None
+
+    @classmethod
+    def from_json(cls, text: str | None) -> Manifest:
+        try:
+            raw = json.loads(text or "")
+        except ValueError as exc:
+            raise ManifestUnreadable(str(exc)) from None
+        if not isinstance(raw, dict):
+            raise ManifestUnreadable("not an object")
+        return cls.from_dict(raw)
+
+    @classmethod
+    def described(cls, meta: dict, ledger_text: str | None) -> Manifest | None:
+        """A committed batch's description: its Delta commit's metadata (``meta``), completed by
+        the ledger's manifest where the commit does not carry the parts; None if neither does."""
+        raw = dict(meta)
+        if "parts" not in raw or "partitions" not in raw:
+            try:
+                raw = {**json.loads(ledger_text or "{}"), **{k: v for k, v in meta.items() if k != "parts"}}
+            except ValueError:
+                return None
+        if "parts" not in raw or "partitions" not in raw:
+            return None
+        try:
+            return cls.from_dict(raw)
+        except ManifestUnreadable:
+            return None
