@@ -14,7 +14,6 @@ repaired by whichever writer comes next.
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Callable, Collection, Iterator
 from contextlib import contextmanager
@@ -448,7 +447,7 @@ class MetadataStore:
                 return False, b
             b.state = STAGED
             b.stage_id = staged.stage_id
-            b.manifest = json.dumps(staged.manifest, sort_keys=True)
+            b.manifest = staged.manifest
             b.rows_ok, b.rows_err = staged.rows_ok, staged.rows_err
             b.read_version, b.drift_rows = staged.read_version, staged.drift_rows
             b.source_offset, b.late_commands = staged.source_offset, staged.late_commands
