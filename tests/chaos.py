@@ -48,8 +48,8 @@ from reconcile.sink import check, compact
 from reconcile.sink import run as pipeline
 from reconcile.sink.sync import sync
 from reconcile.spark import get_session
-from reconcile.storage import delta as storage
 from reconcile.storage import frames
+from reconcile.storage.delta import ShardTable
 from reconcile.storage.ledger import MetadataStore
 from tiny_spark import TINY_DATA_CONF
 
@@ -249,15 +249,15 @@ class Schedule:
         from delta.tables import DeltaTable
         from pyspark.sql import functions as F
 
-        if not storage.exists(self.cfg):
+        if not ShardTable(self.cfg).exists():
             return
-        path = storage.table_path(self.cfg)
+        path = ShardTable(self.cfg).path
         choice = self.rng.choice(["delete", "duplicate", "insert"])
         k = self.rng.choice(KEYS)
         if choice == "delete":
             DeltaTable.forPath(self.spark, path).delete(F.col("k") == k)
         else:
-            df = frames.read_updates(self.spark, self.cfg)
+            df = frames.read_updates(self.spark, ShardTable(self.cfg))
             if choice == "duplicate":
                 df = df.where(F.col("k") == k).limit(1)
             else:
@@ -277,7 +277,7 @@ class Schedule:
         return +out
 
     def check(self, final: bool = False) -> list[str]:
-        if not storage.exists(self.cfg):
+        if not ShardTable(self.cfg).exists():
             return []
         sync(self.store, self.cfg)
         problems = [
@@ -285,7 +285,9 @@ class Schedule:
         ]
         committed = self.store.batches(self.cfg.name, (COMMITTED,))
         since = self.store.get_shard(self.cfg.name).since
-        updates = frames.read_updates(self.spark, self.cfg).select("k", "v", "_error", "_time", "_diff").collect()
+        updates = (
+            frames.read_updates(self.spark, ShardTable(self.cfg)).select("k", "v", "_error", "_time", "_diff").collect()
+        )
         for b in committed:
             if b.upper <= self.tampered_below:
                 continue  # history rewritten behind the sink's back; repaired at a later time

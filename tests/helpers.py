@@ -78,9 +78,9 @@ def _log_rows(cfg: SinkConfig) -> list[dict]:
     sink's own read path, and a tiny table reads in milliseconds instead of a Spark job)."""
     from deltalake import DeltaTable
 
-    from reconcile.storage import delta as storage
+    from reconcile.storage.delta import ShardTable
 
-    return DeltaTable(storage.table_path(cfg)).to_pyarrow_table().to_pylist()
+    return DeltaTable(ShardTable(cfg).path).to_pyarrow_table().to_pylist()
 
 
 def as_of(log: list[dict], cfg: SinkConfig, t: int) -> Counter:
@@ -213,11 +213,11 @@ def committed_run(spark, store, cfg: SinkConfig, run_id: str, frontier: int):
 
 def append_foreign_row(spark, cfg: SinkConfig, time: int, diff: int = 1) -> None:
     """A write behind the sink's back: a plain Delta append without the sink's commit metadata."""
-    from reconcile.storage import delta as storage
     from reconcile.storage import frames
+    from reconcile.storage.delta import ShardTable
 
     row = {"k": 7, "v": "zz", "_error": None, "_time": time, "_diff": diff}
-    spark.createDataFrame([row], frames.schema(cfg)).write.format("delta").mode("append").save(storage.table_path(cfg))
+    spark.createDataFrame([row], frames.schema(cfg)).write.format("delta").mode("append").save(ShardTable(cfg).path)
 
 
 def assert_one_line(exc: BaseException, sink: str) -> str:
@@ -240,16 +240,17 @@ class Snapshot:
 
 def snapshot(spark, store, cfg) -> Snapshot:
     """What a failed stage must leave as it was (compare a snapshot before with one after)."""
-    from reconcile.storage import delta as storage
+    from reconcile.storage.commits import batch_commits
+    from reconcile.storage.delta import ShardTable
 
     try:
         upper = store.get_shard(cfg.name).upper
     except ShardNotFound:
         upper = None
     version, commits = None, ()
-    if storage.exists(cfg):
-        version, entries = storage.history_since(cfg, -1)
-        commits = tuple((c.lower, c.upper, c.batch_id) for c in storage.batch_commits(entries))
+    if ShardTable(cfg).exists():
+        version, entries = ShardTable(cfg).history_since(-1)
+        commits = tuple((c.lower, c.upper, c.batch_id) for c in batch_commits(entries))
     committed = tuple(b.batch_id for b in store.batches(cfg.name, (COMMITTED,)))
     return Snapshot(upper, version, commits, committed)
 
@@ -259,13 +260,14 @@ def leftover_staged(store, cfg: SinkConfig) -> list[str]:
     must be the committed attempt of a committed batch, or belong to a batch that can still be
     committed (open, lower at or after the shard's upper)."""
     from reconcile.model import OPEN_STATES
-    from reconcile.storage import delta as storage
+    from reconcile.storage import files
+    from reconcile.storage.delta import ShardTable
 
     upper = store.get_shard(cfg.name).upper
     out = []
-    for batch_id in storage.list_dirs(storage.staging_root(cfg)):
+    for batch_id in files.list_dirs(ShardTable(cfg).staging_root):
         b = store.get_batch(batch_id, cfg.name)
-        stages = storage.list_dirs(storage.staging_path(cfg, batch_id))
+        stages = files.list_dirs(ShardTable(cfg).staging_path(batch_id))
         if b.state == COMMITTED:
             out += [f"{batch_id}/{s}" for s in stages if s != b.stage_id]
         elif not (b.state in OPEN_STATES and b.lower >= upper):

@@ -160,7 +160,7 @@ def test_dag_test_three_intervals_then_rerun_is_noop(airflow_db, dag_child, spar
 
     from reconcile.config import load_sink
     from reconcile.sink import check
-    from reconcile.storage import delta as storage
+    from reconcile.storage.delta import ShardTable
     from reconcile.storage.ledger import MetadataStore
 
     name = f"af_{tmp_path.name[-8:].replace('-', '_').lower()}"
@@ -207,7 +207,7 @@ def test_dag_test_three_intervals_then_rerun_is_noop(airflow_db, dag_child, spar
     assert store.get_shard(name).upper == int(days[-1].timestamp() * 1000)
     committed = [b for b in store.batches(name) if b.state == "committed"]
     assert [b.lower for b in committed] == [cfg.as_of] + [int(d.timestamp() * 1000) for d in days[:-1]]
-    version = storage.latest_version(cfg)
+    version = ShardTable(cfg).latest_version()
 
     # Rerunning a covered interval (with a changed source) mints nothing and writes nothing.
     write_json_rows(data, [{"k": 9, "v": "z"}])
@@ -221,7 +221,7 @@ def test_dag_test_three_intervals_then_rerun_is_noop(airflow_db, dag_child, spar
         "append": "skipped",
         **{"compaction_due": "skipped", "compact": "skipped"},
     }, tis
-    assert storage.latest_version(cfg) == version
+    assert ShardTable(cfg).latest_version() == version
     assert store.get_shard(name).upper == int(days[-1].timestamp() * 1000)
 
     # The shard is an Asset: the append declares it, and each committed batch left one event
@@ -394,7 +394,7 @@ def test_the_correction_guard_stops_a_run_until_a_run_approves_it(airflow_db, da
     the remedy, nothing committed; a run triggered with {"approve_correction": true} commits it."""
     from airflow.utils.state import DagRunState
 
-    from reconcile.storage import delta as storage
+    from reconcile.storage.delta import ShardTable
     from reconcile.storage.ledger import MetadataStore
 
     guard = {"max_share": 0.5, "min_rows": 1}
@@ -403,7 +403,7 @@ def test_the_correction_guard_stops_a_run_until_a_run_approves_it(airflow_db, da
     write_json_rows(data, full)
     first = dag_child.test(name, datetime(2026, 1, 2, tzinfo=UTC), env)
     _assert_state(first, DagRunState.SUCCESS)
-    version = storage.latest_version(cfg)
+    version = ShardTable(cfg).latest_version()
 
     write_json_rows(data, full[:1])  # the upstream lost 9 of 10 rows
     blocked = dag_child.test(name, datetime(2026, 1, 3, tzinfo=UTC), env)
@@ -412,7 +412,7 @@ def test_the_correction_guard_stops_a_run_until_a_run_approves_it(airflow_db, da
     logged = blocked["log"]
     assert "correction guard" in logged and "retract 9 of the shard's 10 rows" in logged
     assert f"python -m reconcile approve {name} " in logged
-    assert storage.latest_version(cfg) == version  # nothing committed
+    assert ShardTable(cfg).latest_version() == version  # nothing committed
 
     approved = dag_child.test(name, datetime(2026, 1, 4, tzinfo=UTC), env, run_conf={"approve_correction": True})
     _assert_state(approved, DagRunState.SUCCESS)

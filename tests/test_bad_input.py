@@ -27,7 +27,7 @@ from pyspark.sql import functions as F
 from sqlalchemy import update
 from sqlalchemy.exc import SQLAlchemyError
 
-from helpers import Snapshot, assert_one_line, leftover_staged, make_sink, run_batch, snapshot, write_json_rows
+from helpers import Snapshot, assert_one_line, change, leftover_staged, make_sink, run_batch, snapshot, write_json_rows
 from reconcile.airflow import tasks
 from reconcile.config import load_file
 from reconcile.errors import (
@@ -47,8 +47,9 @@ from reconcile.log import iso
 from reconcile.model import COMMITTED, MINTED, STAGED, SUPERSEDED
 from reconcile.sink import append, check, mint, write
 from reconcile.sink.sync import sync
-from reconcile.storage import delta as storage
-from reconcile.storage import frames
+from reconcile.storage import files, frames
+from reconcile.storage.commits import batch_commits
+from reconcile.storage.delta import ShardTable
 from reconcile.storage.ledger import MetadataStore
 from reconcile.storage.tables import Batch
 
@@ -65,7 +66,7 @@ def assert_nothing_committed(spark, store, cfg, before: Snapshot, *, unstaged: s
     after = snapshot(spark, store, cfg)
     assert after == before, f"something was committed: {before} -> {after}"
     if unstaged is not None:
-        assert storage.list_files(storage.staging_path(cfg, unstaged)) == {}
+        assert files.list_files(ShardTable(cfg).staging_path(unstaged)) == {}
         assert store.get_batch(unstaged).state != COMMITTED
 
 
@@ -74,7 +75,7 @@ def new_sink(spark, tmp_path: Path, name: str, kind: str = "query", rows=ROWS, *
     cfg = make_sink(tmp_path, name, kind=kind, as_of=fields.pop("as_of", 0), **fields)
     if rows is not None:
         write_json_rows(tmp_path / ("log" if kind == "changelog" else "src"), rows)
-    storage.ensure_table(cfg)
+    ShardTable(cfg).ensure()
     return cfg
 
 
@@ -84,20 +85,20 @@ def staged_batch(spark, store, cfg, run_id: str = "run-1", frontier: int = 200):
     assert desc is not None
     w = write.run_write(spark, store, cfg, desc.batch_id)
     assert w.outcome == "staged", w.message
-    files = storage.list_files(stage_dir(store, cfg, desc.batch_id))
-    assert files, "the batch staged no files"
-    return desc, files
+    staged = files.list_files(stage_dir(store, cfg, desc.batch_id))
+    assert staged, "the batch staged no files"
+    return desc, staged
 
 
 def stage_dir(store, cfg, batch_id: str) -> str:
     """The directory of the write attempt whose files the batch's manifest names."""
-    return storage.staging_path(cfg, batch_id, store.get_batch(batch_id).stage_id)
+    return ShardTable(cfg).staging_path(batch_id, store.get_batch(batch_id).stage_id)
 
 
 def shard_rows(spark, cfg, t: int) -> Counter:
     """The shard as of t: (k, v, _error) -> multiplicity, read with plain Spark."""
     out: Counter = Counter()
-    for r in frames.read_updates(spark, cfg).collect():
+    for r in frames.read_updates(spark, ShardTable(cfg)).collect():
         if r["_time"] <= t:
             out[(r["k"], r["v"], r["_error"])] += r["_diff"]
     return +out
@@ -113,7 +114,7 @@ def set_batch(store, batch_id: str, **values) -> None:
         s.execute(update(Batch).where(Batch.batch_id == batch_id).values(**values))
 
 
-# --- 1, 2: config files -----------------------------------------------------------------------
+# --- config files -----------------------------------------------------------------------------
 
 
 def _config(tmp_path: Path, **changes) -> Path:
@@ -135,7 +136,7 @@ def _config(tmp_path: Path, **changes) -> Path:
     return path
 
 
-def test_01_sql_injection_in_a_column_name_is_a_config_error(tmp_path):
+def test_sql_injection_in_a_column_name_is_a_config_error(tmp_path):
     path = _config(tmp_path, schema__1__name="v` STRING, x INT) --")
     with pytest.raises(ConfigError) as info:
         load_file(path)
@@ -148,7 +149,7 @@ def test_01_sql_injection_in_a_column_name_is_a_config_error(tmp_path):
 
 
 @pytest.mark.parametrize("source_name", ["../../etc", "a/b", "..", "src/../../x"])
-def test_02_path_traversal_in_a_source_name_is_a_config_error(tmp_path, source_name):
+def test_path_traversal_in_a_source_name_is_a_config_error(tmp_path, source_name):
     path = _config(tmp_path, query__sources={source_name: {"format": "json", "path": "src"}})
     with pytest.raises(ConfigError) as info:
         load_file(path)
@@ -157,10 +158,12 @@ def test_02_path_traversal_in_a_source_name_is_a_config_error(tmp_path, source_n
     assert "\n" not in str(err) and "plain identifier" in str(err) and "Remedy:" in str(err)
 
 
-# --- 3, 4, 5: the desired collection cannot be read -------------------------------------------
+# --- the desired collection cannot be read ----------------------------------------------------
 
 
-def test_03_missing_source_path_is_a_source_error(spark, warehouse, tmp_path, sqlite_store, monkeypatch):
+def test_a_missing_source_path_is_a_source_error_the_task_records_as_final(
+    spark, warehouse, tmp_path, sqlite_store, monkeypatch
+):
     store = sqlite_store
     cfg = new_sink(spark, tmp_path, "nosource", rows=None)  # tmp_path/src never created
     assert not (tmp_path / "src").exists()
@@ -192,7 +195,7 @@ def test_03_missing_source_path_is_a_source_error(spark, warehouse, tmp_path, sq
     ],
     ids=["lacks_column", "extra_column"],
 )
-def test_04_query_result_not_matching_the_schema_is_a_source_error(
+def test_a_query_result_not_matching_the_schema_is_a_source_error(
     spark, warehouse, tmp_path, sqlite_store, sql, expect
 ):
     store = sqlite_store
@@ -207,7 +210,7 @@ def test_04_query_result_not_matching_the_schema_is_a_source_error(
     assert_nothing_committed(spark, store, cfg, before, unstaged=desc.batch_id)
 
 
-def test_04b_changelog_source_without_its_diff_column_is_a_source_error(spark, warehouse, tmp_path, sqlite_store):
+def test_a_changelog_source_without_its_diff_column_is_a_source_error(spark, warehouse, tmp_path, sqlite_store):
     store = sqlite_store
     cfg = new_sink(spark, tmp_path, "nodiff", kind="changelog", rows=[{"k": 1, "v": "a", "ts": 150}])
     desc = mint.run_mint(store, cfg, "run-1", 1, 200).description
@@ -228,7 +231,7 @@ def test_04b_changelog_source_without_its_diff_column_is_a_source_error(spark, w
     ],
     ids=["parse", "table", "column"],
 )
-def test_05_query_sql_that_does_not_run_is_a_source_error(spark, warehouse, tmp_path, sqlite_store, sql):
+def test_query_sql_that_does_not_run_is_a_source_error(spark, warehouse, tmp_path, sqlite_store, sql):
     store = sqlite_store
     query = {"sources": {"src": {"format": "json", "path": "src"}}, "sql": sql}
     cfg = new_sink(spark, tmp_path, "badsql", query=query)
@@ -241,7 +244,7 @@ def test_05_query_sql_that_does_not_run_is_a_source_error(spark, warehouse, tmp_
     assert_nothing_committed(spark, store, cfg, before, unstaged=desc.batch_id)
 
 
-def test_05b_query_sql_that_is_a_command_is_refused_before_it_runs(spark, warehouse, tmp_path, sqlite_store):
+def test_query_sql_that_is_a_command_is_refused_before_it_runs(spark, warehouse, tmp_path, sqlite_store):
     store = sqlite_store
     cfg = new_sink(spark, tmp_path, "dml")
     m, w, a = run_batch(spark, store, cfg, "run-1", 200)
@@ -252,7 +255,7 @@ def test_05b_query_sql_that_is_a_command_is_refused_before_it_runs(spark, wareho
         as_of=0,
         query={
             "sources": {"src": {"format": "json", "path": "src"}},
-            "sql": f"DELETE FROM delta.`{storage.table_path(cfg)}`",
+            "sql": f"DELETE FROM delta.`{ShardTable(cfg).path}`",
         },
     )
     desc = mint.run_mint(store, evil, "run-2", 1, 300).description
@@ -264,10 +267,10 @@ def test_05b_query_sql_that_is_a_command_is_refused_before_it_runs(spark, wareho
     assert sum(shard_rows(spark, cfg, 199).values()) == len(ROWS)
 
 
-# --- 6, 7, 8, 18: rows that do not fit become error rows: stored, counted, never dropped ------
+# --- rows that do not fit become error rows: stored, counted, never dropped -------------------
 
 
-def test_06_values_that_do_not_fit_the_type_become_error_rows(spark, warehouse, tmp_path, sqlite_store):
+def test_values_that_do_not_fit_the_type_become_error_rows(spark, warehouse, tmp_path, sqlite_store):
     store = sqlite_store
     rows = [
         {"k": 1, "v": "ok"},
@@ -300,7 +303,7 @@ def test_06_values_that_do_not_fit_the_type_become_error_rows(spark, warehouse, 
     assert "column 'k' does not fit bigint" in bad["_error"] and "1.5" in bad["_error"]
 
 
-def test_07_nulls_in_a_non_nullable_column_become_error_rows(spark, warehouse, tmp_path, sqlite_store):
+def test_nulls_in_a_non_nullable_column_become_error_rows(spark, warehouse, tmp_path, sqlite_store):
     store = sqlite_store
     rows = [{"k": None, "v": "null key"}, {"v": "absent key"}, {"k": 3, "v": None}, {"k": 4, "v": "d"}]
     cfg = new_sink(spark, tmp_path, "nulls", rows=rows)
@@ -317,11 +320,7 @@ def test_07_nulls_in_a_non_nullable_column_become_error_rows(spark, warehouse, t
     assert any('"null key"' in e for e in errors) and any('"absent key"' in e for e in errors)
 
 
-def change(k, v, ts, diff):
-    return {"k": k, "v": v, "ts": ts, "diff": diff}
-
-
-def test_08_zero_null_and_fractional_diffs_become_error_rows(spark, warehouse, tmp_path, sqlite_store):
+def test_zero_null_and_fractional_diffs_become_error_rows(spark, warehouse, tmp_path, sqlite_store):
     store = sqlite_store
     rows = [
         change(1, "zero", 150, 0),
@@ -336,7 +335,7 @@ def test_08_zero_null_and_fractional_diffs_become_error_rows(spark, warehouse, t
     batch = store.get_batch(m.description.batch_id)
     assert (batch.rows_ok, batch.rows_err) == (1, 3)
 
-    log = [r.asDict() for r in frames.read_updates(spark, cfg).collect()]
+    log = [r.asDict() for r in frames.read_updates(spark, ShardTable(cfg)).collect()]
     assert [(r["k"], r["v"], r["_time"], r["_diff"]) for r in log if r["_error"] is None] == [(4, "ok", 150, 2)]
     errs = [r for r in log if r["_error"] is not None]
     assert sorted((r["_time"], r["_diff"]) for r in errs) == [(150, 1)] * 3
@@ -349,7 +348,7 @@ def test_08_zero_null_and_fractional_diffs_become_error_rows(spark, warehouse, t
     assert a2.outcome == "committed" and store.get_batch(m2.description.batch_id).rows_err == 1
 
 
-def test_18_non_integer_times_in_a_changelog_become_error_rows(spark, warehouse, tmp_path, sqlite_store):
+def test_non_integer_times_in_a_changelog_become_error_rows(spark, warehouse, tmp_path, sqlite_store):
     store = sqlite_store
     rows = [
         change(1, "text", "abc", 1),
@@ -363,7 +362,7 @@ def test_18_non_integer_times_in_a_changelog_become_error_rows(spark, warehouse,
     batch = store.get_batch(m.description.batch_id)
     assert (batch.rows_ok, batch.rows_err) == (1, 3)
 
-    log = [r.asDict() for r in frames.read_updates(spark, cfg).collect()]
+    log = [r.asDict() for r in frames.read_updates(spark, ShardTable(cfg)).collect()]
     assert [(r["k"], r["v"], r["_time"], r["_diff"]) for r in log if r["_error"] is None] == [(4, "ok", 120, 1)]
     errs = [r for r in log if r["_error"] is not None]
     assert len(errs) == 3 and all(r["_diff"] == 1 and 0 <= r["_time"] < 200 for r in errs)
@@ -372,10 +371,10 @@ def test_18_non_integer_times_in_a_changelog_become_error_rows(spark, warehouse,
         assert "time column 'ts' is null or not an integer" in e
 
 
-# --- 9: a desired frontier that is not ahead of the shard -------------------------------------
+# --- a desired frontier that is not ahead of the shard ----------------------------------------
 
 
-def test_09_frontier_not_ahead_of_the_upper_mints_nothing(tmp_path, store):
+def test_a_frontier_not_ahead_of_the_upper_mints_nothing(tmp_path, store):
     cfg = make_sink(tmp_path, "behind", as_of=100)
     store.ensure_shard(cfg.name, cfg.as_of)
     store.compare_and_set_upper(cfg.name, 0, 300)  # as if batches up to 300 were committed
@@ -392,10 +391,10 @@ def test_09_frontier_not_ahead_of_the_upper_mints_nothing(tmp_path, store):
     assert store.run_batch(cfg.name, "late-300") is None
 
 
-# --- 10: the metadata database is unreachable -------------------------------------------------
+# --- the metadata database is unreachable -----------------------------------------------------
 
 
-def test_10_unreachable_metadata_database_is_retryable_and_hides_the_password():
+def test_an_unreachable_metadata_database_is_retryable_and_hides_the_password():
     with pytest.raises(MetadataUnavailable) as info:
         MetadataStore(BAD_PG_URL)
     err = info.value
@@ -406,14 +405,14 @@ def test_10_unreachable_metadata_database_is_retryable_and_hides_the_password():
     assert "Remedy: check RECONCILE_METADATA_URL" in text and "nothing was committed" in text
 
 
-def test_10b_unreachable_metadata_database_message_is_one_line():
+def test_an_unreachable_metadata_database_message_is_one_line():
     with pytest.raises(MetadataUnavailable) as info:
         MetadataStore(BAD_PG_URL)
     text = str(info.value)
     assert "\n" not in text and "\t" not in text, repr(text)
 
 
-def test_10c_unreachable_database_during_a_task_is_metadata_unavailable(tmp_path):
+def test_every_store_call_after_the_database_went_away_is_metadata_unavailable(tmp_path):
     store = MetadataStore(BAD_PG_URL, auto_migrate=False)  # the database went away after start
     try:
         cfg = make_sink(tmp_path, "gone")
@@ -437,17 +436,19 @@ def test_10c_unreachable_database_during_a_task_is_metadata_unavailable(tmp_path
         store.dispose()
 
 
-# --- 11: no shard row / no batch -------------------------------------------------------------
+# --- no shard row / no batch ------------------------------------------------------------------
 
 
-def test_11_missing_shard_row(spark, warehouse, tmp_path, store, monkeypatch):
+def test_a_missing_shard_row_is_refused_and_tasks_of_a_run_without_a_batch_touch_nothing(
+    spark, warehouse, tmp_path, store, monkeypatch
+):
     cfg = make_sink(tmp_path, "ghost")
     with pytest.raises(ShardNotFound) as info:
         store.get_shard("ghost")
     text = assert_one_line(info.value, "ghost")
     assert "no shard row" in text and "'mint' task first" in text
     with pytest.raises(ShardNotFound) as info:
-        sync(store, cfg)
+        sync(store, ShardTable(cfg))
     assert_one_line(info.value, "ghost")
 
     # the Airflow tasks of a run that minted nothing say so, and touch nothing
@@ -456,24 +457,24 @@ def test_11_missing_shard_row(spark, warehouse, tmp_path, store, monkeypatch):
     assert tasks.stage_for_run("ghost", "run-1") == "run run-1 minted no batch for sink 'ghost': nothing to write"
     with pytest.raises(ShardNotFound):
         store.get_shard("ghost")
-    assert not storage.exists(cfg)
+    assert not ShardTable(cfg).exists()
 
     # a batch id that is not in the ledger
     with pytest.raises(BatchNotFound) as info:
         append.run_append(store, cfg, "0-doesnotexist")
     text = str(info.value)
     assert "\n" not in text and "'0-doesnotexist'" in text and "Remedy: clear the whole DAG run" in text
-    assert not storage.exists(cfg)
+    assert not ShardTable(cfg).exists()
 
 
-def test_11b_missing_batch_names_the_sink(spark, warehouse, tmp_path, sqlite_store):
+def test_a_batch_missing_from_the_ledger_names_the_sink(spark, warehouse, tmp_path, sqlite_store):
     cfg = make_sink(tmp_path, "ghost")
     with pytest.raises(BatchNotFound) as info:
         append.run_append(sqlite_store, cfg, "0-doesnotexist")
     assert_one_line(info.value, "ghost")
 
 
-def test_11c_append_before_write_is_refused(spark, warehouse, tmp_path, sqlite_store):
+def test_an_append_before_the_write_is_refused(spark, warehouse, tmp_path, sqlite_store):
     store = sqlite_store
     cfg = new_sink(spark, tmp_path, "unstaged")
     desc = mint.run_mint(store, cfg, "run-1", 1, 200).description
@@ -485,10 +486,10 @@ def test_11c_append_before_write_is_refused(spark, warehouse, tmp_path, sqlite_s
     assert_nothing_committed(spark, store, cfg, before, unstaged=desc.batch_id)
 
 
-# --- 12, 13, 14: staged batches that do not match their manifest ------------------------------
+# --- staged batches that do not match their manifest ------------------------------------------
 
 
-def test_12_missing_staged_part_then_recovery(spark, warehouse, tmp_path, sqlite_store):
+def test_a_missing_or_extra_staged_file_is_refused_until_the_write_restages(spark, warehouse, tmp_path, sqlite_store):
     store = sqlite_store
     cfg = new_sink(spark, tmp_path, "lostpart")
     desc, files = staged_batch(spark, store, cfg)
@@ -524,7 +525,7 @@ def test_12_missing_staged_part_then_recovery(spark, warehouse, tmp_path, sqlite
     assert leftover_staged(store, cfg) == []
 
 
-def test_12b_missing_staged_folder_of_an_empty_batch(spark, warehouse, tmp_path, sqlite_store):
+def test_a_missing_staged_folder_of_an_empty_batch_is_refused(spark, warehouse, tmp_path, sqlite_store):
     store = sqlite_store
     query = {"sources": {"src": {"format": "json", "path": "src"}}, "sql": "SELECT k, v FROM src WHERE false"}
     cfg = new_sink(spark, tmp_path, "emptylost", query=query)
@@ -532,14 +533,14 @@ def test_12b_missing_staged_folder_of_an_empty_batch(spark, warehouse, tmp_path,
     w = write.run_write(spark, store, cfg, desc.batch_id)
     assert (w.outcome, w.rows_ok, w.rows_err) == ("staged", 0, 0)
     before = snapshot(spark, store, cfg)
-    storage.delete_path(storage.staging_path(cfg, desc.batch_id))
+    files.delete_path(ShardTable(cfg).staging_path(desc.batch_id))
     with pytest.raises(StagedBatchInvalid) as info:
         append.run_append(store, cfg, desc.batch_id)
     assert_one_line(info.value, "emptylost")
     assert_nothing_committed(spark, store, cfg, before)
 
 
-def test_13_corrupted_staged_part(spark, warehouse, tmp_path, sqlite_store):
+def test_a_corrupted_staged_file_is_refused_whatever_its_size(spark, warehouse, tmp_path, sqlite_store):
     store = sqlite_store
     cfg = new_sink(spark, tmp_path, "corrupt")
     desc, files = staged_batch(spark, store, cfg)
@@ -566,7 +567,9 @@ def test_13_corrupted_staged_part(spark, warehouse, tmp_path, sqlite_store):
     assert store.get_batch(desc.batch_id).state == STAGED
 
 
-def test_14_manifest_not_matching_its_parts(spark, warehouse, tmp_path, sqlite_store):
+def test_a_manifest_not_matching_its_files_is_refused_and_a_wrong_checksum_is_found_by_the_check(
+    spark, warehouse, tmp_path, sqlite_store
+):
     store = sqlite_store
     cfg = new_sink(spark, tmp_path, "manifest", partitions=8)  # 4 rows: some partitions are empty
     desc, files = staged_batch(spark, store, cfg)
@@ -615,7 +618,7 @@ def test_14_manifest_not_matching_its_parts(spark, warehouse, tmp_path, sqlite_s
 
 
 @pytest.mark.parametrize("manifest", [None, "{}", "{not json"], ids=["null", "no_parts", "not_json"])
-def test_14b_malformed_manifest_is_staged_batch_invalid(spark, warehouse, tmp_path, sqlite_store, manifest):
+def test_a_malformed_manifest_is_staged_batch_invalid(spark, warehouse, tmp_path, sqlite_store, manifest):
     store = sqlite_store
     cfg = new_sink(spark, tmp_path, "nomanifest")
     desc = mint.run_mint(store, cfg, "run-1", 1, 200).description
@@ -627,10 +630,12 @@ def test_14b_malformed_manifest_is_staged_batch_invalid(spark, warehouse, tmp_pa
     assert_nothing_committed(spark, store, cfg, before)
 
 
-# --- 15, 16: stale batches and lowers that do not increase -------------------------------------
+# --- stale batches and lowers that do not increase --------------------------------------------
 
 
-def test_15_stale_staged_batch_of_an_older_lower(spark, warehouse, tmp_path, sqlite_store):
+def test_a_stale_staged_batch_of_an_older_lower_is_covered_and_its_files_removed(
+    spark, warehouse, tmp_path, sqlite_store
+):
     store = sqlite_store
     cfg = new_sink(spark, tmp_path, "stale")
     a, _ = staged_batch(spark, store, cfg, "run-a", 200)
@@ -644,17 +649,17 @@ def test_15_stale_staged_batch_of_an_older_lower(spark, warehouse, tmp_path, sql
     assert result.outcome == "covered", result.message
     assert "already covered" in result.message and "\n" not in result.message
     assert_nothing_committed(spark, store, cfg, before, unstaged=a.batch_id)
-    assert a.batch_id not in storage.list_dirs(storage.staging_root(cfg))
+    assert a.batch_id not in files.list_dirs(ShardTable(cfg).staging_root)
     # rewriting the stale batch is a no-op as well
     assert write.run_write(spark, store, cfg, a.batch_id).outcome == "skipped"
     assert_nothing_committed(spark, store, cfg, before, unstaged=a.batch_id)
 
-    lowers = [c.lower for c in storage.batch_commits(storage.history_since(cfg, -1)[1])]
+    lowers = [c.lower for c in batch_commits(ShardTable(cfg).history_since(-1)[1])]
     assert lowers == [0] and len(set(lowers)) == len(lowers)
     assert shard_rows(spark, cfg, 299) == Counter({(r["k"], r["v"], None): 1 for r in ROWS})
 
 
-def test_16_lower_behind_the_upper_is_never_committed(spark, warehouse, tmp_path, sqlite_store):
+def test_a_lower_behind_the_upper_is_never_committed(spark, warehouse, tmp_path, sqlite_store):
     store = sqlite_store
     cfg = new_sink(spark, tmp_path, "oldlower", as_of=100)
     a, _ = staged_batch(spark, store, cfg, "run-a", 400)  # [100, 400), staged
@@ -681,21 +686,21 @@ def test_16_lower_behind_the_upper_is_never_committed(spark, warehouse, tmp_path
     files = [(f"batches/fake/{f.name}", f.stat().st_size, {"numRecords": 1}) for f in staged.glob("*.parquet")]
     for lower in (50, 100):
         meta = {"batch_id": f"fake-{lower}", "lower": lower, "upper": 350, "run_id": "x"}
-        assert storage.commit_files(cfg, files, meta, lower) is None
+        assert ShardTable(cfg).commit_files(files, meta, lower) is None
         assert_nothing_committed(spark, store, cfg, before)
-    assert sync(store, cfg).upper == 300
+    assert sync(store, ShardTable(cfg)).upper == 300
     assert (9, "zz", None) not in shard_rows(spark, cfg, 399)
 
 
-# --- 17: the Delta table's schema changed behind the sink's back ------------------------------
+# --- the Delta table's schema changed behind the sink's back ----------------------------------
 
 
-def test_17_schema_changed_behind_the_sinks_back(spark, warehouse, tmp_path, sqlite_store):
+def test_a_schema_changed_behind_the_sinks_back_is_refused_until_restored(spark, warehouse, tmp_path, sqlite_store):
     store = sqlite_store
     cfg = new_sink(spark, tmp_path, "altered")
     desc, _ = staged_batch(spark, store, cfg)
-    good_version = storage.latest_version(cfg)
-    spark.sql(f"ALTER TABLE delta.`{storage.table_path(cfg)}` ADD COLUMNS (extra STRING)")
+    good_version = ShardTable(cfg).latest_version()
+    spark.sql(f"ALTER TABLE delta.`{ShardTable(cfg).path}` ADD COLUMNS (extra STRING)")
     before = snapshot(spark, store, cfg)
     assert before.version == good_version + 1
 
@@ -711,7 +716,7 @@ def test_17_schema_changed_behind_the_sinks_back(spark, warehouse, tmp_path, sql
     assert_nothing_committed(spark, store, cfg, before, unstaged=nxt.batch_id)
 
     # the remedy works: RESTORE to the last version the sink wrote, then the sink goes on
-    spark.sql(f"RESTORE TABLE delta.`{storage.table_path(cfg)}` TO VERSION AS OF {good_version}")
+    spark.sql(f"RESTORE TABLE delta.`{ShardTable(cfg).path}` TO VERSION AS OF {good_version}")
     m, w, a = run_batch(spark, store, cfg, "run-3", 300)
     assert a.outcome == "committed", a.message
     assert store.get_shard(cfg.name).upper == 300

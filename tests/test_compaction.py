@@ -1,8 +1,8 @@
 """Compaction: since advances, the history before it is consolidated, reads at or after since
 are unchanged, the rewrite never races an append into a wrong state, old files are vacuumed.
 
-Every expectation comes from the plain-Python models of test_sink (changelog_model, the source
-rows of each query batch), never from the code under test.
+Every expectation comes from the plain-Python models in helpers.py (changelog_model, and
+model_kv over the source rows of each query batch), never from the code under test.
 """
 
 from __future__ import annotations
@@ -29,7 +29,8 @@ from reconcile import cli, failpoints
 from reconcile.errors import FailPointHit, SinkError
 from reconcile.log import iso
 from reconcile.sink import check, compact
-from reconcile.storage import delta as storage
+from reconcile.storage import files
+from reconcile.storage.delta import ShardTable
 
 
 def _rows(n: int, version: int) -> list[dict]:
@@ -49,7 +50,7 @@ def _query_history(spark, store, tmp_path, cfg, batches: int, start: int = 0) ->
 
 
 def _data_files(spark, cfg) -> list[str]:
-    return [f for f in storage.list_files(storage.table_path(cfg)) if not f.startswith("_delta_log/")]
+    return [f for f in files.list_files(ShardTable(cfg).path) if not f.startswith("_delta_log/")]
 
 
 def _consolidated(log: list[dict], cfg) -> bool:

@@ -35,7 +35,7 @@ from helpers import (
 from reconcile import connect_server
 from reconcile.sink import append, check, mint, write
 from reconcile.sink.sync import gc_staged
-from reconcile.storage import delta as storage
+from reconcile.storage.delta import ShardTable
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -55,7 +55,7 @@ def committed_remote(connect_url, sinks, sink, run_id, frontier) -> str:
     return proc.stdout
 
 
-def test_the_server_command(connect_url):
+def test_the_server_command_reuses_a_running_server_warms_it_up_and_reports_it(connect_url):
     port = int(connect_url.rsplit(":", 1)[1])
     # a server already listening on the port is reused, not started twice
     assert connect_server.start(port, warm=False) == connect_url
@@ -158,7 +158,7 @@ def test_a_command_in_query_sql_is_refused_before_it_runs(spark, connect_url, wa
     assert "Traceback" not in proc.stderr
     assert not probe.exists()
     assert [b.state for b in sqlite_store.batches(cfg.name)] != ["committed"]
-    assert not storage.exists(cfg) or storage.latest_version(cfg) == 0  # at most the empty table
+    assert not ShardTable(cfg).exists() or ShardTable(cfg).latest_version() == 0  # at most the empty table
 
 
 def test_queries_in_every_form_pass_over_connect(spark, connect_url, warehouse, tmp_path, sqlite_store):
@@ -200,7 +200,7 @@ def test_killed_client_then_retry(spark, connect_url, warehouse, tmp_path, sqlit
     assert proc.returncode == 137, proc.stderr[-2000:]
     assert write.run_write(spark, sqlite_store, cfg, desc.batch_id).outcome == "staged"
     assert append.run_append(sqlite_store, cfg, desc.batch_id).outcome == "committed"
-    gc_staged(sqlite_store, cfg)
+    gc_staged(sqlite_store, ShardTable(cfg))
     assert leftover_staged(sqlite_store, cfg) == []
     assert shard_as_of(cfg, 199) == model_kv(rows0)
     assert shard_as_of(cfg, 299) == model_kv(rows1)

@@ -19,7 +19,8 @@ from pathlib import Path
 
 from helpers import make_sink, model_query, shard_as_of, write_json_rows
 from reconcile.sink import mint, write
-from reconcile.storage import delta as storage
+from reconcile.storage import commits, files, layout
+from reconcile.storage.delta import ShardTable
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -49,7 +50,7 @@ def delta_rs_as_of(cfg, t: int) -> Counter:
     from deltalake import DeltaTable
 
     out: Counter = Counter()
-    for r in DeltaTable(storage.table_path(cfg)).to_pyarrow_table().to_pylist():
+    for r in DeltaTable(ShardTable(cfg).path).to_pyarrow_table().to_pylist():
         if r["_time"] <= t:
             out[tuple(r[c] for c in cfg.column_names) + (r["_error"],)] += r["_diff"]
     return +out
@@ -63,9 +64,9 @@ def test_append_commits_the_staged_files_as_they_are_without_a_jvm(spark, wareho
     desc = mint.run_mint(store, cfg, "run-1", 1, 200).description
     assert write.run_write(spark, store, cfg, desc.batch_id).outcome == "staged"
     b = store.get_batch(desc.batch_id)
-    before = storage.list_files(storage.table_path(cfg))
+    before = files.list_files(ShardTable(cfg).path)
     staged = {
-        storage.table_relative(cfg, b.batch_id, b.stage_id, rel): size
+        layout.staged_relative(b.batch_id, b.stage_id, rel): size
         for part in json.loads(b.manifest)["parts"].values()
         for rel, size in part["files"].items()
     }
@@ -76,12 +77,12 @@ def test_append_commits_the_staged_files_as_they_are_without_a_jvm(spark, wareho
     assert "appended batch" in proc.stdout
 
     version = store.get_batch(desc.batch_id).delta_version
-    adds = storage.added_files(storage.commit_actions(cfg, version))
+    adds = commits.added_files(ShardTable(cfg).commit_actions(version))
     assert {a["path"]: a["size"] for a in adds} == staged  # exactly the staged files, as they are
     assert sum(json.loads(a["stats"])["numRecords"] for a in adds) == len(rows)
-    after = {f: s for f, s in storage.list_files(storage.table_path(cfg)).items() if not f.startswith("_delta_log")}
+    after = {f: s for f, s in files.list_files(ShardTable(cfg).path).items() if not f.startswith("_delta_log")}
     assert after == {f: s for f, s in before.items() if not f.startswith("_delta_log")}  # no data file written
-    assert storage.last_txn_version(cfg) == desc.lower
+    assert ShardTable(cfg).last_txn_version() == desc.lower
 
     want = model_query(rows, cfg)
     assert shard_as_of(cfg, 199) == want
@@ -105,12 +106,12 @@ def test_a_second_append_of_a_committed_lower_is_refused_by_the_log(spark, wareh
     b = store.get_batch(desc.batch_id)
     files = [
         (a["path"], a["size"], json.loads(a["stats"]))
-        for a in storage.added_files(storage.commit_actions(cfg, b.delta_version))
+        for a in commits.added_files(ShardTable(cfg).commit_actions(b.delta_version))
     ]
-    latest = storage.latest_version(cfg)
+    latest = ShardTable(cfg).latest_version()
     for lower in (desc.lower, desc.lower - 1):
-        assert storage.commit_files(cfg, files, {"batch_id": "again", "lower": lower, "upper": 300}, lower) is None
-    assert storage.latest_version(cfg) == latest
+        assert ShardTable(cfg).commit_files(files, {"batch_id": "again", "lower": lower, "upper": 300}, lower) is None
+    assert ShardTable(cfg).latest_version() == latest
 
 
 def test_timestamps_far_from_the_epoch_read_the_same_everywhere(spark, warehouse, tmp_path, sqlite_store):
@@ -164,7 +165,7 @@ def test_timestamps_far_from_the_epoch_read_the_same_everywhere(spark, warehouse
     # the commit's statistics bound the values (milliseconds, rounded outwards; a bound that
     # does not exist, past year 9999, is left out: readers then do not skip on it)
     version = store.get_batch(desc.batch_id).delta_version
-    stats = [json.loads(a["stats"]) for a in storage.added_files(storage.commit_actions(cfg, version))]
+    stats = [json.loads(a["stats"]) for a in commits.added_files(ShardTable(cfg).commit_actions(version))]
     bounds = [(s["minValues"]["at"], s["maxValues"]["at"]) for s in stats if "at" in s.get("minValues", {})]
     assert "1600-01-01T00:00:00.000Z" in [lo for lo, _ in bounds]
     assert all(lo <= hi for lo, hi in bounds)

@@ -20,7 +20,8 @@ import pytest
 from helpers import make_sink, model_kv, run_batch, shard_as_of, write_json_rows
 from reconcile import failpoints
 from reconcile.sink import append, check, mint, write
-from reconcile.storage import delta as storage
+from reconcile.storage.commits import batch_commits
+from reconcile.storage.delta import ShardTable
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -115,7 +116,7 @@ def test_killed_process_then_recovery(
     assert_converged(spark, store, cfg, history)
     if recovery == "next_run" and stage == "append":
         # The killed batch had reached Delta: it was rolled forward, not appended twice.
-        lowers = [c.lower for c in storage.batch_commits(storage.history_since(cfg, -1)[1])]
+        lowers = [c.lower for c in batch_commits(ShardTable(cfg).history_since(-1)[1])]
         assert base in lowers
 
 

@@ -48,8 +48,8 @@ def shard_pages(airflow_db, spark, tmp_path_factory):
     drift-repairing batch and a failed append; yields (base url, token, tmp)."""
     from reconcile import failpoints
     from reconcile.errors import FailPointHit
-    from reconcile.storage import delta as storage
     from reconcile.storage import frames
+    from reconcile.storage.delta import ShardTable
     from reconcile.storage.ledger import MetadataStore
 
     tmp = tmp_path_factory.mktemp("pages")
@@ -65,7 +65,7 @@ def shard_pages(airflow_db, spark, tmp_path_factory):
         write_json_rows(tmp / "src", [{"k": 1, "v": "a"}, {"k": 2, "v": "b"}])
         run_batch(spark, store, cfg, "scheduled__2026-01-01T01:00:00+00:00", 200)
         foreign = spark.createDataFrame([(9, "zz", 150, 1, None)], frames.schema(cfg))
-        foreign.write.format("delta").mode("append").save(storage.table_path(cfg))  # drift, behind the sink's back
+        foreign.write.format("delta").mode("append").save(ShardTable(cfg).path)  # drift, behind the sink's back
         run_batch(spark, store, cfg, "scheduled__2026-01-01T02:00:00+00:00", 300)
         failpoints.arm("append.before_delta_commit", "raise")
         try:

@@ -19,7 +19,9 @@ import pytest
 from helpers import make_sink, run_batch, shard_as_of, write_json_rows
 from reconcile.model import Outcome
 from reconcile.sink import check
-from reconcile.storage import delta as storage
+from reconcile.storage import files
+from reconcile.storage.commits import batch_commits
+from reconcile.storage.delta import ShardTable
 
 
 def _causes(stderr: str) -> str:
@@ -73,7 +75,7 @@ def test_racing_processes_commit_each_lower_once(spark, warehouse, tmp_path, sto
             assert "superseded by batch" in r.stdout or "lost the race" in r.stdout or "committed lower" in r.stdout, (
                 r.stdout
             )
-    commits = storage.batch_commits(storage.history_since(cfg, -1)[1])
+    commits = batch_commits(ShardTable(cfg).history_since(-1)[1])
     lowers = [c.lower for c in commits]
     assert lowers and len(lowers) == len(set(lowers)), lowers
     # One more run settles whatever the race left; then everything agrees with the model.
@@ -82,7 +84,9 @@ def test_racing_processes_commit_each_lower_once(spark, warehouse, tmp_path, sto
     assert check.violations(store, cfg, spark=spark) == []
 
 
-def test_racing_processes_on_an_upsert_sink(spark, warehouse, tmp_path, store, monkeypatch, connect_url):
+def test_racing_processes_on_an_upsert_sink_apply_every_command_once(
+    spark, warehouse, tmp_path, store, monkeypatch, connect_url
+):
     from upsert_model import UpsertModel, feed_rows, ok_rows, upsert_sink
 
     monkeypatch.setenv("RECONCILE_SINKS_DIR", str(tmp_path))
@@ -107,7 +111,7 @@ def test_racing_processes_on_an_upsert_sink(spark, warehouse, tmp_path, store, m
     for r in _racers(cfg, [300, 300, 400], env):
         assert r.returncode in (0, 3), f"racer crashed: {r.returncode}\n{r.stdout[-1500:]}\n{_causes(r.stderr)}"
     run_batch(spark, store, cfg, "settle", 500)
-    commits = storage.batch_commits(storage.history_since(cfg, -1)[1])
+    commits = batch_commits(ShardTable(cfg).history_since(-1)[1])
     assert len({c.lower for c in commits}) == len(commits)
     # Whichever racer won each lower, every command was applied once, in time order.
     model = UpsertModel()
@@ -197,7 +201,7 @@ def test_attempts_of_one_run_racing_commit_the_batch_once(
             "LostRace",
         )
     ]
-    commits = storage.batch_commits(storage.history_since(cfg, -1)[1])
+    commits = batch_commits(ShardTable(cfg).history_since(-1)[1])
     lowers = [c.lower for c in commits]
     if len(set(lowers)) != len(lowers) or not set(lowers) <= set(bounds[:-1]):
         problems.append(f"committed lowers {lowers}, want each of {bounds[:-1]} at most once")
@@ -271,7 +275,7 @@ def test_a_zombie_write_that_loses_the_manifest_deletes_its_own_files(spark, war
     assert "another attempt" in zombie.message and "recorded its staged files first" in zombie.message
     assert "clear" not in zombie.message
     b = store.get_batch(desc.batch_id)
-    assert storage.list_dirs(storage.staging_path(cfg, desc.batch_id)) == [b.stage_id]
+    assert files.list_dirs(ShardTable(cfg).staging_path(desc.batch_id)) == [b.stage_id]
     a = append.run_append(store, cfg, desc.batch_id)
     assert a.outcome == "committed", a.message
     assert shard_as_of(cfg, 299) == MODEL
@@ -314,7 +318,7 @@ def test_a_committed_batch_that_differs_from_its_manifest_is_reported(
 
     def union(*args):  # every staged file twice: a second attempt's copy beside the first's
         files = real(*args)
-        root = Path(storage.table_path(cfg))
+        root = Path(ShardTable(cfg).path)
         copies = []
         for path, size, stats in files:
             copy = path.rsplit("/", 1)[0] + "/other-attempt-" + path.rsplit("/", 1)[1]

@@ -17,7 +17,7 @@ import pytest
 from helpers import CHANGELOG_NEW, changelog_model, make_sink, model_kv, run_batch, shard_as_of, write_json_rows
 from reconcile.sink import check
 from reconcile.sink.compact import run_compact
-from reconcile.storage import delta as storage
+from reconcile.storage.delta import ShardTable
 
 
 def duckdb_as_of(cfg, t: int) -> Counter:
@@ -30,7 +30,7 @@ def duckdb_as_of(cfg, t: int) -> Counter:
     con.sql("LOAD delta")
     cols = ", ".join(f'"{c}"' for c in [*cfg.column_names, "_error"])
     rows = con.sql(
-        f"SELECT {cols}, SUM(_diff) FROM delta_scan('{storage.table_path(cfg)}') "
+        f"SELECT {cols}, SUM(_diff) FROM delta_scan('{ShardTable(cfg).path}') "
         f"WHERE _time <= {t} GROUP BY {cols} HAVING SUM(_diff) <> 0"
     ).fetchall()
     con.close()
@@ -44,7 +44,7 @@ def polars_as_of(cfg, t: int) -> Counter:
 
     keys = [*cfg.column_names, "_error"]
     frame = (
-        pl.scan_delta(storage.table_path(cfg))
+        pl.scan_delta(ShardTable(cfg).path)
         .filter(pl.col("_time") <= t)
         .group_by(keys)
         .agg(pl.col("_diff").sum())
@@ -60,7 +60,7 @@ def spark_as_of(spark, cfg, t: int) -> Counter:
     from pyspark.sql import functions as F
 
     keys = [*cfg.column_names, "_error"]
-    updates = spark.read.format("delta").load(storage.table_path(cfg)).where(F.col("_time") <= t)
+    updates = spark.read.format("delta").load(ShardTable(cfg).path).where(F.col("_time") <= t)
     counts = updates.groupBy(*keys).agg(F.sum("_diff").alias("n")).where(F.col("n") != 0)
     return Counter({tuple(r[:-1]): int(r[-1]) for r in counts.collect()})
 
@@ -206,7 +206,7 @@ def test_a_write_by_delta_rs_is_drift_the_next_batch_repairs(spark, warehouse, t
             "_error": pa.array([None], pa.string()),
         }
     )
-    write_deltalake(storage.table_path(cfg), foreign, mode=mode)  # behind the sink's back
+    write_deltalake(ShardTable(cfg).path, foreign, mode=mode)  # behind the sink's back
     _, w, a = run_batch(spark, sqlite_store, cfg, "run-2", 300)
     assert a.outcome == "committed", a.message
     assert w.drift_rows == (1 if mode == "append" else 3)  # an overwrite also removed the 2 rows
@@ -226,8 +226,8 @@ def test_the_write_reads_the_shard_through_delta_once_a_reader_feature_needs_it(
     cfg = make_sink(tmp_path, f"read_{feature}")
     write_json_rows(tmp_path / "src", [{"k": k, "v": f"v{k}"} for k in range(6)])
     run_batch(spark, sqlite_store, cfg, "run-1", 200)
-    assert len(storage.plain_files(cfg)) >= 1
-    path = storage.table_path(cfg)
+    assert len(ShardTable(cfg).plain_files()) >= 1
+    path = ShardTable(cfg).path
     if feature == "deletion_vectors":
         spark.sql(f"ALTER TABLE delta.`{path}` SET TBLPROPERTIES ('delta.enableDeletionVectors' = 'true')")
         spark.sql(f"DELETE FROM delta.`{path}` WHERE k = 3")  # a deletion vector, not a rewrite
@@ -236,7 +236,7 @@ def test_the_write_reads_the_shard_through_delta_once_a_reader_feature_needs_it(
             f"ALTER TABLE delta.`{path}` SET TBLPROPERTIES ('delta.columnMapping.mode' = 'name', "
             "'delta.minReaderVersion' = '2', 'delta.minWriterVersion' = '5')"
         )
-    assert storage.plain_files(cfg) is None
+    assert ShardTable(cfg).plain_files() is None
     by_delta = sorted(spark.read.format("delta").load(path).collect())
-    assert sorted(frames.read_updates(spark, cfg).collect()) == by_delta
+    assert sorted(frames.read_updates(spark, ShardTable(cfg)).collect()) == by_delta
     assert {r["k"] for r in by_delta} == ({0, 1, 2, 4, 5} if feature == "deletion_vectors" else set(range(6)))

@@ -10,8 +10,8 @@
   naming the versions and the remedy, nothing is written; ``recover`` refuses to drop batches
   without ``--force``, and with it the next run recomputes the shard from the log's upper.
 
-Every expectation comes from the plain-Python model of the source (``_model``) and from the
-Delta log read directly, never from the code under test.
+Every expectation comes from the plain-Python model of the source (``helpers.model_kv``) and
+from the Delta log read directly, never from the code under test.
 """
 
 from __future__ import annotations
@@ -32,7 +32,9 @@ from reconcile.errors import MetadataAheadOfLog, SinkError
 from reconcile.model import COMMITTED, SUPERSEDED
 from reconcile.sink import append, check, compact, mint, write
 from reconcile.sink.sync import sync
-from reconcile.storage import delta as storage
+from reconcile.storage import files
+from reconcile.storage.commits import batch_commits
+from reconcile.storage.delta import ShardTable
 from reconcile.storage.ledger import MetadataStore
 from reconcile.storage.tables import Batch, Shard
 
@@ -45,7 +47,7 @@ def _rows(version: int) -> list[dict]:
 
 def _log_batches(cfg) -> list[tuple[int, int, int, str]]:
     """(version, lower, upper, batch id) of every batch commit, read from the Delta log itself."""
-    return [(c.version, c.lower, c.upper, c.batch_id) for c in storage.batch_commits(storage.history_since(cfg, -1)[1])]
+    return [(c.version, c.lower, c.upper, c.batch_id) for c in batch_commits(ShardTable(cfg).history_since(-1)[1])]
 
 
 def _ledger(store, cfg) -> list[tuple]:
@@ -64,7 +66,7 @@ def _converged(spark, store, cfg, history: list[tuple[int, list[dict]]]) -> None
     assert all(a[2] == b[1] for a, b in zip(commits, commits[1:])), commits
     from reconcile.storage import frames
 
-    updates = [u.asDict() for u in frames.read_updates(spark, cfg).collect()]  # read once with plain Spark
+    updates = [u.asDict() for u in frames.read_updates(spark, ShardTable(cfg)).collect()]  # read once with plain Spark
     for upper, rows in history:
         got: Counter = Counter()
         for u in updates:
@@ -194,13 +196,13 @@ def test_a_lost_database_is_rebuilt_by_check_and_by_the_next_run(
 
     # lost again: the next run's mint rebuilds it first, and its batch starts where the table ends
     store = reopen(store, metadata_url, lambda: _lose(metadata_url))
-    versions = storage.log_versions(cfg)
+    versions = ShardTable(cfg).log_versions()
     rows = _rows(4)
     write_json_rows(tmp_path / "src", rows)
     m, w, a = run_batch(spark, store, cfg, "run-4", 500)
     assert m.description is not None and (m.description.lower, m.description.upper) == (400, 500), m.message
     assert w is not None and w.outcome == "staged" and a is not None and a.outcome == "committed", a
-    assert storage.log_versions(cfg) == versions + [versions[-1] + 1]  # one new version: run-4's batch
+    assert ShardTable(cfg).log_versions() == versions + [versions[-1] + 1]  # one new version: run-4's batch
     assert [b.lower for b in store.batches(cfg.name) if b.run_id == "run-4"] == [400]  # minted once, after the rebuild
     history.append((500, rows))
     assert _ledger(store, cfg)[:3] == before
@@ -210,12 +212,12 @@ def test_a_lost_database_is_rebuilt_by_check_and_by_the_next_run(
     # Delta's log cleanup removes the commit files before a checkpoint (after 30 days by
     # default; here at once): a lost ledger is rebuilt from the first batch still there, and
     # since is raised to it (the compaction's commit is gone: a narrower promise)
-    path = storage.table_path(cfg)
+    path = ShardTable(cfg).path
     DeltaTable(path).alter.set_table_properties({"delta.logRetentionDuration": "interval 0 seconds"})
     DeltaTable(path).create_checkpoint()
     _batch(spark, store, cfg, tmp_path, "run-5", 600, 5, history)
     DeltaTable(path).cleanup_metadata()
-    assert storage.log_versions(cfg)[0] > 0 and [lo for _, lo, _, _ in _log_batches(cfg)] == [500]
+    assert ShardTable(cfg).log_versions()[0] > 0 and [lo for _, lo, _, _ in _log_batches(cfg)] == [500]
     store = reopen(store, metadata_url, lambda: _lose(metadata_url))
     rc, out, _ = _cli(capsys, "recover", cfg.name)
     assert rc == 0 and "rebuilt the lost shard row" in out and "read_only=False" in out, out
@@ -231,7 +233,7 @@ def test_a_lost_database_is_rebuilt_by_check_and_by_the_next_run(
     DeltaTable(path).create_checkpoint()
     DeltaTable(path).cleanup_metadata()
     assert _log_batches(cfg) == []
-    assert sync(store, cfg).upper == 600
+    assert sync(store, ShardTable(cfg)).upper == 600
     store = reopen(store, metadata_url, lambda: _lose(metadata_url))
     rc, _, err = _cli(capsys, "recover", cfg.name)
     assert rc == 2 and err.count("\n") == 1, err
@@ -244,7 +246,7 @@ def test_a_lost_database_is_rebuilt_by_check_and_by_the_next_run(
 # -- (b) a database restored from an older backup --------------------------------------------
 
 
-def test_b_a_database_restored_from_an_older_backup_rolls_forward(
+def test_a_database_restored_from_an_older_backup_rolls_forward(
     spark, warehouse, tmp_path, metadata_url, store, monkeypatch, capsys, reopen
 ):
     cfg = _sink(tmp_path, monkeypatch, "restored_db")
@@ -282,9 +284,9 @@ def test_b_a_database_restored_from_an_older_backup_rolls_forward(
     # and the next run appends after the log's end
     store = reopen(store, metadata_url, lambda: _restore(metadata_url, backup1))
     assert store.get_shard(cfg.name).upper == 200 and store.get_batch(b2.batch_id).state == "staged"
-    versions = storage.log_versions(cfg)
+    versions = ShardTable(cfg).log_versions()
     assert append.run_append(store, cfg, b2.batch_id).outcome == "recovered"
-    assert storage.log_versions(cfg) == versions
+    assert ShardTable(cfg).log_versions() == versions
     assert [t[:4] for t in _ledger(store, cfg)] == [t[:4] for t in truth]
     _batch(spark, store, cfg, tmp_path, "run-5", 450, 5, history)
     assert [lo for _, lo, _, _ in _log_batches(cfg)] == [100, 200, 300, 350]
@@ -294,14 +296,14 @@ def test_b_a_database_restored_from_an_older_backup_rolls_forward(
 # -- (c) a database ahead of a Delta table restored from an older copy ------------------------
 
 
-def test_c_a_delta_table_restored_from_an_older_copy_is_refused_until_recovered(
+def test_a_delta_table_restored_from_an_older_copy_is_refused_until_recovered(
     spark, warehouse, tmp_path, metadata_url, store, monkeypatch, capsys, reopen
 ):
     cfg = _sink(tmp_path, monkeypatch, "restored_table")
     history: list = []
     _batch(spark, store, cfg, tmp_path, "run-1", 200, 1, history)
     _batch(spark, store, cfg, tmp_path, "run-2", 300, 2, history)
-    table = Path(storage.table_path(cfg))
+    table = Path(ShardTable(cfg).path)
     shutil.copytree(table, tmp_path / "table-copy")  # the table's backup, at upper 300
     _batch(spark, store, cfg, tmp_path, "run-3", 400, 3, history)
     ledger_version = store.get_shard(cfg.name).delta_version
@@ -310,7 +312,7 @@ def test_c_a_delta_table_restored_from_an_older_copy_is_refused_until_recovered(
 
     shutil.rmtree(table)
     shutil.copytree(tmp_path / "table-copy", table)  # ... put back
-    versions = storage.log_versions(cfg)
+    versions = ShardTable(cfg).log_versions()
     assert versions[-1] < ledger_version
 
     # the next run refuses before writing anything, in one line that says what to do
@@ -322,17 +324,17 @@ def test_c_a_delta_table_restored_from_an_older_copy_is_refused_until_recovered(
     assert "upper=1970-01-01T00:00:00.400Z (400)" in msg and f"Delta version {run3.delta_version}" in msg, msg
     assert f"ends at version {versions[-1]} with upper=1970-01-01T00:00:00.300Z (300)" in msg, msg
     assert f"python -m reconcile recover {cfg.name} --force" in msg, msg
-    assert storage.log_versions(cfg) == versions
-    assert storage.list_dirs(storage.staging_root(cfg)) == sorted(
+    assert ShardTable(cfg).log_versions() == versions
+    assert files.list_dirs(ShardTable(cfg).staging_root) == sorted(
         b for _, _, _, b in _log_batches(cfg)
     )  # nothing staged either
 
     # foreign commits that push the log past the ledger's version do not hide it: the version
     # of the ledger's last batch is now something else
-    while storage.log_versions(cfg)[-1] < ledger_version:
+    while ShardTable(cfg).log_versions()[-1] < ledger_version:
         DeltaTable(str(table)).alter.set_table_properties({"delta.checkpointInterval": "10"})
     with pytest.raises(MetadataAheadOfLog, match=f"its version {run3.delta_version} is maintenance"):
-        sync(store, cfg)
+        sync(store, ShardTable(cfg))
     rc, _, err = _cli(capsys, "check", cfg.name)
     assert rc == 2 and err.count("\n") == 1 and "restored from an older copy" in err, err
 

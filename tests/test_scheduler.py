@@ -116,7 +116,7 @@ def _done(runs, prefix: str, n: int) -> bool:
 
 def test_scheduler_runs_and_backfills_in_order(airflow_services, spark, tmp_path, warehouse):
     from reconcile.config import load_file
-    from reconcile.storage import delta as storage
+    from reconcile.storage.delta import ShardTable
     from reconcile.storage.ledger import MetadataStore
 
     env, sinks, start = airflow_services
@@ -132,7 +132,7 @@ def test_scheduler_runs_and_backfills_in_order(airflow_services, spark, tmp_path
         _wait(env, dag_id, lambda runs: _done(runs, "scheduled__", 1), "the scheduled run")
     store.set_read_only("sched_catchup", False)
     covered = load_file(sinks / "sched_covered.yaml")
-    version = storage.latest_version(covered)
+    version = ShardTable(covered).latest_version()
     upper = store.get_shard("sched_covered").upper
     assert upper > AS_OF + 300 * DAY  # the scheduled run reached today
 
@@ -142,7 +142,7 @@ def test_scheduler_runs_and_backfills_in_order(airflow_services, spark, tmp_path
         _wait(env, dag_id, lambda runs: _done(runs, "backfill__", 3), "three backfill runs")
 
     # Covered intervals: no-op runs, nothing written.
-    assert storage.latest_version(covered) == version
+    assert ShardTable(covered).latest_version() == version
     assert store.get_shard("sched_covered").upper == upper
     # New intervals: one batch per run, in order, each equal to the source.
     catchup = load_file(sinks / "sched_catchup.yaml")

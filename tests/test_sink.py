@@ -1,8 +1,8 @@
 """The sink end to end: mint -> write -> append on real Spark + Delta, checked against a model.
 
 Every expectation is computed independently in plain Python (``helpers.model_query``, Counters
-over the source rows); the shard is read back with plain Spark (the Delta table's update log)
-and its ledger with the metadata store. Data is tiny: the point is the protocol, not Spark.
+over the source rows); the shard is read back with delta-rs (the Delta table's update log) and
+its ledger with the metadata store. Data is tiny: the point is the protocol, not Spark.
 
 Times: the sinks use ``as_of = 100`` (``helpers.make_sink``'s default) and run frontiers
 200, 300, ... so that batch ``i`` covers ``[F_{i-1}, F_i)``.
@@ -36,8 +36,8 @@ from reconcile.errors import DescriptionOutdated, FailPointHit, InconsistentStat
 from reconcile.log import iso
 from reconcile.model import COMMITTED, MINTED, STAGED, SUPERSEDED
 from reconcile.sink import append, check, mint, write
-from reconcile.storage import delta as storage
-from reconcile.storage import frames
+from reconcile.storage import files, frames
+from reconcile.storage.delta import ShardTable
 from reconcile.storage.ledger import MetadataStore
 
 # --- reading the shard back (plain Spark/Python, not the code under test) ---------------------
@@ -50,7 +50,7 @@ def query_as_of(log, cfg, t) -> Counter:
 
 def batch_commits(spark, cfg) -> list[dict]:
     """The reconcile metadata of every batch commit in the Delta log, oldest first."""
-    _, entries = storage.history_since(cfg, -1)
+    _, entries = ShardTable(cfg).history_since(-1)
     return [meta for _, meta in entries if meta and meta.get("op") == "batch"]
 
 
@@ -132,7 +132,7 @@ def test_drift_is_repaired_and_an_unchanged_source_appends_an_empty_batch(spark,
     committed_run(spark, store, cfg, "run-1", 200)
 
     # tamper with the Delta table behind the sink's back, using plain Spark/Delta
-    path = storage.table_path(cfg)
+    path = ShardTable(cfg).path
     before = update_log(cfg)
     deleted = [u for u in before if u["k"] == 1]
     assert [(u["v"], u["_time"], u["_diff"]) for u in deleted] == [("a", 199, 2)]
@@ -143,7 +143,7 @@ def test_drift_is_repaired_and_an_unchanged_source_appends_an_empty_batch(spark,
     tampered = sum(abs(u["_diff"]) for u in deleted) + abs(duplicate["_diff"]) + abs(foreign["_diff"])
     assert tampered == 6
 
-    _, entries = storage.history_since(cfg, -1)
+    _, entries = ShardTable(cfg).history_since(-1)
     assert [meta for _, meta in entries[-2:]] == [None, None], "the tampering commits are foreign"
     assert query_as_of(update_log(cfg), cfg, 199) == Counter({(2, "b", None): 2, (3, "c", None): 1, (7, "zz", None): 3})
 
@@ -157,7 +157,7 @@ def test_drift_is_repaired_and_an_unchanged_source_appends_an_empty_batch(spark,
     assert correction == Counter({(1, "a2"): 1, (2, "b"): -1, (7, "zz"): -3, (4, "d"): 1})
 
     # a run without tampering and with an unchanged source: no drift, no data, the upper advances
-    versions_before = storage.latest_version(cfg)
+    versions_before = ShardTable(cfg).latest_version()
     m, w, a = run_batch(spark, store, cfg, "run-3", 400)
     assert (m.description.lower, m.description.upper) == (300, 400)
     assert (w.outcome, w.rows_ok, w.rows_err, w.drift_rows) == ("staged", 0, 0, 0)
@@ -168,7 +168,7 @@ def test_drift_is_repaired_and_an_unchanged_source_appends_an_empty_batch(spark,
     assert [u for u in log_after if 300 <= u["_time"] < 400] == []
     assert sorted(map(str, log_after)) == sorted(map(str, log))  # no data rows written
     assert query_as_of(log_after, cfg, 399) == model_query(rows2, cfg)
-    assert storage.latest_version(cfg) > versions_before  # an empty Delta commit records the batch
+    assert ShardTable(cfg).latest_version() > versions_before  # an empty Delta commit records the batch
     assert_ledger(spark, store, cfg, [200, 300, 400])
 
 
@@ -208,7 +208,7 @@ def test_commit_metadata_belongs_to_the_write_not_the_session(spark, warehouse, 
         spark.conf.unset(key)
     # version 0 (the table's creation, metadata only) may carry the session's setting; it holds no
     # data and no commit guard, so it is nobody's batch
-    assert [m["op"] for _, m in storage.history_since(cfg, -1)[1][1:]] == ["batch", "batch"]
+    assert [m["op"] for _, m in ShardTable(cfg).history_since(-1)[1][1:]] == ["batch", "batch"]
     assert_ledger(spark, store, cfg, [200, 300])
     assert query_as_of(update_log(cfg), cfg, 299) == model_query(rows, cfg)
 
@@ -230,9 +230,9 @@ def test_a_guarded_commit_without_batch_metadata_is_reported_and_never_doubled(
         spark.createDataFrame([row], frames.schema(cfg))
         .write.format("delta")
         .mode("append")
-        .option("txnAppId", storage.app_id(cfg))
+        .option("txnAppId", ShardTable(cfg).app_id)
         .option("txnVersion", 200)
-        .save(storage.table_path(cfg))
+        .save(ShardTable(cfg).path)
     )
     found = check.violations(store, cfg, spark=spark)
     assert len(found) == 1 and "carries the sink's commit guard (txnVersion 200)" in found[0], found
@@ -240,7 +240,7 @@ def test_a_guarded_commit_without_batch_metadata_is_reported_and_never_doubled(
         run_batch(spark, store, cfg, "run-2", 300)
     assert "reconcile check unstamped" in err.value.remedy
     assert store.get_shard(cfg.name).upper == 200
-    assert [m["op"] for _, m in storage.history_since(cfg, -1)[1] if m] == ["maintenance", "batch"]
+    assert [m["op"] for _, m in ShardTable(cfg).history_since(-1)[1] if m] == ["maintenance", "batch"]
 
 
 def test_maintenance_commits_are_not_drift(spark, warehouse, tmp_path, sqlite_store):
@@ -253,10 +253,10 @@ def test_maintenance_commits_are_not_drift(spark, warehouse, tmp_path, sqlite_st
     write_json_rows(tmp_path / "src", rows)
     committed_run(spark, store, cfg, "run-1", 200)
     committed_run(spark, store, cfg, "run-2", 300)  # a second file to compact
-    table = DeltaTable.forPath(spark, storage.table_path(cfg))
+    table = DeltaTable.forPath(spark, ShardTable(cfg).path)
     table.optimize().executeCompaction()
     table.vacuum(168.0)
-    _, entries = storage.history_since(cfg, store.get_shard(cfg.name).delta_version)
+    _, entries = ShardTable(cfg).history_since(store.get_shard(cfg.name).delta_version)
     assert [(m["op"], m["operation"]) for _, m in entries] == [
         ("maintenance", "OPTIMIZE"),
         ("maintenance", "VACUUM START"),
@@ -304,12 +304,12 @@ def test_new_shard_starts_at_as_of_and_reruns_are_no_ops(spark, warehouse, tmp_p
     assert_ledger(spark, store, cfg, [1500])
 
     # rerunning the append (or the write) of a committed batch changes nothing
-    version = storage.latest_version(cfg)
+    version = ShardTable(cfg).latest_version()
     again = append.run_append(store, cfg, batch.batch_id)
     assert again.outcome == "already_committed" and again.delta_version == batch.delta_version
     rewrite = write.run_write(spark, store, cfg, batch.batch_id)
     assert rewrite.outcome == "skipped" and "committed" in rewrite.message
-    assert storage.latest_version(cfg) == version
+    assert ShardTable(cfg).latest_version() == version
     assert [m["lower"] for m in batch_commits(spark, cfg)] == [cfg.as_of]
     assert leftover_staged(store, cfg) == []
     assert query_as_of(update_log(cfg), cfg, 1499) == model_query(rows, cfg)
@@ -375,7 +375,7 @@ def test_outdated_batch_is_cleaned_up(spark, warehouse, tmp_path, sqlite_store, 
 
     older = mint.run_mint(store, cfg, "run-old", 1, older_upper).description
     assert write.run_write(spark, store, cfg, older.batch_id).outcome == "staged"
-    assert storage.list_files(storage.staging_path(cfg, older.batch_id))
+    assert files.list_files(ShardTable(cfg).staging_path(older.batch_id))
     newer_desc = mint.run_mint(store, cfg, "run-new", 1, newer_upper).description
     assert newer_desc.lower == older.lower
     assert store.get_batch(older.batch_id).state == SUPERSEDED
@@ -389,7 +389,7 @@ def test_outdated_batch_is_cleaned_up(spark, warehouse, tmp_path, sqlite_store, 
             append.run_append(store, cfg, older.batch_id)
     # its files stay until the shard's upper passes its lower: an append of it already in
     # flight may still commit them (the guard lets one batch of each lower through)
-    assert storage.list_files(storage.staging_path(cfg, older.batch_id))
+    assert files.list_files(ShardTable(cfg).staging_path(older.batch_id))
     assert batch_commits(spark, cfg) == []
     assert store.get_shard(cfg.name).upper < AS_OF
     assert store.get_batch(newer_desc.batch_id).state == MINTED  # the newer description stays valid
@@ -410,8 +410,8 @@ def test_outdated_batch_is_cleaned_up(spark, warehouse, tmp_path, sqlite_store, 
         assert "Remedy:" in str(info.value)
 
     assert store.get_batch(older.batch_id).state == SUPERSEDED
-    assert not storage.list_files(storage.staging_path(cfg, older.batch_id))
-    assert older.batch_id not in storage.list_dirs(storage.staging_root(cfg))
+    assert not files.list_files(ShardTable(cfg).staging_path(older.batch_id))
+    assert older.batch_id not in files.list_dirs(ShardTable(cfg).staging_root)
     assert [m["batch_id"] for m in batch_commits(spark, cfg)] == [newer.batch_id]
     assert query_as_of(update_log(cfg), cfg, newer_upper - 1) == model_query(rows, cfg)
     assert_ledger(spark, store, cfg, [newer_upper])
@@ -441,7 +441,7 @@ def test_superseded_batch_message_names_its_successor(
         assert f"covers only [{iso(cfg.as_of)}, {iso(newer_upper)})" in text, text
         assert f"the next scheduled run appends [{iso(newer_upper)}, {iso(older_upper)})" in text, text
         assert "the superseding run appends this interval" not in text
-    assert not (warehouse / "_staging" / cfg.name / older.batch_id).exists()
+    assert not ShardTable(cfg).staged_attempts(older.batch_id) or newer_upper < older_upper
     assert store.get_shard(cfg.name).upper <= cfg.as_of  # nothing was committed
 
 
@@ -554,8 +554,8 @@ def test_read_as_of_splits_ok_rows_and_errors(spark, warehouse, tmp_path, sqlite
     run_batch(spark, sqlite_store, cfg, "run-1", 200)
     write_json_rows(tmp_path / "src", [{"k": 2, "v": "b"}])
     run_batch(spark, sqlite_store, cfg, "run-2", 300)
-    ok, errs = read_as_of(spark, cfg, 199)
+    ok, errs = read_as_of(spark, ShardTable(cfg), 199)
     assert sorted(tuple(r) for r in ok.collect()) == [(1, "a", 2)]
     assert [r["_count"] for r in errs.collect()] == [1] and "'k'" in errs.first()["_error"]
-    ok, errs = read_as_of(spark, cfg, 299)
+    ok, errs = read_as_of(spark, ShardTable(cfg), 299)
     assert sorted(tuple(r) for r in ok.collect()) == [(2, "b", 1)] and errs.count() == 0

@@ -41,8 +41,8 @@ from helpers import assert_one_line, make_sink, run_batch, snapshot
 from reconcile import cli
 from reconcile.errors import SourceError
 from reconcile.kinds import changelog, decode, query, upsert
-from reconcile.storage import delta as storage
-from reconcile.storage import frames
+from reconcile.storage import commits, files, frames
+from reconcile.storage.delta import ShardTable
 
 INT_BITS = {"tinyint": 8, "smallint": 16, "int": 32, "bigint": 64}
 FLOATS = ("float", "double")
@@ -806,7 +806,7 @@ def test_a_batch_commits_every_row_or_nothing(spark, warehouse, tmp_path, sqlite
     name = new_name("batch")
     write_source(tmp_path / f"src_{name}", "parquet", case)
     cfg = query_sink(tmp_path, case, name, "parquet")
-    storage.ensure_table(cfg)
+    ShardTable(cfg).ensure()
     before = snapshot(spark, sqlite_store, cfg)
     bad = first_refused(case)
     try:
@@ -817,12 +817,12 @@ def test_a_batch_commits_every_row_or_nothing(spark, warehouse, tmp_path, sqlite
         after = snapshot(spark, sqlite_store, cfg)
         assert after.upper == cfg.as_of == 0  # mint made the shard's row; nothing moved it
         assert (after.version, after.commits, after.committed) == (before.version, (), ())
-        assert storage.list_dirs(storage.staging_root(cfg)) in ([], [b.batch_id for b in sqlite_store.batches(name)])
+        assert files.list_dirs(ShardTable(cfg).staging_root) in ([], [b.batch_id for b in sqlite_store.batches(name)])
         return
     assert bad is None
     assert a is not None and a.outcome == "committed", a
     assert w is not None and w.rows_ok + w.rows_err == len(case.rows)
-    shard = frames.read_updates(spark, cfg).where(F.col("_time") <= 199)
+    shard = frames.read_updates(spark, ShardTable(cfg)).where(F.col("_time") <= 199)
     rows = shard.select(*normalized(cfg), "_error", "_diff").collect()
     assert all(r["_diff"] == 1 for r in rows)
     assert_decoded(rows, cfg, case)
@@ -857,8 +857,8 @@ def test_cli_run_prints_one_line_and_commits_nothing(
     schema = [{"name": "id", "type": "bigint", "nullable": False}, {"name": "c0", "type": sink_type}]
     query_cfg = {"sources": {"src": {"format": fmt, "path": "src"}}, "sql": "SELECT id, c0 FROM src"}
     cfg = make_sink(tmp_path, name, schema=schema, query=query_cfg, as_of=0)
-    storage.ensure_table(cfg)
-    version = storage.latest_version(cfg)
+    ShardTable(cfg).ensure()
+    version = ShardTable(cfg).latest_version()
     monkeypatch.setenv("RECONCILE_SINKS_DIR", str(tmp_path))
     capfd.readouterr()
     assert cli.main(["run", name, "--frontier", "200"]) == 2
@@ -870,7 +870,10 @@ def test_cli_run_prints_one_line_and_commits_nothing(
     assert f"which cannot become the sink's type {sink_type}" in text and "Remedy:" in text, text
     assert "Traceback" not in out + err and "Py4J" not in out + err and "Exception" not in out + err
     assert sqlite_store.get_shard(name).upper == 0  # the batch was never appended
-    assert storage.latest_version(cfg) == version and storage.batch_commits(storage.history_since(cfg, -1)[1]) == []
-    assert storage.list_dirs(storage.staging_root(cfg)) in ([], [b.batch_id for b in sqlite_store.batches(name)])
+    assert (
+        ShardTable(cfg).latest_version() == version
+        and commits.batch_commits(ShardTable(cfg).history_since(-1)[1]) == []
+    )
+    assert files.list_dirs(ShardTable(cfg).staging_root) in ([], [b.batch_id for b in sqlite_store.batches(name)])
     for b in sqlite_store.batches(name):
-        assert storage.list_files(storage.staging_path(cfg, b.batch_id)) == {}
+        assert files.list_files(ShardTable(cfg).staging_path(b.batch_id)) == {}

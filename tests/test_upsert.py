@@ -11,8 +11,8 @@ from helpers import run_batch, shard_as_of, write_json_rows
 from reconcile.errors import SourceError
 from reconcile.kinds import upsert
 from reconcile.sink import check
-from reconcile.storage import delta as storage
 from reconcile.storage import frames
+from reconcile.storage.delta import ShardTable
 from upsert_model import HINT, UpsertModel, check_against, cmd, feed_rows, ok_rows, upsert_sink
 
 
@@ -99,10 +99,10 @@ def test_feedback_repairs_a_key_tampered_into_two_values(spark, warehouse, tmp_p
     feed_rows(tmp_path, feed)
     run_batch(spark, sqlite_store, cfg, "r1", 200)
     # behind the sink's back: key 1 gets a second value, key 2 a duplicate
-    tamper = frames.read_updates(spark, cfg).where(F.col("k") == 1).withColumn("v", F.lit("rogue"))
-    dup = frames.read_updates(spark, cfg).where(F.col("k") == 2)
-    tamper.unionByName(dup).write.format("delta").mode("append").save(storage.table_path(cfg))
-    broken = upsert.violations(cfg, frames.read_updates(spark, cfg), 199)
+    tamper = frames.read_updates(spark, ShardTable(cfg)).where(F.col("k") == 1).withColumn("v", F.lit("rogue"))
+    dup = frames.read_updates(spark, ShardTable(cfg)).where(F.col("k") == 2)
+    tamper.unionByName(dup).write.format("delta").mode("append").save(ShardTable(cfg).path)
+    broken = upsert.violations(cfg, frames.read_updates(spark, ShardTable(cfg)), 199)
     assert any("key {'k': 1} has 2 values" in v for v in broken), broken
     assert any("has count 2" in v for v in broken), broken
     assert any("has 2 values" in v for v in check.violations(sqlite_store, cfg, spark=spark))
@@ -111,10 +111,12 @@ def test_feedback_repairs_a_key_tampered_into_two_values(spark, warehouse, tmp_p
     feed_rows(tmp_path, feed)
     run_batch(spark, sqlite_store, cfg, "r2", 300)
     assert ok_rows(shard_as_of(cfg, 299)) == Counter({(1, "a2", None): 1})
-    assert upsert.violations(cfg, frames.read_updates(spark, cfg), 299) == []
+    assert upsert.violations(cfg, frames.read_updates(spark, ShardTable(cfg)), 299) == []
 
 
-def test_error_values_and_unkeyed_commands(spark, warehouse, tmp_path, sqlite_store):
+def test_error_values_keep_their_key_and_unkeyed_commands_are_error_rows_of_their_own(
+    spark, warehouse, tmp_path, sqlite_store
+):
     cfg = upsert_sink(
         tmp_path,
         schema=[

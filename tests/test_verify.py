@@ -29,7 +29,8 @@ from reconcile import checksums, cli
 from reconcile.log import iso
 from reconcile.model import COMMITTED, MINTED
 from reconcile.sink import check, compact, mint, write
-from reconcile.storage import delta as storage
+from reconcile.storage import files
+from reconcile.storage.delta import ShardTable
 
 
 def partition_of_row(spark, cfg, k, v, error=None) -> int:
@@ -50,13 +51,13 @@ def foreign_update(cfg, k, v, time: int, diff: int) -> None:
             "_diff": pa.array([diff], pa.int64()),
         }
     )
-    write_deltalake(storage.table_path(cfg), table, mode="append")
+    write_deltalake(ShardTable(cfg).path, table, mode="append")
 
 
 def assert_self_checked(store, cfg, skip: int = 0) -> None:
     """Every committed batch (but the first ``skip``) recorded, per partition, equal desired and
     shard checksums, in the ledger's manifest and in its Delta commit."""
-    commits = {m["batch_id"]: m for _, m in storage.history_since(cfg, -1)[1] if m and m.get("op") == "batch"}
+    commits = {m["batch_id"]: m for _, m in ShardTable(cfg).history_since(-1)[1] if m and m.get("op") == "batch"}
     for b in store.batches(cfg.name, (COMMITTED,))[skip:]:
         parts = json.loads(b.manifest)["parts"]
         assert sorted(parts, key=int) == [str(p) for p in range(cfg.partitions)]
@@ -90,7 +91,7 @@ def test_query_batches_verify_and_a_foreign_edit_is_reported(
     # behind the sink's back: row (1, a) is retracted at 150, inside batch 1's [100, 200)
     foreign_update(cfg, 1, "a", 150, -1)
     p = partition_of_row(spark, cfg, 1, "a")
-    version = storage.latest_version(cfg)
+    version = ShardTable(cfg).latest_version()
     capsys.readouterr()
     assert cli.main(["check", cfg.name, "--verify"]) == 1
     out = capsys.readouterr().out
@@ -120,7 +121,7 @@ def test_changelog_batches_verify_before_and_after_compaction(spark, warehouse, 
     for i, (frontier, new) in enumerate(CHANGELOG_NEW):
         source += new
         write_json_rows(tmp_path / "log", source)
-        # the first batch as an earlier release wrote it: without checksums
+        # the first batch without checksums (self-checks off): not verifiable, still checked by rows
         monkeypatch.setattr(checksums, "ENABLED", i > 0)
         _, _, a = run_batch(spark, store, cfg, f"run-{i}", frontier)
         assert a.outcome == "committed", a.message
@@ -136,7 +137,7 @@ def test_changelog_batches_verify_before_and_after_compaction(spark, warehouse, 
         "partitions": 6,
         "not_verifiable": 1,
         "before_since": 0,
-        "version": storage.latest_version(cfg),
+        "version": ShardTable(cfg).latest_version(),
     }
     # a since past a batch's upper - 1 (compaction raises it first) leaves the batch out
     store.advance_since(cfg.name, 300)
@@ -255,8 +256,8 @@ def test_a_correction_that_does_not_add_up_fails_the_batch(spark, warehouse, tmp
     assert "\n" not in text and f"batch {desc.batch_id} " in text and f"in hash partition {p} " in text, text
     assert "does not add up" in text and "nothing was staged or committed" in text
     assert store.get_batch(desc.batch_id).state == MINTED
-    assert storage.list_files(storage.staging_path(cfg, desc.batch_id)) == {}
-    assert storage.latest_version(cfg) == 1
+    assert files.list_files(ShardTable(cfg).staging_path(desc.batch_id)) == {}
+    assert ShardTable(cfg).latest_version() == 1
 
     monkeypatch.setattr(differential, "consolidate", consolidate)
     assert write.run_write(spark, store, cfg, desc.batch_id).outcome == "staged"
@@ -286,7 +287,7 @@ def test_the_shard_side_is_carried_from_the_previous_batch(spark, warehouse, tmp
         parts = json.loads(b.manifest)["parts"]
         return {int(p): int(part["shard_checksum"], 16) for p, part in parts.items()}
 
-    assert write.carried_checksums(store, cfg, 200, storage.latest_version(cfg)) == recorded(200)
+    assert write.carried_checksums(store, ShardTable(cfg), 200, ShardTable(cfg).latest_version()) == recorded(200)
     rows = [{"k": 1, "v": "a2"}, {"k": 3, "v": "c"}]
     write_json_rows(tmp_path / "src", rows)
     seen.clear()
@@ -296,14 +297,14 @@ def test_the_shard_side_is_carried_from_the_previous_batch(spark, warehouse, tmp
 
     # the sink's own compaction keeps the shard's checksums as of any time at or after since
     assert compact.run_compact(spark, store, cfg, since=299, vacuum_files=False).outcome == "compacted"
-    assert write.carried_checksums(store, cfg, 300, storage.latest_version(cfg)) == recorded(300)
+    assert write.carried_checksums(store, ShardTable(cfg), 300, ShardTable(cfg).latest_version()) == recorded(300)
     seen.clear()
     assert run_batch(spark, store, cfg, "run-3", 400)[2].outcome == "committed"
     assert seen == ["desired"]
 
     # a foreign commit since: nothing is carried, the shard is observed and the drift repaired
     foreign_update(cfg, 3, "c", 350, -1)
-    assert write.carried_checksums(store, cfg, 400, storage.latest_version(cfg)) is None
+    assert write.carried_checksums(store, ShardTable(cfg), 400, ShardTable(cfg).latest_version()) is None
     seen.clear()
     _, w, a = run_batch(spark, store, cfg, "run-4", 500)
     assert a.outcome == "committed" and w.drift_rows == 1 and seen == ["desired", "persist"], (a.message, seen)
