@@ -343,7 +343,7 @@ def cmd_approve(args) -> int:
 def cmd_check(args) -> int:
     from reconcile.config import load_sink
     from reconcile.sink import check
-    from reconcile.sink.sync import sync
+    from reconcile.sink.sync import rebuild_lost_ledger, sync
     from reconcile.storage.delta import ShardTable
 
     cfg = load_sink(args.sink)
@@ -354,8 +354,7 @@ def cmd_check(args) -> int:
         from reconcile.spark import get_session
 
         spark = get_session("reconcile-check")
-    if table.exists():  # a lost metadata database: the sync rebuilds the row from the log
-        store.ensure_shard(cfg.name, cfg.as_of)
+    rebuild_lost_ledger(store, table, cfg.as_of)
     sync(store, table)
     problems = check.violations(store, cfg, spark=spark if args.deep else None)
     found: list[str] = []

@@ -26,7 +26,8 @@ created before, by an ``INSERT ... ON CONFLICT DO NOTHING`` (concurrent first mi
 
 Minting only touches the ledger: no Spark, no Delta; except that a mint that finds no shard row
 while the shard's Delta table has commits (the ledger was lost) first rebuilds it from the Delta
-log (``sync``: the log's commit files, no JVM), so its batch starts where the table ends.
+log (:func:`reconcile.sink.sync.rebuild_lost_ledger`: the log's commit files, no JVM), so its
+batch starts where the table ends.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ from dataclasses import dataclass
 from reconcile.config import SinkConfig
 from reconcile.log import event, iso
 from reconcile.model import BatchDescription
-from reconcile.sink.sync import sync
+from reconcile.sink.sync import rebuild_lost_ledger
 from reconcile.storage.delta import ShardTable
 from reconcile.storage.ledger import MetadataStore
 from reconcile.storage.tables import Batch, Shard
@@ -135,11 +136,7 @@ def run_mint(
     *,
     read_only: bool = False,
 ) -> MintResult:
-    table = ShardTable(cfg)
-    if not store.has_shard(cfg.name) and table.exists():  # a lost metadata database: rebuild the row
-        if store.create_shard(cfg.name, cfg.as_of):
-            shard = sync(store, table)
-            event(log, "rebuilt the shard's metadata from the Delta log", sink=cfg.name, upper=shard.upper)
+    rebuild_lost_ledger(store, ShardTable(cfg), cfg.as_of)
     desc, why = maybe_mint(store, cfg.name, cfg.as_of, run_id, attempt, frontier, read_only=read_only or cfg.read_only)
     shard = store.get_shard(cfg.name)
     line = event(

@@ -30,7 +30,7 @@ from reconcile.errors import SinkError
 from reconcile.log import event, iso
 from reconcile.model import COMMITTED, CommitRecord
 from reconcile.sink.mint import next_lower
-from reconcile.sink.sync import compacted_since, sync
+from reconcile.sink.sync import compacted_since, rebuild_lost_ledger, sync
 from reconcile.storage.commits import batch_commits
 from reconcile.storage.delta import ShardTable
 from reconcile.storage.ledger import MetadataStore
@@ -86,18 +86,15 @@ def lost_batches(store: MetadataStore, cfg: SinkConfig, state: LogState) -> dict
 def run_recover(store: MetadataStore, cfg: SinkConfig, *, force: bool = False) -> RecoverResult:
     """Make the shard's metadata agree with its Delta log (see the module's docstring)."""
     table = ShardTable(cfg)
-    if not store.has_shard(cfg.name):
-        if not table.exists():
-            raise SinkError(
-                f"nothing to recover: no shard row in the metadata and no Delta table at {table.path}",
-                sink=cfg.name,
-                remedy="check the sink's name and RECONCILE_WAREHOUSE; a sink that never ran needs no recovery.",
-            )
-        created = store.create_shard(cfg.name, cfg.as_of, read_only=cfg.read_only)
-    else:
-        created = False
-    before = store.get_shard(cfg.name)
+    if not store.has_shard(cfg.name) and not table.exists():
+        raise SinkError(
+            f"nothing to recover: no shard row in the metadata and no Delta table at {table.path}",
+            sink=cfg.name,
+            remedy="check the sink's name and RECONCILE_WAREHOUSE; a sink that never ran needs no recovery.",
+        )
     committed_before = len(store.batches(cfg.name, (COMMITTED,)))
+    created = rebuild_lost_ledger(store, table, cfg.as_of, read_only=cfg.read_only) is not None
+    before = store.get_shard(cfg.name)
     state = read_log(table)
     lost = lost_batches(store, cfg, state)
     if lost and not force:

@@ -5,8 +5,8 @@ ledger follows it. For each batch commit found after the last version the ledger
 (commit metadata ``{"reconcile": {"op": "batch", ...}}``), :meth:`MetadataStore.absorb_commit`
 compare-and-sets ``upper`` from the batch's ``lower`` to its ``upper`` and marks the batch
 committed. This repairs a crash between the Delta commit and the ledger update, whoever comes
-next; it also rebuilds a lost ledger, or rolls one restored from an older backup forward (and
-raises ``since`` to the log's compactions).
+next; it also rebuilds a lost ledger (:func:`rebuild_lost_ledger` creates its row first), or
+rolls one restored from an older backup forward (and raises ``since`` to the log's compactions).
 
 The log must hold what the ledger absorbed: the ledger's last committed batch must still be the
 commit at its Delta version (one index lookup and one small file read per sync). A ledger ahead
@@ -56,6 +56,23 @@ def sync(store: MetadataStore, table: ShardTable) -> Shard:
     if entries:
         store.note_delta_version(name, latest)
     return store.get_shard(name)
+
+
+def rebuild_lost_ledger(
+    store: MetadataStore, table: ShardTable, as_of: int, *, read_only: bool = False
+) -> Shard | None:
+    """The one place a lost ledger is rebuilt (by mint, ``check`` and ``recover``): a shard with
+    a Delta table but no ledger row (its database was lost, or its tables dropped) gets its row
+    again (``as_of``: the sink config's; ``read_only``: the row's switch) and is rolled forward
+    to every batch commit of the log (:func:`sync`). Returns the rebuilt shard; None if it has a row, no
+    table yet (a new sink), or a concurrent stage created the row first (that stage rebuilds it)."""
+    if store.has_shard(table.name) or not table.exists():
+        return None
+    if not store.create_shard(table.name, as_of, read_only=read_only):
+        return None
+    shard = sync(store, table)
+    event(log, "rebuilt the shard's metadata from the Delta log", sink=table.name, upper=shard.upper)
+    return shard
 
 
 def compacted_since(entries: list[tuple[int, dict | None]], truncated: bool = False) -> int | None:
