@@ -13,12 +13,16 @@ there before this batch.)
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
+from reconcile.checksums import BatchChecks
 from reconcile.config import ChangelogSink
 from reconcile.differential import difference
 from reconcile.kinds.decode import lossy, read_source, require_columns, validate
+from reconcile.kinds.protocol import Correction, HistoryKeys
 
 
 def desired(spark: SparkSession, cfg: ChangelogSink) -> DataFrame:
@@ -60,3 +64,34 @@ def correction(
     advance = F.greatest(F.col("_time"), F.lit(lower)).cast("bigint")
     below = F.col("_time") < upper
     return difference(cfg, log.where(below), persist.where(below), advance, checks)
+
+
+@dataclass(frozen=True)
+class ChangelogKind:
+    """The change-log kind (:class:`reconcile.kinds.Kind`)."""
+
+    cfg: ChangelogSink
+    reads_feed = False
+    plans_sql = False
+    persist_sides = {"shard": 1}  # its desired side is the change log below upper
+    history_keys = HistoryKeys()  # per distinct row
+
+    def desired(self, spark: SparkSession) -> DataFrame:
+        return desired(spark, self.cfg)
+
+    def correction(
+        self,
+        spark: SparkSession,
+        persist: DataFrame,
+        lower: int,
+        upper: int,
+        watermark: int | None = None,
+        checks: BatchChecks | None = None,
+    ) -> Correction:
+        return Correction(correction(self.cfg, desired(spark, self.cfg), persist, lower, upper, checks))
+
+    def invariants(self, updates: DataFrame, t: int, keys: DataFrame | None = None) -> list[str]:
+        return []  # any multiset of rows is a change log's collection
+
+    def plan(self, spark: SparkSession) -> None:
+        return None  # no SQL: its source's columns are checked when a batch reads it

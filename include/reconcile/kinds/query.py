@@ -1,6 +1,6 @@
 """Query sinks: a Spark SQL query over named sources, a snapshot refreshed at ``upper - 1``.
 
-Its value is known only when the run evaluates it (seed 002's ``apply_refresh``), so::
+Its value is known only when the run evaluates it (a refresh, not a history), so::
 
     correction = consolidate( snapshot - persist as of (upper - 1) ),  all stamped at upper - 1
 
@@ -10,13 +10,17 @@ every earlier time keeps what it had.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
+from reconcile.checksums import BatchChecks
 from reconcile.config import QuerySink
 from reconcile.differential import difference
 from reconcile.errors import SourceError, brief
 from reconcile.kinds.decode import read_source, require_columns, validate
+from reconcile.kinds.protocol import Correction, HistoryKeys
 
 WRITES = ("InsertIntoStatement", "OverwriteByExpression", "AppendData", "ReplaceData", "WriteDelta")
 
@@ -90,3 +94,38 @@ def correction(
     assert lower < upper, f"invalid description [{lower}, {upper})"
     below = persist.where(F.col("_time") < upper)
     return difference(cfg, snapshot, below, F.lit(upper - 1).cast("bigint"), checks)
+
+
+@dataclass(frozen=True)
+class QueryKind:
+    """The query kind (:class:`reconcile.kinds.Kind`)."""
+
+    cfg: QuerySink
+    reads_feed = False
+    plans_sql = True
+    persist_sides = {"shard": 1}  # its desired side is the query's result
+    history_keys = HistoryKeys()  # per distinct row
+
+    def desired(self, spark: SparkSession) -> DataFrame:
+        return desired(spark, self.cfg)
+
+    def correction(
+        self,
+        spark: SparkSession,
+        persist: DataFrame,
+        lower: int,
+        upper: int,
+        watermark: int | None = None,
+        checks: BatchChecks | None = None,
+    ) -> Correction:
+        return Correction(correction(self.cfg, desired(spark, self.cfg), persist, lower, upper, checks))
+
+    def invariants(self, updates: DataFrame, t: int, keys: DataFrame | None = None) -> list[str]:
+        return []  # any multiset of rows is a query's result
+
+    def plan(self, spark: SparkSession) -> None:
+        try:
+            desired(spark, self.cfg).schema  # noqa: B018 - analysis of the whole desired frame
+        finally:
+            for src in self.cfg.sources:  # a later sink must not see this one's views
+                spark.catalog.dropTempView(src.name)

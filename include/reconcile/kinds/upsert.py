@@ -1,7 +1,7 @@
 """Upsert sinks: keyed commands turned into the shard's differential collection (pure transforms).
 
 A feed holds commands ``(key, value or delete, time, offset)``. The shard holds one value per
-key (seeds 003/004, DESIGN section 3 "Upsert sources"). For a batch ``(lower, upper)``:
+key. For a batch ``(lower, upper)`` (:class:`UpsertKind` is the kind's face to the stages):
 
 1. **Eligibility.** A command is applied by the first batch whose read of the feed sees it with
    a time below the batch's upper. Offsets grow with arrival (a CDC log position, a Kafka
@@ -38,6 +38,7 @@ shard's rows of the touched keys.
 from __future__ import annotations
 
 import uuid
+from dataclasses import dataclass
 
 from pyspark.sql import Column as SCol
 from pyspark.sql import DataFrame, Observation, SparkSession, Window
@@ -46,9 +47,51 @@ from pyspark.sql import functions as F
 from reconcile.checksums import BatchChecks
 from reconcile.config import UpsertSink
 from reconcile.differential import as_of, consolidate, partition_of
+from reconcile.errors import SourceError
 from reconcile.kinds.decode import INTEGRAL, fit, lossy, raw_text, read_source, require_castable, require_columns
+from reconcile.kinds.protocol import Correction, FeedProgress, HistoryKeys
 
 INT = "bigint"
+# The shard as read counts into both checksums: the desired collection is the shard with the
+# touched keys' values replaced (:func:`upsert_correction`).
+PERSIST_SIDES = {"desired": 1, "shard": 1}
+
+
+@dataclass(frozen=True)
+class UpsertKind:
+    """The upsert kind (:class:`reconcile.kinds.Kind`)."""
+
+    cfg: UpsertSink
+    reads_feed = True
+    plans_sql = False
+    persist_sides = PERSIST_SIDES
+
+    @property
+    def history_keys(self) -> HistoryKeys:
+        return HistoryKeys(tuple(self.cfg.key_columns), tuple(self.cfg.value_columns))
+
+    def desired(self, spark: SparkSession) -> DataFrame:
+        raise SourceError(f"kind {self.cfg.kind!r} is a command feed, not a desired collection", sink=self.cfg.name)
+
+    def correction(
+        self,
+        spark: SparkSession,
+        persist: DataFrame,
+        lower: int,
+        upper: int,
+        watermark: int | None = None,
+        checks: BatchChecks | None = None,
+    ) -> Correction:
+        feed, observation = unapplied(self.cfg, read_feed(spark, self.cfg), lower, upper, watermark)
+        cmds = commands(self.cfg, feed, lower, upper, watermark)
+        updates = upsert_correction(self.cfg, cmds, persist, lower, checks)
+        return Correction(updates, lambda: progress(observation, watermark))
+
+    def invariants(self, updates: DataFrame, t: int, keys: DataFrame | None = None) -> list[str]:
+        return violations(self.cfg, updates, t, keys=keys)
+
+    def plan(self, spark: SparkSession) -> None:
+        return None  # no SQL: its source's columns are checked when a batch reads it
 
 
 def _c(name: str) -> SCol:
@@ -129,14 +172,26 @@ def unapplied(
     rows = feed if keep is None else feed.where(keep)
     _, o = _raw_time(cfg, types)
     eligible, late = eligibility(cfg, lower, upper, watermark, types)
-    progress = Observation(f"feed-progress-{uuid.uuid4().hex}")
+    observation = Observation(f"feed-progress-{uuid.uuid4().hex}")
     observed = rows.observe(
-        progress,
+        observation,
         F.max(o).alias("max_offset"),
         F.sum(F.when(eligible, 1).otherwise(0)).cast(INT).alias("commands"),
         F.sum(F.when(eligible & late, 1).otherwise(0)).cast(INT).alias("late"),
     )
-    return observed, progress
+    return observed, observation
+
+
+def progress(observation: Observation, watermark: int | None) -> FeedProgress:
+    """The feed's progress from :func:`unapplied`'s observation (after the action that read its
+    rows): the new watermark is the highest offset read, or the old one."""
+    got = observation.get
+    offsets = [x for x in (watermark, got.get("max_offset")) if x is not None]
+    return FeedProgress(
+        commands=int(got.get("commands") or 0),
+        late_commands=int(got.get("late") or 0),
+        source_offset=max(offsets) if offsets else None,
+    )
 
 
 def commands(cfg: UpsertSink, feed: DataFrame, lower: int, upper: int, watermark: int | None) -> DataFrame:
@@ -303,10 +358,10 @@ def upsert_correction(
         # observed in a branch of the union that adds no row (the join above may stop reading
         # persist when no key is touched).
         if checks.carried is not None:
-            checks.carry({"desired": 1, "shard": 1})
+            checks.carry(PERSIST_SIDES)
         else:
             below = F.col("_time") < checks.upper
-            shard = checks.observe(persist, "persist", {"desired": 1, "shard": 1}, where=below)
+            shard = checks.observe(persist, "persist", PERSIST_SIDES, where=below)
             branches.append(shard.where(F.spark_partition_id() < 0))
     both = branches[0].select(*order)
     for branch in branches[1:]:

@@ -1,0 +1,141 @@
+"""The protocol every sink kind implements (:class:`Kind`), and what a kind hands the stages:
+its :class:`Correction`, a feed's :class:`FeedProgress`, the :class:`HistoryKeys` its history is
+grouped by. :mod:`reconcile.kinds` says what differs per kind."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass
+from functools import cached_property
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+    from reconcile.checksums import BatchChecks
+    from reconcile.config import SinkConfig
+
+
+@dataclass(frozen=True)
+class HistoryKeys:
+    """How the type-2 history (:mod:`reconcile.sink.history`) groups a shard's versions: per key
+    (``keys``: the key columns; ``ties``: the columns that order a key's versions starting at one
+    time), or, without keys, per distinct row."""
+
+    keys: tuple[str, ...] = ()
+    ties: tuple[str, ...] = ()
+
+    @property
+    def per(self) -> str:
+        """What one version's row stands for: ``key`` or ``distinct row``."""
+        return "key" if self.keys else "distinct row"
+
+    @property
+    def bare_key(self) -> str | None:
+        """The column a bare ``--key VALUE`` names (a single key column), else None."""
+        return self.keys[0] if len(self.keys) == 1 else None
+
+    def order(self, columns: list[str], valid_from: str) -> list[str]:
+        """The columns versions are listed by: each key's versions in time order, or each row's."""
+        if not self.keys:
+            return [*columns, valid_from]
+        return [*self.keys, valid_from, *[c for c in columns if c not in self.keys]]
+
+
+@dataclass(frozen=True)
+class FeedProgress:
+    """What a batch of a kind that reads a command feed records of it (the manifest, the ledger,
+    the Delta commit, the log): the commands eligible in the batch, how many of them are late, and
+    the feed's highest offset read (the next batch's watermark)."""
+
+    commands: int
+    late_commands: int
+    source_offset: int | None
+
+
+@dataclass
+class Correction:
+    """A batch's correction: the update frame plus ``_part``, and, for a kind that reads a feed,
+    how to read the feed's progress (observed by the Spark action that reads ``updates``: read it
+    only after that action)."""
+
+    updates: DataFrame
+    read_progress: Callable[[], FeedProgress] | None = None
+
+    @cached_property
+    def progress(self) -> FeedProgress | None:
+        return None if self.read_progress is None else self.read_progress()
+
+    @property
+    def feed(self) -> dict[str, int | None]:
+        """The feed's progress as the manifest and the log record it (empty for other kinds)."""
+        return {} if self.progress is None else asdict(self.progress)
+
+    @property
+    def commands(self) -> int | None:
+        return None if self.progress is None else self.progress.commands
+
+    @property
+    def late_commands(self) -> int | None:
+        return None if self.progress is None else self.progress.late_commands
+
+    @property
+    def source_offset(self) -> int | None:
+        return None if self.progress is None else self.progress.source_offset
+
+
+class Kind(Protocol):
+    """What every kind of sink says about itself (see the table in the module doc)."""
+
+    @property
+    def cfg(self) -> SinkConfig: ...
+
+    @property
+    def reads_feed(self) -> bool:
+        """Whether the kind reads a command feed: its correction needs the watermark (the highest
+        offset a committed batch read) and reports :class:`FeedProgress`."""
+        ...
+
+    @property
+    def plans_sql(self) -> bool:
+        """Whether ``validate`` plans the sink's SQL against its sources (:mod:`reconcile.preflight`)."""
+        ...
+
+    @property
+    def persist_sides(self) -> Mapping[str, int]:
+        """How many times the shard as read counts into each side of the batch's checksums."""
+        ...
+
+    @property
+    def history_keys(self) -> HistoryKeys: ...
+
+    def desired(self, spark: SparkSession) -> DataFrame:
+        """The desired collection as an update frame (a :class:`~reconcile.errors.SourceError`
+        for a kind whose desired collection depends on the shard)."""
+        ...
+
+    def correction(
+        self,
+        spark: SparkSession,
+        persist: DataFrame,
+        lower: int,
+        upper: int,
+        watermark: int | None = None,
+        checks: BatchChecks | None = None,
+    ) -> Correction:
+        """The correction of ``(lower, upper)`` against ``persist`` (the shard's update log).
+        ``watermark``: a feed's, for a kind that reads one. ``checks``: observe the checksums of
+        the desired collection as of ``upper - 1`` and of the shard as read below ``upper`` (or
+        carry the latter from the previous batch, :mod:`reconcile.checksums`) while the correction
+        is computed."""
+        ...
+
+    def invariants(self, updates: DataFrame, t: int, keys: DataFrame | None = None) -> list[str]:
+        """The kind's own invariants of the shard as of ``t``, optionally only for ``keys``; one
+        line per violation."""
+        ...
+
+    def plan(self, spark: SparkSession) -> None:
+        """Analyse the sink's SQL against its sources' schemas without running it (``validate``;
+        nothing for a kind without SQL): raises the problem Spark or the kind finds."""
+        ...
