@@ -73,3 +73,69 @@ def test_import_rules(name):
     if not name.startswith(("reconcile.airflow", "reconcile.cli")):
         bad = {d for d in deps if d.startswith("reconcile.airflow")}
         assert not bad, f"{name} must not depend on Airflow's layer: {bad}"
+
+
+def _sink_models() -> set[str]:
+    """The config models of the sink kinds (the subclasses of ``SinkConfig`` in config.py)."""
+    tree = ast.parse((PKG / "config.py").read_text())
+    return {
+        node.name
+        for node in tree.body
+        if isinstance(node, ast.ClassDef) and any(ast.unparse(b) == "SinkConfig" for b in node.bases)
+    }
+
+
+def kind_checks(path: Path, models: set[str], kinds: set[str]) -> list[str]:
+    """Where a file asks which kind a sink is: ``isinstance``/``issubclass`` with a sink model, a
+    comparison with a model, with an attribute ``kind`` or with a kind's name, a ``match`` on
+    ``.kind`` or a case of a model (each as ``file:line: code``)."""
+
+    def named(expr: ast.AST) -> set[str]:
+        return {n.id for n in ast.walk(expr) if isinstance(n, ast.Name)} | {
+            n.attr for n in ast.walk(expr) if isinstance(n, ast.Attribute)
+        }
+
+    def asks(expr: ast.AST) -> bool:
+        if isinstance(expr, ast.Attribute) and expr.attr == "kind":
+            return True
+        if isinstance(expr, ast.Name | ast.Attribute) and named(expr) & models:
+            return True
+        values = expr.elts if isinstance(expr, ast.Tuple | ast.List | ast.Set) else [expr]
+        return any(isinstance(v, ast.Constant) and v.value in kinds for v in values)
+
+    found: list[tuple[int, str]] = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        hit = (
+            (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Name)
+                and node.func.id in ("isinstance", "issubclass")
+                and bool(named(node.args[-1]) & models)
+            )
+            or (isinstance(node, ast.Compare) and any(asks(x) for x in (node.left, *node.comparators)))
+            or (isinstance(node, ast.Match) and asks(node.subject))
+            or (isinstance(node, ast.MatchClass) and bool(named(node.cls) & models))
+        )
+        if hit:
+            found.append(
+                (
+                    node.lineno,
+                    f"{path.relative_to(PKG.parents[1])}:{node.lineno}: {ast.unparse(node).splitlines()[0][:80]}",
+                )
+            )
+    return [line for _, line in sorted(found)]
+
+
+def test_only_the_kinds_ask_which_kind_a_sink_is():
+    """The stages, the history, the CLI and the DAGs ask the sink's kind (``reconcile.kinds.of``)
+    what to do; only ``reconcile.kinds`` and ``reconcile.config`` tell the kinds apart."""
+    models = _sink_models()
+    assert models == {"QuerySink", "ChangelogSink", "UpsertSink"}, models
+    kinds = {"query", "changelog", "upsert"}
+    root = PKG.parents[1]
+    files = [p for n, p in MODULES.items() if not (n.startswith("reconcile.kinds") or n == "reconcile.config")]
+    files += [p for d in ("dags", "jobs", "plugins") for p in (root / d).rglob("*.py")]
+    found = [line for path in files for line in kind_checks(path, models, kinds)]
+    assert not found, "kind checks outside reconcile.kinds (ask kinds.of(cfg) instead):\n" + "\n".join(found)
+    # the check sees the checks it forbids
+    assert len(kind_checks(PKG / "kinds" / "__init__.py", models, kinds)) >= 3
