@@ -92,7 +92,15 @@ class S3Client:
         hdrs.update({k.lower(): v for k, v in (headers or {}).items()})
         signed = sorted(hdrs)
         canonical = "\n".join(
-            [method, path, canonical_query, *(f"{h}:{hdrs[h].strip()}" for h in signed), "", ";".join(signed), payload_hash]
+            [
+                method,
+                path,
+                canonical_query,
+                *(f"{h}:{hdrs[h].strip()}" for h in signed),
+                "",
+                ";".join(signed),
+                payload_hash,
+            ]
         )
         scope = f"{day}/{self.region}/s3/aws4_request"
         to_sign = "\n".join(["AWS4-HMAC-SHA256", amz_date, scope, hashlib.sha256(canonical.encode()).hexdigest()])
@@ -251,7 +259,9 @@ def start(base: Path, bucket: str | None = None, timeout: float = 30.0) -> S3Ser
     ``bucket`` (default ``warehouse-<random>``), and return once it answers. Raises
     S3ServerMissing when the binary is not installed."""
     if not BINARY.exists():
-        raise S3ServerMissing(f"{BINARY.relative_to(ROOT)} is missing: run scripts/fetch_s3_server.sh (scripts/setup.sh does)")
+        raise S3ServerMissing(
+            f"{BINARY.relative_to(ROOT)} is missing: run scripts/fetch_s3_server.sh (scripts/setup.sh does)"
+        )
     base.mkdir(parents=True, exist_ok=True)
     data_dir = base / "s3-data"
     data_dir.mkdir(exist_ok=True)
@@ -288,7 +298,9 @@ def start(base: Path, bucket: str | None = None, timeout: float = 30.0) -> S3Ser
             client.close()
             if time.monotonic() > deadline:
                 server.stop()
-                raise RuntimeError(f"versitygw did not answer on port {port} within {timeout:.0f} s: see {server.log_path}") from None
+                raise RuntimeError(
+                    f"versitygw did not answer on port {port} within {timeout:.0f} s: see {server.log_path}"
+                ) from None
             time.sleep(0.05)
     client.close()
     return server

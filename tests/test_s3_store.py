@@ -20,6 +20,7 @@ import time
 
 import pyarrow as pa
 import pytest
+
 import s3_server
 
 
@@ -103,45 +104,54 @@ def test_delta_rs_creates_and_appends_and_never_overwrites_a_commit(s3):
     foreign = json.dumps({"commitInfo": {"operation": "FOREIGN", "timestamp": 0}}).encode() + b"\n"
     assert client.put("create_append/_delta_log/00000000000000000002.json", foreign, if_none_match="*") == 200
     with pytest.raises(CommitFailedError):
-        write_deltalake(stale, pa.table({"k": [4]}), mode="append", commit_properties=CommitProperties(max_commit_retries=0))
+        write_deltalake(
+            stale, pa.table({"k": [4]}), mode="append", commit_properties=CommitProperties(max_commit_retries=0)
+        )
     assert client.get("create_append/_delta_log/00000000000000000002.json") == foreign
 
 
-def test_delta_rs_commits_racing_for_one_version_have_one_winner(s3):
+def _race_commits(url, opts, values: list[int], retries: int | None) -> list[str]:
+    """One delta-rs append per value, all from tables loaded at the same version and let go at
+    once (``retries``: delta-rs's commit retries, None for its default). Returns each writer's
+    outcome: "committed", "lost the race" (CommitFailedError) or any other error, named."""
     from deltalake import CommitProperties, write_deltalake
     from deltalake.exceptions import CommitFailedError
+
+    tables = [_table(url, opts) for _ in values]
+    props = CommitProperties(max_commit_retries=retries) if retries is not None else None
+    outcome = [""] * len(values)
+    start = threading.Barrier(len(values))
+
+    def commit(i: int) -> None:
+        start.wait()
+        try:
+            write_deltalake(tables[i], pa.table({"k": [values[i]]}), mode="append", commit_properties=props)
+            outcome[i] = "committed"
+        except CommitFailedError:
+            outcome[i] = "lost the race"
+        except Exception as exc:  # any other error is a finding: say which
+            outcome[i] = f"{type(exc).__name__}: {exc}"
+
+    threads = [threading.Thread(target=commit, args=(i,)) for i in range(len(values))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return outcome
+
+
+def test_delta_rs_commits_racing_for_one_version_have_one_winner(s3):
+    from deltalake import write_deltalake
 
     url, opts = s3.url("one_winner"), s3.storage_options()
     write_deltalake(url, pa.table({"k": [0]}), storage_options=opts)
     writers, rounds = 8, 8
     expected = [0]
     for round_ in range(rounds):
-        tables = [_table(url, opts) for _ in range(writers)]  # all at the same version
-        outcome: list[str] = [""] * writers
-        start = threading.Barrier(writers)
-
-        def commit(i: int) -> None:
-            start.wait()
-            try:
-                write_deltalake(
-                    tables[i],
-                    pa.table({"k": [round_ * 100 + i + 1]}),
-                    mode="append",
-                    commit_properties=CommitProperties(max_commit_retries=0),
-                )
-                outcome[i] = "committed"
-            except CommitFailedError:
-                outcome[i] = "lost the race"
-            except Exception as exc:  # noqa: BLE001 - any other error is a finding: say which
-                outcome[i] = f"{type(exc).__name__}: {exc}"
-
-        threads = [threading.Thread(target=commit, args=(i,)) for i in range(writers)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
+        values = [round_ * 100 + i + 1 for i in range(writers)]
+        outcome = _race_commits(url, opts, values, retries=0)
         assert sorted(outcome) == ["committed"] + ["lost the race"] * (writers - 1), outcome
-        expected.append(round_ * 100 + outcome.index("committed") + 1)
+        expected.append(values[outcome.index("committed")])
     dt = _table(url, opts)
     assert dt.version() == rounds
     assert sorted(dt.to_pyarrow_table()["k"].to_pylist()) == sorted(expected)
@@ -153,23 +163,8 @@ def test_delta_rs_racing_appends_all_land_at_distinct_versions(s3):
     url, opts = s3.url("all_land"), s3.storage_options()
     write_deltalake(url, pa.table({"k": [0]}), storage_options=opts)
     writers = 8
-    tables = [_table(url, opts) for _ in range(writers)]  # all at version 0
-    errors: list[str] = []
-    start = threading.Barrier(writers)
-
-    def append(i: int) -> None:
-        start.wait()
-        try:
-            write_deltalake(tables[i], pa.table({"k": [i + 1]}), mode="append")  # default: retries
-        except Exception as exc:  # noqa: BLE001
-            errors.append(f"writer {i}: {type(exc).__name__}: {exc}")
-
-    threads = [threading.Thread(target=append, args=(i,)) for i in range(writers)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert errors == []
+    outcome = _race_commits(url, opts, list(range(1, writers + 1)), retries=None)  # delta-rs retries
+    assert outcome == ["committed"] * writers
     dt = _table(url, opts)
     assert dt.version() == writers
     assert sorted(dt.to_pyarrow_table()["k"].to_pylist()) == list(range(writers + 1))
