@@ -43,18 +43,13 @@ def _store():
     return MetadataStore(settings.metadata_url())
 
 
-def _ts(ms: int | None) -> str:
-    return iso(ms)
-
-
 def cmd_validate(args) -> int:
     """Every config of the folder: ``ok`` or one ``INVALID`` line per problem (all of a file's);
     each query sink's SQL planned against its sources' schemas in Spark, unless --no-spark."""
-    from reconcile import kinds
-    from reconcile.config import load_dir, problems_of
+    from reconcile.config import QuerySink, load_dir, problems_of
 
     configs, errors = load_dir(args.dir)
-    queries = [cfg for cfg in configs if kinds.of(cfg).plans_sql]
+    queries = [cfg for cfg in configs if isinstance(cfg, QuerySink)]
     planned: dict = {}
     failed = False
     if queries and not args.no_spark:
@@ -71,7 +66,7 @@ def cmd_validate(args) -> int:
             print(f"INVALID {problem}")
             continue
         sql = ""
-        if kinds.of(cfg).plans_sql:
+        if isinstance(cfg, QuerySink):
             sql = ", SQL planned" if cfg.name in planned else ", SQL not planned"
         print(f"ok      {cfg.name} ({cfg.kind}, {len(cfg.columns)} columns, P={cfg.partitions}{sql}) {cfg.path}")
     for err in errors:
@@ -101,114 +96,21 @@ def cmd_db(args) -> int:
     return 0
 
 
-def status_data(store, name: str, limit: int = 10) -> dict:
-    """A shard's frontiers and its last ``limit`` batches (oldest first), as ``status --json``
-    prints them: each time as ``{"ms": epoch ms, "iso": ISO UTC}``."""
-    shard = store.get_shard(name)
-
-    def when(ms: int | None) -> dict:
-        return {"ms": ms, "iso": iso(ms).split(" ")[0] if ms is not None else None}
-
-    return {
-        "sink": name,
-        "upper": when(shard.upper),
-        "since": when(shard.since),
-        "as_of": when(shard.as_of),
-        "read_only": shard.read_only,
-        "delta_version": shard.delta_version,
-        "batches": [
-            {
-                "batch_id": b.batch_id,
-                "lower": when(b.lower),
-                "upper": when(b.upper),
-                "state": b.state,
-                "delta_version": b.delta_version,
-                "rows_ok": b.rows_ok,
-                "rows_err": b.rows_err,
-                "rows_net": b.rows_net,
-                "drift_rows": b.drift_rows,
-                "late_commands": b.late_commands,
-                "source_offset": b.source_offset,
-                "failure_kind": b.failure_kind,
-                "message": b.message,
-                "approved": b.approved,
-                "run_id": b.run_id,
-                "updated_at": b.updated_at.isoformat() if b.updated_at else None,
-            }
-            for b in store.batches(name)[-limit:]
-        ],
-    }
-
-
-def print_status(store, name: str, limit: int = 10) -> None:
-    data = status_data(store, name, limit)
-    print(
-        f"shard {name}: upper={_ts(data['upper']['ms'])} "
-        f"since={_ts(data['since']['ms']) if data['since']['ms'] else 'never compacted'} "
-        f"as_of={_ts(data['as_of']['ms'])} read_only={data['read_only']} delta_version={data['delta_version']}"
-    )
-    batches = data["batches"]
-    feed = any(b["source_offset"] is not None or b["late_commands"] is not None for b in batches)
-
-    def cell(v, width: int) -> str:
-        return f"{'-' if v is None else v!s:>{width}}"
-
-    if batches:
-        print(
-            f"  {'lower (UTC, ms)':<40} {'upper (UTC, ms)':<40} {'state':<10} {'version':>7} {'ok':>6} {'err':>5} "
-            f"{'drift':>6}" + (f" {'late':>5} {'offset':>10}" if feed else "") + "  run / cause"
-        )
-    for b in batches:
-        print(
-            f"  {_ts(b['lower']['ms']):<40} {_ts(b['upper']['ms']):<40} {b['state']:<10} {cell(b['delta_version'], 7)} "
-            f"{cell(b['rows_ok'], 6)} {cell(b['rows_err'], 5)} {cell(b['drift_rows'], 6)}"
-            + (f" {cell(b['late_commands'], 5)} {cell(b['source_offset'], 10)}" if feed else "")
-            + f"  {b['run_id']}"
-        )
-        if b["message"]:
-            kind = f"{b['failure_kind']}: " if b["failure_kind"] else ""
-            print(f"      {kind}{b['message']}")
-        if b["approved"]:
-            print(f"      approved past the correction guard by {b['approved']}")
-
-
 def cmd_status(args) -> int:
+    from reconcile import report
+
     if args.json:
         import json
 
-        print(json.dumps(status_data(_store(), args.sink, args.limit), indent=2))
+        print(json.dumps(report.status_data(_store(), args.sink, args.limit), indent=2))
         return 0
-    print_status(_store(), args.sink, args.limit)
+    report.print_status(_store(), args.sink, args.limit)
     return 0
-
-
-def show_shard(spark, store, cfg, as_of: int | None, *, log: bool, errors: bool, limit: int) -> None:
-    from reconcile.storage import frames
-    from reconcile.storage.delta import ShardTable
-
-    table = ShardTable(cfg)
-    updates = frames.read_updates(spark, table)
-    if log:
-        print(f"update log of {cfg.name} (row, _error, _time, _diff):")
-        updates.orderBy("_time", *cfg.column_names).show(limit, truncate=False)
-        return
-    shard = store.get_shard(cfg.name)
-    t = as_of if as_of is not None else shard.upper - 1
-    if t < shard.since:
-        raise SinkError(
-            f"as of {iso(t)} is before the shard's since {iso(shard.since)}: not readable exactly", sink=cfg.name
-        )
-    ok, errs = frames.read_as_of(spark, table, t)
-    if errors:
-        print(f"errors of {cfg.name} as of {_ts(t)}:")
-        errs.withColumnRenamed("_count", "count").show(limit, truncate=False)
-    else:
-        print(f"{cfg.name} as of {_ts(t)} (count = multiplicity):")
-        ok.withColumnRenamed("_count", "count").orderBy(*cfg.column_names).show(limit, truncate=False)
 
 
 def cmd_show(args) -> int:
     from reconcile.config import load_sink
+    from reconcile.report import show_shard
     from reconcile.spark import get_session
 
     cfg = load_sink(args.sink)
@@ -335,7 +237,7 @@ def cmd_approve(args) -> int:
     cfg = load_sink(args.sink)
     b = _store().approve(cfg.name, args.batch, args.by or f"{getpass.getuser()} (reconcile approve)")
     print(
-        f"approved batch {b.batch_id} [{_ts(b.lower)}, {_ts(b.upper)}) of run {b.run_id} past the correction guard; "
+        f"approved batch {b.batch_id} [{iso(b.lower)}, {iso(b.upper)}) of run {b.run_id} past the correction guard; "
         f"append it: clear the run's 'append' task, or `python -m reconcile append {cfg.name} --run-id '{b.run_id}'`"
     )
     return 0

@@ -20,6 +20,7 @@ from reconcile.config import SinkConfig, load_sink
 from reconcile.errors import Retryable, SinkError
 from reconcile.log import iso
 from reconcile.model import FINAL, RETRYABLE, SUPERSEDED
+from reconcile.report import iso_text
 from reconcile.schedule import desired_frontier
 from reconcile.sink.mint import MintResult, run_mint
 from reconcile.storage.ledger import MetadataStore
@@ -139,8 +140,8 @@ def committed_extra(sink: str, run_id: str, batch_id: str | None) -> dict:
             "batch_id": b.batch_id,
             "lower": b.lower,
             "upper": b.upper,
-            "lower_iso": iso(b.lower).split(" ")[0],
-            "upper_iso": iso(b.upper).split(" ")[0],
+            "lower_iso": iso_text(b.lower),
+            "upper_iso": iso_text(b.upper),
             "delta_version": b.delta_version,
             "rows_ok": b.rows_ok,
             "rows_err": b.rows_err,

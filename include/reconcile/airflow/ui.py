@@ -19,6 +19,7 @@ from urllib.parse import quote
 
 from reconcile.config import SinkConfig
 from reconcile.log import iso
+from reconcile.report import duration, iso_parts, iso_text
 from reconcile.schedule import now_ms, schedule_period_ms
 from reconcile.storage.commits import ForeignCommit
 from reconcile.storage.delta import ShardTable
@@ -40,15 +41,8 @@ def _time(ms: int | None) -> str:
     """An ISO time with its ms beside it (small)."""
     if ms is None:
         return "-"
-    text = iso(ms)
-    day, _, rest = text.partition(" ")
+    day, rest = iso_parts(ms)
     return f"{e(day)} <span class=small>{e(rest)}</span>"
-
-
-def _duration(ms: int) -> str:
-    minutes = max(0, ms) // 60_000
-    days, rest = divmod(minutes, 1440)
-    return f"{days}d {rest // 60}h {rest % 60}m" if days else f"{rest // 60}h {rest % 60}m"
 
 
 def lag_threshold_ms(cfg: SinkConfig) -> int | None:
@@ -103,8 +97,8 @@ def render_overview(can_read: Callable[[str], bool] = lambda name: True) -> str:
                 continue
             lag, limit = now - shard.upper, lag_threshold_ms(cfg)
             late = limit is not None and lag > limit
-            lag_cell = f"<span class={'bad' if late else 'ok'}>{_duration(lag)}</span>" + (
-                f" <span class=small>(alert past {_duration(limit)})</span>" if limit else ""
+            lag_cell = f"<span class={'bad' if late else 'ok'}>{duration(lag)}</span>" + (
+                f" <span class=small>(alert past {duration(limit)})</span>" if limit else ""
             )
             last = store.last_batch(cfg.name)
             last_cell = "-" if last is None else f"[{_time(last.lower)}, {_time(last.upper)}) {_state(last)}"
@@ -142,10 +136,7 @@ def _svg_lines(title: str, series: dict[str, list[tuple[int, float]]], unit: str
     sy = (height - 2 * pad) / ((y1 - y0) or 1)
     colours = ["#1565c0", "#c62828", "#2e7d32"]
     out = [f"<svg width={width} height={height} role=img aria-label='{e(title)}'><title>{e(title)}</title>"]
-    out.append(
-        f"<text x={pad} y=16 font-size=12>{e(title)} ({e(unit)}; {e(iso(x0).split(' ')[0])} .. "
-        f"{e(iso(x1).split(' ')[0])})</text>"
-    )
+    out.append(f"<text x={pad} y=16 font-size=12>{e(title)} ({e(unit)}; {e(iso_text(x0))} .. {e(iso_text(x1))})</text>")
     for i, (name, pts) in enumerate(series.items()):
         path = " ".join(f"{pad + (x - x0) * sx:.1f},{height - pad - (y - y0) * sy:.1f}" for x, y in pts)
         out.append(f"<polyline fill=none stroke='{colours[i % 3]}' stroke-width=1.5 points='{path}'/>")
