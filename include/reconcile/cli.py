@@ -46,10 +46,11 @@ def _store():
 def cmd_validate(args) -> int:
     """Every config of the folder: ``ok`` or one ``INVALID`` line per problem (all of a file's);
     each query sink's SQL planned against its sources' schemas in Spark, unless --no-spark."""
-    from reconcile.config import QuerySink, load_dir, problems_of
+    from reconcile import kinds
+    from reconcile.config import load_dir, problems_of
 
     configs, errors = load_dir(args.dir)
-    queries = [cfg for cfg in configs if isinstance(cfg, QuerySink)]
+    queries = [cfg for cfg in configs if kinds.of(cfg).plans_sql]
     planned: dict = {}
     failed = False
     if queries and not args.no_spark:
@@ -66,7 +67,7 @@ def cmd_validate(args) -> int:
             print(f"INVALID {problem}")
             continue
         sql = ""
-        if isinstance(cfg, QuerySink):
+        if kinds.of(cfg).plans_sql:
             sql = ", SQL planned" if cfg.name in planned else ", SQL not planned"
         print(f"ok      {cfg.name} ({cfg.kind}, {len(cfg.columns)} columns, P={cfg.partitions}{sql}) {cfg.path}")
     for err in errors:

@@ -38,8 +38,10 @@ from typing import Any
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from reconcile.config import SinkConfig, UpsertSink
+from reconcile import kinds
+from reconcile.config import SinkConfig
 from reconcile.errors import SinkError
+from reconcile.kinds import HistoryKeys
 from reconcile.log import iso
 from reconcile.report import stamp
 from reconcile.storage.delta import ShardTable
@@ -69,6 +71,12 @@ def output_names(cfg: SinkConfig) -> dict[str, str]:
             name = "_" + name
         out[base] = name
     return out
+
+
+def grouping(cfg: SinkConfig, errors: bool = False) -> HistoryKeys:
+    """How the history groups versions: as the sink's kind says (per key or per distinct row),
+    or, for the error rows' history, per distinct ``(row, _error)``."""
+    return HistoryKeys() if errors else kinds.of(cfg).history_keys
 
 
 def table_ref(cfg: SinkConfig, dialect: str = "spark", location: str | None = None) -> str:
@@ -111,10 +119,11 @@ def history_sql(cfg: SinkConfig, table: str, dialect: str = "spark", *, errors: 
         "  FROM updates\n"
         ")"
     )
-    if errors or not isinstance(cfg, UpsertSink):
+    per = grouping(cfg, errors)
+    if not per.keys:
         return sql + f"\nSELECT {row}, {cnt}, {vf}, {vt}\nFROM counts\nWHERE {cnt} <> 0"
-    keys = ", ".join(_q(k, dialect) for k in cfg.key_columns)
-    ties = "".join(f", {_q(v, dialect)} NULLS FIRST" for v in cfg.value_columns)
+    keys = ", ".join(_q(k, dialect) for k in per.keys)
+    ties = "".join(f", {_q(v, dialect)} NULLS FIRST" for v in per.ties)
     return (
         sql
         + f", versions AS (\n  SELECT {row}, {cnt}, {vf}, {vt}\n  FROM counts\n  WHERE {cnt} <> 0\n)\n"
@@ -142,11 +151,7 @@ def view_sql(cfg: SinkConfig, dialect: str = "spark", location: str | None = Non
     table at ``location`` (default: the sink's)."""
     loc = location or ShardTable(cfg).path
     name = f"{cfg.name}_{'error_' if errors else ''}history"
-    what = (
-        "error rows, per distinct (row, _error)"
-        if errors
-        else ("per key" if isinstance(cfg, UpsertSink) else "per distinct row")
-    )
+    what = "error rows, per distinct (row, _error)" if errors else f"per {grouping(cfg).per}"
     head = [
         f"-- type-2 history of sink {cfg.name} ({cfg.kind}, {what}): valid_from inclusive, valid_to exclusive",
         "-- (epoch ms; null while current). Exact at and after the shard's since (see `reconcile status`).",
@@ -221,17 +226,18 @@ def key_filter(cfg: SinkConfig, keys: list[str] | None) -> dict[str, str]:
     """``--key`` arguments as ``{column: value}``: ``COL=VALUE`` (any column of the sink), or a
     bare ``VALUE`` for an upsert sink with one key column."""
     names = {c.lower(): c for c in cfg.column_names}
+    per = grouping(cfg)
     out: dict[str, str] = {}
     for k in keys or []:
         col, sep, value = k.partition("=")
         if sep and col.strip().lower() in names:
             out[names[col.strip().lower()]] = value
-        elif isinstance(cfg, UpsertSink) and len(cfg.key_columns) == 1:
-            out[cfg.key_columns[0]] = k
+        elif per.bare_key is not None:
+            out[per.bare_key] = k
         else:
             raise SinkError(
                 f"--key {k!r}: expected COLUMN=VALUE with a column of {cfg.column_names}"
-                + ("" if not isinstance(cfg, UpsertSink) else f" (key: {list(cfg.key_columns)})"),
+                + (f" (key: {list(per.keys)})" if per.keys else ""),
                 sink=cfg.name,
             )
     return out
@@ -263,11 +269,8 @@ def diff(spark: SparkSession, cfg: SinkConfig, t1: int, t2: int) -> DataFrame:
 
 
 def _order(cfg: SinkConfig, errors: bool) -> list[str]:
-    n = output_names(cfg)
-    if isinstance(cfg, UpsertSink) and not errors:  # per key: its versions in time order
-        keys = list(cfg.key_columns)
-        return keys + [n["valid_from"]] + [c for c in cfg.column_names if c not in keys]
-    return [*cfg.column_names, *(["_error"] if errors else []), n["valid_from"]]
+    columns = [*cfg.column_names, *(["_error"] if errors else [])]
+    return grouping(cfg, errors).order(columns, output_names(cfg)["valid_from"])
 
 
 def history_report(
@@ -306,7 +309,7 @@ def history_report(
     return {
         "sink": cfg.name,
         "kind": cfg.kind,
-        "per": "error row" if errors else ("key" if isinstance(cfg, UpsertSink) else "distinct row"),
+        "per": "error row" if errors else grouping(cfg).per,
         "since": stamp(shard.since),
         "upper": stamp(shard.upper),
         "as_of": stamp(as_of),
