@@ -139,3 +139,50 @@ def test_only_the_kinds_ask_which_kind_a_sink_is():
     assert not found, "kind checks outside reconcile.kinds (ask kinds.of(cfg) instead):\n" + "\n".join(found)
     # the check sees the checks it forbids
     assert len(kind_checks(PKG / "kinds" / "__init__.py", models, kinds)) >= 3
+
+
+def modules_imported(path: Path) -> set[str]:
+    """The ``reconcile`` modules a file imports, at the top or inside a function (``from
+    reconcile.x import y`` imports the module ``reconcile.x.y`` if there is one, else
+    ``reconcile.x``)."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            found |= {
+                f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in MODULES else node.module for a in node.names
+            }
+    return found & set(MODULES)
+
+
+def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The cycles a depth-first walk of ``graph`` (module: the modules it imports) closes, each
+    as the path back to where it started (a module importing itself does not count)."""
+    cycles: list[list[str]] = []
+    done: set[str] = set()
+    path: list[str] = []
+
+    def walk(name: str) -> None:
+        path.append(name)
+        for dep in sorted(graph.get(name, set()) - {name}):
+            if dep in path:
+                cycles.append(path[path.index(dep) :] + [dep])
+            elif dep not in done:
+                walk(dep)
+        path.pop()
+        done.add(name)
+
+    for name in sorted(graph):
+        if name not in done:
+            walk(name)
+    return cycles
+
+
+def test_no_import_cycles():
+    """No module of the package imports, directly or through others, a module that imports it
+    (``demo`` and ``cli`` once did, for the status report)."""
+    assert import_cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == [["a", "b", "c", "a"]]  # it sees one
+    graph = {name: modules_imported(path) for name, path in MODULES.items()}
+    cycles = import_cycles(graph)
+    assert not cycles, "import cycles:\n" + "\n".join(" -> ".join(c) for c in cycles)
