@@ -3,7 +3,7 @@ upsert sinks, over randomized histories, before and after compaction; the histor
 Spark and by DuckDB (``delta_scan``) and the CLI.
 
 Every expectation comes from plain-Python models of what each run wrote (the source snapshots,
-``test_sink.changelog_model``, ``upsert_model.UpsertModel``), evaluated at every millisecond:
+``helpers.changelog_model``, ``upsert_model.UpsertModel``), evaluated at every millisecond:
 a version is a maximal interval of constant non-zero count, never read from the code under test.
 """
 
