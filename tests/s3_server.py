@@ -254,6 +254,18 @@ class S3Server:
         self.proc = None
 
 
+def _die_with_parent() -> None:
+    """In the server's process before exec: end it when the process that started it ends
+    (a killed test worker leaves no server behind). Linux only; elsewhere a no-op."""
+    import ctypes
+    import signal
+
+    try:
+        ctypes.CDLL(None).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
 def start(base: Path, bucket: str | None = None, timeout: float = 30.0) -> S3Server:
     """Start versitygw on a free port of 127.0.0.1 with its objects under ``base/s3-data``, create
     ``bucket`` (default ``warehouse-<random>``), and return once it answers. Raises
@@ -285,6 +297,7 @@ def start(base: Path, bucket: str | None = None, timeout: float = 30.0) -> S3Ser
             stdin=subprocess.DEVNULL,
             env=env,
             start_new_session=True,
+            preexec_fn=_die_with_parent,
         )
     deadline = time.monotonic() + timeout
     client = server.client()
