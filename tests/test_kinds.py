@@ -24,7 +24,9 @@ def sink(tmp_path, kind: str, commands=()):
     if kind == "query":
         write_json_rows(tmp_path / "src", [{"k": 1, "v": "a"}])
         sql = "SELECT k, v FROM src WHERE k < 0"
-        return make_sink(tmp_path, kind, kind, query={"sources": {"src": {"format": "json", "path": "src"}}, "sql": sql})
+        return make_sink(
+            tmp_path, kind, kind, query={"sources": {"src": {"format": "json", "path": "src"}}, "sql": sql}
+        )
     write_json_rows(tmp_path / "log", [{"k": 1, "v": "a", "ts": UPPER, "diff": 1}])
     return make_sink(tmp_path, kind, kind)
 
