@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Install everything the project needs into .venv (Python packages), .jars (Delta's and S3A's JVM
 # jars) and .tools (the tests' S3 server).
-# Needs: python3.11, Java 17, Maven (for the jars). Idempotent: a second run is quick.
+# Needs: python3.11, Java 17, Maven (for the jars), Go >= 1.25 (for the S3 server). Idempotent: a
+# second run is quick.
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$root"
