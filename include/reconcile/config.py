@@ -377,12 +377,6 @@ class SinkConfig(BaseModel):
         return Path(self._path).resolve().parent
 
     @property
-    def reads_feed(self) -> bool:
-        """Whether the kind reads a command feed (and needs its watermark: the highest offset a
-        committed batch read)."""
-        return isinstance(self, UpsertSink)
-
-    @property
     def column_names(self) -> list[str]:
         return [c.name for c in self.columns]
 

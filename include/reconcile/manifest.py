@@ -12,6 +12,8 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 LAYOUT = "batches"  # the staged files live inside the table's directory (storage.layout)
+# what a kind that reads a command feed records of its progress (kinds.FeedProgress)
+FEED_KEYS = ("commands", "late_commands", "source_offset")
 
 
 class ManifestUnreadable(ValueError):
@@ -124,7 +126,7 @@ class Manifest:
     @classmethod
     def from_dict(cls, raw: dict) -> Manifest:
         try:
-            feed = {k: raw[k] for k in ("commands", "late_commands", "source_offset") if k in raw}
+            feed = {k: raw[k] for k in FEED_KEYS if k in raw}
             return cls(
                 batch_id=str(raw["batch_id"]),
                 lower=int(raw["lower"]),

@@ -51,6 +51,7 @@ import uuid
 from collections import Counter
 from dataclasses import dataclass
 
+from reconcile import kinds
 from reconcile.config import SinkConfig
 from reconcile.errors import DescriptionOutdated, InconsistentState, LostRace, Retryable, StagedBatchInvalid, brief
 from reconcile.failpoints import failpoint
@@ -266,7 +267,7 @@ def run_append(store: MetadataStore, cfg: SinkConfig, batch_id: str, *, approve:
         # its checksums as of upper - 1 (`check --verify`)
         **manifest.commit_meta(),
     }
-    if b.source_offset is not None or b.late_commands is not None:  # upsert: the feed's progress
+    if kinds.of(cfg).reads_feed:  # the feed's progress
         meta.update(source_offset=b.source_offset, late_commands=b.late_commands)
     failpoint("append.inside_delta_commit")
     table.commit_files(files, meta, desc.lower)
@@ -289,7 +290,7 @@ def run_append(store: MetadataStore, cfg: SinkConfig, batch_id: str, *, approve:
                 remedy=f"the next batch repairs the shard's contents; run `python -m reconcile check {cfg.name}` "
                 "and report this (a bug, or a foreign process writing into the Delta log).",
             )
-        extra = {"late_commands": b.late_commands} if cfg.reads_feed else {}
+        extra = {"late_commands": b.late_commands} if kinds.of(cfg).reads_feed else {}
         msg = event(
             log,
             "appended batch",

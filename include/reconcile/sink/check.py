@@ -83,7 +83,7 @@ def violations(store: MetadataStore, cfg: SinkConfig, *, synced: bool = True, sp
         from reconcile import kinds
         from reconcile.storage import frames
 
-        out += kinds.invariants(cfg, frames.read_updates(spark, table), commits[-1].upper - 1)
+        out += kinds.of(cfg).invariants(frames.read_updates(spark, table), commits[-1].upper - 1)
     if synced:
         stale = stale_staged(store, table)
         if stale:

@@ -153,8 +153,9 @@ def batch_correction(
 ) -> kinds.Correction:
     """The correction of ``(lower, upper)`` against ``persist``, for any kind of sink (``checks``:
     observe its checksums while it is computed)."""
-    wm = watermark(store, cfg) if cfg.reads_feed else None
-    return kinds.correction(spark, cfg, persist, lower, upper, wm, checks)
+    kind = kinds.of(cfg)
+    wm = watermark(store, cfg) if kind.reads_feed else None
+    return kind.correction(spark, persist, lower, upper, wm, checks)
 
 
 def self_check(cfg: SinkConfig, batch_id: str, lower: int, upper: int, sums: dict[str, dict[int, int | None]]) -> None:
