@@ -20,7 +20,7 @@ from urllib.parse import quote
 from reconcile.config import SinkConfig
 from reconcile.log import iso
 from reconcile.report import duration, iso_parts, iso_text
-from reconcile.schedule import now_ms, schedule_period_ms
+from reconcile.schedule import now_ms, schedule_period_ms, to_millis
 from reconcile.storage.commits import ForeignCommit
 from reconcile.storage.delta import ShardTable
 
@@ -210,7 +210,7 @@ def _drift_cause(cfg: SinkConfig, b, previous) -> str:
 
 
 def _charts(committed: list) -> str:
-    at = [(int(b.updated_at.timestamp() * 1000) if b.updated_at else b.upper, b) for b in committed]
+    at = [(to_millis(b.updated_at) if b.updated_at else b.upper, b) for b in committed]
     return (
         _svg_lines("upper at each commit", {"upper": [(t, b.upper) for t, b in at]}, "epoch ms")
         + _svg_lines(
