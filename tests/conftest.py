@@ -209,3 +209,40 @@ def store(metadata_url, monkeypatch):
 @pytest.fixture
 def sqlite_store(sqlite_url, monkeypatch):
     yield from _open_store(sqlite_url, monkeypatch)
+
+
+@pytest.fixture(scope="session")
+def s3_server_running(tmp_path_factory):
+    """One S3 server (versitygw, tests/s3_server.py) per test process, on 127.0.0.1."""
+    import s3_server
+
+    try:
+        server = s3_server.start(tmp_path_factory.mktemp("s3"))
+    except s3_server.S3ServerMissing as exc:
+        if os.environ.get("CI"):
+            pytest.fail(str(exc))
+        pytest.skip(str(exc))
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def s3_warehouse(s3_server_running, spark, monkeypatch):
+    """``RECONCILE_WAREHOUSE=s3://<bucket>/<fresh prefix>`` on the test S3 server, with the
+    standard AWS environment variables a deployment sets (endpoint, region, credentials). This
+    process's JVM started before they were in its environment, so S3A gets the credentials as
+    per-bucket Hadoop conf of the test session (a deployment's JVM reads them from the
+    environment: the sink never passes a secret as conf)."""
+    import uuid
+
+    server = s3_server_running
+    for k, v in server.storage_options().items():
+        monkeypatch.setenv(k, v)
+    url = server.url(f"wh-{uuid.uuid4().hex[:8]}")
+    monkeypatch.setenv("RECONCILE_WAREHOUSE", url)
+    conf = {k.removeprefix("spark.hadoop."): v for k, v in server.hadoop_conf(per_bucket=True).items()}
+    for k, v in conf.items():
+        spark.conf.set(k, v)
+    yield url
+    for k in conf:
+        spark.conf.unset(k)

@@ -32,6 +32,46 @@ def warehouse() -> str:
     return str(path)
 
 
+OBJECT_STORE_SCHEMES = ("s3://", "s3a://")
+
+
+def on_object_store(path: str) -> bool:
+    """Is ``path`` on S3 (``s3://bucket/prefix``; ``s3a://`` is the same to Spark)?"""
+    return path.startswith(OBJECT_STORE_SCHEMES)
+
+
+def s3_endpoint() -> str | None:
+    """An S3-compatible endpoint other than AWS's (``AWS_ENDPOINT_URL``), None on AWS."""
+    return os.environ.get("AWS_ENDPOINT_URL") or os.environ.get("AWS_ENDPOINT_URL_S3") or None
+
+
+def s3_region() -> str | None:
+    return os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or None
+
+
+def delta_storage_options() -> dict[str, str]:
+    """What delta-rs needs beyond the standard AWS environment variables it reads itself (the
+    credentials stay in the environment: never in an option, a log line or the ledger)."""
+    endpoint = s3_endpoint()
+    return {"AWS_ALLOW_HTTP": "true"} if endpoint and endpoint.startswith("http://") else {}
+
+
+def spark_store_conf() -> dict[str, str]:
+    """Hadoop conf for S3A (set as ``spark.hadoop.<key>`` on a new session, as ``<key>`` at runtime):
+    ``s3://`` through S3A, the endpoint and region off AWS. No secret: S3A takes the credentials
+    from the standard AWS environment variables (or the machine's role)."""
+    conf = {"fs.s3.impl": "org.apache.hadoop.fs.s3a.S3AFileSystem"}
+    endpoint = s3_endpoint()
+    if endpoint:
+        conf["fs.s3a.endpoint"] = endpoint
+        conf["fs.s3a.path.style.access"] = "true"
+        conf["fs.s3a.connection.ssl.enabled"] = str(endpoint.startswith("https://")).lower()
+    region = s3_region()
+    if region:
+        conf["fs.s3a.endpoint.region"] = region
+    return conf
+
+
 def sinks_dir() -> Path:
     return Path(os.environ.get("RECONCILE_SINKS_DIR", PROJECT_ROOT / "include" / "sinks"))
 

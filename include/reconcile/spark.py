@@ -54,7 +54,7 @@ LOG4J2_PROPERTIES = Path(__file__).with_name("spark-log4j2.properties")
 def submit_conf() -> dict[str, str]:
     """Spark conf for spark-submit of the jobs/ scripts (the DAG's operators): what the sink
     needs, Delta's jars and the driver's interpreter; nothing tuned for one machine."""
-    conf = dict(SINK_CONF)
+    conf = {**SINK_CONF, **{f"spark.hadoop.{k}": v for k, v in settings.spark_store_conf().items()}}
     jars = settings.spark_jars()
     if jars:
         conf["spark.jars"] = ",".join(jars)
@@ -96,9 +96,18 @@ def remote_session(url: str, extra: dict[str, str] | None = None):
     from pyspark.sql import SparkSession
 
     spark = SparkSession.builder.remote(url).getOrCreate()
-    for k, v in {**SESSION_CONF, **(extra or {})}.items():
+    for k, v in {**SESSION_CONF, **settings.spark_store_conf(), **(extra or {})}.items():
         spark.conf.set(k, v)
     return spark
+
+
+def _store_conf(spark) -> None:
+    """The object store's Hadoop conf (endpoint, region; never a secret) on a session that was
+    created before it was known: Spark copies a session's conf into the Hadoop conf of its reads
+    and writes."""
+    for k, v in settings.spark_store_conf().items():
+        if spark.conf.get(k, None) != v:
+            spark.conf.set(k, v)
 
 
 def get_session(app_name: str = "reconcile", extra: dict[str, str] | None = None, remote: str | None = None):
@@ -113,6 +122,7 @@ def get_session(app_name: str = "reconcile", extra: dict[str, str] | None = None
         return remote_session(remote, extra)
     active = SparkSession.getActiveSession()
     if active is not None:
+        _store_conf(active)
         return active
     builder = SparkSession.builder.appName(app_name)
     if "PYSPARK_GATEWAY_PORT" not in os.environ:
@@ -124,9 +134,11 @@ def get_session(app_name: str = "reconcile", extra: dict[str, str] | None = None
             builder = builder.config("spark.jars.packages", settings.DELTA_PACKAGES)
         for k, v in LOCAL_CONF.items():
             builder = builder.config(k, v)
-    for k, v in {**SINK_CONF, **(extra or {})}.items():
+    store = {f"spark.hadoop.{k}": v for k, v in settings.spark_store_conf().items()}
+    for k, v in {**SINK_CONF, **store, **(extra or {})}.items():
         builder = builder.config(k, v)
     spark = builder.getOrCreate()
+    _store_conf(spark)
     spark.sparkContext.setLogLevel("WARN")
     _tune_local(spark)
     return spark

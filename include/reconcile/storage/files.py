@@ -3,6 +3,7 @@ listings and best-effort deletes; nothing here knows about Delta or sinks."""
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
 import time
@@ -11,10 +12,27 @@ log = logging.getLogger("reconcile.shard")
 
 
 def fs_of(path: str):
-    """(file system, path inside it) of a local path or URI."""
+    """(file system, path inside it) of a local path or URI. S3 (``s3://bucket/key``) goes
+    through Arrow's S3 client (credentials from the standard AWS environment variables)."""
+    from reconcile import settings
+
+    if settings.on_object_store(path):
+        return _s3(settings.s3_endpoint(), settings.s3_region()), path.split("://", 1)[1]
     from fsspec.core import url_to_fs
 
     return url_to_fs(path)
+
+
+@functools.lru_cache(maxsize=4)
+def _s3(endpoint: str | None, region: str | None):
+    import pyarrow.fs as pafs
+    from fsspec.implementations.arrow import ArrowFSWrapper
+
+    options: dict = {"region": region or "us-east-1"}
+    if endpoint:
+        scheme, _, host = endpoint.partition("://")
+        options.update(endpoint_override=host, scheme=scheme)
+    return ArrowFSWrapper(pafs.S3FileSystem(**options))
 
 
 def read_text(path: str) -> str | None:
