@@ -62,6 +62,8 @@ class ShardTable:
         self.log_path = f"{self.path}/_delta_log"
         self.staging_root = f"{self.path}/{BATCHES_DIR}"
         self.app_id = f"reconcile-sink:{cfg.name}"
+        # delta-rs's options beyond the AWS environment it reads itself (no secret in them)
+        self.storage_options = settings.delta_storage_options()
         self._latest: Any = None  # the latest delta-rs snapshot loaded, refreshed incrementally
 
     def __repr__(self) -> str:
@@ -167,9 +169,9 @@ class ShardTable:
         from deltalake import DeltaTable
 
         if version is not None:
-            return DeltaTable(self.path, version=version)
+            return DeltaTable(self.path, version=version, storage_options=self.storage_options)
         if self._latest is None:
-            self._latest = DeltaTable(self.path)
+            self._latest = DeltaTable(self.path, storage_options=self.storage_options)
         else:
             self._latest.update_incremental()
         return self._latest
@@ -232,6 +234,7 @@ class ShardTable:
                     schema=Schema.from_json(self._schema_json()),
                     mode="error",
                     name=self.name,
+                    storage_options=self.storage_options,
                     # Spark's default; delta-rs would assume 100
                     configuration={"delta.checkpointInterval": "10"},
                 )
