@@ -72,6 +72,25 @@ def spark_store_conf() -> dict[str, str]:
     return conf
 
 
+def commit_lease_seconds() -> float:
+    """How long a writer's commit lease on a shard lasts past its last fence
+    (``RECONCILE_COMMIT_LEASE_SECONDS``, default 30): the longest stall tolerated between the
+    fence and the put of a commit file, and the longest a crashed writer blocks the next commit."""
+    raw = os.environ.get("RECONCILE_COMMIT_LEASE_SECONDS", "30")
+    try:
+        seconds = float(raw)
+    except ValueError:
+        seconds = 0.0
+    if not seconds > 0:
+        from reconcile.errors import SinkError
+
+        raise SinkError(
+            f"RECONCILE_COMMIT_LEASE_SECONDS={raw!r} is not a positive number of seconds",
+            remedy="set it to one (or unset it: 30 s); nothing was committed.",
+        )
+    return seconds
+
+
 def sinks_dir() -> Path:
     return Path(os.environ.get("RECONCILE_SINKS_DIR", PROJECT_ROOT / "include" / "sinks"))
 

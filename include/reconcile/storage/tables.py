@@ -35,6 +35,12 @@ class Shard(Base):
     read_only: Mapped[bool] = mapped_column(Boolean, default=False)
     # Last Delta version whose batch commit the metadata has absorbed (-1: none yet).
     delta_version: Mapped[int] = mapped_column(BigInteger, default=-1)
+    # The commit lease (MetadataStore.commit_lease): a fencing token that only ever increases,
+    # who holds the lease and until when (ms since the Unix epoch, by the database's clock);
+    # holder and until are NULL while it is free.
+    commit_epoch: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    commit_holder: Mapped[str | None] = mapped_column(String(250), nullable=True)
+    commit_until: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
     updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
 
