@@ -7,16 +7,19 @@ Armed through the environment, ``RECONCILE_FAILPOINTS="append.after_delta_commit
 - ``raise``: raise :class:`~reconcile.errors.FailPointHit` (a retryable error);
 - ``kill``: end the process at once with SIGKILL semantics (``os._exit(137)``): no cleanup,
   no ``finally`` blocks, exactly like a lost machine;
+- ``sleep:<seconds>``: pause there, then go on (a stalled writer: a paused process, a slow
+  network);
 - ``<action>@<n>``: act only on the n-th hit (1-based), pass otherwise.
 
 Points (docs/design.md says what each proves): write.after_partition_staged, write.after_staged, append.after_advance_as_of,
-append.before_delta_commit, append.inside_delta_commit, append.after_delta_commit,
+append.before_delta_commit, append.inside_delta_commit, append.inside_lease, append.after_delta_commit,
 metadata.inside_absorb, compact.after_since, compact.after_commit.
 """
 
 from __future__ import annotations
 
 import os
+import time
 
 from reconcile.errors import FailPointHit
 
@@ -26,6 +29,7 @@ POINTS = (
     "append.after_advance_as_of",
     "append.before_delta_commit",
     "append.inside_delta_commit",
+    "append.inside_lease",
     "append.after_delta_commit",
     "metadata.inside_absorb",
     "compact.after_since",
@@ -68,6 +72,9 @@ def failpoint(name: str) -> None:
         return
     if action == "kill":
         os._exit(137)
+    if action.startswith("sleep:"):
+        time.sleep(float(action.removeprefix("sleep:")))
+        return
     raise FailPointHit(f"fail point {name} hit (armed for a test)")
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from typing import Any
 from urllib.parse import unquote
 
@@ -262,12 +263,18 @@ class ShardTable:
 
     # -- the metadata-only batch commit -------------------------------------------------------
 
-    def commit_files(self, staged: list[tuple[str, int, dict]], meta: dict, lower: int) -> int | None:
+    def commit_files(
+        self, staged: list[tuple[str, int, dict]], meta: dict, lower: int, fence: Callable[[], None] | None = None
+    ) -> int | None:
         """Commit ``staged`` (``(path relative to the table, size, stats)``) as one Delta version
         whose commit metadata is ``meta`` and whose application transaction is ``lower``: only if
         the snapshot's last recorded transaction is below ``lower``, at exactly the version after
         that snapshot (put-if-absent; a concurrent commit makes this re-check on the newer
         snapshot).
+
+        ``fence`` (the writer's commit lease, :meth:`reconcile.storage.ledger.CommitLease.fence`)
+        is called right before each put of the commit file; whatever it raises (the lease was
+        lost) ends the commit with nothing committed.
 
         Returns the new version, or None when the guard skipped the commit (a version at or
         above ``lower`` is recorded: someone committed this lower, or a later one)."""
@@ -299,6 +306,8 @@ class ShardTable:
                 max_commit_retries=0,
                 app_transactions=[Transaction(app_id=self.app_id, version=lower, last_updated=now_ms)],
             )
+            if fence is not None:
+                fence()
             try:
                 dt.create_write_transaction(actions, mode="append", schema=dt.schema(), commit_properties=props)
             except CommitFailedError:  # another version took read + 1: check again on the newer snapshot
