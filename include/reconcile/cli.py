@@ -260,22 +260,25 @@ def cmd_check(args) -> int:
         spark = get_session("reconcile-check")
     rebuild_lost_ledger(store, table, cfg.as_of)
     sync(store, table)
-    problems = check.violations(store, cfg, spark=spark if args.deep else None)
-    found: list[str] = []
+    report = check.run_check(store, cfg, spark=spark if args.deep else None)
     verified = None
-    if args.verify:  # each batch's recorded checksums of the shard as of upper - 1, recomputed
-        found, verified = check.verify_checksums(store, cfg, spark)
-        problems += found
-    for p in problems:
+    if args.verify:  # the current state, then older batches' history, from their recorded checksums
+        checked, verified = check.verify_report(store, cfg, spark, strict_history=args.strict_history)
+        report.violations += checked.violations
+        report.findings += checked.findings
+    for p in report.violations:
         print(f"VIOLATION {p}")
+    for f in report.findings:
+        print(f"FINDING {f}")
     if (n := verified) is not None:
+        now = "verifies" if n.get("current", 1) else "does NOT verify"
         print(
-            f"verify: {n['verified']} batch(es) ({n['partitions']} partitions) checked against Delta version "
-            f"{n['version']}, {len(found)} partition(s) differ; {n['not_verifiable']} not verifiable (written "
-            f"before batches recorded checksums), {n['before_since']} before since (compacted)"
+            f"verify: the current state {now}; {n['verified']} batch(es) ({n['partitions']} partitions) checked "
+            f"against Delta version {n['version']}; {n['not_verifiable']} not verifiable (written before batches "
+            f"recorded checksums), {n['before_since']} before since (compacted)"
         )
-    print(f"{cfg.name}: {len(problems)} invariant violation(s)")
-    return 1 if problems else 0
+    print(f"{cfg.name}: {len(report.violations)} invariant violation(s), {len(report.findings)} finding(s)")
+    return 1 if report.violations else 0
 
 
 def cmd_recover(args) -> int:
@@ -440,6 +443,11 @@ def main(argv: list[str] | None = None) -> int:
         "--verify",
         action="store_true",
         help="recompute each batch's checksums of the shard as of its upper - 1 from the Delta table (Spark)",
+    )
+    ck.add_argument(
+        "--strict-history",
+        action="store_true",
+        help="with --verify: an older batch's history altered by a foreign write is a violation even once repaired",
     )
     ck.set_defaults(fn=cmd_check)
     rc = sub.add_parser("recover", help="rebuild the shard's metadata from its Delta log")

@@ -43,16 +43,22 @@ def duration(ms: int) -> str:
 
 def status_data(store, name: str, limit: int = 10) -> dict:
     """A shard's frontiers and its last ``limit`` batches (oldest first), as ``status --json``
-    prints them: each time as ``{"ms": epoch ms, "iso": ISO UTC}``."""
+    prints them: each time as ``{"ms": epoch ms, "iso": ISO UTC}``. Each batch says how it stands
+    (``standing``: ``tone`` ok/bad/warn/done and a ``note``, :mod:`reconcile.standing`: a failure
+    shows as ``bad`` only while unresolved) and which foreign Delta versions it repaired
+    (``foreign_versions``); the shard says which are not yet repaired (``foreign_unrepaired``)
+    and, when a superseded run left it behind, which run to clear now (``behind``)."""
+    from reconcile import standing as st
+
     shard = store.get_shard(name)
-    return {
-        "sink": name,
-        "upper": stamp(shard.upper),
-        "since": stamp(shard.since),
-        "as_of": stamp(shard.as_of),
-        "read_only": shard.read_only,
-        "delta_version": shard.delta_version,
-        "batches": [
+    every = store.batches(name)
+    shown = every[-limit:]
+    foreign, unrepaired = _foreign_of(store, name, shown)
+    left = st.behind(every, shard.upper)
+    out = []
+    for b in shown:
+        how = st.standing(b, shard.upper)
+        out.append(
             {
                 "batch_id": b.batch_id,
                 "lower": stamp(b.lower),
@@ -63,17 +69,63 @@ def status_data(store, name: str, limit: int = 10) -> dict:
                 "rows_err": b.rows_err,
                 "rows_net": b.rows_net,
                 "drift_rows": b.drift_rows,
+                "foreign_versions": [st.foreign_json(f) for f in foreign.get(b.batch_id, [])],
                 "late_commands": b.late_commands,
                 "source_offset": b.source_offset,
                 "failure_kind": b.failure_kind,
                 "message": b.message,
+                "standing": {"tone": how.tone, "note": how.note, "note_tone": how.note_tone},
                 "approved": b.approved,
                 "run_id": b.run_id,
                 "updated_at": b.updated_at.isoformat() if b.updated_at else None,
             }
-            for b in store.batches(name)[-limit:]
-        ],
+        )
+    return {
+        "sink": name,
+        "upper": stamp(shard.upper),
+        "since": stamp(shard.since),
+        "as_of": stamp(shard.as_of),
+        "read_only": shard.read_only,
+        "delta_version": shard.delta_version,
+        "behind": None
+        if left is None
+        else {
+            "batch_id": left.batch_id,
+            "run_id": left.run_id,
+            "from": stamp(left.lower),
+            "to": stamp(left.upper),
+            "commands": left.commands(name),
+            "line": left.line(name),
+        },
+        "foreign_unrepaired": None if unrepaired is None else [st.foreign_json(f) for f in unrepaired],
+        "batches": out,
     }
+
+
+def _foreign_of(store, name: str, shown: list) -> tuple[dict, list | None]:
+    """({batch id: foreign versions it repaired} for the committed batches among ``shown``, the
+    foreign versions after the last committed batch's read: not yet repaired), from the Delta log's
+    commit files after the version the committed batch before ``shown`` read. ({}, None) when
+    the sink's config or its Delta table cannot be read (status still answers from the ledger)."""
+    from reconcile import standing as st
+    from reconcile.config import load_sink
+    from reconcile.model import COMMITTED
+    from reconcile.storage.delta import ShardTable
+
+    committed = [b for b in shown if b.state == COMMITTED]
+    try:
+        table = ShardTable(load_sink(name))
+        if not table.exists():
+            return {}, []
+        first = min((b.lower for b in shown), default=None)
+        before = store.previous_committed(name, first) if first is not None else None
+        base = -1 if before is None or before.read_version is None else before.read_version
+        found = st.with_rows(table, table.foreign_commits(base, table.latest_version()))
+    except Exception:  # noqa: BLE001 - a missing config or unreadable log leaves status to the ledger
+        return {}, None
+    by_batch = st.foreign_by_batch(committed, found)
+    last_read = max((b.read_version for b in committed if b.read_version is not None), default=base)
+    return by_batch, [f for f in found if f.version > last_read]
 
 
 def print_status(store, name: str, limit: int = 10) -> None:
@@ -94,6 +146,7 @@ def print_status(store, name: str, limit: int = 10) -> None:
             f"  {'lower (UTC, ms)':<40} {'upper (UTC, ms)':<40} {'state':<10} {'version':>7} {'ok':>6} {'err':>5} "
             f"{'drift':>6}" + (f" {'late':>5} {'offset':>10}" if feed else "") + "  run / cause"
         )
+    label = {"bad": "FAILED, needs action: ", "warn": "", "done": "", "ok": ""}
     for b in batches:
         print(
             f"  {iso(b['lower']['ms']):<40} {iso(b['upper']['ms']):<40} {b['state']:<10} {cell(b['delta_version'], 7)} "
@@ -101,11 +154,24 @@ def print_status(store, name: str, limit: int = 10) -> None:
             + (f" {cell(b['late_commands'], 5)} {cell(b['source_offset'], 10)}" if feed else "")
             + f"  {b['run_id']}"
         )
-        if b["message"]:
-            kind = f"{b['failure_kind']}: " if b["failure_kind"] else ""
-            print(f"      {kind}{b['message']}")
+        how = b["standing"]
+        if how["note"]:
+            print(f"      {label[how['note_tone']]}{how['note']}")
+        for f in b["foreign_versions"]:
+            print(f"      repaired foreign Delta version {_foreign_text(f)}")
         if b["approved"]:
             print(f"      approved past the correction guard by {b['approved']}")
+    for f in data["foreign_unrepaired"] or []:
+        print(f"  foreign Delta version {_foreign_text(f)}: not yet repaired (the next batch repairs it)")
+    if data["behind"]:
+        print(f"  BEHIND: {data['behind']['line']}")
+
+
+def _foreign_text(f: dict) -> str:
+    from reconcile.standing import rows_text
+
+    when = f", {iso(f['timestamp'])}" if f["timestamp"] is not None else ""
+    return f"{f['version']}: {f['operation']} by {f['engine']}, {rows_text(f)}{when}"
 
 
 # -- contents -------------------------------------------------------------------------------------

@@ -21,6 +21,7 @@ from reconcile.config import SinkConfig
 from reconcile.log import iso
 from reconcile.report import duration, iso_parts, iso_text
 from reconcile.schedule import now_ms, schedule_period_ms, to_millis
+from reconcile.standing import behind, standing
 from reconcile.storage.commits import ForeignCommit
 from reconcile.storage.delta import ShardTable
 
@@ -32,7 +33,7 @@ STYLE = (
     "body{font-family:system-ui,sans-serif;margin:1.5em;color:#222}"
     "td,th{border:1px solid #ccc;padding:4px 6px;vertical-align:top;text-align:left}"
     "table{border-collapse:collapse;margin:.5em 0}th{background:#f4f4f4}"
-    ".bad{color:#b00020;font-weight:600}.warn{color:#a05a00}.ok{color:#1b6e20}"
+    ".bad{color:#b00020;font-weight:600}.warn{color:#a05a00}.ok{color:#1b6e20}.done{color:#777}"
     ".small{color:#666;font-size:85%}svg{border:1px solid #ddd;margin:.5em 1em .5em 0}"
 )
 
@@ -60,13 +61,18 @@ def _page(title: str, body: str) -> str:
     )
 
 
-def _state(b) -> str:
-    css = {"committed": "ok", "superseded": "small"}.get(b.state, "warn")
-    if b.failure_kind:
-        css = "bad"
-    kind = f"{b.failure_kind}: " if b.failure_kind else ""
-    cause = f"<br><span class={css}>{e(kind + b.message)}</span>" if b.message else ""
-    return f"<span class={css}>{e(b.state)}</span>{cause}"
+def _state(b, shard_upper: int) -> str:
+    """A batch's state and note, coloured as it stands (:mod:`reconcile.standing`): red only for
+    an unresolved failure; grey for superseded, covered and resolved."""
+    how = standing(b, shard_upper)
+    note = f"<br><span class={how.note_tone}>{e(how.note)}</span>" if how.note else ""
+    return f"<span class={how.tone}>{e(b.state)}</span>{note}"
+
+
+def _behind(name: str, batches, shard_upper: int) -> str:
+    """The line naming the run to clear when a superseded run left the shard behind (or "")."""
+    left = behind(batches, shard_upper)
+    return "" if left is None else f"<p class=warn>{e(left.line(name))}</p>"
 
 
 def _drift(b) -> str:
@@ -77,6 +83,7 @@ def render_overview(can_read: Callable[[str], bool] = lambda name: True) -> str:
     from reconcile import settings
     from reconcile.config import load_dir
     from reconcile.errors import SinkError
+    from reconcile.model import OPEN_STATES, SUPERSEDED
     from reconcile.storage.ledger import MetadataStore
 
     configs, errors = load_dir()
@@ -101,7 +108,10 @@ def render_overview(can_read: Callable[[str], bool] = lambda name: True) -> str:
                 f" <span class=small>(alert past {duration(limit)})</span>" if limit else ""
             )
             last = store.last_batch(cfg.name)
-            last_cell = "-" if last is None else f"[{_time(last.lower)}, {_time(last.upper)}) {_state(last)}"
+            last_cell = (
+                "-" if last is None else f"[{_time(last.lower)}, {_time(last.upper)}) {_state(last, shard.upper)}"
+            )
+            last_cell += _behind(cfg.name, store.batches(cfg.name, (SUPERSEDED, *OPEN_STATES)), shard.upper)
             rows.append(
                 f"<tr><td>{link}</td><td>{e(cfg.kind)}</td><td>{_time(shard.upper)}</td><td>{lag_cell}</td>"
                 f"<td>{_time(shard.since) if shard.since else 'never compacted'}</td>"
@@ -241,7 +251,7 @@ def render_sink(name: str, before: tuple[int, str] | None = None, dag_url: str =
     from reconcile import settings
     from reconcile.config import load_sink
     from reconcile.errors import SinkError
-    from reconcile.model import COMMITTED
+    from reconcile.model import COMMITTED, OPEN_STATES, SUPERSEDED
     from reconcile.storage.ledger import MetadataStore
 
     cfg = load_sink(name)
@@ -257,6 +267,7 @@ def render_sink(name: str, before: tuple[int, str] | None = None, dag_url: str =
         page = store.batch_page(cfg.name, before=before, limit=PAGE)
         newest = store.batch_page(cfg.name, limit=CHART_BATCHES) if before is None else []
         previous = {b.batch_id: store.previous_committed(cfg.name, b.lower) for b in page if b.drift_rows}
+        left = _behind(cfg.name, store.batches(cfg.name, (SUPERSEDED, *OPEN_STATES)), shard.upper)
     finally:
         store.dispose()
     charts = _charts(sorted((b for b in newest if b.state == COMMITTED), key=lambda b: b.lower))
@@ -274,7 +285,7 @@ def render_sink(name: str, before: tuple[int, str] | None = None, dag_url: str =
             _drift(b) + (" (rows repaired)" if b.drift_rows else "") + _drift_cause(cfg, b, previous.get(b.batch_id))
         )
         rows.append(
-            f"<tr><td>{_time(b.lower)}</td><td>{_time(b.upper)}</td><td>{_state(b)}</td>"
+            f"<tr><td>{_time(b.lower)}</td><td>{_time(b.upper)}</td><td>{_state(b, shard.upper)}</td>"
             f"<td>{_count(b.delta_version)}</td><td>{_count(b.rows_ok)}</td><td>{_count(b.rows_err)}</td>"
             f"<td>{drift}</td><td>{e(b.run_id or '-')}<br>{links}</td></tr>"
         )
@@ -286,7 +297,7 @@ def render_sink(name: str, before: tuple[int, str] | None = None, dag_url: str =
     head = (
         f"<p><a href='../'>all shards</a></p><h1>{e(cfg.name)} <span class=small>({e(cfg.kind)})</span></h1>"
         f"<p>upper {_time(shard.upper)} · since {_time(shard.since) if shard.since else 'never compacted'} · "
-        f"read-only {'yes' if shard.read_only else 'no'} · Delta version {shard.delta_version}</p>"
+        f"read-only {'yes' if shard.read_only else 'no'} · Delta version {shard.delta_version}</p>{left}"
     )
     older = f"<p class=small>batches before lower {_time(before[0])}</p>" if before else ""
     return _page(

@@ -9,7 +9,11 @@ Used by the crash, race and randomized-schedule tests, and by on-call
    uppers, versions) once the metadata is synced.
 3. The shard's upper equals the last committed batch's upper (or is at most as_of when none).
 4. No staged files remain that can never be committed (:func:`reconcile.sink.sync.stale_staged`),
-   and every file a batch commit added is on storage (until a compaction removes it).
+   and every file a batch commit added is on storage (until a compaction removes it). The next
+   append deletes such files (a race's loser's, a superseded batch's), so ``check``
+   (:func:`run_check`) reports them as *pending cleanup*, with their age, and as a violation only
+   once older than the cleanup horizon (:func:`cleanup_horizon_ms`: twice the schedule's period,
+   at least an hour; a day without a schedule); :func:`violations` itself stays strict.
 5. Upsert sinks: as of the last committed ``upper - 1`` each key has at most one value and
    every consolidated count is 1.
 6. Every committed batch matches its description: its Delta version added exactly the files of
@@ -20,9 +24,18 @@ Used by the crash, race and randomized-schedule tests, and by on-call
 7. Every Delta version carrying the sink's commit guard (``txnAppId``) is the sink's own batch
    (with ``txnVersion`` = its lower) or compaction: a guarded commit without the batch's
    metadata could never be absorbed, and the shard would stall behind it.
+
+Findings, not violations: each foreign Delta version that changed data (operation, engine, rows
+of its added and removed files) with the batch that repaired it ("repaired at version N": the
+first committed batch whose write read it) or "not yet repaired". ``check --verify``
+(:func:`verify_report`) says whether the current state verifies and, apart, which older
+batches' recorded history foreign versions altered since; an alteration that is explained and
+repaired is a finding unless ``--strict-history``.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 from reconcile.config import SinkConfig
 from reconcile.log import iso
@@ -32,6 +45,8 @@ from reconcile.sink.sync import stale_staged
 from reconcile.storage.commits import batch_commits
 from reconcile.storage.delta import ShardTable
 from reconcile.storage.ledger import MetadataStore
+
+STALE = "staged files remain that can never be committed"
 
 
 def violations(store: MetadataStore, cfg: SinkConfig, *, synced: bool = True, spark=None) -> list[str]:
@@ -87,7 +102,7 @@ def violations(store: MetadataStore, cfg: SinkConfig, *, synced: bool = True, sp
     if synced:
         stale = stale_staged(store, table)
         if stale:
-            out.append(f"staged files remain that can never be committed: {stale[:5]}")
+            out.append(f"{STALE}: {stale[:5]}")
     if exists:
         out += missing_files(table)
     return out
@@ -142,3 +157,158 @@ def verify_checksums(store: MetadataStore, cfg: SinkConfig, spark) -> tuple[list
     described = described_batches(store, cfg.name, entries)
     lines, counts = checksum_differences(spark, table, described, store.get_shard(cfg.name).since, latest)
     return lines, {**counts, "version": latest}
+
+
+# -- what `check` prints: violations, and findings that are not ---------------------------------
+
+HOUR_MS = 3_600_000
+
+
+def cleanup_horizon_ms(cfg: SinkConfig) -> int:
+    """How long staged files that can never be committed may wait for the cleanup before
+    ``check`` calls them a violation: every append deletes them (:func:`reconcile.sink.sync.gc_staged`),
+    so twice the sink's schedule period (the next run, with room for a slow one), at least an
+    hour; a day for a sink without a schedule (or one Airflow cannot tell the period of)."""
+    from reconcile.schedule import schedule_period_ms
+
+    period = schedule_period_ms(cfg.schedule) if cfg.schedule else None
+    return max(2 * period, HOUR_MS) if period else 24 * HOUR_MS
+
+
+def staged_age_ms(table: ShardTable, rel: str, now: int) -> int:
+    """Since when a staged directory (``<batch>`` or ``<batch>/<stage>``) was last written: the
+    newest modification time of what it holds, or of the directory itself when empty."""
+    from datetime import datetime
+
+    from reconcile.storage import files
+
+    fs, root = files.fs_of(f"{table.staging_root}/{rel}")
+    newest = None
+    try:
+        found = fs.find(root, detail=True, withdirs=True)
+        infos = list(found.values()) or [fs.info(root)]
+    except (FileNotFoundError, OSError):
+        return 0
+    for info in infos:
+        m = info.get("mtime") or info.get("LastModified") or info.get("created")
+        if isinstance(m, datetime):
+            m = m.timestamp()
+        if isinstance(m, int | float):
+            newest = max(newest or 0.0, float(m))
+    return 0 if newest is None else max(0, now - int(newest * 1000))
+
+
+def pending_cleanup(store: MetadataStore, cfg: SinkConfig, now: int | None = None) -> list[tuple[str, int]]:
+    """[(staged directory, its age in ms)] of the staged files that can never be committed and
+    that the next append's cleanup deletes (a race's loser, a superseded batch whose files waited
+    for the shard's upper to pass its lower)."""
+    from reconcile.schedule import now_ms
+
+    table = ShardTable(cfg)
+    t = now_ms() if now is None else now
+    return [(rel, staged_age_ms(table, rel, t)) for rel in stale_staged(store, table)]
+
+
+def _age(ms: int) -> str:
+    from reconcile.report import duration
+
+    return f"{ms // 1000}s" if ms < 60_000 else duration(ms)
+
+
+def foreign_findings(store: MetadataStore, cfg: SinkConfig) -> tuple[list[str], list[int]]:
+    """(one line per foreign Delta version that changed data: its operation, engine, rows, and
+    whether a batch repaired it, "repaired at version N" by the batch whose write read it, or "not
+    yet repaired"; the foreign versions not yet repaired), from the log's commit files (no JVM)."""
+    from reconcile import standing as st
+
+    table = ShardTable(cfg)
+    if not table.exists():
+        return [], []
+    found = st.with_rows(table, table.foreign_commits(-1, table.latest_version()))
+    committed = store.batches(cfg.name, (COMMITTED,))
+    by = st.repaired_by(committed, found)
+    lines, open_ = [], []
+    for f in found:
+        who = f" by {f.engine}" + (f" (user {f.user})" if f.user else "")
+        when = f" at {iso(f.timestamp)}" if f.timestamp is not None else ""
+        b = by[f.version]
+        if b is not None:
+            fate = (
+                f"repaired at version {b.delta_version} (batch {b.batch_id}, whose write read version {b.read_version})"
+            )
+        else:
+            open_.append(f.version)
+            fate = "not yet repaired: the next batch of the sink repairs it"
+        lines.append(f"foreign Delta version {f.version}: {f.operation}{who}{when}, {st.rows_text(f)}; {fate}")
+    return lines, open_
+
+
+@dataclass
+class CheckReport:
+    """What ``check`` prints: ``violations`` (exit 1) and ``findings`` (said, exit 0)."""
+
+    violations: list[str]
+    findings: list[str]
+
+
+def run_check(store: MetadataStore, cfg: SinkConfig, *, spark=None, now: int | None = None) -> CheckReport:
+    """:func:`violations` (the rows too with ``spark``), except that staged files that can never
+    be committed are *pending cleanup* (a finding, with their age) until they are older than
+    :func:`cleanup_horizon_ms`; and the foreign commits of the log, as findings."""
+    out = [v for v in violations(store, cfg, spark=spark) if not v.startswith(STALE)]
+    horizon = cleanup_horizon_ms(cfg)
+    found: list[str] = []
+    for rel, age in pending_cleanup(store, cfg, now):
+        line = f"staged files of {rel} can never be committed, last written {_age(age)} ago"
+        if age > horizon:
+            out.append(f"{line}: older than the cleanup horizon ({_age(horizon)}), yet no append deleted them")
+        else:
+            found.append(f"pending cleanup: {line}; the next append deletes them (a violation after {_age(horizon)})")
+    found += foreign_findings(store, cfg)[0]
+    return CheckReport(out, found)
+
+
+def verify_report(
+    store: MetadataStore, cfg: SinkConfig, spark, *, strict_history: bool = False
+) -> tuple[CheckReport, dict[str, int]]:
+    """``check --verify``, said in two parts: does the *current* state verify (the last committed
+    batch's checksums of the shard as of its ``upper - 1``), and which *older* batches' history a
+    foreign write altered (their recorded checksums differ because of foreign Delta versions
+    after their read). A current state that differs is a violation; so is an older difference no
+    foreign version explains (corruption, a bug), or one explained by a foreign version not yet
+    repaired. An alteration explained and repaired is a finding, unless ``strict_history``."""
+    lines, counts = verify_checksums(store, cfg, spark)
+    committed = sorted(store.batches(cfg.name, (COMMITTED,)), key=lambda b: b.lower)
+    rep = CheckReport([], [])
+    if not committed:
+        return rep, counts
+    current = committed[-1]
+    mine = [ln for ln in lines if ln.startswith(f"batch {current.batch_id} ")]
+    rep.violations += [f"the current state does not verify: {ln}" for ln in mine]
+    counts["current"] = 0 if mine else 1
+    foreign = [f for f in ShardTable(cfg).foreign_commits(-1, ShardTable(cfg).latest_version())]
+    from reconcile import standing as st
+
+    by = st.repaired_by(committed, foreign)
+    for b in committed[:-1]:
+        diff = [ln for ln in lines if ln.startswith(f"batch {b.batch_id} ")]
+        if not diff:
+            continue
+        seen = b.read_version if b.read_version is not None else b.delta_version
+        after = [f for f in foreign if seen is not None and f.version > seen]
+        if not after:
+            rep.violations += diff
+            continue
+        fixed = [by[f.version] for f in after]
+        names = ", ".join(str(f.version) for f in after[:5]) + (" ..." if len(after) > 5 else "")
+        if any(x is None for x in fixed):
+            rep.violations += [f"{ln} (foreign Delta versions {names}, not yet repaired)" for ln in diff]
+            continue
+        at = max(x.delta_version for x in fixed if x is not None and x.delta_version is not None)
+        line = (
+            f"history altered: batch {b.batch_id} [{iso(b.lower)}, {iso(b.upper)}) recorded the shard as of "
+            f"{iso(b.upper - 1)}, which foreign Delta versions {names} changed since ({len(diff)} partition(s) "
+            f"differ); repaired at version {at}"
+        )
+        (rep.violations if strict_history else rep.findings).append(line)
+    return rep, counts

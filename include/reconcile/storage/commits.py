@@ -78,25 +78,47 @@ def added_files(actions: list[dict]) -> list[dict]:
 
 @dataclass(frozen=True)
 class ForeignCommit:
-    """A Delta version that another writer made and that changed data: who made it."""
+    """A Delta version that another writer made and that changed data: who made it, and the
+    rows of the files it added and removed (their ``numRecords`` statistics; None where a file
+    has none: delta-rs writes ``remove`` actions without statistics, ``removed_paths`` names
+    those files so a reader can look their rows up in the version before)."""
 
     version: int
     operation: str
     engine: str
     user: str | None
     timestamp: int | None
+    rows_added: int | None = None
+    rows_removed: int | None = None
+    removed_paths: tuple[str, ...] = ()
 
     @classmethod
     def of(cls, version: int, actions: list[dict]) -> ForeignCommit:
         info = info_of(actions)
         ts = info.get("timestamp")
+        adds = [a["add"] for a in actions if "add" in a and a["add"].get("dataChange", True)]
+        removes = [a["remove"] for a in actions if "remove" in a and a["remove"].get("dataChange", True)]
         return cls(
             version=version,
             operation=str(info.get("operation") or "?"),
             engine=str(info.get("engineInfo") or info.get("clientVersion") or "?"),
             user=info.get("userName") or info.get("userId"),
             timestamp=ts if isinstance(ts, int) else None,
+            rows_added=_records(adds),
+            rows_removed=_records(removes),
+            removed_paths=tuple(unquote(r["path"]) for r in removes),
         )
+
+
+def _records(files: list[dict]) -> int | None:
+    """The rows of ``add``/``remove`` actions from their statistics (None if one has none)."""
+    total = 0
+    for f in files:
+        try:
+            total += int(json.loads(f.get("stats") or "")["numRecords"])
+        except (ValueError, KeyError, TypeError):
+            return None
+    return total
 
 
 def runs_of(versions: list[int]) -> list[tuple[int, int]]:
