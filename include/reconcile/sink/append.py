@@ -27,7 +27,11 @@ The Delta log is the linearization point and the source of truth; the metadata r
    and files per partition, and this append attempt's ``commit_id``): only if the snapshot's
    recorded transaction is below ``lower``, at exactly the version after that snapshot
    (:meth:`reconcile.storage.delta.ShardTable.commit_files`). At most one commit per ``lower``, ever, and
-   committed ``lower``s strictly increase.
+   committed ``lower``s strictly increase. The commit is made holding the shard's commit lease
+   (:meth:`MetadataStore.commit_lease`): the sink's own writers commit one at a time, and the
+   lease's fence, checked right before the commit file is put, stops a writer whose lease lapsed
+   while it was paused (``CommitLeaseLost``, retryable: nothing committed). The lease's epoch is
+   in the commit metadata (``commit_epoch``).
 5. **Sync** again: absorbs our commit (or the commit of whoever won the same ``lower``: another
    attempt of the same batch says so), then deletes the staged files that can never be
    committed (other attempts of this batch, outdated batches).
@@ -270,7 +274,10 @@ def run_append(store: MetadataStore, cfg: SinkConfig, batch_id: str, *, approve:
     if kinds.of(cfg).reads_feed:  # the feed's progress
         meta.update(source_offset=b.source_offset, late_commands=b.late_commands)
     failpoint("append.inside_delta_commit")
-    table.commit_files(files, meta, desc.lower)
+    with store.commit_lease(cfg.name, f"append of batch {batch_id} ({commit_id})") as lease:
+        failpoint("append.inside_lease")
+        meta["commit_epoch"] = lease.epoch
+        table.commit_files(files, meta, desc.lower, fence=lease.fence)
     failpoint("append.after_delta_commit")
 
     shard = sync(store, table)
