@@ -174,7 +174,7 @@ def test_a_missing_source_path_is_a_source_error_the_task_records_as_final(
         write.run_write(spark, store, cfg, desc.batch_id)
     text = assert_one_line(info.value, "nosource")
     assert "query.sources.src" in text and str(tmp_path / "src") in text
-    assert "clear the run's 'write' task" in text
+    assert "fix the source" in text
     assert_nothing_committed(spark, store, cfg, before, unstaged=desc.batch_id)
     assert store.get_batch(desc.batch_id).state == MINTED
 
@@ -446,7 +446,11 @@ def test_a_missing_shard_row_is_refused_and_tasks_of_a_run_without_a_batch_touch
     with pytest.raises(ShardNotFound) as info:
         store.get_shard("ghost")
     text = assert_one_line(info.value, "ghost")
-    assert "no shard row" in text and "'mint' task first" in text
+    assert (
+        "no shard row" in text
+        and "`airflow dags trigger ghost`" in text
+        and "`python -m reconcile recover ghost`" in text
+    )
     with pytest.raises(ShardNotFound) as info:
         sync(store, ShardTable(cfg))
     assert_one_line(info.value, "ghost")
@@ -463,7 +467,7 @@ def test_a_missing_shard_row_is_refused_and_tasks_of_a_run_without_a_batch_touch
     with pytest.raises(BatchNotFound) as info:
         append.run_append(store, cfg, "0-doesnotexist")
     text = str(info.value)
-    assert "\n" not in text and "'0-doesnotexist'" in text and "Remedy: clear the whole DAG run" in text
+    assert "\n" not in text and "'0-doesnotexist'" in text and "Remedy: a new run's mint describes a new batch" in text
     assert not ShardTable(cfg).exists()
 
 
@@ -482,7 +486,7 @@ def test_an_append_before_the_write_is_refused(spark, warehouse, tmp_path, sqlit
     with pytest.raises(StagedBatchInvalid) as info:
         append.run_append(store, cfg, desc.batch_id)
     text = assert_one_line(info.value, "unstaged")
-    assert "minted but never staged" in text and "clear the run's 'write' task" in text
+    assert "minted but never staged" in text and "its write stages the batch" in text
     assert_nothing_committed(spark, store, cfg, before, unstaged=desc.batch_id)
 
 
@@ -503,7 +507,7 @@ def test_a_missing_or_extra_staged_file_is_refused_until_the_write_restages(spar
         append.run_append(store, cfg, desc.batch_id)
     text = assert_one_line(info.value, "lostpart")
     assert "misses file(s)" in text and victim in text and desc.batch_id in text
-    assert "clear the run's 'write' task" in text and "then 'append'" in text
+    assert "stage the batch anew" in text
     assert_nothing_committed(spark, store, cfg, before)
     assert store.get_batch(desc.batch_id).state == STAGED
 

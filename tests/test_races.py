@@ -187,7 +187,7 @@ def test_attempts_of_one_run_racing_commit_the_batch_once(
     write_json_rows(tmp_path / "log", rows)
     env = _env(connect_url)
     lines, problems = _attempts(cfg, [(f"sched__{u}", u) for u in bounds[1:]], 3, env)
-    problems += [f"a loser was told to clear write: {ln}" for ln in lines if "clear the run's 'write' task" in ln]
+    problems += [f"a loser was told to stage anew: {ln}" for ln in lines if "stage the batch anew" in ln]
     problems += [
         f"unexpected failure: {ln}"
         for ln in lines

@@ -457,7 +457,7 @@ def test_a_narrower_winner_of_an_unscheduled_sink_asks_for_the_run_to_be_cleared
     mint.run_mint(store, cfg, "run-new", 1, 200)
     with pytest.raises(DescriptionOutdated) as info:
         append.run_append(store, cfg, older.batch_id)
-    assert f"clear this whole DAG run (run-old): its mint describes [{iso(200)}, {iso(300)}) anew" in str(info.value)
+    assert f"a new run appends [{iso(200)}, {iso(300)}): `airflow dags trigger manual_only`" in str(info.value)
 
 
 # --- a crash between the Delta commit and the metadata update ---------------------------------

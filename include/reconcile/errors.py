@@ -18,19 +18,32 @@ def brief(exc: BaseException, limit: int = 300) -> str:
 
 
 class SinkError(Exception):
-    """Base class. ``remedy`` says what the operator should do."""
+    """Base class. ``remedy`` says what the operator should do; ``rerun`` which of the run's
+    tasks to rerun once the cause is fixed (``None``: the failed task itself, ``"write"``: stage
+    the batch anew, ``""``: none). A task adds the complete command for its run
+    (:meth:`add_remedy`, with :mod:`reconcile.remedy`)."""
 
     remedy: str = ""
+    rerun: str | None = None
 
     def __init__(self, message: str, *, sink: str | None = None, remedy: str | None = None):
         self.sink = sink
+        self.message = message
         if remedy is not None:
             self.remedy = remedy
-        prefix = f"sink {sink!r}: " if sink else ""
-        text = f"{prefix}{message}"
-        if self.remedy:
-            text = f"{text} Remedy: {self.remedy}"
-        super().__init__(text)
+        else:  # a class's remedy names the sink as {sink}
+            self.remedy = self.remedy.replace("{sink}", sink or "SINK")
+        super().__init__(self._text())
+
+    def _text(self) -> str:
+        prefix = f"sink {self.sink!r}: " if self.sink else ""
+        text = f"{prefix}{self.message}"
+        return f"{text} Remedy: {self.remedy}" if self.remedy else text
+
+    def add_remedy(self, more: str) -> None:
+        """End the remedy with ``more`` (the commands for the run that failed)."""
+        self.remedy = f"{self.remedy} {more}" if self.remedy else more
+        self.args = (self._text(),)
 
 
 class Retryable(SinkError):
@@ -51,10 +64,7 @@ class ConfigError(SinkError):
 class SourceError(SinkError):
     """The desired collection cannot be read or does not match the sink's schema."""
 
-    remedy = (
-        "fix the source (or the sink's schema/query in its config file), then clear the run's "
-        "'write' task; nothing was committed."
-    )
+    remedy = "fix the source (or the sink's schema/query in its config file); nothing was committed."
 
 
 class MetadataUnavailable(Retryable):
@@ -68,16 +78,13 @@ class SchemaRecreated(MetadataUnavailable):
     """The ledger's tables were gone (a dropped schema, a replaced database file) and were
     created again; the store's entry points retry once, so a shard is rebuilt from its log."""
 
-    remedy = (
-        "nothing to repair: the task retries by itself and rebuilds the shard from its Delta log "
-        "(`python -m reconcile recover SINK` does it now)."
-    )
+    remedy = "nothing to repair: the task retries by itself and rebuilds the shard from its Delta log."
 
 
 class ShardNotFound(SinkError):
     remedy = (
-        "run the sink's 'mint' task first (it creates the shard row), or check the sink name; a lost "
-        "metadata database is rebuilt from the Delta log by `python -m reconcile recover SINK`."
+        "check the sink's name; a sink's first run creates its shard row (`airflow dags trigger {sink}`), "
+        "a lost metadata database is rebuilt from the Delta log by `python -m reconcile recover {sink}`."
     )
 
 
@@ -87,7 +94,8 @@ class MetadataAheadOfLog(SinkError):
 
 
 class BatchNotFound(SinkError):
-    remedy = "clear the whole DAG run so that 'mint' describes a new batch."
+    remedy = "a new run's mint describes a new batch."
+    rerun = "write"
 
 
 class UpperMismatch(SinkError):
@@ -106,10 +114,8 @@ class UpperMismatch(SinkError):
 class DescriptionOutdated(SinkError):
     """The batch can never be appended: the shard moved past its lower."""
 
-    remedy = (
-        "nothing to repair: the next scheduled run (or clearing this whole DAG run) computes the "
-        "correction against the shard's new contents."
-    )
+    remedy = "nothing to repair: the next run computes the correction against the shard's new contents."
+    rerun = ""
 
 
 class LostRace(DescriptionOutdated):
@@ -119,7 +125,8 @@ class LostRace(DescriptionOutdated):
 class StagedBatchInvalid(SinkError):
     """Staged parts are missing, corrupted or disagree with the manifest."""
 
-    remedy = "clear the run's 'write' task (it re-stages the batch), then 'append'."
+    remedy = "stage the batch anew."
+    rerun = "write"
 
 
 class ShardSchemaChanged(SinkError):
@@ -130,7 +137,11 @@ class ShardSchemaChanged(SinkError):
 
 
 class InconsistentState(SinkError):
-    remedy = "stop writers of this sink and inspect the ledger with `python -m reconcile status`."
+    remedy = (
+        "stop the sink's writers and inspect its ledger and log: `python -m reconcile status {sink}`, "
+        "`python -m reconcile check {sink}`."
+    )
+    rerun = ""
 
 
 class FailPointHit(Retryable):

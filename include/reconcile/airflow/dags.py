@@ -135,11 +135,10 @@ def _last_try(context) -> bool:
     return ti.try_number > (ti.max_tries or 0)
 
 
-def _day(context) -> str:
-    """The run's logical date as ``airflow tasks clear -s/-e`` select it."""
-    run = context["dag_run"]
-    when = run.logical_date or run.data_interval_end or run.run_after
-    return when.isoformat() if when else "<logical date>"
+def _day(context):
+    """The run's logical date, which ``airflow tasks clear -s/-e`` select it by (None for a
+    manual run without one: those select it by its failed state)."""
+    return context["dag_run"].logical_date
 
 
 def _doc(cfg: SinkConfig) -> str:

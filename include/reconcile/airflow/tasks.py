@@ -15,11 +15,11 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import datetime
 
-from reconcile import settings
+from reconcile import remedy, settings
 from reconcile.config import SinkConfig, load_sink
 from reconcile.errors import Retryable, SinkError
 from reconcile.log import iso
-from reconcile.model import FINAL, RETRYABLE, SUPERSEDED
+from reconcile.model import COMMITTED, FINAL, RETRYABLE, SUPERSEDED
 from reconcile.report import iso_text
 from reconcile.schedule import desired_frontier
 from reconcile.sink.mint import MintResult, run_mint
@@ -84,9 +84,22 @@ def _run_stage(
                 return write.run_write(spark, store, cfg, batch.batch_id).message
             return append.run_append(store, cfg, batch.batch_id, approve=approve).message
         except SinkError as exc:
+            if not isinstance(exc, Retryable):  # final: the remedy ends with the commands for this run
+                then = once_fixed(cfg.name, run_id, stage, exc)
+                if then:
+                    exc.add_remedy(then)
             if batch is not None:
                 note_failure(store, batch.batch_id, exc)
             raise
+
+
+def once_fixed(sink: str, run_id: str, stage: str, exc: SinkError, logical_date: datetime | None = None) -> str:
+    """What reruns the run once the cause of ``exc`` is fixed (its ``rerun``), as a sentence."""
+    if exc.rerun == "":
+        return ""
+    if exc.rerun == "write" and stage == "append":
+        return f"To stage it anew: {remedy.restage(sink, run_id, logical_date)}."
+    return f"Once the cause is fixed, rerun the run's {stage}: {remedy.rerun(sink, run_id, stage, logical_date)}."
 
 
 def stage_for_run(sink: str, run_id: str, batch_id: str | None = None, spark=None) -> str:
@@ -150,15 +163,23 @@ def committed_extra(sink: str, run_id: str, batch_id: str | None) -> dict:
         }
 
 
-def out_of_retries(sink: str, run_id: str, task: str, cause: str, day: str) -> str:
-    """What to do once Airflow will not retry a retryable failure any more (``day``: the run's
-    logical date, as ``tasks clear`` selects runs)."""
-    return (
+def out_of_retries(sink: str, run_id: str, task: str, cause: str, logical_date: datetime | None) -> str:
+    """What to do once Airflow will not retry a retryable failure any more: the cause and the
+    commands that rerun the run's task (``logical_date``: the run's, None for a manual run
+    without one; see :mod:`reconcile.remedy`), also recorded on the run's batch for ``status``."""
+    text = (
         f"{cause} -- retries are used up: once the cause is fixed, clear the task "
-        f"(`airflow tasks clear {sink} -t '^{task}$' -d -y -s {day} -e {day}`)"
-        + (f" or run `python -m reconcile append {sink} --run-id '{run_id}'`" if task == "append" else "")
-        + "; a later run also repairs the shard (its batch starts at the shard's upper)."
+        f"({remedy.rerun(sink, run_id, task, logical_date)}); a later run also repairs the shard "
+        "(its batch starts at the shard's upper)."
     )
+    try:
+        with sink_and_store(sink) as (cfg, store):
+            batch = store.run_batch(cfg.name, run_id)
+            if batch is not None and batch.state != COMMITTED:
+                store.note_failure(batch.batch_id, text, RETRYABLE)
+    except SinkError as exc:
+        log.warning("could not record the remedy on run %s's batch: %s", run_id, exc)
+    return text
 
 
 def compaction_check(sink: str) -> tuple[bool, str]:

@@ -55,7 +55,7 @@ import uuid
 from collections import Counter
 from dataclasses import dataclass
 
-from reconcile import kinds
+from reconcile import kinds, remedy
 from reconcile.config import SinkConfig
 from reconcile.errors import DescriptionOutdated, InconsistentState, LostRace, Retryable, StagedBatchInvalid, brief
 from reconcile.failpoints import failpoint
@@ -167,12 +167,10 @@ def _outdated(
 def _rest_remedy(cfg: SinkConfig, desc: BatchDescription, rest_from: int) -> str:
     """Who appends what an outdated description still covers beyond what won."""
     rest = f"[{iso(rest_from)}, {iso(desc.upper)})"
+    now = f"`{remedy.trigger(cfg.name)}` (a new run: its mint starts at the shard's upper)"
     if cfg.schedule is None:  # no next run comes by itself
-        return f"clear this whole DAG run ({desc.run_id}): its mint describes {rest} anew."
-    return (
-        f"none needed: the next scheduled run appends {rest} (its mint starts at the shard's upper); "
-        f"clearing this whole DAG run ({desc.run_id}) appends it now."
-    )
+        return f"a new run appends {rest}: {now}."
+    return f"none needed: the next scheduled run appends {rest} (its mint starts at the shard's upper); {now} appends it now."
 
 
 def _committed_meanwhile(store: MetadataStore, table: ShardTable, b, state: dict, when: str) -> AppendResult:
@@ -203,7 +201,7 @@ def run_append(store: MetadataStore, cfg: SinkConfig, batch_id: str, *, approve:
         raise StagedBatchInvalid(
             f"batch {batch_id}: the shard's Delta table at {table.path} does not exist",
             sink=cfg.name,
-            remedy="clear the run's 'write' task (it creates the table and stages the batch), then 'append'.",
+            remedy="its write creates the table and stages the batch.",
         )
     shard = sync(store, table)
     b = store.get_batch(batch_id, cfg.name)  # re-read: the sync may have absorbed this batch's commit
@@ -222,7 +220,7 @@ def run_append(store: MetadataStore, cfg: SinkConfig, batch_id: str, *, approve:
         raise StagedBatchInvalid(
             f"batch {batch_id} was minted but never staged",
             sink=cfg.name,
-            remedy="clear the run's 'write' task (and 'append' after it).",
+            remedy="its write stages the batch.",
         )
     table.check_schema()
     manifest = parse_manifest(cfg, batch_id, b.manifest)
@@ -318,7 +316,8 @@ def run_append(store: MetadataStore, cfg: SinkConfig, batch_id: str, *, approve:
         "no batch for it is in the log",
         sink=cfg.name,
         remedy=(
-            f"find that version with `python -m reconcile check {cfg.name}`, restore the Delta table "
-            "to the version before it (RESTORE TABLE ... TO VERSION AS OF), then clear this run."
+            f"find that version with `python -m reconcile check {cfg.name}` and restore the Delta table "
+            "to the version before it (RESTORE TABLE ... TO VERSION AS OF); then "
+            + (f"`{remedy.append_run(cfg.name, desc.run_id)}`." if desc.run_id else "rerun the batch's append.")
         ),
     )

@@ -6,7 +6,8 @@ batch that inserts or retracts more than that share of the shard's rows, once th
 ``min_rows``: nothing is committed, the append fails with the numbers and the two ways on.
 
 - Approve the batch (``python -m reconcile approve SINK BATCH``, or the run's
-  ``approve_correction`` param), then append it (clear ``append``).
+  ``approve_correction`` param), then append it (the failed task's remedy ends with the
+  commands that rerun the run's ``append``).
 - Or fix the source: the next run's mint supersedes the blocked batch and computes it anew.
 
 The batch's inserted and retracted rows come from its manifest (per partition: the sum of
@@ -64,6 +65,6 @@ def check(
         f"{measured.retracted:,} of the shard's {measured.shard_rows:,} rows ({measured.share:.1%}, more than "
         f"correction_guard.max_share {guard.max_share:.1%}); nothing was committed",
         sink=cfg.name,
-        remedy=f"if the change is intended, approve it (`python -m reconcile approve {cfg.name} {batch_id}`) "
-        "and clear the run's 'append' task; if the source is wrong, fix it: the next run recomputes the batch.",
+        remedy=f"if the change is intended, approve it: `python -m reconcile approve {cfg.name} {batch_id}`; "
+        "if the source is wrong, fix it: the next run recomputes the batch.",
     )
