@@ -32,7 +32,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from reconcile import settings
+from reconcile import remedy, settings
 from reconcile.errors import SinkError
 from reconcile.log import iso
 
@@ -239,7 +239,7 @@ def cmd_approve(args) -> int:
     b = _store().approve(cfg.name, args.batch, args.by or f"{getpass.getuser()} (reconcile approve)")
     print(
         f"approved batch {b.batch_id} [{iso(b.lower)}, {iso(b.upper)}) of run {b.run_id} past the correction guard; "
-        f"append it: clear the run's 'append' task, or `python -m reconcile append {cfg.name} --run-id '{b.run_id}'`"
+        f"append it: {remedy.rerun(cfg.name, b.run_id or '', 'append')}"
     )
     return 0
 

@@ -55,7 +55,7 @@ def rerun(sink: str, run_id: str, task: str, logical_date: datetime | str | None
     """How to rerun the run's failed ``task`` (write or append) and what follows it, as a clause."""
     how = f"`{clear_task(sink, task, logical_date)}`"
     if logical_date is None:
-        how += f" (Airflow selects a run without a logical date only by state: this clears the failed {task} of every run of {sink})"
+        how += f" (the failed {task} of every run of {sink}: Airflow's CLI selects no run id)"
     if task == "append":
         how += f", or commit the run's staged batch without Airflow: `{append_run(sink, run_id)}`"
     return how
