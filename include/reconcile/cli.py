@@ -6,7 +6,7 @@ Commands:
   db upgrade|downgrade|current
                            manage the metadata table's schema (Alembic)
   status SINK [--json]     frontiers, read-only flag and the last batches of a shard (with causes)
-  show SINK [--as-of T] [--log] [--errors] [--limit N]
+  show SINK [--as-of T] [--log] [--errors] [--limit N] [--spark]
                            the shard as of T (default upper - 1), its update log, or its errors
   read-only SINK on|off    switch a shard's read-only mode
   dry-run SINK [--frontier T]
@@ -20,11 +20,14 @@ Commands:
   recover SINK [--force]   rebuild the shard's metadata from its Delta log (lost, restored or ahead)
   compact SINK [--since T] [--no-vacuum]
                            advance since, consolidate the history before it, vacuum old files
-  history SINK [--as-of T] [--key K] [--errors] [--limit N] [--json] [--sql [--dialect D]]
+  history SINK [--as-of T] [--key K] [--errors] [--limit N] [--json] [--sql [--dialect D]] [--spark]
                            type-2 versions (valid_from, valid_to) per key (upsert) or distinct row
-  diff SINK --from T1 --to T2 [--errors] [--limit N] [--json]
+  diff SINK --from T1 --to T2 [--errors] [--limit N] [--json] [--spark]
                            rows added and removed (with counts) in T1 < time <= T2
   demo                     run the demo sink for three intervals through Airflow and print it
+
+Times (T, T1, T2) are epoch ms or ISO-8601 (naive: UTC). show, history and diff read the shard
+without a JVM (DuckDB over delta-rs); --spark reads it with Spark, whose output goes to a log file.
 """
 
 from __future__ import annotations
@@ -109,15 +112,37 @@ def cmd_status(args) -> int:
     return 0
 
 
+def quiet_spark(command: str):
+    """A Spark session for ``command`` whose JVM writes its banner and warnings to a log file
+    (``reconcile-<command>-spark-<uid>.log`` in the temp folder), not to this command's output; a
+    Spark Connect client when ``RECONCILE_SPARK_REMOTE`` is set (no JVM here)."""
+    import os
+    import tempfile
+    from pathlib import Path
+
+    from reconcile.preflight import jvm_output_to
+    from reconcile.spark import LOG4J2_PROPERTIES, get_session
+
+    log = Path(tempfile.gettempdir()) / f"reconcile-{command}-spark-{os.getuid()}.log"
+    extra = {
+        "spark.driver.extraJavaOptions": f"-Dlog4j2.configurationFile=file:{LOG4J2_PROPERTIES} "
+        "-Dreconcile.spark.level=warn"
+    }
+    with jvm_output_to(log):
+        return get_session(f"reconcile-{command}", extra=extra)
+
+
 def cmd_show(args) -> int:
     from reconcile.config import load_sink
     from reconcile.report import show_shard
-    from reconcile.spark import get_session
+    from reconcile.sink.history import parse_time
 
     cfg = load_sink(args.sink)
-    show_shard(
-        get_session("reconcile-show"), _store(), cfg, args.as_of, log=args.log, errors=args.errors, limit=args.limit
-    )
+    as_of = None if args.as_of is None else parse_time(args.as_of, "--as-of")
+    store = _store()
+    store.get_shard(cfg.name)  # an unknown shard is refused before any read
+    spark = quiet_spark("show") if args.spark else None
+    show_shard(spark, store, cfg, as_of, log=args.log, errors=args.errors, limit=args.limit)
     return 0
 
 
@@ -137,13 +162,14 @@ def cmd_dry_run(args) -> int:
 
     from reconcile.config import load_sink
     from reconcile.schedule import next_scheduled_frontier, now_ms
+    from reconcile.sink.history import parse_time
     from reconcile.sink.mint import next_lower
     from reconcile.sink.write import batch_correction
-    from reconcile.spark import get_session
     from reconcile.storage import frames
     from reconcile.storage.delta import ShardTable
 
     cfg = load_sink(args.sink)
+    frontier = None if args.frontier is None else parse_time(args.frontier, "--frontier")
     table = ShardTable(cfg)
     store = _store()
     store.ensure_shard(cfg.name, cfg.as_of)
@@ -151,8 +177,8 @@ def cmd_dry_run(args) -> int:
     lower = next_lower(shard)
     now = now_ms()
     scheduled = next_scheduled_frontier(cfg.schedule, cfg.catchup, lower, now)
-    upper = args.frontier or scheduled or now
-    if args.frontier:
+    upper = frontier or scheduled or now
+    if frontier:
         which = "the given frontier"
     elif scheduled:
         which = f"the next scheduled run's ({cfg.schedule}{', catchup' if cfg.catchup else ''})"
@@ -161,7 +187,7 @@ def cmd_dry_run(args) -> int:
     if upper <= lower:
         print(f"dry run: {which} upper {iso(upper)} is not ahead of lower {iso(lower)}: a run would mint nothing")
         return 0
-    spark = get_session("reconcile-dry-run")
+    spark = quiet_spark("dry-run")  # the correction is Spark's (the sink's SQL, its sources)
     persist = frames.read_updates(spark, table) if table.exists() else spark.createDataFrame([], frames.schema(cfg))
     result = batch_correction(spark, store, cfg, persist, lower, upper)
     corr = result.updates.cache()
@@ -189,12 +215,13 @@ def cmd_run(args) -> int:
     from reconcile.config import load_sink
     from reconcile.errors import DescriptionOutdated
     from reconcile.schedule import now_ms
+    from reconcile.sink.history import parse_time
     from reconcile.sink.run import run_batch
     from reconcile.spark import get_session
 
     cfg = load_sink(args.sink)
     store = _store()
-    frontier = args.frontier or now_ms()
+    frontier = now_ms() if args.frontier is None else parse_time(args.frontier, "--frontier")
     run_id = args.run_id or f"cli__{frontier}"
     try:
         r = run_batch(
@@ -296,12 +323,14 @@ def cmd_compact(args) -> int:
     """Advance since and consolidate the history before it (also the DAG's compact task)."""
     from reconcile.config import load_sink
     from reconcile.sink.compact import run_compact
+    from reconcile.sink.history import parse_time
     from reconcile.spark import get_session
 
     cfg = load_sink(args.sink)
+    since = None if args.since is None else parse_time(args.since, "--since")
     store = _store()
     spark = get_session(f"reconcile-compact-{cfg.name}")
-    result = run_compact(spark, store, cfg, since=args.since, vacuum_files=not args.no_vacuum)
+    result = run_compact(spark, store, cfg, since=since, vacuum_files=not args.no_vacuum)
     print(f"compact: {result.message}")
     return 4 if result.outcome == "raced" else 0
 
@@ -315,8 +344,6 @@ def cmd_history(args) -> int:
     if args.sql:
         print(history.view_sql(cfg, args.dialect, args.location, errors=args.errors))
         return 0
-    from reconcile.spark import get_session
-
     store = _store()
     as_of = None
     if args.as_of is not None:
@@ -324,9 +351,9 @@ def cmd_history(args) -> int:
         shard = store.get_shard(cfg.name)
         history.check_time(cfg, shard.since, shard.upper, as_of)  # before starting Spark
     report = history.history_report(
-        get_session("reconcile-history"),
         store,
         cfg,
+        spark=quiet_spark("history") if args.spark else None,
         errors=args.errors,
         keys=args.key,
         as_of=as_of,
@@ -343,7 +370,6 @@ def cmd_diff(args) -> int:
     """The consolidated changes between two times."""
     from reconcile.config import load_sink
     from reconcile.sink import history
-    from reconcile.spark import get_session
 
     cfg = load_sink(args.sink)
     t1, t2 = history.parse_time(args.from_, "--from"), history.parse_time(args.to, "--to")
@@ -351,7 +377,13 @@ def cmd_diff(args) -> int:
     shard = store.get_shard(cfg.name)
     history.check_range(cfg, shard.since, shard.upper, t1, t2)  # before starting Spark
     report = history.diff_report(
-        get_session("reconcile-diff"), store, cfg, t1, t2, errors=args.errors, limit=args.limit
+        store,
+        cfg,
+        t1,
+        t2,
+        spark=quiet_spark("diff") if args.spark else None,
+        errors=args.errors,
+        limit=args.limit,
     )
     if args.json:
         print(history.to_json(report))
@@ -403,10 +435,15 @@ def main(argv: list[str] | None = None) -> int:
     s.set_defaults(fn=cmd_status)
     sh = sub.add_parser("show")
     sh.add_argument("sink")
-    sh.add_argument("--as-of", type=int, default=None)
-    sh.add_argument("--log", action="store_true")
-    sh.add_argument("--errors", action="store_true")
+    sh.add_argument("--as-of", default=None, help="T (ms or ISO; default upper - 1)")
+    sh.add_argument("--log", action="store_true", help="the update log (row, _error, _time, _diff) instead")
+    sh.add_argument("--errors", action="store_true", help="the error rows instead")
     sh.add_argument("--limit", type=int, default=50)
+    sh.add_argument(
+        "--spark",
+        action="store_true",
+        help="read with Spark (its JVM's output in a log file) instead of DuckDB over delta-rs",
+    )
     sh.set_defaults(fn=cmd_show)
     r = sub.add_parser("read-only")
     r.add_argument("sink")
@@ -414,12 +451,12 @@ def main(argv: list[str] | None = None) -> int:
     r.set_defaults(fn=cmd_read_only)
     dr = sub.add_parser("dry-run")
     dr.add_argument("sink")
-    dr.add_argument("--frontier", type=int, default=None)
+    dr.add_argument("--frontier", default=None, help="the batch's upper (ms or ISO); default the next scheduled run's")
     dr.add_argument("--limit", type=int, default=20)
     dr.set_defaults(fn=cmd_dry_run)
     rn = sub.add_parser("run")
     rn.add_argument("sink")
-    rn.add_argument("--frontier", type=int, default=None, help="desired frontier (ms); default now")
+    rn.add_argument("--frontier", default=None, help="desired frontier (ms or ISO); default now")
     rn.add_argument("--run-id", default=None)
     rn.add_argument("--approve", action="store_true", help="let the batch past the sink's correction guard")
     rn.set_defaults(fn=cmd_run)
@@ -458,7 +495,7 @@ def main(argv: list[str] | None = None) -> int:
     rc.set_defaults(fn=cmd_recover)
     cp = sub.add_parser("compact")
     cp.add_argument("sink")
-    cp.add_argument("--since", type=int, default=None, help="new since (ms); default upper - retention.history_hours")
+    cp.add_argument("--since", default=None, help="new since (ms or ISO); default upper - retention.history_hours")
     cp.add_argument("--no-vacuum", action="store_true", help="leave unreferenced Delta files in place")
     cp.set_defaults(fn=cmd_compact)
     hi = sub.add_parser("history", help="type-2 history: each version with valid_from and valid_to")
@@ -473,6 +510,11 @@ def main(argv: list[str] | None = None) -> int:
     hi.add_argument("--sql", action="store_true", help="print the view's SQL instead (Spark, DuckDB or Trino)")
     hi.add_argument("--dialect", choices=["spark", "duckdb", "trino"], default="spark", help="for --sql")
     hi.add_argument("--location", default=None, help="for --sql: the Delta table's location (default: the sink's)")
+    hi.add_argument(
+        "--spark",
+        action="store_true",
+        help="read with Spark (its JVM's output in a log file) instead of DuckDB over delta-rs",
+    )
     hi.set_defaults(fn=cmd_history)
     df = sub.add_parser("diff", help="the rows added and removed between two times, with counts")
     df.add_argument("sink")
@@ -481,6 +523,11 @@ def main(argv: list[str] | None = None) -> int:
     df.add_argument("--errors", action="store_true", help="the error rows' changes (left out otherwise)")
     df.add_argument("--limit", type=int, default=50)
     df.add_argument("--json", action="store_true", help="machine-readable: times as ms and ISO UTC")
+    df.add_argument(
+        "--spark",
+        action="store_true",
+        help="read with Spark (its JVM's output in a log file) instead of DuckDB over delta-rs",
+    )
     df.set_defaults(fn=cmd_diff)
     ss = sub.add_parser("spark-server", help="a long-lived Spark Connect server for the Spark jobs")
     ss.add_argument("action", choices=["start", "stop", "status"])

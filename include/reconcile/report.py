@@ -177,27 +177,118 @@ def _foreign_text(f: dict) -> str:
 # -- contents -------------------------------------------------------------------------------------
 
 
-def show_shard(spark, store, cfg, as_of: int | None, *, log: bool, errors: bool, limit: int) -> None:
-    """Print the shard as of ``as_of`` (default upper - 1), its error rows, or its update log."""
+def _name_beside(cfg, base: str) -> str:
+    """``base`` prefixed with ``_`` as often as it takes to differ from the sink's columns."""
+    taken = {c.lower() for c in cfg.column_names}
+    while base.lower() in taken:
+        base = "_" + base
+    return base
+
+
+def _dq(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+def _contents_duckdb(table, cfg, t: int | None, *, log: bool, errors: bool, limit: int) -> list[dict]:
+    """The rows ``show`` prints (the first ``limit + 1``), by DuckDB over the update log (no JVM)."""
+    from reconcile.storage.reads import UPDATES, ShardReader
+
+    cols = ", ".join(_dq(c) for c in cfg.column_names)
+    order = ", ".join(f"{_dq(c)} ASC NULLS FIRST" for c in cfg.column_names)
+    count = _dq(_name_beside(cfg, "count"))
+    if log:
+        sql = f'SELECT {cols}, "_error", "_time", "_diff" FROM {UPDATES} ORDER BY "_time" ASC NULLS FIRST, {order}'
+    else:
+        grouped = (
+            f'SELECT {cols}, "_error", CAST(SUM("_diff") AS BIGINT) AS {count} FROM {UPDATES} '
+            f'WHERE "_time" <= {int(t or 0)} GROUP BY {cols}, "_error" HAVING SUM("_diff") <> 0'
+        )
+        if errors:
+            sql = f'SELECT "_error", {count} FROM ({grouped}) WHERE "_error" IS NOT NULL ORDER BY "_error", {count}'
+        else:
+            sql = f'SELECT {cols}, {count} FROM ({grouped}) WHERE "_error" IS NULL ORDER BY {order}'
+    with ShardReader(table) as reader:
+        return reader.rows(f"{sql} LIMIT {int(limit) + 1}")
+
+
+def _contents_spark(spark, table, cfg, t: int | None, *, log: bool, errors: bool, limit: int) -> list[dict]:
+    """The rows ``show`` prints (the first ``limit + 1``), by Spark (``--spark``)."""
+    from pyspark.sql import functions as F
+
     from reconcile.storage import frames
+
+    def col(c: str):
+        return F.col("`" + c.replace("`", "``") + "`").asc_nulls_first()
+
+    count = _name_beside(cfg, "count")
+    if log:
+        updates = frames.read_updates(spark, table).select(*cfg.column_names, "_error", "_time", "_diff")
+        df = updates.orderBy(col("_time"), *[col(c) for c in cfg.column_names])
+    else:
+        assert t is not None
+        ok, errs = frames.read_as_of(spark, table, t)
+        if errors:
+            df = errs.withColumnRenamed("_count", count).orderBy(col("_error"), col(count))
+        else:
+            df = ok.withColumnRenamed("_count", count).orderBy(*[col(c) for c in cfg.column_names])
+    return [r.asDict() for r in df.limit(limit + 1).collect()]
+
+
+def shard_contents(
+    store, cfg, as_of: int | None = None, *, log: bool = False, errors: bool = False, limit: int = 50, spark=None
+) -> dict:
+    """What ``show`` prints: the shard as of ``as_of`` (default upper - 1; ok rows with their
+    count, or ``errors``: the error rows), or (``log``) its update log ordered by time; at most
+    ``limit`` rows. Read by DuckDB (no JVM), or by ``spark`` when given: the same rows."""
+    from reconcile.model import COMMITTED
     from reconcile.storage.delta import ShardTable
+    from reconcile.storage.reads import stamp_note
 
     table = ShardTable(cfg)
-    updates = frames.read_updates(spark, table)
+    t = None
+    notes: list[str] = []
+    if not log:
+        shard = store.get_shard(cfg.name)
+        t = as_of if as_of is not None else shard.upper - 1
+        if t < shard.since:
+            raise SinkError(
+                f"as of {iso(t)} is before the shard's since {iso(shard.since)}: not readable exactly", sink=cfg.name
+            )
+        if as_of is not None and table.exists():
+            batches = [(b.lower, b.upper) for b in store.batches(cfg.name, states=(COMMITTED,))]
+            notes = [n for n in [stamp_note(table, batches, "--as-of", as_of)] if n]
+    if not table.exists():
+        raise SinkError(f"the shard's Delta table at {table.path} has no commits yet", sink=cfg.name)
+    read = _contents_duckdb if spark is None else lambda *a, **k: _contents_spark(spark, *a, **k)
+    rows = read(table, cfg, t, log=log, errors=errors, limit=limit)
     if log:
-        print(f"update log of {cfg.name} (row, _error, _time, _diff):")
-        updates.orderBy("_time", *cfg.column_names).show(limit, truncate=False)
-        return
-    shard = store.get_shard(cfg.name)
-    t = as_of if as_of is not None else shard.upper - 1
-    if t < shard.since:
-        raise SinkError(
-            f"as of {iso(t)} is before the shard's since {iso(shard.since)}: not readable exactly", sink=cfg.name
-        )
-    ok, errs = frames.read_as_of(spark, table, t)
-    if errors:
-        print(f"errors of {cfg.name} as of {iso(t)}:")
-        errs.withColumnRenamed("_count", "count").show(limit, truncate=False)
+        title = f"update log of {cfg.name} (row, _error, _time, _diff):"
+    elif errors:
+        title = f"errors of {cfg.name} as of {iso(t)}:"
     else:
-        print(f"{cfg.name} as of {iso(t)} (count = multiplicity):")
-        ok.withColumnRenamed("_count", "count").orderBy(*cfg.column_names).show(limit, truncate=False)
+        title = f"{cfg.name} as of {iso(t)} (count = multiplicity):"
+    return {"title": title, "as_of": stamp(t), "notes": notes, "rows": rows[:limit], "truncated": len(rows) > limit}
+
+
+def _text(v) -> str:
+    return "null" if v is None else str(v)
+
+
+def show_shard(spark, store, cfg, as_of: int | None, *, log: bool, errors: bool, limit: int) -> None:
+    """Print the shard as of ``as_of`` (default upper - 1), its error rows, or its update log
+    (:func:`shard_contents`; ``spark`` None: read without a JVM)."""
+    data = shard_contents(store, cfg, as_of, log=log, errors=errors, limit=limit, spark=spark)
+    print(data["title"])
+    for note in data["notes"]:
+        print(f"note: {note}")
+    rows = data["rows"]
+    if not rows:
+        print("  (no rows)")
+        return
+    header = list(rows[0])
+    body = [[_text(r[c]) for c in header] for r in rows]
+    widths = [max([len(h)] + [len(line[i]) for line in body]) for i, h in enumerate(header)]
+    for line in [header, *body]:
+        print("  " + "  ".join(c.ljust(w) for c, w in zip(line, widths, strict=True)).rstrip())
+    if data["truncated"]:
+        print(f"  (first {len(rows)} rows; --limit shows more)")

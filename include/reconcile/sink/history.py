@@ -23,8 +23,17 @@ updates with ``_time <= t``. Read as a slowly changing dimension of type 2:
 
 The SQL is standard (GROUP BY, window functions: ``SUM ... OVER``, ``LEAD``, ``ROW_NUMBER``), so
 Spark (``delta.`path```), DuckDB (``delta_scan('path')``) and Trino (a registered Delta table)
-run the same view; only identifier quoting differs. :func:`history` and :func:`diff` run it on a
-SparkSession.
+run the same view; only identifier quoting differs. ``history`` and ``diff`` run it on DuckDB over
+the shard's update log read by delta-rs (:class:`~reconcile.storage.reads.ShardReader`: no JVM),
+or, on request (``--spark``), on a SparkSession (:func:`history`, :func:`diff`); both give the
+same report.
+
+**Times inside a batch.** A batch's updates carry their own times: a query sink's result is
+stamped at its batch's ``upper - 1`` (the snapshot as of the batch's end), so a time between a
+batch's ``lower`` and its ``upper - 1`` reads the collection before that batch. When a time
+given to ``history --as-of`` or ``diff`` falls there, in a batch all of whose updates are stamped
+at ``upper - 1``, the report says so and names the time that includes the batch
+(:func:`reconcile.storage.reads.stamp_note`).
 """
 
 from __future__ import annotations
@@ -33,18 +42,20 @@ import json
 import re
 from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
-from typing import Any
-
-from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql import functions as F
+from typing import TYPE_CHECKING, Any
 
 from reconcile import kinds
 from reconcile.config import SinkConfig
 from reconcile.errors import SinkError
 from reconcile.kinds import HistoryKeys
 from reconcile.log import iso
+from reconcile.model import COMMITTED
 from reconcile.report import stamp
 from reconcile.storage.delta import ShardTable
+from reconcile.storage.reads import UPDATES, ShardReader, stamp_note
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
 
 DIALECTS = ("spark", "duckdb", "trino")
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
@@ -253,6 +264,8 @@ def history(
 ) -> DataFrame:
     """The history view run by Spark over the shard's Delta table; ``key``: only versions whose
     columns equal these values (compared as strings); ``as_of``: only the versions valid then."""
+    from pyspark.sql import functions as F
+
     n = output_names(cfg)
     df = spark.sql(history_sql(cfg, table_ref(cfg, "spark"), "spark", errors=errors))
     for col, value in (key or {}).items():
@@ -273,60 +286,108 @@ def _order(cfg: SinkConfig, errors: bool) -> list[str]:
     return grouping(cfg, errors).order(columns, output_names(cfg)["valid_from"])
 
 
-def history_report(
-    spark: SparkSession,
-    store,
+# -- running on DuckDB (no JVM) ----------------------------------------------------------------------
+
+
+def _duckdb_key_filter(cfg: SinkConfig, key: Mapping[str, str]) -> tuple[list[str], list]:
+    """``--key`` as DuckDB conditions with their parameters, matching what Spark's comparison of
+    the column cast to a string matches: the same text for strings, integers, booleans, dates
+    and decimals; the value the text parses to for floating point, timestamps and binary."""
+    types = {c.name: c.type.lower().replace(" ", "") for c in cfg.columns}
+    conds: list[str] = []
+    params: list = []
+    for col, value in key.items():
+        q, typ = _q(col, "duckdb"), types[col]
+        parsed = {"float": "REAL", "double": "DOUBLE", "timestamp": "TIMESTAMPTZ", "timestamp_ntz": "TIMESTAMP"}
+        if typ in parsed:
+            conds.append(f"{q} = TRY_CAST(? AS {parsed[typ]})")
+        elif typ == "binary":
+            conds.append(f"{q} = ?")
+            params.append(value.encode())
+            continue
+        else:
+            conds.append(f"CAST({q} AS VARCHAR) = ?")
+        params.append(value)
+    return conds, params
+
+
+def _duckdb_versions(
+    reader: ShardReader,
     cfg: SinkConfig,
     *,
-    errors: bool = False,
-    keys: list[str] | None = None,
-    as_of: int | None = None,
-    limit: int = 50,
-) -> dict:
-    """What ``history`` prints: the shard's frontiers, its versions (ordered by key or row, then
-    valid_from; at most ``limit``) and, when compaction cut the history, the note saying so."""
-    shard = store.get_shard(cfg.name)
-    if as_of is not None:
-        check_time(cfg, shard.since, shard.upper, as_of)
-    _require_table(cfg)
+    errors: bool,
+    key: Mapping[str, str],
+    as_of: int | None,
+    limit: int,
+    since: int,
+) -> tuple[list[dict], bool]:
+    """(the first ``limit + 1`` versions in :func:`_order`, whether any starts at or before
+    ``since``) by DuckDB."""
     n = output_names(cfg)
-    df = history(spark, cfg, errors=errors, key=key_filter(cfg, keys), as_of=as_of)
-    rows = (
-        df.orderBy(*[F.col(_q(c, "spark")).asc_nulls_first() for c in _order(cfg, errors)]).limit(limit + 1).collect()
-    )
-    note = None
-    if shard.since > 0 and df.where(F.col(n["valid_from"]) <= shard.since).limit(1).count():
-        note = (
-            f"history before since {iso(shard.since)} was compacted: versions that ended before it are gone, "
-            "and those valid from since may have begun earlier (exact from since on)"
+    vf, vt = _q(n["valid_from"], "duckdb"), _q(n["valid_to"], "duckdb")
+    conds, params = _duckdb_key_filter(cfg, key)
+    if as_of is not None:
+        conds.append(f"{vf} <= {int(as_of)} AND ({vt} IS NULL OR {vt} > {int(as_of)})")
+    where = f"\nWHERE {' AND '.join(conds)}" if conds else ""
+    body = history_sql(cfg, UPDATES, "duckdb", errors=errors)
+    reader.execute(f"CREATE OR REPLACE TEMP TABLE shard_versions AS SELECT * FROM (\n{body}\n) AS h{where}", params)
+    order = ", ".join(f"{_q(c, 'duckdb')} ASC NULLS FIRST" for c in _order(cfg, errors))
+    rows = reader.rows(f"SELECT * FROM shard_versions ORDER BY {order} LIMIT {int(limit) + 1}")
+    cut = since > 0 and bool(reader.rows(f"SELECT 1 AS one FROM shard_versions WHERE {vf} <= {int(since)} LIMIT 1"))
+    return rows, cut
+
+
+def _duckdb_changes(
+    reader: ShardReader, cfg: SinkConfig, t1: int, t2: int, *, errors: bool, limit: int
+) -> tuple[dict[tuple[bool, bool], tuple[int, int]], list[dict]]:
+    """(rows and total |diff| per (error row?, added?), the first ``limit + 1`` changes) by DuckDB."""
+    name = _q(output_names(cfg)["diff"], "duckdb")
+    reader.execute(f"CREATE OR REPLACE TEMP TABLE shard_changes AS {diff_sql(cfg, UPDATES, t1, t2, 'duckdb')}")
+    totals = {
+        (r["err"], r["up"]): (int(r["n"]), int(r["weight"]))
+        for r in reader.rows(
+            f'SELECT "_error" IS NOT NULL AS err, {name} > 0 AS up, count(*) AS n, SUM(ABS({name})) AS weight '
+            "FROM shard_changes GROUP BY ALL"
         )
-    versions = []
-    for r in rows[:limit]:
-        d = r.asDict()
-        d[n["valid_from"]] = stamp(d[n["valid_from"]])
-        d[n["valid_to"]] = stamp(d[n["valid_to"]])
-        versions.append(d)
-    return {
-        "sink": cfg.name,
-        "kind": cfg.kind,
-        "per": "error row" if errors else grouping(cfg).per,
-        "since": stamp(shard.since),
-        "upper": stamp(shard.upper),
-        "as_of": stamp(as_of),
-        "note": note,
-        "versions": versions,
-        "truncated": len(rows) > limit,
     }
+    cols = [*cfg.column_names, *(["_error"] if errors else [])]
+    select = ", ".join(_q(c, "duckdb") for c in cols)
+    order = ", ".join(f"{_q(c, 'duckdb')} ASC NULLS FIRST" for c in cols)
+    rows = reader.rows(
+        f'SELECT {select}, {name} FROM shard_changes WHERE "_error" IS {"NOT " if errors else ""}NULL '
+        f"ORDER BY {order}, {name} LIMIT {int(limit) + 1}"
+    )
+    return totals, rows
 
 
-def diff_report(
-    spark: SparkSession, store, cfg: SinkConfig, t1: int, t2: int, *, errors: bool = False, limit: int = 50
-) -> dict:
-    """What ``diff`` prints: the rows added (``diff`` > 0) and removed (< 0) from ``t1``
-    (exclusive) to ``t2`` (inclusive), ok rows or (``errors``) error rows, with totals."""
-    shard = store.get_shard(cfg.name)
-    check_range(cfg, shard.since, shard.upper, t1, t2)
-    _require_table(cfg)
+# -- running on Spark (--spark) ----------------------------------------------------------------------
+
+
+def _spark_versions(
+    spark: SparkSession,
+    cfg: SinkConfig,
+    *,
+    errors: bool,
+    key: Mapping[str, str],
+    as_of: int | None,
+    limit: int,
+    since: int,
+) -> tuple[list[dict], bool]:
+    from pyspark.sql import functions as F
+
+    n = output_names(cfg)
+    df = history(spark, cfg, errors=errors, key=key, as_of=as_of)
+    order = [F.col(_q(c, "spark")).asc_nulls_first() for c in _order(cfg, errors)]
+    rows = [r.asDict() for r in df.orderBy(*order).limit(limit + 1).collect()]
+    cut = since > 0 and bool(df.where(F.col(n["valid_from"]) <= since).limit(1).count())
+    return rows, cut
+
+
+def _spark_changes(
+    spark: SparkSession, cfg: SinkConfig, t1: int, t2: int, *, errors: bool, limit: int
+) -> tuple[dict[tuple[bool, bool], tuple[int, int]], list[dict]]:
+    from pyspark.sql import functions as F
+
     name = output_names(cfg)["diff"]
     df = diff(spark, cfg, t1, t2).cache()
     try:
@@ -340,9 +401,97 @@ def diff_report(
         if not errors:
             mine = mine.drop("_error")
         order = [F.col(_q(c, "spark")).asc_nulls_first() for c in [*cfg.column_names] + (["_error"] if errors else [])]
-        rows = mine.orderBy(*order, F.col(name)).limit(limit + 1).collect()
+        rows = [r.asDict() for r in mine.orderBy(*order, F.col(name)).limit(limit + 1).collect()]
     finally:
         df.unpersist()
+    return totals, rows
+
+
+# -- the reports ------------------------------------------------------------------------------------
+
+
+def _notes(table: ShardTable, store, cfg: SinkConfig, times: list[tuple[str, int]]) -> list[str]:
+    """What a time given inside a batch stamped at its ``upper - 1`` reads (see the module doc)."""
+    batches = [(b.lower, b.upper) for b in store.batches(cfg.name, states=(COMMITTED,))]
+    return [n for what, t in times if (n := stamp_note(table, batches, what, t)) is not None]
+
+
+def history_report(
+    store,
+    cfg: SinkConfig,
+    *,
+    spark: SparkSession | None = None,
+    errors: bool = False,
+    keys: list[str] | None = None,
+    as_of: int | None = None,
+    limit: int = 50,
+) -> dict:
+    """What ``history`` prints: the shard's frontiers, its versions (ordered by key or row, then
+    valid_from; at most ``limit``), when compaction cut the history the note saying so, and the
+    note on an ``as_of`` inside a batch stamped at its ``upper - 1``. Read by DuckDB (no JVM), or
+    by ``spark`` when given: the same report."""
+    shard = store.get_shard(cfg.name)
+    if as_of is not None:
+        check_time(cfg, shard.since, shard.upper, as_of)
+    _require_table(cfg)
+    n = output_names(cfg)
+    key = key_filter(cfg, keys)
+    table = ShardTable(cfg)
+    if spark is not None:
+        rows, cut = _spark_versions(spark, cfg, errors=errors, key=key, as_of=as_of, limit=limit, since=shard.since)
+    else:
+        with ShardReader(table) as reader:
+            rows, cut = _duckdb_versions(
+                reader, cfg, errors=errors, key=key, as_of=as_of, limit=limit, since=shard.since
+            )
+    note = None
+    if cut:
+        note = (
+            f"history before since {iso(shard.since)} was compacted: versions that ended before it are gone, "
+            "and those valid from since may have begun earlier (exact from since on)"
+        )
+    versions = []
+    for d in rows[:limit]:
+        d[n["valid_from"]] = stamp(d[n["valid_from"]])
+        d[n["valid_to"]] = stamp(d[n["valid_to"]])
+        versions.append(d)
+    return {
+        "sink": cfg.name,
+        "kind": cfg.kind,
+        "per": "error row" if errors else grouping(cfg).per,
+        "since": stamp(shard.since),
+        "upper": stamp(shard.upper),
+        "as_of": stamp(as_of),
+        "note": note,
+        "notes": _notes(table, store, cfg, [("--as-of", as_of)] if as_of is not None else []),
+        "versions": versions,
+        "truncated": len(rows) > limit,
+    }
+
+
+def diff_report(
+    store,
+    cfg: SinkConfig,
+    t1: int,
+    t2: int,
+    *,
+    spark: SparkSession | None = None,
+    errors: bool = False,
+    limit: int = 50,
+) -> dict:
+    """What ``diff`` prints: the rows added (``diff`` > 0) and removed (< 0) from ``t1``
+    (exclusive) to ``t2`` (inclusive), ok rows or (``errors``) error rows, with totals, and the
+    notes on a time inside a batch stamped at its ``upper - 1``. Read by DuckDB (no JVM), or by
+    ``spark`` when given: the same report."""
+    shard = store.get_shard(cfg.name)
+    check_range(cfg, shard.since, shard.upper, t1, t2)
+    _require_table(cfg)
+    table = ShardTable(cfg)
+    if spark is not None:
+        totals, rows = _spark_changes(spark, cfg, t1, t2, errors=errors, limit=limit)
+    else:
+        with ShardReader(table) as reader:
+            totals, rows = _duckdb_changes(reader, cfg, t1, t2, errors=errors, limit=limit)
 
     def total(err: bool, up: bool) -> dict:
         n_rows, weight = totals.get((err, up), (0, 0))
@@ -356,7 +505,8 @@ def diff_report(
         "added": total(errors, True),
         "removed": total(errors, False),
         "error_rows_changed": sum(total(True, up)["rows"] for up in (True, False)),
-        "changes": [r.asDict() for r in rows[:limit]],
+        "notes": _notes(table, store, cfg, [("--from", t1), ("--to", t2)]),
+        "changes": rows[:limit],
         "truncated": len(rows) > limit,
     }
 
@@ -391,8 +541,9 @@ def print_history(cfg: SinkConfig, report: dict) -> None:
         f"{cfg.name} ({cfg.kind}): {what}{at}; valid_from inclusive, valid_to exclusive ('current': still valid "
         f"at upper - 1, upper {iso(report['upper']['ms'])}); error rows {'only' if report['per'] == 'error row' else 'left out (--errors)'}"
     )
-    if report["note"]:
-        print(f"note: {report['note']}")
+    for note in [report["note"], *report["notes"]]:
+        if note:
+            print(f"note: {note}")
     versions = report["versions"]
     if not versions:
         print("  (no versions)")
@@ -423,6 +574,8 @@ def print_diff(cfg: SinkConfig, report: dict) -> None:
     )
     if not report["errors"] and report["error_rows_changed"]:
         print(f"  and {report['error_rows_changed']} error row(s) changed (--errors lists them)")
+    for note in report["notes"]:
+        print(f"note: {note}")
     changes = report["changes"]
     if not changes:
         return
