@@ -8,13 +8,54 @@ everything else fails the task at once because retrying cannot change the outcom
 
 from __future__ import annotations
 
+import re
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+
+
+def _lines(text: str) -> list[str]:
+    return [" ".join(line.split()) for line in _ANSI.sub("", text).splitlines() if line.strip()]
+
+
+def _underlying(exc: BaseException) -> BaseException | None:
+    """The exception ``exc`` was raised from or during (not one hidden by ``raise ... from None``)."""
+    if exc.__cause__ is not None:
+        return exc.__cause__
+    return None if exc.__suppress_context__ else exc.__context__
+
 
 def brief(exc: BaseException, limit: int = 300) -> str:
-    """The first non-empty line of an exception's text (Spark's are long and start with '\n')."""
-    for line in str(exc).splitlines():
-        if line.strip():
-            return " ".join(line.split())[:limit]
-    return type(exc).__name__
+    """One line saying why: the first line of the exception's text (Spark's are long and start
+    with '\n'), followed by the underlying cause it hides, so "Generic LocalFileSystem error"
+    reads "Generic LocalFileSystem error: Unable to open file ...: Operation not permitted (os
+    error 1)". The causes come from the text (delta-rs lists its sources on lines starting with
+    ``↳``; a JVM's trace has ``Caused by:`` lines, the last one the root) and from the Python
+    exception chain (``__cause__``/``__context__``). Past ``limit`` the middle of the chain is
+    cut, never the root cause."""
+    lines = _lines(str(exc))
+    if not lines:
+        lines = [type(exc).__name__]
+    head, causes = lines[0], []
+    sources = [ln.removeprefix("↳").strip() for ln in lines[1:] if ln.startswith("↳")]
+    if sources:
+        causes = sources
+    else:
+        jvm = [ln.removeprefix("Caused by:").strip() for ln in lines[1:] if ln.startswith("Caused by:")]
+        causes = jvm[-1:]
+    seen: set[int] = {id(exc)}
+    inner = _underlying(exc)
+    while inner is not None and id(inner) not in seen:  # the Python chain, innermost last
+        seen.add(id(inner))
+        text = (_lines(str(inner)) or [type(inner).__name__])[0]
+        if text not in head and all(text not in c for c in causes):
+            causes.append(text)
+        inner = _underlying(inner)
+    parts = [head] + [c for c in causes if c and c not in head]
+    out = ": ".join(parts)
+    if len(out) <= limit:
+        return out
+    root = parts[-1][: limit // 2]
+    return f"{': '.join(parts[:-1])[: limit - len(root) - 6]} ...: {root}"
 
 
 class SinkError(Exception):

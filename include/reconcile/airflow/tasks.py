@@ -124,19 +124,25 @@ def nothing_left(sink: str, run_id: str, batch_id: str | None, *, unminted_only:
 
 def batch_line(sink: str, run_id: str, batch_id: str | None) -> tuple[int, str]:
     """(log level, one line): where the run's batch stands, for a task's first and last line.
-    WARNING when someone may want to look (drift repaired, error rows, a failure recorded)."""
+    WARNING when someone may want to look (drift repaired, error rows, a failure not yet
+    resolved); a failure a later attempt resolved is said as such, at INFO
+    (:func:`reconcile.standing.standing`)."""
+    from reconcile.standing import DONE, OK, standing
+
     with sink_and_store(sink) as (cfg, store):
         b = run_batch_of(store, cfg.name, run_id, batch_id)
         if b is None:
             return logging.INFO, f"sink {sink}: run {run_id} minted no batch"
+        how = standing(b, store.get_shard(cfg.name).upper)
         counts = "".join(
             f" {name}={value}"
             for name, value in (("rows_ok", b.rows_ok), ("rows_err", b.rows_err), ("drift_rows", b.drift_rows))
             if value is not None
         )
         version = f" delta_version={b.delta_version}" if b.delta_version is not None else ""
-        cause = f" cause: {b.message}" if b.message else ""
-        level = logging.WARNING if (b.message or b.rows_err or b.drift_rows) else logging.INFO
+        settled = how.note_tone in (DONE, OK)
+        cause = f" ({how.note})" if how.note and settled else f" cause: {how.note}" if how.note else ""
+        level = logging.WARNING if ((how.note and not settled) or b.rows_err or b.drift_rows) else logging.INFO
         return level, (
             f"sink {sink}: batch {b.batch_id} [{iso(b.lower)}, {iso(b.upper)}) is {b.state}{version}{counts}{cause}"
         )

@@ -1,0 +1,223 @@
+"""What the on-call engineer reads is true and actionable, with the real ledgers (SQLite and
+PostgreSQL), real Delta tables and foreign writes by delta-rs:
+
+- a failure shows (red, "FAILED, needs action") only while unresolved; once a later attempt
+  committed the batch it is history (grey), and the one-line cause names the OS's error;
+- a superseded run that left the shard behind is grey, and status/pages name the run to clear
+  with commands that work (the one without Airflow is run here and catches the shard up);
+- ``check`` (no JVM) reports foreign commits with their rows and whether a batch repaired them;
+  ``check --verify`` says the current state verifies and that older history was altered and
+  repaired (exit 0; ``--strict-history`` makes it fail); ``status --json`` carries the foreign
+  versions per batch;
+- staged files a later cleanup removes are pending cleanup (with their age), a violation only
+  past the cleanup horizon.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+import pyarrow as pa
+import pytest
+
+from helpers import make_sink, run_batch, shard_as_of, write_json_rows
+from reconcile import cli
+from reconcile.airflow import ui
+from reconcile.log import iso
+from reconcile.storage.delta import ShardTable
+
+
+def _immutable(path, on: bool) -> bool:
+    """chattr +i/-i (root on a file system with the attribute): a directory nothing may create files in."""
+    done = subprocess.run(["chattr", "+i" if on else "-i", str(path)], capture_output=True)
+    return done.returncode == 0
+
+
+def test_a_failure_is_red_until_resolved_and_its_cause_names_the_os_error(
+    spark, warehouse, tmp_path, store, monkeypatch, capsys
+):
+    from reconcile.airflow.tasks import batch_line, commit_for_run
+    from reconcile.errors import SinkError
+    from reconcile.sink import mint, write
+
+    monkeypatch.setenv("RECONCILE_SINKS_DIR", str(tmp_path))
+    cfg = make_sink(tmp_path, f"oncall_fail_{store.engine.dialect.name}")
+    write_json_rows(tmp_path / "src", [{"k": 1, "v": "a"}])
+    run_batch(spark, store, cfg, "run-1", 200)
+    write_json_rows(tmp_path / "src", [{"k": 1, "v": "a"}, {"k": 2, "v": "b"}])
+    desc = mint.run_mint(store, cfg, "run-2", 1, 300).description
+    assert write.run_write(spark, store, cfg, desc.batch_id).outcome == "staged"
+    log_dir = ShardTable(cfg).log_path
+    if not _immutable(log_dir, True):
+        pytest.skip("chattr +i is not available here (needs root and a file system with the attribute)")
+    try:
+        with pytest.raises(SinkError) as info:
+            commit_for_run(cfg.name, "run-2", desc.batch_id)
+    finally:
+        _immutable(log_dir, False)
+    assert "Operation not permitted" in str(info.value), str(info.value)  # the OS's error, not only delta-rs's
+    assert "\n" not in str(info.value)
+
+    assert cli.main(["status", cfg.name]) == 0
+    out = capsys.readouterr().out
+    assert "FAILED, needs action: final:" in out and "Operation not permitted" in out, out
+    assert "class=bad" in ui.render_sink(cfg.name)
+
+    assert "appended batch" in commit_for_run(cfg.name, "run-2", desc.batch_id)  # fixed, run again
+    assert shard_as_of(cfg, 299) == {(1, "a", None): 1, (2, "b", None): 1}
+    assert cli.main(["status", cfg.name]) == 0
+    out = capsys.readouterr().out
+    assert "FAILED" not in out, out
+    assert "resolved (a later attempt committed it at Delta version 2); earlier failure: final:" in out, out
+    assert cli.main(["status", cfg.name, "--json"]) == 0
+    last = json.loads(capsys.readouterr().out)["batches"][-1]
+    assert last["state"] == "committed" and last["standing"]["tone"] == "ok"
+    assert last["standing"]["note_tone"] == "done" and "Operation not permitted" in last["standing"]["note"]
+    page = ui.render_sink(cfg.name)
+    assert "class=bad" not in page and "class=done>resolved" in page, page
+    level, line = batch_line(cfg.name, "run-2", desc.batch_id)  # the successful append's last line
+    assert level == 20 and "resolved" in line and " cause: " not in line, line
+
+
+def test_a_superseded_run_that_left_the_shard_behind_names_the_run_to_clear(
+    spark, warehouse, tmp_path, store, monkeypatch, capsys
+):
+    """The catch-up race: the scheduled run's wide batch is superseded by a backfill's narrower
+    one; the scheduled run ends green (superseded), the shard a day behind it. Status and pages
+    show it grey (not "final: ... Remedy: none needed" in red) and name the run to clear now;
+    the printed command without Airflow catches the shard up."""
+    from reconcile.airflow.tasks import commit_for_run
+    from reconcile.errors import DescriptionOutdated
+    from reconcile.sink import mint, write
+
+    monkeypatch.setenv("RECONCILE_SINKS_DIR", str(tmp_path))
+    cfg = make_sink(tmp_path, f"oncall_behind_{store.engine.dialect.name}", schedule="@daily")
+    write_json_rows(tmp_path / "src", [{"k": 1, "v": "a"}])
+    wide = mint.run_mint(store, cfg, "scheduled__catchup", 1, 400).description
+    assert write.run_write(spark, store, cfg, wide.batch_id).outcome == "staged"
+    run_batch(spark, store, cfg, "backfill__day1", 200)  # supersedes the wide batch, commits [100, 200)
+    with pytest.raises(DescriptionOutdated):  # what the scheduled run's append met (Airflow: skipped, green)
+        commit_for_run(cfg.name, "scheduled__catchup", wide.batch_id)
+
+    assert cli.main(["status", cfg.name, "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    row = next(b for b in data["batches"] if b["batch_id"] == wide.batch_id)
+    assert row["state"] == "superseded" and row["standing"]["tone"] == "done"
+    assert "Remedy" not in row["standing"]["note"]
+    behind = data["behind"]
+    assert behind["run_id"] == "scheduled__catchup" and (behind["from"]["ms"], behind["to"]["ms"]) == (200, 400)
+    assert behind["commands"] == [
+        f"airflow dags clear {cfg.name} --run-id scheduled__catchup -y",
+        f"python -m reconcile run {cfg.name} --frontier 400",
+    ]
+    assert cli.main(["status", cfg.name]) == 0
+    out = capsys.readouterr().out
+    assert "FAILED" not in out and f"BEHIND: the shard is behind: run scheduled__catchup described [{iso(200)}" in out
+    page = ui.render_sink(cfg.name)
+    assert "class=bad" not in page and f"airflow dags clear {cfg.name} --run-id scheduled__catchup -y" in page
+
+    assert cli.main(behind["commands"][1].split()[3:]) == 0  # `python -m reconcile run ...`, as printed
+    assert store.get_shard(cfg.name).upper == 400
+    capsys.readouterr()
+    assert cli.main(["status", cfg.name, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["behind"] is None
+    assert "airflow dags clear" not in ui.render_sink(cfg.name)
+
+
+def _delta_rs_write(cfg, mode: str = "append", predicate: str | None = None) -> None:
+    from deltalake import DeltaTable, write_deltalake
+
+    path = ShardTable(cfg).path
+    if predicate:
+        DeltaTable(path).delete(predicate)
+        return
+    row = {
+        "k": pa.array([7], pa.int64()),
+        "v": pa.array(["zz"]),
+        "_time": pa.array([150], pa.int64()),
+        "_diff": pa.array([1], pa.int64()),
+        "_error": pa.array([None], pa.string()),
+    }
+    write_deltalake(path, pa.table(row), mode=mode)
+
+
+def test_check_reports_foreign_commits_and_verify_tells_current_from_altered_history(
+    spark, warehouse, tmp_path, store, monkeypatch, capsys
+):
+    monkeypatch.setenv("RECONCILE_SINKS_DIR", str(tmp_path))
+    cfg = make_sink(tmp_path, f"oncall_drift_{store.engine.dialect.name}")
+    rows = [{"k": 1, "v": "a"}, {"k": 2, "v": "b"}, {"k": 3, "v": "c"}]
+    write_json_rows(tmp_path / "src", rows)
+    run_batch(spark, store, cfg, "run-1", 200)
+    run_batch(spark, store, cfg, "run-2", 300)
+    _delta_rs_write(cfg)  # a foreign append: version 3
+    _delta_rs_write(cfg, predicate="k = 2")  # a foreign delete: version 4 (rewrites a file)
+
+    assert cli.main(["check", cfg.name]) == 0  # findings, not violations
+    out = capsys.readouterr().out
+    assert "FINDING foreign Delta version 3: WRITE by delta-rs" in out and "+1 rows" in out, out
+    assert "FINDING foreign Delta version 4: DELETE by delta-rs" in out, out
+    assert "not yet repaired: the next batch of the sink repairs it" in out
+    assert "0 invariant violation(s), 2 finding(s)" in out
+    assert cli.main(["status", cfg.name, "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert [f["version"] for f in data["foreign_unrepaired"]] == [3, 4]
+    deleted = data["foreign_unrepaired"][1]
+    assert deleted["operation"] == "DELETE" and deleted["rows_added"] is not None
+    assert deleted["rows_removed"] - deleted["rows_added"] == 1  # one row deleted (the file rewritten)
+
+    run_batch(spark, store, cfg, "run-3", 400)  # repairs the drift
+    assert shard_as_of(cfg, 399) == {(r["k"], r["v"], None): 1 for r in rows}
+    repair = store.run_batch(cfg.name, "run-3")
+    assert cli.main(["check", cfg.name]) == 0
+    out = capsys.readouterr().out
+    assert out.count(f"repaired at version {repair.delta_version} (batch {repair.batch_id}") == 2, out
+    assert cli.main(["status", cfg.name, "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["foreign_unrepaired"] == []
+    got = {b["batch_id"]: [f["version"] for f in b["foreign_versions"]] for b in data["batches"]}
+    assert got[repair.batch_id] == [3, 4] and sum(len(v) for v in got.values()) == 2
+
+    # --verify: the current state verifies; the older batches' history was altered and repaired
+    assert cli.main(["check", cfg.name, "--verify"]) == 0
+    out = capsys.readouterr().out
+    assert "verify: the current state verifies" in out, out
+    assert f"FINDING history altered: batch {store.run_batch(cfg.name, 'run-1').batch_id}" in out, out
+    assert f"repaired at version {repair.delta_version}" in out
+    assert "VIOLATION" not in out
+    assert cli.main(["check", cfg.name, "--verify", "--strict-history"]) == 1
+    assert "VIOLATION history altered" in capsys.readouterr().out
+
+
+def test_staged_files_a_cleanup_removes_are_pending_until_the_horizon(spark, warehouse, tmp_path, store, monkeypatch):
+    from reconcile.schedule import now_ms
+    from reconcile.sink import check, mint, write
+
+    monkeypatch.setenv("RECONCILE_SINKS_DIR", str(tmp_path))
+    cfg = make_sink(tmp_path, f"oncall_stale_{store.engine.dialect.name}", schedule="@hourly")
+    write_json_rows(tmp_path / "src", [{"k": 1, "v": "a"}])
+    loser = mint.run_mint(store, cfg, "loser", 1, 300).description
+    assert write.run_write(spark, store, cfg, loser.batch_id).outcome == "staged"
+    winner = mint.run_mint(store, cfg, "winner", 1, 200).description  # supersedes the loser's
+    assert write.run_write(spark, store, cfg, winner.batch_id).outcome == "staged"
+    from reconcile.sink.sync import sync
+    from reconcile.storage.delta import ShardTable as T
+
+    # the winner commits without its append's cleanup (as when the loser's files land after it)
+    table = T(cfg)
+    from reconcile.sink import append
+
+    monkeypatch.setattr(append, "gc_staged", lambda *a: [])
+    assert append.run_append(store, cfg, winner.batch_id).outcome == "committed"
+    sync(store, table)
+    assert check.violations(store, cfg)[-1].startswith(check.STALE)  # strictly: left over
+    report = check.run_check(store, cfg)
+    assert report.violations == [], report.violations
+    assert len(report.findings) == 1 and report.findings[0].startswith(
+        f"pending cleanup: staged files of {loser.batch_id}"
+    )
+    assert "last written 0s ago" in report.findings[0] or "s ago" in report.findings[0]
+    assert "a violation after 2h 0m" in report.findings[0]  # twice the hourly period
+    later = check.run_check(store, cfg, now=now_ms() + 3 * 3_600_000)
+    assert len(later.violations) == 1 and "older than the cleanup horizon (2h 0m)" in later.violations[0]
