@@ -80,7 +80,10 @@ def _log_rows(cfg: SinkConfig) -> list[dict]:
 
     from reconcile.storage.delta import ShardTable
 
-    return DeltaTable(ShardTable(cfg).path).to_pyarrow_table().to_pylist()
+    from reconcile import settings
+
+    path = ShardTable(cfg).path
+    return DeltaTable(path, storage_options=settings.delta_storage_options()).to_pyarrow_table().to_pylist()
 
 
 def as_of(log: list[dict], cfg: SinkConfig, t: int) -> Counter:

@@ -73,7 +73,24 @@ CASES = [
 def test_killed_process_then_recovery(
     spark, warehouse, tmp_path, sqlite_store, monkeypatch, stage, point, recovery, connect_url
 ):
-    store = sqlite_store
+    # one write is killed in a JVM of its own (spark-submit's form), the others as Connect clients
+    remote = None if point == "write.after_partition_staged" else connect_url
+    crash_and_recover(spark, tmp_path, sqlite_store, monkeypatch, stage, point, recovery, remote)
+
+
+@pytest.mark.parametrize("stage, point, recovery", CASES, ids=[f"{p}-{r}" for _, p, r in CASES])
+def test_killed_process_then_recovery_on_s3(
+    spark, s3_warehouse, tmp_path, sqlite_store, monkeypatch, stage, point, recovery
+):
+    """The same on a warehouse on S3: the killed job reads the AWS environment as a deployment's
+    does (a write in a JVM of its own)."""
+    crash_and_recover(spark, tmp_path, sqlite_store, monkeypatch, stage, point, recovery, None)
+
+
+def crash_and_recover(spark, tmp_path, store, monkeypatch, stage, point, recovery, remote) -> None:
+    """Run the stage's job killed at ``point`` (a write as a client of ``remote``, or in a JVM of
+    its own), recover as ``recovery`` says, run one more batch, and check the shard against the
+    model at every committed upper."""
     monkeypatch.setenv("RECONCILE_SINKS_DIR", str(tmp_path))
     cfg = make_sink(tmp_path, f"crash_{point.replace('.', '_')}"[:60])
     history: list[tuple[int, list[dict]]] = []
@@ -89,9 +106,7 @@ def test_killed_process_then_recovery(
     desc = mint.run_mint(store, cfg, "run-1", 1, base + 100).description
     if stage == "append":
         write.run_write(spark, store, cfg, desc.batch_id)
-    # one write is killed in a JVM of its own (spark-submit's form), the others as Connect clients
-    own_jvm = point == "write.after_partition_staged"
-    run_job_killed_at(stage, cfg, "run-1", point, None if own_jvm else connect_url)
+    run_job_killed_at(stage, cfg, "run-1", point, remote)
 
     if recovery == "retry":  # Airflow retries the task that died, then runs what follows it
         if stage == "write":

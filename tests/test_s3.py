@@ -129,3 +129,67 @@ def test_staged_files_that_can_never_be_appended_are_deleted_from_s3(spark, s3_w
     assert table.staged_batches() == [b for b in table.staged_batches() if b != old.batch_id]
     assert not files.list_files(table.staging_path(old.batch_id))
     assert Counter(shard_as_of(cfg, 299)) == Counter({(1, "a", None): 1})
+
+
+def test_credentials_from_an_airflow_connection_reach_every_stage_and_no_output(
+    spark, s3_server_running, tmp_path, sqlite_store, monkeypatch, capfd, caplog
+):
+    """``RECONCILE_AWS_CONN_ID`` names an Airflow AWS connection: the stages read the warehouse
+    with its credentials, and its secret is in no log line, no ledger row, no Delta commit, no
+    status output and no page."""
+    import json
+    import logging
+    import uuid
+
+    from sqlalchemy import text
+
+    from reconcile import report
+    from reconcile.airflow import aws, ui
+
+    server = s3_server_running
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_REGION", "AWS_ENDPOINT_URL"):
+        monkeypatch.delenv(name, raising=False)
+    conn = {
+        "conn_type": "aws",
+        "login": server.access_key,
+        "password": server.secret_key,
+        "extra": {"region_name": server.region, "endpoint_url": server.endpoint},
+    }
+    monkeypatch.setenv("AIRFLOW_CONN_RECONCILE_S3", json.dumps(conn))
+    monkeypatch.setenv("RECONCILE_AWS_CONN_ID", "reconcile_s3")
+    monkeypatch.setenv("RECONCILE_WAREHOUSE", server.url(f"wh-{uuid.uuid4().hex[:8]}"))
+    monkeypatch.setenv("RECONCILE_SINKS_DIR", str(tmp_path))
+    monkeypatch.setenv("RECONCILE_METADATA_URL", str(sqlite_store.engine.url))
+    caplog.set_level(logging.DEBUG)
+    assert aws.export_connection()
+    # this process's JVM predates the variables: S3A gets them as the test session's conf
+    conf = {k.removeprefix("spark.hadoop."): v for k, v in server.hadoop_conf(per_bucket=True).items()}
+    for k, v in conf.items():
+        spark.conf.set(k, v)
+    try:
+        cfg = make_sink(tmp_path, "secret")
+        write_json_rows(tmp_path / "src", [{"k": 1, "v": "a"}])
+        committed_run(spark, sqlite_store, cfg, "r1", 200)
+        assert shard_as_of(cfg, 199) == Counter({(1, "a", None): 1})
+        report.print_status(sqlite_store, cfg.name)
+        pages = ui.render_overview() + ui.render_sink(cfg.name)
+    finally:
+        for k in conf:
+            spark.conf.unset(k)
+    out, err = capfd.readouterr()
+    with sqlite_store.engine.connect() as c:
+        ledger = [
+            str(row) for t in ("reconcile_shards", "reconcile_batches") for row in c.execute(text(f"SELECT * FROM {t}"))
+        ]
+    table = ShardTable(cfg)
+    commits = [json.dumps(table.commit_actions(v)) for v in table.log_versions()]
+    seen = {
+        "logs": caplog.text,
+        "stdout": out,
+        "stderr": err,
+        "ledger": "\n".join(ledger),
+        "delta log": "\n".join(commits),
+        "pages": pages,
+    }
+    assert server.secret_key not in "".join(seen.values()), [k for k, v in seen.items() if server.secret_key in v]
+    assert "sink secret" in out or cfg.name in out  # the status was printed

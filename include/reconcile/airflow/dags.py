@@ -88,6 +88,9 @@ class ReconcileSparkSubmitOperator(SparkSubmitOperator):
     def execute(self, context):
         from reconcile.airflow.tasks import batch_line, failure_verdict, nothing_left, out_of_retries
 
+        from reconcile.airflow.aws import export_connection
+
+        export_connection()  # the job (spark-submit's child, or this process) reads the environment
         run_id = context["run_id"]
         batch_id = (context["ti"].xcom_pull(task_ids="mint") or {}).get("batch_id")
         if self.stage == "write":

@@ -35,7 +35,11 @@ def open_store() -> MetadataStore:
 
 @contextmanager
 def sink_and_store(sink: str) -> Iterator[tuple[SinkConfig, MetadataStore]]:
-    """The sink's config and a metadata store, disposed of when the task is done."""
+    """The sink's config and a metadata store, disposed of when the task is done; the warehouse's
+    credentials from the Airflow connection, if one is configured."""
+    from reconcile.airflow.aws import export_connection
+
+    export_connection()
     cfg = load_sink(sink)
     store = open_store()
     try:
