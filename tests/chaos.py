@@ -279,7 +279,7 @@ class Schedule:
     def check(self, final: bool = False) -> list[str]:
         if not ShardTable(self.cfg).exists():
             return []
-        sync(self.store, self.cfg)
+        sync(self.store, ShardTable(self.cfg))
         problems = [
             v for v in check.violations(self.store, self.cfg, spark=self.spark) if final or "staged files" not in v
         ]
