@@ -1,13 +1,16 @@
 """A shard's Delta table, without a JVM: one :class:`ShardTable` per sink, built once per stage,
 with the verbs the stages use (its staging area, its log since a version, its files, the guarded
-batch commit). delta-rs reads snapshots and makes the commit; fsspec reads files; pyarrow reads
-Parquet footers (:mod:`.footers`). The layout of the files is in :mod:`.layout`, the meaning of
-each commit in :mod:`.commits`.
+commits, vacuum). delta-rs reads snapshots and makes every commit; fsspec reads files; pyarrow
+reads Parquet footers (:mod:`.footers`). The layout of the files is in :mod:`.layout`, the
+meaning of each commit in :mod:`.commits`.
 
-Batch commits record the application transaction ``(appId = reconcile-sink:<sink>, version =
-lower)``: a batch is committed only if the last version recorded for that app id is below its
-``lower``, and only at the version after the one whose snapshot was checked (put-if-absent of the
-commit file), so a batch, or any batch with an older ``lower``, can never be committed twice.
+Every commit the sink makes is one delta-rs commit of files already on storage, at exactly the
+version after the snapshot it read (put-if-absent of ``_delta_log/<version>.json``, no automatic
+retry): :meth:`ShardTable._commit_at_next`. Batch commits record the application transaction
+``(appId = reconcile-sink:<sink>, version = lower)``: a batch is committed only if the last
+version recorded for that app id is below its ``lower`` (else the commit re-checks on the newer
+snapshot), so a batch, or any batch with an older ``lower``, can never be committed twice. A
+compaction's rewrite is committed only as the version right after the one it read, never later.
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ from reconcile.storage.commits import (
     info_of,
     parse_actions,
 )
-from reconcile.storage.layout import BATCHES_DIR
+from reconcile.storage.layout import BATCHES_DIR, COMPACTIONS_DIR
 
 _DELTA_TYPES = {"tinyint": "byte", "smallint": "short", "int": "integer", "bigint": "long"}
 # Reader features that leave every data file readable as it is, by name (Spark reads timestamp_ntz
@@ -261,7 +264,7 @@ class ShardTable:
                 f"Delta table {self.path} has columns {have}, the sink expects {want}", sink=self.name
             )
 
-    # -- the metadata-only batch commit -------------------------------------------------------
+    # -- the metadata-only commits -------------------------------------------------------------
 
     def commit_files(
         self, staged: list[tuple[str, int, dict]], meta: dict, lower: int, fence: Callable[[], None] | None = None
@@ -278,6 +281,49 @@ class ShardTable:
 
         Returns the new version, or None when the guard skipped the commit (a version at or
         above ``lower`` is recorded: someone committed this lower, or a later one)."""
+        for attempt in range(20):
+            dt = self.snapshot()
+            recorded = dt.transaction_version(self.app_id)
+            if recorded is not None and recorded >= lower:
+                return None
+            if fence is not None:
+                fence()
+            version = self._commit_at_next(dt, "append", staged, {"op": "batch", **meta}, lower, "append")
+            if version is not None:
+                return version
+            time.sleep(min(0.05 * (attempt + 1), 0.5))  # another version took it: check the newer snapshot
+        raise Retryable(
+            f"Delta commit of the batch with lower {iso(lower)} kept losing to concurrent commits",
+            sink=self.name,
+            remedy="the task retries by itself; nothing was committed.",
+        )
+
+    def commit_rewrite(
+        self,
+        written: list[tuple[str, int, dict]],
+        meta: dict,
+        read_version: int,
+        txn_version: int,
+        fence: Callable[[], None] | None = None,
+    ) -> tuple[int, int] | None:
+        """Replace every data file of the snapshot at ``read_version`` with ``written`` (``(path
+        relative to the table, size, stats)``) in one Delta version, ``read_version + 1`` and no
+        other (put-if-absent, no retry), with the commit metadata ``meta`` and the application
+        transaction ``txn_version``; ``fence`` as for :meth:`commit_files`. Returns (that
+        version, how many files it removed), or None if any commit took it first."""
+        dt = self.snapshot(read_version)
+        removed = dt.get_add_actions(flatten=True).num_rows
+        if fence is not None:
+            fence()
+        version = self._commit_at_next(dt, "overwrite", written, meta, txn_version, "compact")
+        return None if version is None else (version, removed)
+
+    def _commit_at_next(self, dt, mode: str, files: list[tuple[str, int, dict]], meta: dict, txn: int, task: str):
+        """The one Delta commit the sink makes (delta-rs): ``files`` added (``overwrite``: and
+        every file of ``dt`` removed) as the version right after ``dt``'s, with ``meta`` as the
+        sink's commit metadata and ``(app id, txn)`` as its application transaction. Returns the
+        new version, or None when that version's commit file exists (put-if-absent lost).
+        ``task``: the stage committing, named in a refusal."""
         from deltalake import CommitProperties, Transaction
         from deltalake.exceptions import CommitFailedError
         from deltalake.transaction import AddAction
@@ -292,40 +338,57 @@ class ShardTable:
                 data_change=True,
                 stats=json.dumps(stats, separators=(",", ":")),
             )
-            for path, size, stats in staged
+            for path, size, stats in files
         ]
-        user_meta = json.dumps({META_KEY: {"op": "batch", "sink": self.name, **meta}}, sort_keys=True)
-        for attempt in range(20):
-            dt = self.snapshot()
-            recorded = dt.transaction_version(self.app_id)
-            if recorded is not None and recorded >= lower:
-                return None
-            read = dt.version()
-            props = CommitProperties(
-                custom_metadata={"userMetadata": user_meta},
-                max_commit_retries=0,
-                app_transactions=[Transaction(app_id=self.app_id, version=lower, last_updated=now_ms)],
-            )
-            if fence is not None:
-                fence()
-            try:
-                dt.create_write_transaction(actions, mode="append", schema=dt.schema(), commit_properties=props)
-            except CommitFailedError:  # another version took read + 1: check again on the newer snapshot
-                time.sleep(min(0.05 * (attempt + 1), 0.5))
-                continue
-            except Exception as exc:  # noqa: BLE001 - the table's protocol or storage refuses the writer
-                raise CommitRejected(
-                    f"the Delta table at {self.path} refused the batch commit: {brief(exc, 300)}",
-                    sink=self.name,
-                    remedy="check the table's protocol/features (`DESCRIBE DETAIL`) and the warehouse's "
-                    "permissions; nothing was committed, clear 'append' once fixed.",
-                ) from None
-            return read + 1
-        raise Retryable(
-            f"Delta commit of the batch with lower {iso(lower)} kept losing to concurrent commits",
-            sink=self.name,
-            remedy="the task retries by itself; nothing was committed.",
+        user_meta = json.dumps({META_KEY: {"sink": self.name, **meta}}, sort_keys=True)
+        read = dt.version()
+        props = CommitProperties(
+            custom_metadata={"userMetadata": user_meta},
+            max_commit_retries=0,
+            app_transactions=[Transaction(app_id=self.app_id, version=txn, last_updated=now_ms)],
         )
+        try:
+            dt.create_write_transaction(actions, mode=mode, schema=dt.schema(), commit_properties=props)
+        except CommitFailedError:  # version read + 1 is taken
+            return None
+        except Exception as exc:  # noqa: BLE001 - the table's protocol or storage refuses the writer
+            raise CommitRejected(
+                f"the Delta table at {self.path} refused the {task} commit: {brief(exc, 300)}",
+                sink=self.name,
+                remedy="check the table's protocol/features (`DESCRIBE DETAIL`) and the warehouse's "
+                f"permissions; nothing was committed, clear '{task}' once fixed.",
+            ) from None
+        return read + 1
+
+    # -- compactions' files and vacuum ----------------------------------------------------------
+
+    def compaction_path(self, name: str | None = None) -> str:
+        """The compactions' directory, or one compaction's (:func:`.layout.compaction_dir`)."""
+        root = f"{self.path}/{COMPACTIONS_DIR}"
+        return f"{root}/{name}" if name else root
+
+    def compaction_dirs(self) -> list[str]:
+        """The names of the compactions' directories."""
+        return files.list_dirs(self.compaction_path())
+
+    def vacuum_removed(self, retention_hours: int) -> list[str]:
+        """delta-rs's vacuum of the files the log removed (its ``lite`` mode: tombstones) more
+        than ``retention_hours`` ago; it records ``VACUUM START``/``END`` (its own put-if-absent
+        commits) when it deletes anything. Returns the deleted paths, relative to the table."""
+        deleted = self.snapshot().vacuum(
+            retention_hours=retention_hours, enforce_retention_duration=False, dry_run=False, full=False
+        )
+        return sorted(unquote(p) for p in deleted)
+
+    def unreferenced_files(self, retention_hours: int) -> tuple[int, list[str]]:
+        """(version ``s`` of the latest snapshot, what delta-rs's ``full`` vacuum of it would
+        delete, listed and not deleted): every file under the table that the snapshot at ``s``
+        does not name, last modified (or removed by the log) more than ``retention_hours`` ago,
+        except under a top-level directory whose name begins with ``_`` or ``.`` (the log).
+        Paths relative to the table."""
+        dt = self.snapshot()
+        found = dt.vacuum(retention_hours=retention_hours, enforce_retention_duration=False, dry_run=True, full=True)
+        return dt.version(), sorted(unquote(p) for p in found)
 
 
 def _data_files(dt) -> list[str]:
