@@ -13,18 +13,25 @@ frontier, as in Materialize's persist):
    same row and time are summed and zero sums dropped: one update per distinct row at since,
    none for rows that no longer exist. Reads as of any ``t >= since`` are unchanged (the sum of
    the updates at times ``<= t`` is the same). Reads below since are refused.
-3. **guard**: the rewrite is one Delta overwrite of the version it read, committed under the
-   sink's own commit guard (``txnAppId = reconcile-sink:<sink>``) with
-   ``txnVersion = last recorded + 1``. A batch that commits after compaction read the table
-   records a higher ``txnVersion`` (its ``lower``, which is above that) so Delta skips the
-   stale rewrite; a batch racing the commit itself finds the commit file of its version taken
-   (put-if-absent) and checks again on the newer snapshot. Either way nothing is lost:
-   compaction leaves the sum of updates at times ``>= since`` as it was, so a correction
-   staged before compaction is still exact after it. The guard needs an unused version below
-   the shard's upper (the next batch's lower), so compaction waits while the last batch is
-   1 ms wide.
-4. **vacuum**: Delta files no longer referenced, older than ``retention.vacuum_hours``, are
-   deleted. Time travel below that is gone, so keep it longer than the longest batch.
+3. **commit**: Spark writes the rewrite as plain Parquet files into a directory of the
+   compaction's own inside the table (``compactions/<read version>-<token>/``); then one
+   delta-rs commit removes every data file of the version it read and adds those files (with
+   their footers' statistics), as the version right after the one it read and no other
+   (put-if-absent, no retry; :meth:`ShardTable.commit_rewrite`). It records the sink's commit
+   guard (``txnAppId = reconcile-sink:<sink>``) with ``txnVersion = last recorded + 1``, and
+   ``since`` in its commit metadata. A batch that commits after compaction read the table takes
+   that version first, so the stale rewrite is never committed: the compaction ends as
+   ``raced`` and deletes its files (whoever finds them left behind by a crash deletes them too:
+   :func:`reconcile.sink.sync.gc_compactions`). Nothing is lost either way: compaction leaves the
+   sum of updates at times ``>= since`` as it was, so a correction staged before compaction is
+   still exact after it. The guard needs an unused version below the shard's upper (the next
+   batch's lower), so compaction waits while the last batch is 1 ms wide.
+4. **vacuum** (:func:`vacuum`, no JVM): files the log removed more than
+   ``retention.vacuum_hours`` ago are deleted by delta-rs's vacuum (which logs ``VACUUM
+   START``/``END``, its own put-if-absent commits); files the log never named (orphans: a dead
+   writer's) older than that are deleted too, except those a commit may still add (a staged
+   batch not yet committed, a compaction that may still commit). Time travel below the
+   retention is gone, so keep it longer than the longest batch.
 
 Runs as the sink DAG's ``compact`` task when ``compaction.every_batches`` batches have been
 committed since the last compaction, or by hand: ``python -m reconcile compact SINK``.
@@ -45,8 +52,8 @@ from reconcile.errors import SinkError
 from reconcile.failpoints import failpoint
 from reconcile.log import event, iso
 from reconcile.model import COMMITTED
-from reconcile.sink.sync import sync
-from reconcile.storage import frames
+from reconcile.sink.sync import gc_compactions, sync
+from reconcile.storage import files, footers, frames, layout
 from reconcile.storage.delta import ShardTable
 from reconcile.storage.ledger import MetadataStore
 
@@ -99,25 +106,65 @@ def _uncompacted(spark: SparkSession, table: ShardTable, since: int) -> bool:
     return bool(frames.read_updates(spark, table).where(F.col("_time") < since).limit(1).count())
 
 
-def vacuum(spark: SparkSession, table: ShardTable) -> None:
-    """Delta's VACUUM of the shard (SQL: the same on a classic and a Spark Connect session)."""
-    cfg = table.cfg
-    conf = {
-        # Vacuum lists the table with this many tasks (default 10,000: ~40 s of empty tasks on
-        # a small local table); the shard is not partitioned, a few suffice.
-        "spark.sql.sources.parallelPartitionDiscovery.parallelism": str(max(cfg.partitions, 4)),
-    }
-    if cfg.vacuum_retention_hours < 168:  # Delta refuses below 7 days unless told
-        conf["spark.databricks.delta.retentionDurationCheck.enabled"] = "false"
-    saved: dict[str, str | None] = {k: spark.conf.get(k, None) for k in conf}
-    for k, v in conf.items():
-        spark.conf.set(k, v)
-    try:
-        path = table.path.replace("`", "``")
-        spark.sql(f"VACUUM delta.`{path}` RETAIN {int(cfg.vacuum_retention_hours)} HOURS").collect()
-    finally:
-        for k, old in saved.items():
-            spark.conf.unset(k) if old is None else spark.conf.set(k, old)
+def vacuum(store: MetadataStore, table: ShardTable) -> list[str]:
+    """Delete the files no retained version of the table names and no commit can add, last
+    changed more than ``retention.vacuum_hours`` ago (what Delta's VACUUM deletes), without a
+    JVM. delta-rs deletes the files the log removed (:meth:`ShardTable.vacuum_removed`) and lists
+    the orphans at a snapshot of version ``s`` (:meth:`ShardTable.unreferenced_files`); of those,
+    the sink's own directories lose only files no commit after ``s`` can add: a batch's when the
+    ledger has it committed at a version ``<= s`` (Spark's VACUUM deleted any staged file past the
+    retention, even one an append was about to commit), a compaction's when it read a version
+    below ``s``. Directories left without a data file go too. Returns the deleted paths,
+    relative to the table."""
+    hours = table.cfg.vacuum_retention_hours
+    removed = table.vacuum_removed(hours)
+    version, listed = table.unreferenced_files(hours)
+    committed = {b.batch_id: b.delta_version for b in store.batches(table.name, (COMMITTED,))}
+    orphans = [p for p in listed if p not in set(removed) and _never_added_after(p, version, committed)]
+    for p in orphans:
+        files.delete_path(f"{table.path}/{p}")
+    deleted = removed + orphans
+    for d in sorted({d for d in map(_owner_dir, deleted) if d is not None}):
+        if not files.list_files(f"{table.path}/{d}"):
+            files.delete_path(f"{table.path}/{d}")
+            parent = d.rsplit("/", 1)[0]  # a batch's directory once its last attempt is gone
+            if parent.startswith(f"{layout.BATCHES_DIR}/") and not files.list_names(f"{table.path}/{parent}"):
+                files.delete_path(f"{table.path}/{parent}")
+    return deleted
+
+
+def _never_added_after(path: str, version: int, committed: dict[str, int | None]) -> bool:
+    """Can no commit after Delta version ``version`` add this file (relative to the table)?"""
+    top, _, rest = path.partition("/")
+    name = rest.split("/", 1)[0]
+    if top == layout.BATCHES_DIR:  # every attempt of a batch committed by then: never again
+        at = committed.get(name)
+        return at is not None and at <= version
+    if top == layout.COMPACTIONS_DIR:  # committed as the version after the one it read, or never
+        parsed = layout.parse_compaction_dir(name)
+        return parsed is not None and parsed[0] < version
+    return True  # not the sink's: a foreign writer's leftover
+
+
+def _owner_dir(path: str) -> str | None:
+    """The write attempt's or compaction's directory a file of the sink's lies in."""
+    parts = path.split("/")
+    depth = {layout.BATCHES_DIR: 3, layout.COMPACTIONS_DIR: 2}.get(parts[0])
+    return "/".join(parts[:depth]) if depth and len(parts) > depth else None
+
+
+def _write_rewrite(table: ShardTable, rewrite, name: str) -> None:
+    """Spark writes the rewrite as plain Parquet files into the compaction's directory ``name``."""
+    cols = [f"`{c}`" for c in table.cfg.column_names] + ["_error", "_time", "_diff"]
+    rewrite.select(*cols).write.mode("error").parquet(table.compaction_path(name))
+
+
+def _written_files(table: ShardTable, name: str) -> list[tuple[str, int, dict]]:
+    """The rewrite's files as the commit adds them: (path relative to the table, size, the
+    statistics of its Parquet footer)."""
+    path, rel = table.compaction_path(name), f"{layout.COMPACTIONS_DIR}/{name}"
+    written = sorted(files.list_files(path).items())
+    return [(f"{rel}/{f}", size, footers.file_stats(f"{path}/{f}")) for f, size in written if f.endswith(".parquet")]
 
 
 def run_compact(
@@ -170,61 +217,52 @@ def run_compact(
     store.advance_since(cfg.name, target)
     failpoint("compact.after_since")
     token = uuid.uuid4().hex
-    meta = {"op": "compact", "sink": cfg.name, "since": target, "read_version": read_version, "token": token}
-    out = compacted(cfg, frames.read_updates(spark, table, read_version), target)
-    cols = [f"`{c}`" for c in cfg.column_names] + ["_error", "_time", "_diff"]
+    name = layout.compaction_dir(read_version, token)
+    meta = {"op": "compact", "since": target, "read_version": read_version, "token": token}
+    rewrite = compacted(cfg, frames.read_updates(spark, table, read_version), target)
+    written: list[tuple[str, int, dict]] = []
+    committed: tuple[int, int] | None = None
+    error: Exception | None = None
     try:
-        (
-            frames.writer(out.select(*cols), meta, "overwrite")
-            .option("txnAppId", table.app_id)
-            .option("txnVersion", recorded + 1)
-            .save(table.path)
-        )
-    except Exception as exc:  # a concurrent commit won (ConcurrentTransaction/Append exception)
-        if "Concurrent" not in type(exc).__name__ and "Concurrent" not in str(exc)[:500]:
-            raise
-        msg = event(
-            log,
-            f"compaction lost a race to a concurrent commit; nothing changed ({type(exc).__name__})",
-            level=logging.WARNING,
-            **state,
-        )
-        return CompactResult("raced", msg, target)
+        _write_rewrite(table, rewrite, name)
+        if table.latest_version() == read_version:  # else lost already: no footer to read
+            written = _written_files(table, name)
+            committed = table.commit_rewrite(written, meta, read_version, recorded + 1)
+    except Exception as exc:  # noqa: BLE001 - what it means is read from the log below
+        error = exc
+    if committed is None:
+        # Whose is version read + 1? Ours despite an error (a commit whose answer was lost)
+        # keeps its files; else they can never be committed: delete them.
+        found, at_next = table.version_description(read_version + 1)
+        if (at_next or {}).get("op") == "compact" and (at_next or {}).get("token") == token:
+            committed = (read_version + 1, table.snapshot(read_version).get_add_actions(flatten=True).num_rows)
+        else:
+            files.delete_path(table.compaction_path(name))
+            if error is not None and not found:  # not the race: the write or the commit failed
+                raise error
+            msg = event(
+                log,
+                f"compaction skipped by the commit guard: a commit took Delta version {read_version + 1} after it "
+                "read the table; nothing changed, the next compaction folds it in",
+                level=logging.WARNING,
+                **state,
+            )
+            return CompactResult("raced", msg, target)
     failpoint("compact.after_commit")
 
-    _, entries = table.history_since(read_version)
-    mine = [v for v, m in entries if m and m.get("op") == "compact" and m.get("token") == token]
-    if not mine:
-        msg = event(
-            log,
-            "compaction skipped by the commit guard: a batch committed after it read the "
-            "table; nothing changed, the next compaction folds it in",
-            level=logging.WARNING,
-            **state,
-        )
-        return CompactResult("raced", msg, target)
-    version = mine[0]
-    info = table.commit_info(version)
-    metrics = info.get("operationMetrics") or {}
-    if int(info.get("readVersion", read_version)) != read_version:
-        event(
-            log,
-            f"foreign Delta versions {read_version + 1}..{info['readVersion']} landed while compacting; "
-            "their updates were replaced (the next batch repairs any drift)",
-            level=logging.WARNING,
-            **state,
-        )
-    if vacuum_files:
-        vacuum(spark, table)
-    rows = int(metrics["numOutputRows"]) if "numOutputRows" in metrics else None
-    removed = int(metrics["numRemovedFiles"]) if "numRemovedFiles" in metrics else None
+    version, removed = committed
+    rows = sum(int(stats["numRecords"]) for _, _, stats in written)
+    gc_compactions(table)  # those that lost to this one or died before
+    vacuumed = vacuum(store, table) if vacuum_files else None
     msg = event(
         log,
         "compacted the shard's history",
         delta_version=version,
         rows_after=rows,
         files_removed=removed,
+        files_added=len(written),
         vacuum_hours=cfg.vacuum_retention_hours if vacuum_files else None,
+        files_vacuumed=None if vacuumed is None else len(vacuumed),
         **state,
     )
     return CompactResult("compacted", msg, target, version, rows, removed)

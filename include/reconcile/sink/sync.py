@@ -13,6 +13,13 @@ commit at its Delta version (one index lookup and one small file read per sync).
 of the log (the Delta table restored from an older copy) is refused with
 :class:`~reconcile.errors.MetadataAheadOfLog` before anything is written: the next batch's
 ``lower`` would not be where the table ends. ``python -m reconcile recover`` resets it.
+
+Files that can never become table files are deleted here, as Materialize's persist sink deletes
+a batch's blobs once it can never be appended: staged batch attempts (:func:`stale_staged`) and
+compactions' rewrites (:func:`stale_compactions`). A compaction's directory is named after the
+Delta version ``r`` it read and is committed as version ``r + 1`` or never: while the log ends at
+``r`` it may still commit (a compaction in flight, here or in another process, is never touched);
+once version ``r + 1`` is another commit, it never will.
 """
 
 from __future__ import annotations
@@ -25,6 +32,7 @@ from reconcile.model import COMMITTED
 from reconcile.storage import files
 from reconcile.storage.commits import batch_commits
 from reconcile.storage.delta import ShardTable
+from reconcile.storage.layout import COMPACTIONS_DIR, parse_compaction_dir
 from reconcile.storage.ledger import MetadataStore
 from reconcile.storage.tables import Batch, Shard
 
@@ -176,9 +184,36 @@ def stale_staged(store: MetadataStore, table: ShardTable) -> list[str]:
     return out
 
 
+def stale_compactions(table: ShardTable) -> list[str]:
+    """Compactions' directories whose files are no table files and never will be: a compaction
+    that lost its race or died before its commit (version ``r + 1`` is another commit), and a
+    committed one whose files later compactions removed and vacuum deleted (nothing left). A
+    committed compaction's files stay until vacuum deletes them (readers of older versions may
+    still need them); a directory of any other name is left alone."""
+    dirs = table.compaction_dirs()  # listed before the log: a commit after this is seen below
+    if not dirs:
+        return []
+    latest = table.latest_version()
+    prefix = f"{COMPACTIONS_DIR}/"
+    referenced = {f[len(prefix) :].split("/", 1)[0] for f in table.snapshot_files() if f.startswith(prefix)}
+    out = []
+    for name in dirs:
+        parsed = parse_compaction_dir(name)
+        if parsed is None or name in referenced or parsed[0] >= latest:  # in the table, or may still commit
+            continue
+        read_version, token = parsed
+        found, meta = table.version_description(read_version + 1)
+        m = meta or {}
+        committed = not found or (m.get("op") == "compact" and m.get("token") == token)  # not found: too old to tell
+        if not committed or not files.list_files(table.compaction_path(name)):
+            out.append(name)
+    return out
+
+
 def gc_staged(store: MetadataStore, table: ShardTable) -> list[str]:
     """Delete staged files that can never be appended (as persist's sink deletes a batch's blobs
-    once it can never be appended)."""
+    once it can never be appended), and compactions' files that can never be committed."""
+    gc_compactions(table)
     deleted = stale_staged(store, table)
     for rel in deleted:
         files.delete_path(f"{table.staging_root}/{rel}")
@@ -191,4 +226,13 @@ def gc_staged(store: MetadataStore, table: ShardTable) -> list[str]:
             dirs=",".join(deleted),
             upper=shard.upper,
         )
+    return deleted
+
+
+def gc_compactions(table: ShardTable) -> list[str]:
+    """Delete the compactions' directories that hold no table file and never will
+    (:func:`stale_compactions`)."""
+    deleted = [name for name in stale_compactions(table) if files.delete_path(table.compaction_path(name))]
+    if deleted:
+        event(log, "deleted compactions' files that can never be committed", sink=table.name, dirs=",".join(deleted))
     return deleted

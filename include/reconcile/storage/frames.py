@@ -5,7 +5,6 @@ uses :class:`reconcile.storage.delta.ShardTable`, which needs no JVM.
 
 from __future__ import annotations
 
-import json
 from functools import lru_cache
 
 from pyspark.sql import DataFrame, SparkSession
@@ -14,7 +13,7 @@ from pyspark.sql.types import StructType
 
 from reconcile.config import SinkConfig
 from reconcile.differential import HASH_COLUMN
-from reconcile.storage.commits import META_KEY, added_files
+from reconcile.storage.commits import added_files
 from reconcile.storage.delta import ShardTable
 from reconcile.storage.layout import PART_COLUMN
 
@@ -28,17 +27,6 @@ def _parse_ddl(ddl: str) -> StructType:
     parsed = StructType.fromDDL(ddl)  # a round trip to the JVM's parser (~50 ms): parse once
     assert isinstance(parsed, StructType)
     return parsed
-
-
-def writer(df: DataFrame, meta: dict, mode: str):
-    """A Delta writer whose commit carries ``meta`` as the sink's own commit metadata.
-
-    The metadata is an option of this one write, never the session-wide
-    ``spark.databricks.delta.commitInfo.userMetadata``: writers sharing a SparkSession (threads,
-    a notebook) would otherwise stamp each other's commits, and a batch commit stamped as
-    anything else is invisible to :func:`reconcile.sink.sync.sync`.
-    """
-    return df.write.format("delta").mode(mode).option("userMetadata", json.dumps({META_KEY: meta}, sort_keys=True))
 
 
 def read_updates(spark: SparkSession, table: ShardTable, version: int | None = None) -> DataFrame:
