@@ -36,7 +36,7 @@ import argparse
 import sys
 
 from reconcile import remedy, settings
-from reconcile.errors import SinkError
+from reconcile.errors import SinkError, brief
 from reconcile.log import iso
 
 
@@ -128,8 +128,14 @@ def quiet_spark(command: str):
         "spark.driver.extraJavaOptions": f"-Dlog4j2.configurationFile=file:{LOG4J2_PROPERTIES} "
         "-Dreconcile.spark.level=warn"
     }
-    with jvm_output_to(log):
-        return get_session(f"reconcile-{command}", extra=extra)
+    try:
+        with jvm_output_to(log):
+            return get_session(f"reconcile-{command}", extra=extra)
+    except Exception as exc:
+        raise SinkError(
+            f"Spark did not start for {command}: {brief(exc)} (Spark's log: {log})",
+            remedy="check Java (JAVA_HOME) and RECONCILE_SPARK_REMOTE.",
+        ) from None
 
 
 def cmd_show(args) -> int:
@@ -217,7 +223,6 @@ def cmd_run(args) -> int:
     from reconcile.schedule import now_ms
     from reconcile.sink.history import parse_time
     from reconcile.sink.run import run_batch
-    from reconcile.spark import get_session
 
     cfg = load_sink(args.sink)
     store = _store()
@@ -225,7 +230,7 @@ def cmd_run(args) -> int:
     run_id = args.run_id or f"cli__{frontier}"
     try:
         r = run_batch(
-            get_session(f"reconcile-run-{cfg.name}"),
+            quiet_spark("run"),
             store,
             cfg,
             run_id,
@@ -282,9 +287,7 @@ def cmd_check(args) -> int:
     store = _store()
     spark = None
     if args.deep or args.verify:  # the rows themselves (Spark)
-        from reconcile.spark import get_session
-
-        spark = get_session("reconcile-check")
+        spark = quiet_spark("check")
     rebuild_lost_ledger(store, table, cfg.as_of)
     sync(store, table)
     report = check.run_check(store, cfg, spark=spark if args.deep else None)
@@ -324,12 +327,11 @@ def cmd_compact(args) -> int:
     from reconcile.config import load_sink
     from reconcile.sink.compact import run_compact
     from reconcile.sink.history import parse_time
-    from reconcile.spark import get_session
 
     cfg = load_sink(args.sink)
     since = None if args.since is None else parse_time(args.since, "--since")
     store = _store()
-    spark = get_session(f"reconcile-compact-{cfg.name}")
+    spark = quiet_spark("compact")
     result = run_compact(spark, store, cfg, since=since, vacuum_files=not args.no_vacuum)
     print(f"compact: {result.message}")
     return 4 if result.outcome == "raced" else 0
