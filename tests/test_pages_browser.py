@@ -72,6 +72,21 @@ def pages(airflow_db, tmp_path_factory):
                     updated_at=at + timedelta(hours=i + 1, minutes=5),
                 )
             )
+        s.add(  # the scheduled catch-up run a backfill's batch superseded: green, yet the shard is behind it
+            Batch(
+                batch_id=f"{T0 + 3 * HOUR}-0000000000000000c",
+                shard=cfg.name,
+                lower=T0 + 3 * HOUR,
+                upper=T0 + 5 * HOUR,
+                state="superseded",
+                run_id="scheduled__catchup",
+                attempt=1,
+                message="superseded by batch x of run y Remedy: none needed: the next scheduled run appends it",
+                failure_kind="final",
+                created_at=at + timedelta(hours=3, minutes=30),
+                updated_at=at + timedelta(hours=3, minutes=40),
+            )
+        )
     store.dispose()
     env = dict(RECONCILE_METADATA_URL=url, RECONCILE_SINKS_DIR=str(tmp), RECONCILE_WAREHOUSE=str(tmp / "wh"))
     with api_server(tmp, PASSWORD, env) as (base, _):
@@ -115,6 +130,12 @@ def test_a_browser_logs_in_and_reads_the_pages(pages):
             assert page.locator("svg").count() == 3
             assert page.locator("svg polyline").count() == 2 and page.locator("svg rect").count() >= 3
             assert page.get_by_text("drift 2", exact=True).is_visible()
+            # the superseded run is grey, not a red "final: ... Remedy: none needed"; the run to clear is named
+            grey = page.locator(".done", has_text="superseded by batch x of run y")
+            assert grey.count() >= 1 and "Remedy" not in grey.first.inner_text()
+            assert page.locator(".bad", has_text="superseded").count() == 0
+            behind = page.locator("p.warn")
+            assert "airflow dags clear orders --run-id scheduled__catchup -y" in behind.inner_text()
             run = page.get_by_role("link", name="run", exact=True).first
             assert run.get_attribute("href") == "/dags/orders/runs/scheduled__2026-01-01T04%3A00%3A00%2B00%3A00"
             log = page.get_by_role("link", name="append log").first
