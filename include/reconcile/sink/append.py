@@ -55,7 +55,7 @@ import uuid
 from collections import Counter
 from dataclasses import dataclass
 
-from reconcile import kinds, remedy
+from reconcile import remedy
 from reconcile.config import SinkConfig
 from reconcile.errors import DescriptionOutdated, InconsistentState, LostRace, Retryable, StagedBatchInvalid, brief
 from reconcile.failpoints import failpoint
@@ -269,7 +269,7 @@ def run_append(store: MetadataStore, cfg: SinkConfig, batch_id: str, *, approve:
         # its checksums as of upper - 1 (`check --verify`)
         **manifest.commit_meta(),
     }
-    if kinds.of(cfg).reads_feed:  # the feed's progress
+    if b.source_offset is not None or b.late_commands is not None:  # a feed's progress (the ledger's record)
         meta.update(source_offset=b.source_offset, late_commands=b.late_commands)
     failpoint("append.inside_delta_commit")
     with store.commit_lease(cfg.name, f"append of batch {batch_id} ({commit_id})") as lease:
@@ -295,7 +295,7 @@ def run_append(store: MetadataStore, cfg: SinkConfig, batch_id: str, *, approve:
                 remedy=f"the next batch repairs the shard's contents; run `python -m reconcile check {cfg.name}` "
                 "and report this (a bug, or a foreign process writing into the Delta log).",
             )
-        extra = {"late_commands": b.late_commands} if kinds.of(cfg).reads_feed else {}
+        extra = {"late_commands": b.late_commands} if b.late_commands is not None else {}
         msg = event(
             log,
             "appended batch",
