@@ -13,6 +13,8 @@ import os
 import socket
 import subprocess
 import sys
+import time
+import urllib.request
 import uuid
 from pathlib import Path
 
@@ -56,10 +58,27 @@ class AirflowStack:
         self.procs: list[subprocess.Popen] = []
         subprocess.run([AIRFLOW, "db", "migrate"], env=self.env, check=True, capture_output=True)
 
-    def start(self) -> None:
-        for cmd in (["api-server", "--port", str(self.port)], ["scheduler"], ["dag-processor"]):
-            log = open(self.home / f"{cmd[0]}.log", "w")  # noqa: SIM115 - the process holds it
-            self.procs.append(subprocess.Popen([AIRFLOW, *cmd], env=self.env, stdout=log, stderr=subprocess.STDOUT))
+    def start(self, timeout: float = 300) -> None:
+        """The api-server first, then the scheduler and dag-processor once it answers: a task
+        the scheduler starts earlier cannot reach the execution API and fails while queued."""
+        self._spawn(["api-server", "--port", str(self.port)])
+        deadline = time.time() + timeout
+        while True:
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{self.port}/api/v2/monitor/health", timeout=5)
+                break
+            except OSError:
+                if self.procs[0].poll() is not None or time.time() > deadline:
+                    raise RuntimeError(
+                        "the api-server did not come up: " + (self.home / "api-server.log").read_text()[-3000:]
+                    ) from None
+                time.sleep(1)
+        self._spawn(["scheduler"])
+        self._spawn(["dag-processor"])
+
+    def _spawn(self, cmd: list[str]) -> None:
+        log = open(self.home / f"{cmd[0]}.log", "w")  # noqa: SIM115 - the process holds it
+        self.procs.append(subprocess.Popen([AIRFLOW, *cmd], env=self.env, stdout=log, stderr=subprocess.STDOUT))
 
     def airflow(self, *args: str) -> subprocess.CompletedProcess:
         return subprocess.run([AIRFLOW, *args], env=self.env, capture_output=True, text=True)
@@ -77,7 +96,7 @@ class AirflowStack:
     def dag_run(self, dag_id: str, run_id: str) -> dict | None:
         """The run's state and times, straight from Airflow's database (no CLI start per poll)."""
         rows = self._rows(
-            "SELECT state, queued_at, start_date, end_date FROM dag_run WHERE dag_id = :d AND run_id = :r",
+            "SELECT state, logical_date, queued_at, start_date, end_date FROM dag_run WHERE dag_id = :d AND run_id = :r",
             d=dag_id,
             r=run_id,
         )

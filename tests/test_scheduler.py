@@ -1,38 +1,48 @@
 """Airflow's real scheduler (LocalExecutor, api-server, dag-processor; Airflow's DB on
-PostgreSQL) running sinks, and `airflow backfill create` from the CLI:
+PostgreSQL), one stack for the module, running sinks:
 
-- over intervals a shard already covers, every backfill run is a no-op (mint finds nothing to do
-  and skips the rest, no new Delta version);
-- over new intervals, the backfill catches the shard up one batch per run, in order.
+- `airflow backfill create` over intervals a shard already covers: every backfill run is a no-op
+  (mint finds nothing to do and skips the rest, no new Delta version); over new intervals, the
+  backfill catches the shard up one batch per run, in order;
+- an append that fails for real (the table's ``_delta_log`` made immutable), in a run with a
+  logical date (a backfill's) and in a manual run without one: each remedy its task log prints
+  is run exactly as printed once the cause is fixed, and the task ends green with the batch
+  committed (ledger and Delta log) and the shard equal to a plain-Python model of the source.
 """
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import subprocess
 import time
-from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 import yaml
 
 from airflow_stack import AIRFLOW, AirflowStack
-from helpers import cli_json, shard_as_of, write_json_rows
+from helpers import cli_json, model_kv, shard_as_of, write_json_rows
 
 pytestmark = [pytest.mark.airflow, pytest.mark.slow]
+ROOT = Path(__file__).resolve().parents[1]
 DAY = 86_400_000
 AS_OF = 1767225600000  # 2026-01-01T00:00:00Z
+ROWS = [{"k": 1, "v": "a"}, {"k": 2, "v": "b"}]
+READ_ONLY_AT_START = ("sched_catchup",)  # its scheduled run mints nothing
+FAILING_APPENDS = ("rem_dated", "rem_manual")  # their Delta log immutable from the start
 
 
-def _sink(sinks: Path, src: Path, name: str) -> None:
+def _sink(sinks: Path, src: Path, name: str, schedule: str | None = "@daily") -> None:
     (sinks / f"{name}.yaml").write_text(
         yaml.safe_dump(
             {
                 "name": name,
                 "kind": "query",
                 "partitions": 2,
-                "schedule": "@daily",
+                "schedule": schedule or "none",
                 "start_date": "2026-01-01",
                 "as_of": AS_OF,
                 "catchup": False,
@@ -44,28 +54,86 @@ def _sink(sinks: Path, src: Path, name: str) -> None:
     )
 
 
-@pytest.fixture
-def airflow_services(tmp_path, pg_url, connect_url):
-    """Airflow's services with the write tasks on the session's Spark Connect server (a
-    ``spark_connect`` connection: the production shape of many small sinks; spark-submit under
-    Airflow is covered by tests/test_airflow.py and tests/test_cluster.py)."""
-    import json
+@dataclass
+class Services:
+    stack: AirflowStack
+    env: dict
+    home: Path
+    sinks: Path
+    src: Path
 
-    sinks = tmp_path / "sinks"
+
+@pytest.fixture(scope="module")
+def airflow_services(tmp_path_factory, connect_url):
+    """Airflow's services for the module, with the write tasks on the session's Spark Connect
+    server (a ``spark_connect`` connection: the production shape of many small sinks;
+    spark-submit under Airflow is covered by tests/test_airflow.py and tests/test_cluster.py).
+    Every sink of the module is in place before the services start."""
+    from reconcile.storage.ledger import MetadataStore
+
+    postgres = os.environ.get("RECONCILE_TEST_POSTGRES_URL")
+    if not postgres:
+        pytest.skip("RECONCILE_TEST_POSTGRES_URL not set")
+    home = tmp_path_factory.mktemp("scheduler")
+    sinks, src = home / "sinks", home / "src"
     sinks.mkdir()
+    write_json_rows(src, ROWS)
+    for name in ("sched_covered", "sched_catchup", "rem_dated"):
+        _sink(sinks, src, name)
+    _sink(sinks, src, "rem_manual", schedule=None)
     host, port = connect_url.removeprefix("sc://").split(":")
     stack = AirflowStack(
-        tmp_path,
-        os.environ["RECONCILE_TEST_POSTGRES_URL"],
+        home,
+        postgres,
         {
             "RECONCILE_SINKS_DIR": str(sinks),
-            "RECONCILE_METADATA_URL": f"sqlite:///{tmp_path / 'meta.db'}",
-            "RECONCILE_WAREHOUSE": str(tmp_path / "warehouse"),
+            "RECONCILE_METADATA_URL": f"sqlite:///{home / 'meta.db'}",
+            "RECONCILE_WAREHOUSE": str(home / "warehouse"),
+            "RECONCILE_RETRY_DELAY_SECONDS": "1",
             "AIRFLOW_CONN_SPARK_DEFAULT": json.dumps({"conn_type": "spark_connect", "host": host, "port": int(port)}),
         },
     )
-    yield stack.env, sinks, stack.start
-    stack.close()
+    store = MetadataStore(stack.env["RECONCILE_METADATA_URL"])
+    for name in READ_ONLY_AT_START:
+        store.ensure_shard(name, AS_OF)
+        store.set_read_only(name, True)
+    store.dispose()
+    logs = [_immutable_log(sinks, name, stack.env["RECONCILE_WAREHOUSE"]) for name in FAILING_APPENDS]
+    try:
+        stack.start()
+        yield Services(stack, stack.env, home, sinks, src)
+    finally:
+        stack.close()
+        for log_dir in logs:
+            subprocess.run(["chattr", "-i", str(log_dir)], check=False)
+
+
+def _immutable_log(sinks: Path, name: str, warehouse: str) -> Path:
+    """Make the sink's appends fail for real: its table exists (its first write would create
+    it) with an immutable Delta log (chattr +i, as root), so the OS refuses each commit."""
+    from reconcile.config import load_file
+    from reconcile.storage.delta import ShardTable
+
+    os.environ["RECONCILE_WAREHOUSE"], before = warehouse, os.environ.get("RECONCILE_WAREHOUSE")
+    try:
+        table = ShardTable(load_file(sinks / f"{name}.yaml"))
+        table.ensure()
+    finally:
+        if before is None:
+            del os.environ["RECONCILE_WAREHOUSE"]
+        else:
+            os.environ["RECONCILE_WAREHOUSE"] = before
+    log_dir = Path(table.path) / "_delta_log"
+    subprocess.run(["chattr", "+i", str(log_dir)], check=True)
+    return log_dir
+
+
+@pytest.fixture
+def services(airflow_services, monkeypatch):
+    """The module's services, this test process reading the same warehouse and ledger."""
+    monkeypatch.setenv("RECONCILE_WAREHOUSE", airflow_services.env["RECONCILE_WAREHOUSE"])
+    monkeypatch.setenv("RECONCILE_METADATA_URL", airflow_services.env["RECONCILE_METADATA_URL"])
+    return airflow_services
 
 
 def _runs(env, dag_id) -> list[dict]:
@@ -88,7 +156,7 @@ def _wait(env, dag_id, predicate, what: str, timeout: int = 900) -> list[dict]:
     pytest.fail(f"{dag_id}: timed out waiting for {what}: {_runs(env, dag_id)}")
 
 
-def _backfill(env, dag_id) -> None:
+def _backfill(env, dag_id, start: str = "2026-01-02", end: str = "2026-01-04") -> None:
     subprocess.run(
         [
             AIRFLOW,
@@ -97,9 +165,9 @@ def _backfill(env, dag_id) -> None:
             "--dag-id",
             dag_id,
             "--from-date",
-            "2026-01-02",
+            start,
             "--to-date",
-            "2026-01-04",
+            end,
             "--max-active-runs",
             "1",
         ],
@@ -114,20 +182,13 @@ def _done(runs, prefix: str, n: int) -> bool:
     return len(mine) == n and all(r["state"] == "success" for r in mine)
 
 
-def test_scheduler_runs_and_backfills_in_order(airflow_services, spark, tmp_path, warehouse):
+def test_scheduler_runs_and_backfills_in_order(services):
     from reconcile.config import load_file
     from reconcile.storage.delta import ShardTable
     from reconcile.storage.ledger import MetadataStore
 
-    env, sinks, start = airflow_services
-    src = tmp_path / "src"
-    write_json_rows(src, [{"k": 1, "v": "a"}, {"k": 2, "v": "b"}])
-    _sink(sinks, src, "sched_covered")  # its scheduled run covers everything up to today
-    _sink(sinks, src, "sched_catchup")  # read-only at first: its scheduled run mints nothing
+    env, sinks = services.env, services.sinks
     store = MetadataStore(env["RECONCILE_METADATA_URL"])
-    store.ensure_shard("sched_catchup", AS_OF)
-    store.set_read_only("sched_catchup", True)
-    start()
     for dag_id in ("sched_covered", "sched_catchup"):
         _wait(env, dag_id, lambda runs: _done(runs, "scheduled__", 1), "the scheduled run")
     store.set_read_only("sched_catchup", False)
@@ -153,5 +214,135 @@ def test_scheduler_runs_and_backfills_in_order(airflow_services, spark, tmp_path
         (AS_OF + 2 * DAY, AS_OF + 3 * DAY),
     ]
     for b in batches:
-        assert shard_as_of(catchup, b.upper - 1) == Counter({(1, "a", None): 1, (2, "b", None): 1})
+        assert shard_as_of(catchup, b.upper - 1) == model_kv(ROWS)
+    store.dispose()
+
+
+# --- every printed remedy, run as printed ----------------------------------------------------
+
+COMMAND = re.compile(r"`((?:airflow|python -m reconcile) [^`]+)`")
+
+
+def _until(what: str, probe, timeout: int = 900):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        found = probe()
+        if found:
+            return found
+        time.sleep(1)
+    pytest.fail(f"timed out waiting for {what}")
+
+
+def _append_log(services, dag_id: str, run_id: str) -> str:
+    """The append task's log, every attempt (Airflow's own files, JSON lines)."""
+    folder = services.home / "airflow" / "logs" / f"dag_id={dag_id}" / f"run_id={run_id}" / "task_id=append"
+    return "\n".join(f.read_text() for f in sorted(folder.glob("attempt=*.log")))
+
+
+def _remedies(text: str) -> list[str]:
+    """The commands of the last failure line that names any (JSON-escaped quotes undone)."""
+    lines = [ln for ln in text.splitlines() if COMMAND.search(ln) and "failed" in ln]
+    assert lines, f"no remedy with a command in the log: {text[-3000:]}"
+    return list(dict.fromkeys(c.replace('\\"', '"') for c in COMMAND.findall(lines[-1])))
+
+
+def _as_printed(services, command: str) -> subprocess.CompletedProcess:
+    """A printed command in the project's environment (docs/operating.md: `. scripts/env.sh`)."""
+    done = subprocess.run(
+        ["bash", "-c", f". scripts/env.sh && {command}"],
+        cwd=ROOT,
+        env=services.env,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, f"{command}: {done.stdout[-2000:]} {done.stderr[-2000:]}"
+    return done
+
+
+def _state(services, dag_id: str, run_id: str, task: str) -> str | None:
+    tis = {t["task_id"]: t["state"] for t in services.stack.task_instances(dag_id, run_id)}
+    return tis.get(task)
+
+
+def _committed_in_delta_log(cfg, batch_id: str) -> int:
+    """The Delta version whose commit carries the batch (read with delta-rs, not the sink)."""
+    from deltalake import DeltaTable
+
+    from reconcile.storage.delta import ShardTable
+
+    versions = [
+        h["version"]
+        for h in DeltaTable(ShardTable(cfg).path).history()
+        if json.loads(h.get("userMetadata") or "{}").get("reconcile", {}).get("batch_id") == batch_id
+    ]
+    assert len(versions) == 1, versions
+    return versions[0]
+
+
+def _failed_append(services, name: str, prefix: str) -> tuple[str, list[str], object]:
+    """The run of ``name`` whose append failed for real (its Delta log immutable), once Airflow
+    gave up on it; then the cause is fixed. Returns (run id, the remedies it printed, cfg)."""
+    from reconcile.config import load_file
+    from reconcile.storage.delta import ShardTable
+
+    cfg = load_file(services.sinks / f"{name}.yaml")
+    run_id = _until(f"{name}'s run", lambda: [r["run_id"] for r in services.stack.runs(name, f"{prefix}%")])[0]
+
+    def append_failed() -> bool:
+        tis = {t["task_id"]: t["state"] for t in services.stack.task_instances(name, run_id)}
+        ended = (services.stack.dag_run(name, run_id) or {}).get("state") in ("failed", "success")
+        assert tis.get("append") == "failed" or not ended, f"{name}'s run ended otherwise: {tis}"
+        return tis.get("append") == "failed"
+
+    _until(f"{name}'s append to fail", append_failed)
+    subprocess.run(["chattr", "-i", str(Path(ShardTable(cfg).path) / "_delta_log")], check=True)  # fixed
+    return run_id, _remedies(_append_log(services, name, run_id)), cfg
+
+
+def test_every_remedy_printed_for_a_failed_append_works_as_printed(services):
+    """The scheduled run names exactly its run (its logical date); a manual run, which has none,
+    is cleared by its failed state or appended by run id without Airflow. Each command runs as
+    printed once the cause is fixed; the task ends green, its batch committed once, the shard
+    equal to the model of the source."""
+    from reconcile.storage.ledger import MetadataStore
+
+    env, stack = services.env, services.stack
+    store = MetadataStore(env["RECONCILE_METADATA_URL"])
+    # a manual run fails beside the scheduled run of rem_dated (once the DAG is parsed)
+    _until("a manual run of rem_manual", lambda: stack.airflow("dags", "trigger", "rem_manual").returncode == 0)
+    dated, printed, cfg = _failed_append(services, "rem_dated", "scheduled__")
+    day = stack.dag_run("rem_dated", dated)["logical_date"].isoformat()
+    assert printed == [
+        f"airflow tasks clear rem_dated -t append -d -y -s {day} -e {day}",
+        f"python -m reconcile append rem_dated --run-id {dated}",
+    ], printed
+    status = _as_printed(services, "python -m reconcile status rem_dated").stdout
+    assert printed[0] in status, status  # status names the same command
+    assert store.run_batch("rem_dated", dated).state != "committed"
+    _as_printed(services, printed[0])
+    _until("the cleared append", lambda: _state(services, "rem_dated", dated, "append") == "success")
+    batch = store.run_batch("rem_dated", dated)
+    assert (batch.state, batch.lower) == ("committed", AS_OF)
+    assert _committed_in_delta_log(cfg, batch.batch_id) == batch.delta_version
+    assert shard_as_of(cfg, batch.upper - 1) == model_kv(ROWS)
+    _until("the run's end", lambda: (stack.dag_run("rem_dated", dated) or {}).get("state") == "success")
+
+    manual, printed, cfg = _failed_append(services, "rem_manual", "manual__")
+    assert stack.dag_run("rem_manual", manual)["logical_date"] is None
+    assert printed == [
+        "airflow tasks clear rem_manual -t append -d -f -y",
+        f"python -m reconcile append rem_manual --run-id {manual}",
+    ], printed
+    _as_printed(services, printed[1])  # exactly this run, without Airflow
+    batch = store.run_batch("rem_manual", manual)
+    assert batch.state == "committed" and _state(services, "rem_manual", manual, "append") == "failed"
+    assert _committed_in_delta_log(cfg, batch.batch_id) == batch.delta_version
+    assert shard_as_of(cfg, batch.upper - 1) == model_kv(ROWS)
+    _as_printed(services, printed[0])  # and Airflow's task, by its failed state
+    _until("the cleared append", lambda: _state(services, "rem_manual", manual, "append") == "success")
+    assert store.run_batch("rem_manual", manual).delta_version == batch.delta_version  # committed once
+    assert _committed_in_delta_log(cfg, batch.batch_id) == batch.delta_version
+    _until("the run's end", lambda: (stack.dag_run("rem_manual", manual) or {}).get("state") == "success")
     store.dispose()

@@ -235,7 +235,7 @@ def build_dag(cfg: SinkConfig) -> DAG:
                 raise AirflowSkipException(f"append: nothing to do: {why}")
             log.info("append: %s", batch_line(sink, run_id, batch_id)[1])
             try:
-                message = commit_for_run(sink, run_id, batch_id, approve)
+                message = commit_for_run(sink, run_id, batch_id, approve, _day(context))
             except DescriptionOutdated as exc:  # another batch won; the remedy says who appends the rest
                 if scheduled:
                     log.warning("append: nothing left for this run: %s", exc)

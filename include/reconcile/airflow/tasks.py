@@ -68,10 +68,17 @@ def run_batch_of(store: MetadataStore, sink: str, run_id: str, batch_id: str | N
 
 
 def _run_stage(
-    stage: str, sink: str, run_id: str, batch_id: str | None = None, spark=None, approve: str | None = None
+    stage: str,
+    sink: str,
+    run_id: str,
+    batch_id: str | None = None,
+    spark=None,
+    approve: str | None = None,
+    logical_date: datetime | None = None,
 ) -> str:
     """Run ``stage`` on the batch the run's mint minted (``batch_id``, handed forward by the DAG;
-    without it, the run's newest batch). Only ``write`` starts Spark."""
+    without it, the run's newest batch). Only ``write`` starts Spark. A final failure's remedy
+    ends with the commands that rerun this run (``logical_date``: the run's, if known)."""
     from reconcile.sink import append
 
     with sink_and_store(sink) as (cfg, store):
@@ -89,7 +96,7 @@ def _run_stage(
             return append.run_append(store, cfg, batch.batch_id, approve=approve).message
         except SinkError as exc:
             if not isinstance(exc, Retryable):  # final: the remedy ends with the commands for this run
-                then = once_fixed(cfg.name, run_id, stage, exc)
+                then = once_fixed(cfg.name, run_id, stage, exc, logical_date)
                 if then:
                     exc.add_remedy(then)
             if batch is not None:
@@ -110,8 +117,14 @@ def stage_for_run(sink: str, run_id: str, batch_id: str | None = None, spark=Non
     return _run_stage("write", sink, run_id, batch_id, spark)
 
 
-def commit_for_run(sink: str, run_id: str, batch_id: str | None = None, approve: str | None = None) -> str:
-    return _run_stage("append", sink, run_id, batch_id, approve=approve)
+def commit_for_run(
+    sink: str,
+    run_id: str,
+    batch_id: str | None = None,
+    approve: str | None = None,
+    logical_date: datetime | None = None,
+) -> str:
+    return _run_stage("append", sink, run_id, batch_id, approve=approve, logical_date=logical_date)
 
 
 def nothing_left(sink: str, run_id: str, batch_id: str | None, *, unminted_only: bool = False) -> str | None:
