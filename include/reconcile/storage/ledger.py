@@ -686,7 +686,8 @@ class MetadataStore:
         """Hold the shard's commit lease for the block: the sink's own Delta commits of one shard
         happen one at a time. ``with store.commit_lease(sink, "append of batch X") as lease:``
         then ``table.commit_files(..., fence=lease.fence)`` with ``lease.epoch`` in the commit's
-        metadata.
+        metadata. The snapshot a commit builds on is read inside the block (a version read
+        before the lease was taken may have been followed by another writer's commit since).
 
         - **Taking it** (:meth:`take_commit_lease`) is a compare-and-set under the shard's row
           lock: a free or lapsed lease becomes this writer's with ``commit_epoch + 1``; while
