@@ -156,6 +156,15 @@ def test_compaction_loses_to_a_batch_that_commits_after_it_read(spark, warehouse
 def test_compaction_racing_appends_in_threads(spark, warehouse, tmp_path, store):
     """Compactions and batches at once, on SQLite and PostgreSQL: whoever loses retries; every
     committed batch reads back as its source, the ledger agrees with the Delta log."""
+    race_compaction_with_appends(spark, tmp_path, store)
+
+
+def test_compaction_racing_appends_on_s3(spark, s3_warehouse, tmp_path, sqlite_store):
+    """The same with the warehouse on S3."""
+    race_compaction_with_appends(spark, tmp_path, sqlite_store)
+
+
+def race_compaction_with_appends(spark, tmp_path, store) -> None:
     cfg = make_sink(tmp_path, "compact_threads", retention={"history_hours": 0})
     history = _query_history(spark, store, tmp_path, cfg, 1)
     outcomes: list[str] = []
