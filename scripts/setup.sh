@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Install everything the project needs into .venv (Python packages), .jars (Delta's and S3A's JVM
-# jars) and .tools (the tests' S3 server).
-# Needs: python3.11, Java 17, Maven (for the jars), Go >= 1.25 (for the S3 server). Idempotent: a
-# second run is quick.
+# jars) and .tools (the tests' S3 server and Azure Blob emulator).
+# Needs: python3.11, Java 17, Maven (for the jars), Go >= 1.25 (for the S3 server), Node.js and npm
+# (for Azurite). Idempotent: a second run is quick.
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$root"
@@ -22,4 +22,5 @@ fi
 .venv/bin/python -m compileall -q -j 0 .venv/lib/python3.11/site-packages include >/dev/null 2>&1 || true
 bash scripts/fetch_jars.sh >/dev/null
 bash scripts/fetch_s3_server.sh >/dev/null   # the tests' S3 server (.tools/)
+bash scripts/fetch_azurite.sh >/dev/null     # the tests' Azure Blob emulator (.tools/azurite)
 echo "setup done: $(.venv/bin/python --version), $(ls .jars | tr '\n' ' ')"

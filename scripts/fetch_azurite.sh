@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# Install the tests' Azure Blob Storage emulator, Azurite (Microsoft, MIT), from npm into
+# .tools/azurite. Needs Node.js and npm (3.35.0 is the last release that runs on Node 20; 3.36
+# wants 21, 3.37 wants 22). Idempotent: quick when that version is there.
+# What it serves and what not (no ADLS Gen2 dfs API, so no Spark ABFS): docs/object-stores.md.
+set -euo pipefail
+root="$(cd "$(dirname "$0")/.." && pwd)"
+AZURITE_VERSION="${AZURITE_VERSION:-3.35.0}"
+dir="$root/.tools/azurite"
+installed="$(sed -n 's/^  "version": "\(.*\)",$/\1/p' "$dir/node_modules/azurite/package.json" 2>/dev/null || true)"
+if [ "$installed" != "$AZURITE_VERSION" ] || [ ! -x "$dir/node_modules/.bin/azurite-blob" ]; then
+  mkdir -p "$dir"
+  npm install --prefix "$dir" --no-audit --no-fund --omit=dev --loglevel=error "azurite@$AZURITE_VERSION" >/dev/null
+fi
+echo "$dir/node_modules/.bin/azurite-blob $AZURITE_VERSION"
