@@ -32,12 +32,22 @@ def warehouse() -> str:
     return str(path)
 
 
-OBJECT_STORE_SCHEMES = ("s3://", "s3a://")
+# The object stores a warehouse can be on, by URI scheme: S3 (``s3a://`` is Spark's name for it),
+# Azure Data Lake Storage Gen2 (``abfss://container@account.dfs.core.windows.net/...`` as Spark's
+# ABFS connector names it; ``az://container/...`` as delta-rs and Arrow also take it, the account
+# from AZURE_STORAGE_ACCOUNT_NAME) and Google Cloud Storage.
+STORE_SCHEMES = {"s3": ("s3://", "s3a://"), "azure": ("abfss://", "abfs://", "az://"), "gcs": ("gs://",)}
+OBJECT_STORE_SCHEMES = tuple(scheme for schemes in STORE_SCHEMES.values() for scheme in schemes)
+
+
+def store_of(path: str) -> str | None:
+    """The object store ``path`` is on ("s3", "azure", "gcs"), None for a local path."""
+    return next((store for store, schemes in STORE_SCHEMES.items() if path.startswith(schemes)), None)
 
 
 def on_object_store(path: str) -> bool:
-    """Is ``path`` on S3 (``s3://bucket/prefix``; ``s3a://`` is the same to Spark)?"""
-    return path.startswith(OBJECT_STORE_SCHEMES)
+    """Is ``path`` on an object store (S3, ADLS, GCS) rather than a local disk?"""
+    return store_of(path) is not None
 
 
 def s3_endpoint() -> str | None:
@@ -49,17 +59,46 @@ def s3_region() -> str | None:
     return os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or None
 
 
+def azure_location(path: str) -> tuple[str | None, str, str | None]:
+    """(storage account, ``container/key`` inside it, the account's dfs host) of an Azure URI:
+    ``abfss://container@account.dfs.core.windows.net/key`` names its account and host;
+    ``az://container/key`` takes the account from AZURE_STORAGE_ACCOUNT_NAME (None if unset)."""
+    scheme, _, rest = path.partition("://")
+    authority, _, key = rest.partition("/")
+    if scheme in ("abfs", "abfss") and "@" in authority:
+        container, _, host = authority.partition("@")
+        return host.split(".", 1)[0], f"{container}/{key}".rstrip("/"), host
+    account = os.environ.get("AZURE_STORAGE_ACCOUNT_NAME") or None
+    return account, rest.rstrip("/"), f"{account}.dfs.core.windows.net" if account else None
+
+
+def azure_endpoint() -> str | None:
+    """The Blob endpoint of an Azure-compatible store other than Azure's own
+    (``AZURE_STORAGE_ENDPOINT``, as delta-rs names it; an emulator's is path-style,
+    ``http://127.0.0.1:10000/<account>``), None on Azure."""
+    return os.environ.get("AZURE_STORAGE_ENDPOINT") or None
+
+
 def delta_storage_options() -> dict[str, str]:
-    """What delta-rs needs beyond the standard AWS environment variables it reads itself (the
-    credentials stay in the environment: never in an option, a log line or the ledger)."""
+    """What delta-rs needs beyond the standard environment variables it reads itself (AWS_*,
+    AZURE_*, GOOGLE_*): plain HTTP allowed to an endpoint that speaks it. The credentials stay in
+    the environment: never in an option, a log line or the ledger."""
+    options = {}
     endpoint = s3_endpoint()
-    return {"AWS_ALLOW_HTTP": "true"} if endpoint and endpoint.startswith("http://") else {}
+    if endpoint and endpoint.startswith("http://"):
+        options["AWS_ALLOW_HTTP"] = "true"
+    endpoint = azure_endpoint()
+    if endpoint and endpoint.startswith("http://"):
+        options["AZURE_ALLOW_HTTP"] = "true"
+    return options
 
 
 def spark_store_conf() -> dict[str, str]:
-    """Hadoop conf for S3A (set as ``spark.hadoop.<key>`` on a new session, as ``<key>`` at runtime):
-    ``s3://`` through S3A, the endpoint and region off AWS. No secret: S3A takes the credentials
-    from the standard AWS environment variables (or the machine's role)."""
+    """Hadoop conf for the warehouse's object store (set as ``spark.hadoop.<key>`` on a new
+    session, as ``<key>`` at runtime). S3: ``s3://`` through S3A, the endpoint and region off AWS;
+    S3A reads the credentials from the standard AWS environment variables (or the machine's role).
+    ADLS and GCS (when the warehouse is there): see :func:`_abfs_conf` and :func:`_gcs_conf`.
+    Never a secret: at most a ``${env.NAME}`` reference that Hadoop resolves in the JVM."""
     conf = {"fs.s3.impl": "org.apache.hadoop.fs.s3a.S3AFileSystem"}
     endpoint = s3_endpoint()
     if endpoint:
@@ -69,7 +108,59 @@ def spark_store_conf() -> dict[str, str]:
     region = s3_region()
     if region:
         conf["fs.s3a.endpoint.region"] = region
+    root = os.environ.get("RECONCILE_WAREHOUSE", "")
+    store = store_of(root)
+    if store == "azure":
+        conf.update(_abfs_conf(root))
+    elif store == "gcs":
+        conf.update(_gcs_conf())
     return conf
+
+
+def _abfs_conf(root: str) -> dict[str, str]:
+    """ABFS (hadoop-azure) auth for the warehouse's account, from the standard Azure variables.
+    ABFS reads no environment variable itself, so the conf names them as ``${env.NAME}``, which
+    Hadoop's Configuration resolves from the JVM's environment when ABFS reads the key: the
+    secret never enters the conf. First that applies: the account key (SharedKey), workload
+    identity (AKS: AZURE_CLIENT_ID, AZURE_TENANT_ID, AZURE_FEDERATED_TOKEN_FILE), a service
+    principal's secret (AZURE_CLIENT_ID, AZURE_TENANT_ID, AZURE_CLIENT_SECRET); none: what the
+    deployment configures itself (a managed identity, a Hadoop credential provider)."""
+    _, _, host = azure_location(root)
+    if not host:
+        return {}
+    env = os.environ
+    oauth = "org.apache.hadoop.fs.azurebfs.oauth2."
+    if env.get("AZURE_STORAGE_ACCOUNT_KEY"):
+        conf = {"auth.type": "SharedKey", "key": "${env.AZURE_STORAGE_ACCOUNT_KEY}"}
+    elif all(env.get(k) for k in ("AZURE_CLIENT_ID", "AZURE_TENANT_ID", "AZURE_FEDERATED_TOKEN_FILE")):
+        conf = {
+            "auth.type": "OAuth",
+            "oauth.provider.type": oauth + "WorkloadIdentityTokenProvider",
+            "oauth2.client.id": "${env.AZURE_CLIENT_ID}",
+            "oauth2.msi.tenant": "${env.AZURE_TENANT_ID}",
+            "oauth2.token.file": "${env.AZURE_FEDERATED_TOKEN_FILE}",
+        }
+    elif all(env.get(k) for k in ("AZURE_CLIENT_ID", "AZURE_TENANT_ID", "AZURE_CLIENT_SECRET")):
+        conf = {
+            "auth.type": "OAuth",
+            "oauth.provider.type": oauth + "ClientCredsTokenProvider",
+            "oauth2.client.id": "${env.AZURE_CLIENT_ID}",
+            "oauth2.client.secret": "${env.AZURE_CLIENT_SECRET}",
+            "oauth2.client.endpoint": "https://login.microsoftonline.com/${env.AZURE_TENANT_ID}/oauth2/token",
+        }
+    else:
+        return {}
+    return {f"fs.azure.account.{k}.{host}": v for k, v in conf.items()}
+
+
+def _gcs_conf() -> dict[str, str]:
+    """The GCS connector (gcs-connector 3.x) for ``gs://``, authenticated by Google's Application
+    Default Credentials (GOOGLE_APPLICATION_CREDENTIALS, else the machine's service account)."""
+    return {
+        "fs.gs.impl": "com.google.cloud.hadoop.fs.gcs.GoogleHadoopFileSystem",
+        "fs.AbstractFileSystem.gs.impl": "com.google.cloud.hadoop.fs.gcs.GoogleHadoopFS",
+        "fs.gs.auth.type": "APPLICATION_DEFAULT",
+    }
 
 
 def commit_lease_seconds() -> float:

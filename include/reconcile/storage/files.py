@@ -6,18 +6,36 @@ from __future__ import annotations
 import functools
 import hashlib
 import logging
+import os
 import time
 
 log = logging.getLogger("reconcile.shard")
 
 
 def fs_of(path: str):
-    """(file system, path inside it) of a local path or URI. S3 (``s3://bucket/key``) goes
-    through Arrow's S3 client (credentials from the standard AWS environment variables)."""
+    """(file system, path inside it) of a local path or URI. Object stores go through Arrow's own
+    clients, credentials from each cloud's standard environment variables: S3
+    (``s3://bucket/key``: AWS_*), ADLS (``abfss://container@account.dfs.core.windows.net/key`` or
+    ``az://container/key``: AZURE_*, else Azure's default credential chain), GCS
+    (``gs://bucket/key``: Google's Application Default Credentials)."""
     from reconcile import settings
 
-    if settings.on_object_store(path):
+    store = settings.store_of(path)
+    if store == "s3":
         return _s3(settings.s3_endpoint(), settings.s3_region()), path.split("://", 1)[1]
+    if store == "azure":
+        account, key, _ = settings.azure_location(path)
+        if not account:
+            from reconcile.errors import SinkError
+
+            raise SinkError(
+                f"warehouse path {path} names no Azure storage account",
+                remedy="write it as abfss://<container>@<account>.dfs.core.windows.net/<prefix> "
+                "(or set AZURE_STORAGE_ACCOUNT_NAME for az://<container>/<prefix>).",
+            )
+        return _azure(account, settings.azure_endpoint(), _azure_credentials()), key
+    if store == "gcs":
+        return _gcs(), path.split("://", 1)[1]
     from fsspec.core import url_to_fs
 
     return url_to_fs(path)
@@ -33,6 +51,55 @@ def _s3(endpoint: str | None, region: str | None):
         scheme, _, host = endpoint.partition("://")
         options.update(endpoint_override=host, scheme=scheme)
     return ArrowFSWrapper(pafs.S3FileSystem(**options))
+
+
+def _azure_credentials() -> tuple[tuple[str, str], ...]:
+    """Arrow's AzureFileSystem arguments from the standard Azure variables: the account key, a SAS
+    token or a service principal; none of them: Azure's default credential chain (managed or
+    workload identity, the Azure CLI). Held in this process only."""
+    env = os.environ
+    if env.get("AZURE_STORAGE_ACCOUNT_KEY"):
+        return (("account_key", env["AZURE_STORAGE_ACCOUNT_KEY"]),)
+    sas = env.get("AZURE_STORAGE_SAS_TOKEN") or env.get("AZURE_STORAGE_SAS_KEY")
+    if sas:
+        return (("sas_token", sas),)
+    if all(env.get(k) for k in ("AZURE_CLIENT_ID", "AZURE_CLIENT_SECRET", "AZURE_TENANT_ID")):
+        return tuple(
+            (k.lower().removeprefix("azure_"), env[k])
+            for k in ("AZURE_CLIENT_ID", "AZURE_CLIENT_SECRET", "AZURE_TENANT_ID")
+        )
+    return ()
+
+
+@functools.lru_cache(maxsize=4)
+def _azure(account: str, endpoint: str | None, credentials: tuple[tuple[str, str], ...]):
+    import pyarrow.fs as pafs
+    from fsspec.implementations.arrow import ArrowFSWrapper
+
+    options: dict = dict(credentials)
+    if endpoint:  # http://127.0.0.1:10000/<account> (path-style) or https://<account>.blob.<suffix>
+        scheme, _, rest = endpoint.partition("://")
+        host, _, prefix = rest.partition("/")
+        if not prefix.strip("/") and host.startswith(f"{account}."):
+            blob = host[len(account) :]  # Arrow puts the account before an authority that starts with "."
+            dfs = blob.replace(".blob.", ".dfs.", 1)
+        else:
+            blob = dfs = host  # Arrow puts the account first in the path
+        options.update(
+            blob_storage_authority=blob,
+            dfs_storage_authority=dfs,
+            blob_storage_scheme=scheme,
+            dfs_storage_scheme=scheme,
+        )
+    return ArrowFSWrapper(pafs.AzureFileSystem(account, **options))
+
+
+@functools.lru_cache(maxsize=1)
+def _gcs():
+    import pyarrow.fs as pafs
+    from fsspec.implementations.arrow import ArrowFSWrapper
+
+    return ArrowFSWrapper(pafs.GcsFileSystem())
 
 
 def read_text(path: str) -> str | None:
