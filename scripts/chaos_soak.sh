@@ -2,6 +2,8 @@
 # The long randomized-schedule run (issue 3), resumable and split across worker processes.
 #   bash scripts/chaos_soak.sh [SCHEDULES=1000] [SEED=1] [WORKERS=2] [CHUNK=25]
 #   bash scripts/chaos_soak.sh --summary [SEED=1]
+#   RECONCILE_CHAOS_S3=1 bash scripts/chaos_soak.sh ...   # the warehouse on S3: each chunk starts
+#     its own S3 server (versitygw on 127.0.0.1, tests/s3_server.py); results in chaos-results/s3-seed<S>
 # Each chunk of schedules runs as `python tests/chaos.py --first I --schedules CHUNK` and
 # keeps its output in chaos-results/seed<S>/first-<I>.txt; finished chunks are skipped, so a
 # stopped soak continues where it was. The summary adds up every finished chunk and lists
@@ -17,17 +19,19 @@ summary() {
   awk '
     FNR == 1 { commit = "unrecorded" }
     /^commit:/ { commit = $2 }
-    /^chaos:/ { for (i = 2; i <= NF; i++) { split($i, kv, "="); s[kv[1]] += kv[2] } n++; c[commit]++ }
+    /^chaos:/ { for (i = 2; i <= NF; i++) { split($i, kv, "="); if (kv[2] ~ /^[0-9]+$/) s[kv[1]] += kv[2] } n++; c[commit]++ }
     /^DIVERGENCE/ { print }
     END {
       printf "chunks=%d", n; for (k in s) printf " %s=%d", k, s[k]; print ""
       for (k in c) printf "commit %s: %d chunks\n", k, c[k]
     }' "${files[@]}"
 }
-if [ "${1:-}" = "--summary" ]; then summary "chaos-results/seed${2:-1}"; exit 0; fi
+store_args=() kind=""
+if [ -n "${RECONCILE_CHAOS_S3:-}" ]; then store_args=(--s3) kind="s3-"; fi
+if [ "${1:-}" = "--summary" ]; then summary "chaos-results/${kind}seed${2:-1}"; exit 0; fi
 . scripts/env.sh
 total="${1:-1000}" seed="${2:-1}" workers="${3:-2}" chunk="${4:-25}"
-dir="chaos-results/seed${seed}"
+dir="chaos-results/${kind}seed${seed}"
 mkdir -p "$dir"
 worker() {
   local w="$1" first
@@ -35,7 +39,7 @@ worker() {
     f="$dir/first-$first.txt"
     grep -q '^chaos:' "$f" 2>/dev/null && continue
     echo "commit: $(git rev-parse --short HEAD 2>/dev/null || echo unknown)" >"$f.tmp"
-    python tests/chaos.py --seed "$seed" --first "$first" --schedules "$chunk" 2>"$dir/first-$first.log" \
+    python tests/chaos.py --seed "$seed" --first "$first" --schedules "$chunk" "${store_args[@]}" 2>"$dir/first-$first.log" \
       | grep -E '^(chaos:|DIVERGENCE)' >>"$f.tmp"
     mv "$f.tmp" "$f"
   done

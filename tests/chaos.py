@@ -20,6 +20,12 @@ threads running attempts of the *same* run (the same batch) at once.
 
     python tests/chaos.py --schedules 1000 --seed 1        # prints counts and divergences
     python tests/chaos.py --schedules 1 --seed 1 --first 417  # reproduce schedule 417
+    python tests/chaos.py --schedules 10 --s3               # the warehouse on S3 (tests/s3_server.py)
+
+With ``--s3`` the script starts its own S3 server (versitygw on 127.0.0.1) and puts the
+warehouse on it (``s3://<bucket>/chaos-<seed>-<first>``): the standard AWS variables are set
+before its JVM starts, as a deployment's are, so S3A, delta-rs and Arrow all read them. Only the
+sources stay on the local disk.
 
 A test harness (it tampers with tables and points RECONCILE_WAREHOUSE elsewhere): it lives under
 tests/, outside the installed package. ``scripts/chaos_soak.sh`` runs it in resumable chunks.
@@ -323,13 +329,17 @@ class Schedule:
         return problems
 
 
-def run_schedules(spark, store_url: str | None, count: int, seed: int, steps: int, first: int = 0) -> Stats:
+def run_schedules(
+    spark, store_url: str | None, count: int, seed: int, steps: int, first: int = 0, warehouse: str | None = None
+) -> Stats:
+    """``count`` schedules from ``first``. The warehouse: ``warehouse`` (e.g. ``s3://bucket/prefix``,
+    the AWS environment and the session's S3A conf already set), else a fresh local folder."""
     import os
 
     stats = Stats()
     root = Path(tempfile.mkdtemp(prefix="reconcile-chaos-"))
     old_wh = os.environ.get("RECONCILE_WAREHOUSE")
-    os.environ["RECONCILE_WAREHOUSE"] = str(root / "warehouse")
+    os.environ["RECONCILE_WAREHOUSE"] = warehouse or str(root / "warehouse")
     store = MetadataStore(store_url or f"sqlite:///{root / 'metadata.db'}")
     try:
         for i in range(first, first + count):
@@ -339,10 +349,11 @@ def run_schedules(spark, store_url: str | None, count: int, seed: int, steps: in
             if problems:
                 stats.divergences.extend(problems)
                 log.error(
-                    "DIVERGENCE (reproduce: python tests/chaos.py --seed %s --first %s --schedules 1 --steps %s): %s",
+                    "DIVERGENCE (reproduce: python tests/chaos.py --seed %s --first %s --schedules 1 --steps %s%s): %s",
                     seed,
                     i,
                     steps,
+                    " --s3" if warehouse and warehouse.startswith("s3") else "",
                     problems,
                 )
             shutil.rmtree(sched.dir, ignore_errors=True)
@@ -359,15 +370,31 @@ def run_schedules(spark, store_url: str | None, count: int, seed: int, steps: in
 CHAOS_CONF = {"spark.sql.shuffle.partitions": "1", **TINY_DATA_CONF}
 
 
-def main(schedules: int, seed: int, steps: int, first: int, metadata_url: str | None) -> int:
-    # Tables of a few dozen rows: TINY_DATA_CONF (3 schedules: 64 s -> 47 s). Neither setting
-    # changes a result; the sink's production settings keep both on.
-    spark = get_session("reconcile-chaos", CHAOS_CONF)
-    t0 = time.time()
-    stats = run_schedules(spark, metadata_url, schedules, seed, steps, first)
-    print(f"chaos: {stats.line()} seconds={time.time() - t0:.0f}")
-    for d in stats.divergences:
-        print(f"DIVERGENCE {d}")
+def main(schedules: int, seed: int, steps: int, first: int, metadata_url: str | None, s3: bool = False) -> int:
+    import os
+
+    server = None
+    warehouse = None
+    if s3:  # before the JVM starts: it reads the AWS environment as a deployment's does
+        import s3_server
+
+        server = s3_server.start(Path(tempfile.mkdtemp(prefix="reconcile-chaos-s3-")))
+        os.environ.update(server.storage_options())
+        warehouse = server.url(f"chaos-{seed}-{first}")
+    try:
+        # Tables of a few dozen rows: TINY_DATA_CONF (3 schedules: 64 s -> 47 s). Neither setting
+        # changes a result; the sink's production settings keep both on.
+        spark = get_session("reconcile-chaos", CHAOS_CONF)
+        t0 = time.time()
+        stats = run_schedules(spark, metadata_url, schedules, seed, steps, first, warehouse)
+        where = " store=s3" if server else ""
+        print(f"chaos: {stats.line()} seconds={time.time() - t0:.0f}{where}")
+        for d in stats.divergences:
+            print(f"DIVERGENCE {d}")
+    finally:
+        if server is not None:
+            server.stop()
+            shutil.rmtree(server.data_dir.parent, ignore_errors=True)
     return 1 if stats.divergences else 0
 
 
@@ -381,6 +408,7 @@ if __name__ == "__main__":
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--first", type=int, default=0)
     ap.add_argument("--metadata-url", default=None, help="default: a fresh SQLite file")
+    ap.add_argument("--s3", action="store_true", help="the warehouse on an S3 server this script starts")
     a = ap.parse_args()
     logging.basicConfig(level=logging.WARNING)
-    sys.exit(main(a.schedules, a.seed, a.steps, a.first, a.metadata_url))
+    sys.exit(main(a.schedules, a.seed, a.steps, a.first, a.metadata_url, a.s3))
