@@ -61,12 +61,26 @@ def _racers(cfg, frontiers: list[int], env: dict) -> list[subprocess.CompletedPr
 
 @pytest.mark.parametrize("racers", [3])
 def test_racing_processes_commit_each_lower_once(spark, warehouse, tmp_path, store, monkeypatch, racers, connect_url):
+    # on SQLite each racer is its own JVM; on PostgreSQL, clients of one Connect server
+    race_runs(
+        spark, tmp_path, store, monkeypatch, racers, None if store.engine.dialect.name == "sqlite" else connect_url
+    )
+
+
+def test_racing_processes_commit_each_lower_once_on_s3(spark, s3_warehouse, tmp_path, sqlite_store, monkeypatch):
+    """The same with the warehouse on S3 (each racer its own JVM, reading the AWS environment)."""
+    race_runs(spark, tmp_path, sqlite_store, monkeypatch, 3, None)
+
+
+def race_runs(spark, tmp_path, store, monkeypatch, racers: int, remote: str | None) -> None:
+    """``racers`` runs with different frontiers at once (clients of ``remote``, or each its own
+    JVM); then each lower is committed once, ``check`` right after them is clean, and one more
+    run agrees with the model."""
     monkeypatch.setenv("RECONCILE_SINKS_DIR", str(tmp_path))
+    env = _env(remote)
     cfg = make_sink(tmp_path, f"race_{store.engine.dialect.name}")
     rows = [{"k": 1, "v": "a"}, {"k": 2, "v": "b"}, {"k": 2, "v": "b"}]
     write_json_rows(tmp_path / "src", rows)
-    # on SQLite each racer is its own JVM; on PostgreSQL, clients of one Connect server
-    env = _env(None if store.engine.dialect.name == "sqlite" else connect_url)
     frontiers = [300] * (racers - 1) + [400]
     results = _racers(cfg, frontiers, env)
     for r in results:
@@ -186,12 +200,23 @@ def test_attempts_of_one_run_racing_commit_the_batch_once(
     then an existing one. Every committed batch holds exactly its correction: as of each
     committed ``upper - 1`` the shard equals the model, each batch matches its manifest, no
     process crashes and no loser is told to clear ``write``."""
+    race_attempts(spark, tmp_path, store, monkeypatch, round_, connect_url)
+
+
+def test_attempts_of_one_run_racing_commit_the_batch_once_on_s3(
+    spark, s3_warehouse, tmp_path, sqlite_store, monkeypatch
+):
+    """The same with the warehouse on S3 (each attempt its own JVM, reading the AWS environment)."""
+    race_attempts(spark, tmp_path, sqlite_store, monkeypatch, 0, None)
+
+
+def race_attempts(spark, tmp_path, store, monkeypatch, round_: int, remote: str | None) -> None:
     monkeypatch.setenv("RECONCILE_SINKS_DIR", str(tmp_path))
+    env = _env(remote)
     cfg = make_sink(tmp_path, f"zombie_{store.engine.dialect.name}_{round_}", "changelog")
     bounds = [100, 300, 400, 500]
     rows = _changelog(200, bounds, seed=round_)
     write_json_rows(tmp_path / "log", rows)
-    env = _env(connect_url)
     lines, problems = _attempts(cfg, [(f"sched__{u}", u) for u in bounds[1:]], 3, env)
     problems += [f"a loser was told to stage anew: {ln}" for ln in lines if "stage the batch anew" in ln]
     problems += [
