@@ -189,9 +189,9 @@ def _dq(name: str) -> str:
     return '"' + name.replace('"', '""') + '"'
 
 
-def _contents_duckdb(table, cfg, t: int | None, *, log: bool, errors: bool, limit: int) -> list[dict]:
+def _contents_duckdb(reader, cfg, t: int | None, *, log: bool, errors: bool, limit: int) -> list[dict]:
     """The rows ``show`` prints (the first ``limit + 1``), by DuckDB over the update log (no JVM)."""
-    from reconcile.storage.reads import UPDATES, ShardReader
+    from reconcile.storage.reads import UPDATES
 
     cols = ", ".join(_dq(c) for c in cfg.column_names)
     order = ", ".join(f"{_dq(c)} ASC NULLS FIRST" for c in cfg.column_names)
@@ -207,8 +207,7 @@ def _contents_duckdb(table, cfg, t: int | None, *, log: bool, errors: bool, limi
             sql = f'SELECT "_error", {count} FROM ({grouped}) WHERE "_error" IS NOT NULL ORDER BY "_error", {count}'
         else:
             sql = f'SELECT {cols}, {count} FROM ({grouped}) WHERE "_error" IS NULL ORDER BY {order}'
-    with ShardReader(table) as reader:
-        return reader.rows(f"{sql} LIMIT {int(limit) + 1}")
+    return reader.rows(f"{sql} LIMIT {int(limit) + 1}")
 
 
 def _contents_spark(spark, table, cfg, t: int | None, *, log: bool, errors: bool, limit: int) -> list[dict]:
@@ -242,11 +241,10 @@ def shard_contents(
     ``limit`` rows. Read by DuckDB (no JVM), or by ``spark`` when given: the same rows."""
     from reconcile.model import COMMITTED
     from reconcile.storage.delta import ShardTable
-    from reconcile.storage.reads import stamp_note
+    from reconcile.storage.reads import ShardReader, stamp_note
 
     table = ShardTable(cfg)
     t = None
-    notes: list[str] = []
     if not log:
         shard = store.get_shard(cfg.name)
         t = as_of if as_of is not None else shard.upper - 1
@@ -254,20 +252,29 @@ def shard_contents(
             raise SinkError(
                 f"as of {iso(t)} is before the shard's since {iso(shard.since)}: not readable exactly", sink=cfg.name
             )
-        if as_of is not None and table.exists():
-            batches = [(b.lower, b.upper) for b in store.batches(cfg.name, states=(COMMITTED,))]
-            notes = [n for n in [stamp_note(table, batches, "--as-of", as_of)] if n]
     if not table.exists():
         raise SinkError(f"the shard's Delta table at {table.path} has no commits yet", sink=cfg.name)
-    read = _contents_duckdb if spark is None else lambda *a, **k: _contents_spark(spark, *a, **k)
-    rows = read(table, cfg, t, log=log, errors=errors, limit=limit)
+
+    def notes(source) -> list[str]:
+        if as_of is None or log:
+            return []
+        batches = [(b.lower, b.upper) for b in store.batches(cfg.name, states=(COMMITTED,))]
+        return [n for n in [stamp_note(source, batches, "--as-of", as_of)] if n]
+
+    if spark is None:
+        with ShardReader(table) as reader:
+            rows = _contents_duckdb(reader, cfg, t, log=log, errors=errors, limit=limit)
+            said = notes(reader)
+    else:
+        rows = _contents_spark(spark, table, cfg, t, log=log, errors=errors, limit=limit)
+        said = notes(table)
     if log:
         title = f"update log of {cfg.name} (row, _error, _time, _diff):"
     elif errors:
         title = f"errors of {cfg.name} as of {iso(t)}:"
     else:
         title = f"{cfg.name} as of {iso(t)} (count = multiplicity):"
-    return {"title": title, "as_of": stamp(t), "notes": notes, "rows": rows[:limit], "truncated": len(rows) > limit}
+    return {"title": title, "as_of": stamp(t), "notes": said, "rows": rows[:limit], "truncated": len(rows) > limit}
 
 
 def _text(v) -> str:

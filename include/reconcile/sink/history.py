@@ -410,10 +410,12 @@ def _spark_changes(
 # -- the reports ------------------------------------------------------------------------------------
 
 
-def _notes(table: ShardTable, store, cfg: SinkConfig, times: list[tuple[str, int]]) -> list[str]:
+def _notes(source: ShardTable | ShardReader, store, cfg: SinkConfig, times: list[tuple[str, int]]) -> list[str]:
     """What a time given inside a batch stamped at its ``upper - 1`` reads (see the module doc)."""
+    if not times:
+        return []
     batches = [(b.lower, b.upper) for b in store.batches(cfg.name, states=(COMMITTED,))]
-    return [n for what, t in times if (n := stamp_note(table, batches, what, t)) is not None]
+    return [n for what, t in times if (n := stamp_note(source, batches, what, t)) is not None]
 
 
 def history_report(
@@ -436,14 +438,16 @@ def history_report(
     _require_table(cfg)
     n = output_names(cfg)
     key = key_filter(cfg, keys)
-    table = ShardTable(cfg)
+    times = [("--as-of", as_of)] if as_of is not None else []
     if spark is not None:
         rows, cut = _spark_versions(spark, cfg, errors=errors, key=key, as_of=as_of, limit=limit, since=shard.since)
+        notes = _notes(ShardTable(cfg), store, cfg, times)
     else:
-        with ShardReader(table) as reader:
+        with ShardReader(ShardTable(cfg)) as reader:
             rows, cut = _duckdb_versions(
                 reader, cfg, errors=errors, key=key, as_of=as_of, limit=limit, since=shard.since
             )
+            notes = _notes(reader, store, cfg, times)
     note = None
     if cut:
         note = (
@@ -463,7 +467,7 @@ def history_report(
         "upper": stamp(shard.upper),
         "as_of": stamp(as_of),
         "note": note,
-        "notes": _notes(table, store, cfg, [("--as-of", as_of)] if as_of is not None else []),
+        "notes": notes,
         "versions": versions,
         "truncated": len(rows) > limit,
     }
@@ -486,12 +490,14 @@ def diff_report(
     shard = store.get_shard(cfg.name)
     check_range(cfg, shard.since, shard.upper, t1, t2)
     _require_table(cfg)
-    table = ShardTable(cfg)
+    times = [("--from", t1), ("--to", t2)]
     if spark is not None:
         totals, rows = _spark_changes(spark, cfg, t1, t2, errors=errors, limit=limit)
+        notes = _notes(ShardTable(cfg), store, cfg, times)
     else:
-        with ShardReader(table) as reader:
+        with ShardReader(ShardTable(cfg)) as reader:
             totals, rows = _duckdb_changes(reader, cfg, t1, t2, errors=errors, limit=limit)
+            notes = _notes(reader, store, cfg, times)
 
     def total(err: bool, up: bool) -> dict:
         n_rows, weight = totals.get((err, up), (0, 0))
@@ -505,7 +511,7 @@ def diff_report(
         "added": total(errors, True),
         "removed": total(errors, False),
         "error_rows_changed": sum(total(True, up)["rows"] for up in (True, False)),
-        "notes": _notes(table, store, cfg, [("--from", t1), ("--to", t2)]),
+        "notes": notes,
         "changes": rows[:limit],
         "truncated": len(rows) > limit,
     }

@@ -83,19 +83,27 @@ class ShardReader:
         self.close()
 
 
-def stamp_note(table: ShardTable, batches: list[tuple[int, int]], what: str, t: int) -> str | None:
+def stamp_note(source: ShardTable | ShardReader, batches: list[tuple[int, int]], what: str, t: int) -> str | None:
     """Why the shard as of ``t`` lacks the batch ``t`` falls in, when it does: ``t`` is inside a
     committed batch ``(lower, upper)`` (``batches``) before its ``upper - 1``, and every update
     of that batch is stamped at ``upper - 1`` (a query sink's snapshot is: it is the result as of
-    the batch's end). None otherwise. Reads only the ``_time`` of the batch's updates (delta-rs)."""
-    import pyarrow as pa
-
+    the batch's end). None otherwise. Reads only the ``_time`` of the batch's updates: from a
+    reader's DuckDB table, or from the table (delta-rs)."""
     inside = [(lo, up) for lo, up in batches if lo <= t < up - 1]
     if not inside:
         return None
     lower, upper = inside[0]
-    scan = table.snapshot().scan(columns=["_time"], predicate=f"_time >= {int(lower)} AND _time < {int(upper)}")
-    times = set(pa.RecordBatchReader.from_stream(scan).read_all().column("_time").unique().to_pylist())
+    if isinstance(source, ShardReader):
+        found = source.rows(
+            f"SELECT DISTINCT _time FROM {UPDATES} WHERE _time >= {int(lower)} AND _time < {int(upper)} LIMIT 2"
+        )
+        times = {r["_time"] for r in found}
+    else:
+        import pyarrow as pa
+
+        where = f"_time >= {int(lower)} AND _time < {int(upper)}"
+        scan = source.snapshot().scan(columns=["_time"], predicate=where)
+        times = set(pa.RecordBatchReader.from_stream(scan).read_all().column("_time").unique().to_pylist())
     if times != {upper - 1}:
         return None  # no update in the batch, or some at their own times: t reads them as they are
     return (
