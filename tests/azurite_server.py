@@ -89,7 +89,7 @@ class BlobClient:
         if values[2] == "0":
             values[2] = ""
         canonical_headers = "".join(f"{h}:{hdrs[h].strip()}\n" for h in sorted(hdrs) if h.startswith("x-ms-"))
-        resource = f"/{self.account}{path}" + "".join(f"\n{k}:{v}" for k, v in sorted((query or {}).items()))
+        resource = f"/{self.account}{path}" + "".join(f"\n{k.lower()}:{v}" for k, v in sorted((query or {}).items()))
         to_sign = "\n".join([method, *values]) + "\n" + canonical_headers + resource
         mac = hmac.new(base64.b64decode(self.key), to_sign.encode(), hashlib.sha256).digest()
         hdrs["authorization"] = f"SharedKey {self.account}:{base64.b64encode(mac).decode()}"
@@ -258,7 +258,6 @@ def start(base: Path, container: str | None = None, timeout: float = 60.0) -> Az
         "--silent",
         "--disableTelemetry",
         "--skipApiVersionCheck",
-        "--loose",
     ]
     with open(server.log_path, "wb") as log:
         server.proc = subprocess.Popen(
