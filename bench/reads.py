@@ -172,7 +172,9 @@ def main() -> int:
         for name, cli in commands(sink, t1, t2, as_of):
             r = timed_cli(env, cli, args.repeat)
             r["name"], r["target_s"] = name, target
-            r["met"] = r["median_s"] <= target and r["stderr_lines"] == 0
+            # wall time on a quiet machine; CPU time (the process's own work) on a loaded one
+            r["met_wall"] = r["median_s"] <= target and r["stderr_lines"] == 0
+            r["met_cpu"] = r["cpu_s"] <= target and r["stderr_lines"] == 0
             rows.append(r)
             print(
                 f"{label:>14} {name:<18} {r['median_s']:7.3f} s, cpu {r['cpu_s']:.3f} s (target {target} s; "
@@ -184,6 +186,7 @@ def main() -> int:
         for name, cli in spark:
             r = timed_cli(env, cli, args.spark_repeat)
             r["name"] = name
+            r["cpu_note"] = "the Python process only: the JVM it starts is not counted"
             rows.append(r)
             print(
                 f"{label:>14} {name:<18} {r['median_s']:7.3f} s, cpu {r['cpu_s']:.3f} s (Spark; stderr lines: "
