@@ -266,9 +266,10 @@ def _die_with_parent() -> None:
         pass
 
 
-def start(base: Path, bucket: str | None = None, timeout: float = 30.0) -> S3Server:
+def start(base: Path, bucket: str | None = None, timeout: float = 30.0, access_log: Path | None = None) -> S3Server:
     """Start versitygw on a free port of 127.0.0.1 with its objects under ``base/s3-data``, create
-    ``bucket`` (default ``warehouse-<random>``), and return once it answers. Raises
+    ``bucket`` (default ``warehouse-<random>``), and return once it answers. ``access_log``: a
+    file that gets one line per request (bench/s3_costs.py counts them). Raises
     S3ServerMissing when the binary is not installed."""
     if not BINARY.exists():
         raise S3ServerMissing(
@@ -291,7 +292,15 @@ def start(base: Path, bucket: str | None = None, timeout: float = 30.0) -> S3Ser
     env.update(ROOT_ACCESS_KEY=server.access_key, ROOT_SECRET_KEY=server.secret_key, VGW_REGION=server.region)
     with open(server.log_path, "wb") as log:
         server.proc = subprocess.Popen(
-            [str(BINARY), "--quiet", "--port", f"127.0.0.1:{port}", "posix", str(data_dir)],
+            [
+                str(BINARY),
+                "--quiet",
+                "--port",
+                f"127.0.0.1:{port}",
+                *(["--access-log", str(access_log)] if access_log else []),
+                "posix",
+                str(data_dir),
+            ],
             stdout=log,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
