@@ -1,7 +1,8 @@
 """The operating recipes of docs/operating.md run verbatim: Airflow started locally on the embedded
 default (api-server, scheduler, dag-processor; SQLite), a backfill beside the schedule, and clearing
-a run's append without a prompt. The demo sink's shard is checked against a plain-Python model of its
-source after each, and the ledger against the Delta log.
+a run's append without a prompt (that run's append runs again, and only it, finding its batch
+committed). The demo sink's shard is checked against a plain-Python model of its source after each,
+and the ledger against the Delta log.
 """
 
 from __future__ import annotations
@@ -148,9 +149,25 @@ def test_operating_recipes_run_verbatim(local_airflow, spark, monkeypatch):
     assert check.violations(store, cfg) == []
     version = shard.delta_version
 
+    before = {r["run_id"]: len(_append_attempts(home, r["run_id"])) for r in runs}
     cleared = _bash(recipe("clear"), env)  # the run of 2026-01-03: its append and what follows
     assert cleared.returncode == 0, cleared.stderr[-2000:]
+    target = "backfill__2026-01-03T00:00:00+00:00"
+    deadline = time.time() + 180
+    while len(_append_attempts(home, target)) <= before[target]:  # the cleared append ran again
+        assert time.time() < deadline, f"the recipe cleared nothing: {cleared.stdout[-1000:]} {cleared.stderr[-1000:]}"
+        time.sleep(3)
     _wait(env, lambda rs: all(r["state"] == "success" for r in rs) and len(rs) == len(runs), "the cleared run")
-    assert store.get_shard("demo_orders").delta_version == version  # nothing appended twice
+    rerun = _append_attempts(home, target)[-1].read_text()
+    assert "already committed in Delta version" in rerun or "nothing to" in rerun, rerun[-2000:]
+    after = {r["run_id"]: len(_append_attempts(home, r["run_id"])) for r in runs}
+    assert after == {r: n + (r == target) for r, n in before.items()}  # that run's append only
+    assert store.get_shard("demo_orders").delta_version == version
     assert shard_as_of(cfg, shard.upper - 1) == _model(orders)
     store.dispose()
+
+
+def _append_attempts(home: Path, run_id: str) -> list[Path]:
+    """The attempts of a run's append, as Airflow's task log files."""
+    folder = home / "airflow" / "logs" / "dag_id=demo_orders" / f"run_id={run_id}" / "task_id=append"
+    return sorted(folder.glob("attempt=*.log"))
