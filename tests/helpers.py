@@ -78,9 +78,8 @@ def _log_rows(cfg: SinkConfig) -> list[dict]:
     sink's own read path, and a tiny table reads in milliseconds instead of a Spark job)."""
     from deltalake import DeltaTable
 
-    from reconcile.storage.delta import ShardTable
-
     from reconcile import settings
+    from reconcile.storage.delta import ShardTable
 
     path = ShardTable(cfg).path
     return DeltaTable(path, storage_options=settings.delta_storage_options()).to_pyarrow_table().to_pylist()

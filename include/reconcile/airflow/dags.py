@@ -86,9 +86,8 @@ class ReconcileSparkSubmitOperator(SparkSubmitOperator):
         self.stage = stage
 
     def execute(self, context):
-        from reconcile.airflow.tasks import batch_line, failure_verdict, nothing_left, out_of_retries
-
         from reconcile.airflow.aws import export_connection
+        from reconcile.airflow.tasks import batch_line, failure_verdict, nothing_left, out_of_retries
 
         export_connection()  # the job (spark-submit's child, or this process) reads the environment
         run_id = context["run_id"]
