@@ -81,7 +81,9 @@ def test_out_of_retries_names_the_exact_run_or_the_failed_state_and_the_rerun_wi
     monkeypatch.setenv("RECONCILE_SINKS_DIR", str(tmp_path))
     make_sink(tmp_path, "rem")
     dated = tasks.out_of_retries("rem", "scheduled__x", "append", "append failed: x", DAY)
-    assert "`airflow tasks clear rem -t append -d -y -s 2026-01-03T00:00:00+00:00 -e 2026-01-03T00:00:00+00:00`" in dated
+    assert (
+        "`airflow tasks clear rem -t append -d -y -s 2026-01-03T00:00:00+00:00 -e 2026-01-03T00:00:00+00:00`" in dated
+    )
     assert "`python -m reconcile append rem --run-id scheduled__x`" in dated
     manual = tasks.out_of_retries("rem", "manual__y", "write", "write failed: x", None)
     assert "`airflow tasks clear rem -t write -d -f -y`" in manual and "reconcile append" not in manual
