@@ -120,9 +120,12 @@ def quiet_spark(command: str):
     import tempfile
     from pathlib import Path
 
+    from reconcile import settings
     from reconcile.preflight import jvm_output_to
     from reconcile.spark import LOG4J2_PROPERTIES, get_session
 
+    if settings.spark_remote():  # a client: no JVM here, and a driver's options are not a client's to set
+        return get_session(f"reconcile-{command}")
     log = Path(tempfile.gettempdir()) / f"reconcile-{command}-spark-{os.getuid()}.log"
     extra = {
         "spark.driver.extraJavaOptions": f"-Dlog4j2.configurationFile=file:{LOG4J2_PROPERTIES} "
