@@ -49,10 +49,12 @@ from reconcile.storage.ledger import MetadataStore
 STALE = "staged files remain that can never be committed"
 
 
-def violations(store: MetadataStore, cfg: SinkConfig, *, synced: bool = True, spark=None) -> list[str]:
+def violations(
+    store: MetadataStore, cfg: SinkConfig, *, synced: bool = True, spark=None, table: ShardTable | None = None
+) -> list[str]:
     """Every broken invariant, one line each, from the ledger and the Delta log (no JVM); with
     ``spark``, also from the committed rows (checksums, the kind's invariants)."""
-    table = ShardTable(cfg)
+    table = table or ShardTable(cfg)
     out: list[str] = []
     shard = store.get_shard(cfg.name)
     exists = table.exists()
@@ -198,13 +200,15 @@ def staged_age_ms(table: ShardTable, rel: str, now: int) -> int:
     return 0 if newest is None else max(0, now - int(newest * 1000))
 
 
-def pending_cleanup(store: MetadataStore, cfg: SinkConfig, now: int | None = None) -> list[tuple[str, int]]:
+def pending_cleanup(
+    store: MetadataStore, cfg: SinkConfig, now: int | None = None, table: ShardTable | None = None
+) -> list[tuple[str, int]]:
     """[(staged directory, its age in ms)] of the staged files that can never be committed and
     that the next append's cleanup deletes (a race's loser, a superseded batch whose files waited
     for the shard's upper to pass its lower)."""
     from reconcile.schedule import now_ms
 
-    table = ShardTable(cfg)
+    table = table or ShardTable(cfg)
     t = now_ms() if now is None else now
     return [(rel, staged_age_ms(table, rel, t)) for rel in stale_staged(store, table)]
 
@@ -215,13 +219,15 @@ def _age(ms: int) -> str:
     return f"{ms // 1000}s" if ms < 60_000 else duration(ms)
 
 
-def foreign_findings(store: MetadataStore, cfg: SinkConfig) -> tuple[list[str], list[int]]:
+def foreign_findings(
+    store: MetadataStore, cfg: SinkConfig, table: ShardTable | None = None
+) -> tuple[list[str], list[int]]:
     """(one line per foreign Delta version that changed data: its operation, engine, rows, and
     whether a batch repaired it, "repaired at version N" by the batch whose write read it, or "not
     yet repaired"; the foreign versions not yet repaired), from the log's commit files (no JVM)."""
     from reconcile import standing as st
 
-    table = ShardTable(cfg)
+    table = table or ShardTable(cfg)
     if not table.exists():
         return [], []
     found = st.with_rows(table, table.foreign_commits(-1, table.latest_version()))
@@ -254,17 +260,20 @@ class CheckReport:
 def run_check(store: MetadataStore, cfg: SinkConfig, *, spark=None, now: int | None = None) -> CheckReport:
     """:func:`violations` (the rows too with ``spark``), except that staged files that can never
     be committed are *pending cleanup* (a finding, with their age) until they are older than
-    :func:`cleanup_horizon_ms`; and the foreign commits of the log, as findings."""
-    out = [v for v in violations(store, cfg, spark=spark) if not v.startswith(STALE)]
+    :func:`cleanup_horizon_ms`; and the foreign commits of the log, as findings. One pass over the
+    log: each commit file is read once."""
+    table = ShardTable(cfg)
+    table.remember_commits()
+    out = [v for v in violations(store, cfg, spark=spark, table=table) if not v.startswith(STALE)]
     horizon = cleanup_horizon_ms(cfg)
     found: list[str] = []
-    for rel, age in pending_cleanup(store, cfg, now):
+    for rel, age in pending_cleanup(store, cfg, now, table):
         line = f"staged files of {rel} can never be committed, last written {_age(age)} ago"
         if age > horizon:
             out.append(f"{line}: older than the cleanup horizon ({_age(horizon)}), yet no append deleted them")
         else:
             found.append(f"pending cleanup: {line}; the next append deletes them (a violation after {_age(horizon)})")
-    found += foreign_findings(store, cfg)[0]
+    found += foreign_findings(store, cfg, table)[0]
     return CheckReport(out, found)
 
 

@@ -173,14 +173,14 @@ def stale_staged(store: MetadataStore, table: ShardTable) -> list[str]:
     shard = store.get_shard(table.name)
     known = {b.batch_id: b for b in store.batches(table.name)}
     out = []
-    for batch_id in table.staged_batches():
+    for batch_id, stages in table.staged_dirs().items():  # one listing of the staging area
         b = known.get(batch_id)
         if b is None or b.lower >= shard.upper:
             continue
         if b.state != COMMITTED:
             out.append(batch_id)
         elif b.stage_id:  # a committed batch without its attempt recorded keeps every directory
-            out += [f"{batch_id}/{s}" for s in table.staged_attempts(batch_id) if s != b.stage_id]
+            out += [f"{batch_id}/{s}" for s in stages if s != b.stage_id]
     return out
 
 

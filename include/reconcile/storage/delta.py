@@ -69,6 +69,7 @@ class ShardTable:
         # delta-rs's options beyond the AWS environment it reads itself (no secret in them)
         self.storage_options = settings.delta_storage_options()
         self._latest: Any = None  # the latest delta-rs snapshot loaded, refreshed incrementally
+        self._texts: dict[int, str] | None = None  # commit files read, once :meth:`remember_commits`
 
     def __repr__(self) -> str:
         return f"ShardTable({self.path!r})"
@@ -87,6 +88,11 @@ class ShardTable:
     def staged_attempts(self, batch_id: str) -> list[str]:
         """The write attempts (stage ids) staged for one batch."""
         return files.list_dirs(self.staging_path(batch_id))
+
+    def staged_dirs(self) -> dict[str, list[str]]:
+        """{batch id: its write attempts (stage ids)} of every staging directory, from one
+        listing of the staging area (not one per batch)."""
+        return files.list_subdirs(self.staging_root)
 
     def files(self) -> dict[str, int]:
         """{path relative to the table: size} of every data file under the table's directory."""
@@ -112,8 +118,35 @@ class ShardTable:
     def latest_version(self) -> int:
         return self._committed_versions()[-1]
 
+    def remember_commits(self) -> None:
+        """Keep each commit file read by this object, to read it once for a pass over the log at
+        one moment (``check``). Not for a stage that commits: it re-reads a version to see that
+        it still holds what the ledger absorbed."""
+        if self._texts is None:
+            self._texts = {}
+
     def _commit_text(self, version: int) -> str | None:
-        return files.read_text(f"{self.log_path}/{version:020d}.json")
+        return self._commit_texts([version])[version]
+
+    def _commit_texts(self, versions: list[int]) -> dict[int, str | None]:
+        """{version: its commit file's text, None if gone}; several read at once (on an object
+        store each read is a round trip: a log of hundreds of versions is read in parallel)."""
+        from concurrent.futures import ThreadPoolExecutor
+
+        known = self._texts if self._texts is not None else {}
+        todo = [v for v in versions if v not in known]
+
+        def read(v: int) -> str | None:
+            return files.read_text(f"{self.log_path}/{v:020d}.json")
+
+        if len(todo) > 1:
+            with ThreadPoolExecutor(max_workers=min(16, len(todo))) as pool:
+                got = dict(zip(todo, pool.map(read, todo), strict=True))
+        else:
+            got = {v: read(v) for v in todo}
+        if self._texts is not None:
+            self._texts.update({v: t for v, t in got.items() if t is not None})
+        return {v: known[v] if v in known else got[v] for v in versions}
 
     def commit_actions(self, version: int) -> list[dict]:
         """The actions of one Delta version, read from its commit file."""
@@ -140,11 +173,13 @@ class ShardTable:
     def log_entries(self, after: int) -> tuple[int, list[LogEntry]]:
         """(latest version, the :data:`LogEntry` of each version > after, ascending)."""
         versions = self._committed_versions()
+        texts = self._commit_texts([v for v in versions if v > after])
         entries = []
-        for v in versions:
-            if v > after:
-                actions = self.commit_actions(v)
-                entries.append((v, describe_commit(actions), self._guard_txn(actions)))
+        for v, text in texts.items():
+            if text is None:  # listed a moment ago: removed by Delta's log cleanup meanwhile
+                raise Retryable(f"Delta commit file of version {v} under {self.log_path} is gone", sink=self.name)
+            actions = parse_actions(text)
+            entries.append((v, describe_commit(actions), self._guard_txn(actions)))
         return versions[-1], entries
 
     def history_since(self, after: int) -> tuple[int, list[tuple[int, dict | None]]]:
@@ -157,8 +192,7 @@ class ShardTable:
         with who made them, from the log's commit files alone. A commit file removed by the log's
         cleanup meanwhile is skipped."""
         out = []
-        for v in (v for v in self.log_versions() if after < v <= up_to):
-            text = self._commit_text(v)
+        for v, text in self._commit_texts([v for v in self.log_versions() if after < v <= up_to]).items():
             if text is None:
                 continue
             actions = parse_actions(text)

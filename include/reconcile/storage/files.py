@@ -123,6 +123,28 @@ def digest(path: str) -> str:
     return hashlib.sha256(read_bytes(path)).hexdigest()
 
 
+def _tree(fs, root: str) -> list[tuple[str, bool, int]]:
+    """[(path relative to ``root``, is a directory, size)] of everything below ``root``: on an
+    object store one flat listing (Arrow's recursive selector: a few requests per thousand keys,
+    not one per directory as a directory walk makes); on a local disk a walk."""
+    from fsspec.implementations.arrow import ArrowFSWrapper
+
+    if isinstance(fs, ArrowFSWrapper):
+        import pyarrow.fs as pafs
+
+        selector = pafs.FileSelector(root, recursive=True, allow_not_found=True)
+        found = [(i.path, i.type == pafs.FileType.Directory, i.size or 0) for i in fs.fs.get_file_info(selector)]
+    else:
+        if not fs.exists(root):
+            return []
+        found = [
+            (full, info.get("type") == "directory", int(info.get("size") or 0))
+            for full, info in fs.find(root, detail=True, withdirs=True).items()
+        ]
+    prefix = root + "/"
+    return [(full[len(prefix) :], d, size) for full, d, size in found if full.startswith(prefix)]
+
+
 def list_files(path: str) -> dict[str, int]:
     """{relative path: size} of the data files below ``path`` (empty if it does not exist).
 
@@ -132,20 +154,14 @@ def list_files(path: str) -> dict[str, int]:
     root = root.rstrip("/")
     for attempt in range(3):
         try:
-            if not fs.exists(root):
-                return {}
-            found = fs.find(root, detail=True)
+            found = _tree(fs, root)
         except FileNotFoundError:
             if attempt == 2:
                 raise
             continue
-        out = {}
-        for full, info in found.items():
-            rel = full[len(root) + 1 :] if full.startswith(root + "/") else full
-            if rel.rsplit("/", 1)[-1].startswith(("_", ".")) or info.get("type") == "directory":
-                continue
-            out[rel] = int(info["size"])
-        return out
+        return {
+            rel: size for rel, is_dir, size in found if not is_dir and not rel.rsplit("/", 1)[-1].startswith(("_", "."))
+        }
     return {}
 
 
@@ -153,9 +169,29 @@ def list_dirs(path: str) -> list[str]:
     """The names of the directories directly below ``path`` (empty if it does not exist)."""
     fs, root = fs_of(path)
     try:
-        return sorted(p.rstrip("/").rsplit("/", 1)[-1] for p in fs.ls(root, detail=False) if fs.isdir(p))
+        entries = fs.ls(root, detail=True)
     except FileNotFoundError:
         return []
+    return sorted(e["name"].rstrip("/").rsplit("/", 1)[-1] for e in entries if e.get("type") == "directory")
+
+
+def list_subdirs(path: str) -> dict[str, list[str]]:
+    """{directory directly below ``path``: the names of the directories directly below it}, from
+    one listing (:func:`_tree`)."""
+    fs, root = fs_of(path)
+    root = root.rstrip("/")
+    try:
+        found = _tree(fs, root)
+    except FileNotFoundError:
+        return {}
+    out: dict[str, list[str]] = {}
+    for rel, is_dir, _ in found:
+        if is_dir:
+            top, _, sub = rel.partition("/")
+            subs = out.setdefault(top, [])
+            if sub and "/" not in sub:
+                subs.append(sub)
+    return {k: sorted(v) for k, v in sorted(out.items())}
 
 
 def list_names(path: str) -> list[str]:
