@@ -133,6 +133,7 @@ def write_sink(spec: dict):
 
 
 def bench_append(spark, store, server, work: Path, rows: int, change: float) -> dict:
+    """1. (``work / 's3-access.log'``: the server's access log.)"""
     from pyspark.sql import functions as F
 
     from reconcile.sink import append, mint, write
@@ -154,7 +155,7 @@ def bench_append(spark, store, server, work: Path, rows: int, change: float) -> 
     table = ShardTable(cfg)
     prefix = table.path.split("/", 3)[3] + "/"  # s3://bucket/<prefix>
     client = server.client()
-    requests = Requests(server.log_path.with_name("access.log"))
+    requests = Requests(work / "s3-access.log")
 
     t = time.perf_counter()
     first = mint.run_mint(store, cfg, "run-1", 1, 200).description
@@ -225,9 +226,9 @@ def build_shard(spark, store, work: Path, name: str, batches: int) -> dict:
     return {"batches": batches, "build_s": round(time.perf_counter() - t, 1)}
 
 
-def bench_reads(server, name: str, repeat: int) -> dict:
+def bench_reads(access_log: Path, name: str, repeat: int) -> dict:
     """``status`` and ``check`` of the shard ``name``, each in a new process, ``repeat`` times."""
-    requests = Requests(server.log_path.with_name("access.log"))
+    requests = Requests(access_log)
     env = dict(os.environ)
     out: dict = {}
     for command in ("status", "check"):
@@ -305,7 +306,7 @@ def main() -> int:
     import s3_server
 
     work = Path(tempfile.mkdtemp(prefix="s3-costs-"))
-    server = s3_server.start(work / "s3", access_log=work / "s3" / "access.log")
+    server = s3_server.start(work / "s3", access_log=work / "s3-access.log")
     # the standard AWS variables, before any JVM starts: S3A, delta-rs and Arrow read them
     os.environ.update(server.storage_options())
     os.environ.update(
@@ -338,7 +339,7 @@ def main() -> int:
             if "reads" in parts:
                 out["reads"] = build_shard(spark, store, work, "s3_reads", args.batches)
                 print(json.dumps(out), flush=True)
-                out["reads"].update(bench_reads(server, "s3_reads", args.repeat))
+                out["reads"].update(bench_reads(work / "s3-access.log", "s3_reads", args.repeat))
                 print(json.dumps(out), flush=True)
             store.dispose()
             spark.stop()

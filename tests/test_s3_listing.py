@@ -35,7 +35,7 @@ def s3(tmp_path_factory, monkeypatch_module):
         pytest.skip(str(exc))
     for k, v in server.storage_options().items():
         monkeypatch_module.setenv(k, v)
-    yield server
+    yield server, base / "access.log"
     server.stop()
 
 
@@ -48,8 +48,8 @@ def monkeypatch_module():
 class Requests:
     """The requests the server answered since the last :meth:`take`, by operation."""
 
-    def __init__(self, server):
-        self.log = server.log_path.with_name("access.log")
+    def __init__(self, log: Path):
+        self.log = log
         self.seen = 0
 
     def take(self) -> Counter:
@@ -70,10 +70,11 @@ def _local_tree(root: Path) -> str:
 
 
 def test_a_tree_on_s3_is_listed_in_one_request_as_on_a_local_disk(s3, tmp_path):
+    s3, log = s3
     client = s3.client()
     for key, body in TREE.items():
         client.put(f"tree/{key}", body)
-    requests = Requests(s3)
+    requests = Requests(log)
     requests.take()
     on_s3 = {
         "files": files.list_files(s3.url("tree")),
@@ -96,6 +97,7 @@ def test_a_tree_on_s3_is_listed_in_one_request_as_on_a_local_disk(s3, tmp_path):
 
 
 def test_a_pass_over_the_log_reads_each_commit_file_once(s3, tmp_path):
+    s3, log = s3
     import pyarrow as pa
     from deltalake import write_deltalake
 
@@ -103,7 +105,7 @@ def test_a_pass_over_the_log_reads_each_commit_file_once(s3, tmp_path):
     table = ShardTable(cfg, warehouse=s3.url("wh"))
     for i in range(12):  # 12 versions written by delta-rs (foreign to the sink: drift)
         write_deltalake(table.path, pa.table({"k": [i], "v": [str(i)]}), mode="append")
-    requests = Requests(s3)
+    requests = Requests(log)
     requests.take()
 
     table.remember_commits()
