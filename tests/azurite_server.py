@@ -22,31 +22,42 @@ import contextlib
 import email.utils
 import hashlib
 import hmac
-import http.client
 import os
 import secrets
-import subprocess
-import time
 import urllib.parse
-from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 
-from s3_server import _die_with_parent, _free_port
+from emulator_server import ROOT, Emulator, EmulatorMissing, Request, SignedClient, data_dir
+from emulator_server import running as running_server
 
-ROOT = Path(__file__).resolve().parents[1]
 BINARY = ROOT / ".tools" / "azurite" / "node_modules" / ".bin" / "azurite-blob"
 API_VERSION = "2021-08-06"
+# the standard headers a Shared Key signature covers, in its order
+SIGNED_HEADERS = (
+    "content-encoding",
+    "content-language",
+    "content-length",
+    "content-md5",
+    "content-type",
+    "date",
+    "if-modified-since",
+    "if-match",
+    "if-none-match",
+    "if-unmodified-since",
+    "range",
+)
 
 
-class AzuriteMissing(RuntimeError):
+class AzuriteMissing(EmulatorMissing):
     pass
 
 
 @dataclass
-class BlobClient:
-    """A minimal Blob API client (Shared Key, stdlib only) for the tests' own requests: container
-    creation, conditional puts, reads, listings; independent of the sink's code. Path-style URLs
+class BlobClient(SignedClient):
+    """A minimal Blob API client (Shared Key, stdlib only): container creation and what
+    :class:`~emulator_server.SignedClient` requests. Path-style URLs
     (``/<account>/<container>/<blob>``), as Azurite serves them."""
 
     host: str
@@ -54,135 +65,42 @@ class BlobClient:
     account: str
     key: str
     container: str
-    _conn: http.client.HTTPConnection | None = field(default=None, repr=False)
+    created = 201
+    refused = 409  # BlobAlreadyExists, as Azure answers
+    put_headers: ClassVar[dict[str, str]] = {"x-ms-blob-type": "BlockBlob"}
+    list_query: ClassVar[dict[str, str]] = {"restype": "container", "comp": "list"}  # List Blobs
+    list_marker = ("marker", "NextMarker")
+    list_entry = ("Blob", "Name")
 
-    def signed(
-        self,
-        method: str,
-        blob: str | None = None,
-        body: bytes = b"",
-        headers: dict[str, str] | None = None,
-        query: dict[str, str] | None = None,
-    ) -> tuple[str, dict[str, str]]:
-        """The request target and the headers of a Shared Key signed request."""
+    def signed(self, req: Request) -> tuple[str, dict[str, str]]:
         path = f"/{self.account}/{urllib.parse.quote(self.container)}"
-        if blob:
-            path += "/" + urllib.parse.quote(blob, safe="/~")
+        if req.target:
+            path += "/" + urllib.parse.quote(req.target, safe="/~")
         hdrs = {"x-ms-date": email.utils.formatdate(usegmt=True), "x-ms-version": API_VERSION}
-        hdrs.update({k.lower(): v for k, v in (headers or {}).items()})
-        if body or method == "PUT":
-            hdrs["content-length"] = str(len(body))
-        std = [
-            "content-encoding",
-            "content-language",
-            "content-length",
-            "content-md5",
-            "content-type",
-            "date",
-            "if-modified-since",
-            "if-match",
-            "if-none-match",
-            "if-unmodified-since",
-            "range",
-        ]
-        values = [hdrs.get(h, "") for h in std]
+        hdrs.update(req.headers)
+        if req.body or req.method == "PUT":
+            hdrs["content-length"] = str(len(req.body))
+        values = [hdrs.get(h, "") for h in SIGNED_HEADERS]
         if values[2] == "0":
             values[2] = ""
         canonical_headers = "".join(f"{h}:{hdrs[h].strip()}\n" for h in sorted(hdrs) if h.startswith("x-ms-"))
-        resource = f"/{self.account}{path}" + "".join(f"\n{k.lower()}:{v}" for k, v in sorted((query or {}).items()))
-        to_sign = "\n".join([method, *values]) + "\n" + canonical_headers + resource
+        query = sorted(req.query.items())
+        resource = f"/{self.account}{path}" + "".join(f"\n{k.lower()}:{v}" for k, v in query)
+        to_sign = "\n".join([req.method, *values]) + "\n" + canonical_headers + resource
         mac = hmac.new(base64.b64decode(self.key), to_sign.encode(), hashlib.sha256).digest()
         hdrs["authorization"] = f"SharedKey {self.account}:{base64.b64encode(mac).decode()}"
-        return path + ("?" + urllib.parse.urlencode(sorted((query or {}).items())) if query else ""), hdrs
+        return path + ("?" + urllib.parse.urlencode(query) if query else ""), hdrs
 
-    def request(
-        self,
-        method: str,
-        blob: str | None = None,
-        body: bytes = b"",
-        headers: dict[str, str] | None = None,
-        query: dict[str, str] | None = None,
-    ) -> tuple[int, bytes]:
-        url, hdrs = self.signed(method, blob, body, headers, query)
-        for attempt in (1, 2):  # one retry on a connection the server closed while it sat idle
-            if self._conn is None:
-                self._conn = http.client.HTTPConnection(self.host, self.port, timeout=60)
-            try:
-                self._conn.request(method, url, body=body, headers=hdrs)
-                resp = self._conn.getresponse()
-                return resp.status, resp.read()
-            except (ConnectionError, http.client.HTTPException):
-                self.close()
-                if attempt == 2:
-                    raise
-        raise AssertionError("unreachable")
-
-    def raw_put(self, blob: str, body: bytes, headers: dict[str, str] | None = None) -> bytes:
-        """A signed Put Blob as the bytes to send on a fresh connection (``Connection: close``),
-        for tests that hold a request back before its last byte."""
-        hdrs = {"x-ms-blob-type": "BlockBlob", **(headers or {})}
-        url, hdrs = self.signed("PUT", blob, body, hdrs)
-        hdrs.update({"host": f"{self.host}:{self.port}", "connection": "close"})
-        head = f"PUT {url} HTTP/1.1\r\n" + "".join(f"{k}: {v}\r\n" for k, v in hdrs.items()) + "\r\n"
-        return head.encode() + body
-
-    def close(self) -> None:
-        if self._conn is not None:
-            self._conn.close()
-            self._conn = None
-
-    def create_container(self) -> None:
-        status, data = self.request("PUT", query={"restype": "container"})
-        if status not in (201, 409):
-            raise AssertionError(f"Create Container {self.container}: HTTP {status}: {data[:300]!r}")
-
-    def put(self, blob: str, body: bytes, if_none_match: str | None = None) -> int:
-        """Put Blob; returns the HTTP status (201, or 409 when ``If-None-Match: *`` finds the blob)."""
-        headers = {"x-ms-blob-type": "BlockBlob"}
-        if if_none_match:
-            headers["If-None-Match"] = if_none_match
-        status, data = self.request("PUT", blob, body, headers)
-        if status not in (201, 409, 412):
-            raise AssertionError(f"PUT {blob}: HTTP {status}: {data[:300]!r}")
-        return status
-
-    def get(self, blob: str) -> bytes | None:
-        status, data = self.request("GET", blob)
-        if status == 404:
-            return None
-        if status != 200:
-            raise AssertionError(f"GET {blob}: HTTP {status}: {data[:300]!r}")
-        return data
-
-    def list_blobs(self, prefix: str = "") -> list[str]:
-        import xml.etree.ElementTree as ET
-
-        names: list[str] = []
-        marker = ""
-        while True:
-            query = {"restype": "container", "comp": "list", "prefix": prefix}
-            if marker:
-                query["marker"] = marker
-            status, data = self.request("GET", query=query)
-            if status != 200:
-                raise AssertionError(f"List Blobs {prefix}: HTTP {status}: {data[:300]!r}")
-            root = ET.fromstring(data)
-            names += [b.findtext("Name") or "" for b in root.iter("Blob")]
-            marker = root.findtext("NextMarker") or ""
-            if not marker:
-                return names
+    def create_store(self) -> None:
+        """Create Container of the client's container (found already: nothing to do)."""
+        self.expect(f"Create Container {self.container}", (201, 409), "PUT", query={"restype": "container"})
 
 
-@dataclass
-class AzuriteServer:
-    host: str
-    port: int
+@dataclass(kw_only=True)
+class AzuriteServer(Emulator):
     account: str
     key: str
     container: str
-    data_dir: Path
-    log_path: Path
-    proc: subprocess.Popen[bytes] | None = None
 
     @property
     def endpoint(self) -> str:
@@ -213,36 +131,16 @@ class AzuriteServer:
         on Azure; ``AZURE_ALLOW_HTTP`` because the emulator speaks plain HTTP."""
         return {**self.environment(), "AZURE_ALLOW_HTTP": "true"}
 
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self.proc = None
-
 
 def start(base: Path, container: str | None = None, timeout: float = 60.0) -> AzuriteServer:
     """Start Azurite's Blob service on a free port of 127.0.0.1 with its data under
     ``base/azurite-data``, create ``container`` (default ``warehouse-<random>``), and return once
     it answers. Raises AzuriteMissing when it is not installed."""
-    if not BINARY.exists():
-        raise AzuriteMissing(
-            f"{BINARY.relative_to(ROOT)} is missing: run scripts/fetch_azurite.sh (scripts/setup.sh does)"
-        )
-    base.mkdir(parents=True, exist_ok=True)
-    data_dir = base / "azurite-data"
-    data_dir.mkdir(exist_ok=True)
-    port = _free_port()
     server = AzuriteServer(
-        host="127.0.0.1",
-        port=port,
         account="acct" + secrets.token_hex(4),
         key=base64.b64encode(secrets.token_bytes(64)).decode(),
         container=container or f"warehouse-{secrets.token_hex(4)}",
-        data_dir=data_dir,
+        data_dir=data_dir(base, "azurite-data", BINARY, "fetch_azurite.sh", AzuriteMissing),
         log_path=base / "azurite.log",
     )
     env = {k: v for k, v in os.environ.items() if not k.startswith(("AZURE_", "AZURITE_"))}
@@ -252,47 +150,17 @@ def start(base: Path, container: str | None = None, timeout: float = 60.0) -> Az
         "--blobHost",
         server.host,
         "--blobPort",
-        str(port),
+        str(server.port),
         "--location",
-        str(data_dir),
+        str(server.data_dir),
         "--silent",
         "--disableTelemetry",
         "--skipApiVersionCheck",
     ]
-    with open(server.log_path, "wb") as log:
-        server.proc = subprocess.Popen(
-            command,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            env=env,
-            start_new_session=True,
-            preexec_fn=_die_with_parent,
-        )
-    deadline = time.monotonic() + timeout
-    client = server.client()
-    while True:
-        if server.proc.poll() is not None:
-            raise RuntimeError(f"Azurite exited with {server.proc.returncode}: see {server.log_path}")
-        try:
-            client.create_container()
-            break
-        except (ConnectionError, OSError):
-            client.close()
-            if time.monotonic() > deadline:
-                server.stop()
-                raise RuntimeError(
-                    f"Azurite did not answer on port {port} within {timeout:.0f} s: see {server.log_path}"
-                ) from None
-            time.sleep(0.05)
-    client.close()
+    server.launch("Azurite", command, env, timeout)
     return server
 
 
-@contextlib.contextmanager
-def running(base: Path, container: str | None = None) -> Iterator[AzuriteServer]:
-    server = start(base, container)
-    try:
-        yield server
-    finally:
-        server.stop()
+def running(base: Path, container: str | None = None) -> contextlib.AbstractContextManager[AzuriteServer]:
+    """:func:`start`, stopped when the block ends."""
+    return running_server(start(base, container))

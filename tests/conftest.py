@@ -215,15 +215,9 @@ def sqlite_store(sqlite_url, monkeypatch):
 def s3_server_running(tmp_path_factory):
     """One S3 server (versitygw, tests/s3_server.py) per test process, on 127.0.0.1."""
     import s3_server
+    from object_store_harness import serve
 
-    try:
-        server = s3_server.start(tmp_path_factory.mktemp("s3"))
-    except s3_server.S3ServerMissing as exc:
-        if os.environ.get("CI"):
-            pytest.fail(str(exc))
-        pytest.skip(str(exc))
-    yield server
-    server.stop()
+    yield from serve(s3_server.start, tmp_path_factory.mktemp("s3"))
 
 
 @pytest.fixture

@@ -26,30 +26,22 @@ import contextlib
 import datetime as dt
 import hashlib
 import hmac
-import http.client
 import os
 import secrets
-import socket
-import subprocess
-import time
 import urllib.parse
-from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 
-ROOT = Path(__file__).resolve().parents[1]
+from emulator_server import ROOT, Emulator, EmulatorMissing, Request, SignedClient, data_dir
+from emulator_server import running as running_server
+
 BINARY = ROOT / ".tools" / "versitygw"
 REGION = "us-east-1"
 
 
-class S3ServerMissing(RuntimeError):
+class S3ServerMissing(EmulatorMissing):
     pass
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _sign(key: bytes, msg: str) -> bytes:
@@ -57,9 +49,9 @@ def _sign(key: bytes, msg: str) -> bytes:
 
 
 @dataclass
-class S3Client:
-    """A minimal path-style S3 client (AWS Signature V4, stdlib only): enough for the tests' own
-    requests (bucket creation, conditional puts, reads, listings), independent of the sink's code."""
+class S3Client(SignedClient):
+    """A minimal path-style S3 client (AWS Signature V4, stdlib only): bucket creation and what
+    :class:`~emulator_server.SignedClient` requests."""
 
     host: str
     port: int
@@ -67,33 +59,27 @@ class S3Client:
     secret_key: str
     bucket: str
     region: str = REGION
-    _conn: http.client.HTTPConnection | None = field(default=None, repr=False)
+    list_query: ClassVar[dict[str, str]] = {"list-type": "2"}  # ListObjectsV2
+    list_marker = ("continuation-token", "NextContinuationToken")
+    list_entry = ("Contents", "Key")
 
-    def signed(
-        self,
-        method: str,
-        key: str | None = None,
-        body: bytes = b"",
-        headers: dict[str, str] | None = None,
-        query: dict[str, str] | None = None,
-        bucket: str | None = None,
-    ) -> tuple[str, dict[str, str]]:
-        """The request target (path and query) and the headers of a signed request."""
-        bucket = self.bucket if bucket is None else bucket
-        path = "/" + urllib.parse.quote(bucket) + ("/" + urllib.parse.quote(key, safe="/~") if key else "")
+    def signed(self, req: Request) -> tuple[str, dict[str, str]]:
+        path = "/" + urllib.parse.quote(self.bucket)
+        if req.target:
+            path += "/" + urllib.parse.quote(req.target, safe="/~")
         canonical_query = "&".join(
             f"{urllib.parse.quote(k, safe='-_.~')}={urllib.parse.quote(v, safe='-_.~')}"
-            for k, v in sorted((query or {}).items())
+            for k, v in sorted(req.query.items())
         )
         now = dt.datetime.now(dt.UTC)
         amz_date, day = now.strftime("%Y%m%dT%H%M%SZ"), now.strftime("%Y%m%d")
-        payload_hash = hashlib.sha256(body).hexdigest()
+        payload_hash = hashlib.sha256(req.body).hexdigest()
         hdrs = {"host": f"{self.host}:{self.port}", "x-amz-date": amz_date, "x-amz-content-sha256": payload_hash}
-        hdrs.update({k.lower(): v for k, v in (headers or {}).items()})
+        hdrs.update(req.headers)
         signed = sorted(hdrs)
         canonical = "\n".join(
             [
-                method,
+                req.method,
                 path,
                 canonical_query,
                 *(f"{h}:{hdrs[h].strip()}" for h in signed),
@@ -113,94 +99,16 @@ class S3Client:
         )
         return path + (f"?{canonical_query}" if canonical_query else ""), hdrs
 
-    def request(
-        self,
-        method: str,
-        key: str | None = None,
-        body: bytes = b"",
-        headers: dict[str, str] | None = None,
-        query: dict[str, str] | None = None,
-        bucket: str | None = None,
-    ) -> tuple[int, dict[str, str], bytes]:
-        url, hdrs = self.signed(method, key, body, headers, query, bucket)
-        for attempt in (1, 2):  # one retry on a connection the server closed while it sat idle
-            if self._conn is None:
-                self._conn = http.client.HTTPConnection(self.host, self.port, timeout=60)
-            try:
-                self._conn.request(method, url, body=body, headers=hdrs)
-                resp = self._conn.getresponse()
-                data = resp.read()
-                return resp.status, {k.lower(): v for k, v in resp.getheaders()}, data
-            except (ConnectionError, http.client.HTTPException):
-                self.close()
-                if attempt == 2:
-                    raise
-        raise AssertionError("unreachable")
-
-    def raw_put(self, key: str, body: bytes, headers: dict[str, str] | None = None) -> bytes:
-        """A signed PutObject as the bytes to send on a fresh connection (``Connection: close``),
-        for tests that hold a request back before its last byte."""
-        hdrs = {**(headers or {}), "content-length": str(len(body)), "connection": "close"}
-        url, hdrs = self.signed("PUT", key, body, hdrs)
-        head = f"PUT {url} HTTP/1.1\r\n" + "".join(f"{k}: {v}\r\n" for k, v in hdrs.items()) + "\r\n"
-        return head.encode() + body
-
-    def close(self) -> None:
-        if self._conn is not None:
-            self._conn.close()
-            self._conn = None
-
-    def put(self, key: str, body: bytes, if_none_match: str | None = None) -> int:
-        """PutObject; returns the HTTP status (200, or 412 when ``If-None-Match: *`` finds the key)."""
-        headers = {"If-None-Match": if_none_match} if if_none_match else {}
-        status, _, data = self.request("PUT", key, body, headers)
-        if status not in (200, 412):
-            raise AssertionError(f"PUT {key}: HTTP {status}: {data[:300]!r}")
-        return status
-
-    def get(self, key: str) -> bytes | None:
-        status, _, data = self.request("GET", key)
-        if status == 404:
-            return None
-        if status != 200:
-            raise AssertionError(f"GET {key}: HTTP {status}: {data[:300]!r}")
-        return data
-
-    def create_bucket(self, bucket: str) -> None:
-        status, _, data = self.request("PUT", bucket=bucket)
-        if status != 200:
-            raise AssertionError(f"CreateBucket {bucket}: HTTP {status}: {data[:300]!r}")
-
-    def list_keys(self, prefix: str = "") -> list[str]:
-        import xml.etree.ElementTree as ET
-
-        keys: list[str] = []
-        token = None
-        while True:
-            query = {"list-type": "2", "prefix": prefix}
-            if token:
-                query["continuation-token"] = token
-            status, _, data = self.request("GET", query=query)
-            if status != 200:
-                raise AssertionError(f"ListObjectsV2 {prefix}: HTTP {status}: {data[:300]!r}")
-            root = ET.fromstring(data)
-            ns = root.tag.split("}")[0] + "}" if root.tag.startswith("{") else ""
-            keys += [c.findtext(f"{ns}Key") or "" for c in root.iter(f"{ns}Contents")]
-            token = root.findtext(f"{ns}NextContinuationToken")
-            if not token:
-                return keys
+    def create_store(self) -> None:
+        """CreateBucket of the client's bucket."""
+        self.expect(f"CreateBucket {self.bucket}", (200,), "PUT")
 
 
-@dataclass
-class S3Server:
-    host: str
-    port: int
+@dataclass(kw_only=True)
+class S3Server(Emulator):
     access_key: str
     secret_key: str
     bucket: str
-    data_dir: Path
-    log_path: Path
-    proc: subprocess.Popen[bytes] | None = None
     region: str = REGION
 
     @property
@@ -243,95 +151,34 @@ class S3Server:
         conf["spark.hadoop.fs.s3.impl"] = "org.apache.hadoop.fs.s3a.S3AFileSystem"
         return conf
 
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self.proc = None
-
-
-def _die_with_parent() -> None:
-    """In the server's process before exec: end it when the process that started it ends
-    (a killed test worker leaves no server behind). Linux only; elsewhere a no-op."""
-    import ctypes
-    import signal
-
-    try:
-        ctypes.CDLL(None).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
-
 
 def start(base: Path, bucket: str | None = None, timeout: float = 30.0, access_log: Path | None = None) -> S3Server:
     """Start versitygw on a free port of 127.0.0.1 with its objects under ``base/s3-data``, create
     ``bucket`` (default ``warehouse-<random>``), and return once it answers. ``access_log``: a
     file that gets one line per request (bench/s3_costs.py counts them). Raises
     S3ServerMissing when the binary is not installed."""
-    if not BINARY.exists():
-        raise S3ServerMissing(
-            f"{BINARY.relative_to(ROOT)} is missing: run scripts/fetch_s3_server.sh (scripts/setup.sh does)"
-        )
-    base.mkdir(parents=True, exist_ok=True)
-    data_dir = base / "s3-data"
-    data_dir.mkdir(exist_ok=True)
-    port = _free_port()
     server = S3Server(
-        host="127.0.0.1",
-        port=port,
         access_key="test" + secrets.token_hex(6),
         secret_key=secrets.token_hex(20),
         bucket=bucket or f"warehouse-{secrets.token_hex(4)}",
-        data_dir=data_dir,
+        data_dir=data_dir(base, "s3-data", BINARY, "fetch_s3_server.sh", S3ServerMissing),
         log_path=base / "versitygw.log",
     )
     env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "VGW_", "ROOT_"))}
     env.update(ROOT_ACCESS_KEY=server.access_key, ROOT_SECRET_KEY=server.secret_key, VGW_REGION=server.region)
-    with open(server.log_path, "wb") as log:
-        server.proc = subprocess.Popen(
-            [
-                str(BINARY),
-                "--quiet",
-                "--port",
-                f"127.0.0.1:{port}",
-                *(["--access-log", str(access_log)] if access_log else []),
-                "posix",
-                str(data_dir),
-            ],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            env=env,
-            start_new_session=True,
-            preexec_fn=_die_with_parent,
-        )
-    deadline = time.monotonic() + timeout
-    client = server.client()
-    while True:
-        if server.proc.poll() is not None:
-            raise RuntimeError(f"versitygw exited with {server.proc.returncode}: see {server.log_path}")
-        try:
-            client.create_bucket(server.bucket)
-            break
-        except (ConnectionError, OSError):
-            client.close()
-            if time.monotonic() > deadline:
-                server.stop()
-                raise RuntimeError(
-                    f"versitygw did not answer on port {port} within {timeout:.0f} s: see {server.log_path}"
-                ) from None
-            time.sleep(0.05)
-    client.close()
+    command = [
+        str(BINARY),
+        "--quiet",
+        "--port",
+        f"{server.host}:{server.port}",
+        *(["--access-log", str(access_log)] if access_log else []),
+        "posix",
+        str(server.data_dir),
+    ]
+    server.launch("versitygw", command, env, timeout)
     return server
 
 
-@contextlib.contextmanager
-def running(base: Path, bucket: str | None = None) -> Iterator[S3Server]:
-    server = start(base, bucket)
-    try:
-        yield server
-    finally:
-        server.stop()
+def running(base: Path, bucket: str | None = None) -> contextlib.AbstractContextManager[S3Server]:
+    """:func:`start`, stopped when the block ends."""
+    return running_server(start(base, bucket))

@@ -17,10 +17,7 @@ Storage Gen2 (``dfs``) API that Azurite does not serve (docs/object-stores.md).
 from __future__ import annotations
 
 import hashlib
-import os
 import secrets
-import threading
-import time
 import uuid
 from collections import Counter
 
@@ -29,6 +26,7 @@ import pyarrow.parquet as pq
 import pytest
 
 import azurite_server
+import object_store_harness as harness
 from helpers import make_sink, shard_as_of
 from reconcile import settings
 from reconcile.storage import files
@@ -37,14 +35,7 @@ from reconcile.storage.delta import ShardTable
 
 @pytest.fixture(scope="module")
 def azurite(tmp_path_factory):
-    try:
-        server = azurite_server.start(tmp_path_factory.mktemp("azurite"))
-    except azurite_server.AzuriteMissing as exc:
-        if os.environ.get("CI"):
-            pytest.fail(str(exc))
-        pytest.skip(str(exc))
-    yield server
-    server.stop()
+    yield from harness.serve(azurite_server.start, tmp_path_factory.mktemp("azurite"))
 
 
 @pytest.fixture
@@ -58,116 +49,19 @@ def adls_warehouse(azurite, monkeypatch) -> str:
     return url
 
 
-def _race_conditional_puts(server: azurite_server.AzuriteServer, blob: str, writers: int) -> list[int]:
-    """``writers`` Put Blob requests of ``blob`` with ``If-None-Match: *``, each on its own
-    connection, all sent but their last byte before any is let go. Returns each one's status."""
-    import socket
-
-    client = server.client()
-    body = [f"writer {i}".encode().ljust(2048, b".") for i in range(writers)]
-    requests = [client.raw_put(blob, body[i], {"If-None-Match": "*"}) for i in range(writers)]
-    socks = [socket.create_connection((server.host, server.port), timeout=60) for _ in range(writers)]
-    try:
-        for sock, req in zip(socks, requests):
-            sock.sendall(req[:-1])
-        time.sleep(0.02)
-        for sock, req in zip(socks, requests):
-            sock.sendall(req[-1:])
-        return [int(sock.makefile("rb").readline().split()[1]) for sock in socks]
-    finally:
-        for sock in socks:
-            sock.close()
-
-
 def test_azurite_put_if_absent_has_exactly_one_winner_per_blob(azurite):
-    client = azurite.client()
-    winners_per_round = []
-    for round_ in range(20):
-        blob = f"race/{round_:04d}.json"
-        statuses = _race_conditional_puts(azurite, blob, writers=48)
-        assert set(statuses) <= {201, 409}, statuses  # 409 BlobAlreadyExists, as Azure answers
-        winners = [i for i, status in enumerate(statuses) if status == 201]
-        winners_per_round.append(len(winners))
-        if len(winners) == 1:  # the blob holds the winner's bytes, whole
-            assert client.get(blob) == f"writer {winners[0]}".encode().ljust(2048, b".")
-    assert winners_per_round == [1] * 20
-    assert client.put("race/0000.json", b"replaced") == 201  # an unconditional put still replaces it
-    assert client.get("race/0000.json") == b"replaced"
+    harness.assert_put_if_absent_has_exactly_one_winner(azurite, rounds=20)  # 409 BlobAlreadyExists for the losers
 
 
 def test_delta_rs_creates_and_appends_on_adls_and_never_overwrites_a_commit(azurite, adls_warehouse):
-    import json
-
-    from deltalake import CommitProperties, DeltaTable, write_deltalake
-    from deltalake.exceptions import CommitFailedError
-
     url, opts = f"{adls_warehouse}/t", settings.delta_storage_options()  # what ShardTable passes
-    write_deltalake(url, pa.table({"k": [1, 2]}), storage_options=opts)
-    write_deltalake(url, pa.table({"k": [3]}), mode="append", storage_options=opts)
-    dt = DeltaTable(url, storage_options=opts)
-    assert dt.version() == 1
-    assert sorted(dt.to_pyarrow_table()["k"].to_pylist()) == [1, 2, 3]
     prefix = url.split(".dfs.core.windows.net/", 1)[1]
-    client = azurite.client()
-    log = [b.rsplit("/", 1)[1] for b in client.list_blobs(f"{prefix}/_delta_log/") if b.endswith(".json")]
-    assert log == [f"{v:020d}.json" for v in (0, 1)]
-
-    # A foreign writer takes version 2 first: delta-rs, still at version 1, is refused, and the
-    # foreign commit is left as it was.
-    stale = DeltaTable(url, storage_options=opts)
-    foreign = json.dumps({"commitInfo": {"operation": "FOREIGN", "timestamp": 0}}).encode() + b"\n"
-    assert client.put(f"{prefix}/_delta_log/{2:020d}.json", foreign, if_none_match="*") == 201
-    with pytest.raises(CommitFailedError):
-        write_deltalake(
-            stale, pa.table({"k": [4]}), mode="append", commit_properties=CommitProperties(max_commit_retries=0)
-        )
-    assert client.get(f"{prefix}/_delta_log/{2:020d}.json") == foreign
-
-
-def _race_commits(url: str, opts: dict, values: list[int]) -> list[str]:
-    """One delta-rs append per value (no retry), all from tables loaded at the same version and
-    let go at once. Returns each writer's outcome: "committed", "lost the race"
-    (CommitFailedError) or any other error, named."""
-    from deltalake import CommitProperties, DeltaTable, write_deltalake
-    from deltalake.exceptions import CommitFailedError
-
-    tables = [DeltaTable(url, storage_options=opts) for _ in values]
-    outcome = [""] * len(values)
-    start = threading.Barrier(len(values))
-
-    def commit(i: int) -> None:
-        start.wait()
-        try:
-            props = CommitProperties(max_commit_retries=0)
-            write_deltalake(tables[i], pa.table({"k": [values[i]]}), mode="append", commit_properties=props)
-            outcome[i] = "committed"
-        except CommitFailedError:
-            outcome[i] = "lost the race"
-        except Exception as exc:  # any other error is a finding: say which
-            outcome[i] = f"{type(exc).__name__}: {exc}"
-
-    threads = [threading.Thread(target=commit, args=(i,)) for i in range(len(values))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    return outcome
+    harness.assert_delta_rs_never_overwrites_a_commit(azurite.client(), url, prefix, opts)
 
 
 def test_delta_rs_commits_racing_for_one_version_on_adls_have_one_winner(adls_warehouse):
-    from deltalake import DeltaTable, write_deltalake
-
     url, opts = f"{adls_warehouse}/race", settings.delta_storage_options()
-    write_deltalake(url, pa.table({"k": [0]}), storage_options=opts)
-    writers, rounds, expected = 6, 6, [0]
-    for round_ in range(rounds):
-        values = [round_ * 100 + i + 1 for i in range(writers)]
-        outcome = _race_commits(url, opts, values)
-        assert sorted(outcome) == ["committed"] + ["lost the race"] * (writers - 1), outcome
-        expected.append(values[outcome.index("committed")])
-    dt = DeltaTable(url, storage_options=opts)
-    assert dt.version() == rounds
-    assert sorted(dt.to_pyarrow_table()["k"].to_pylist()) == sorted(expected)
+    harness.assert_one_racing_commit_lands_per_version(url, opts, writers=6, rounds=6)
 
 
 def _stage(table: ShardTable, batch_id: str, stage_id: str, rows: list[dict]) -> list[tuple[str, int, dict]]:
@@ -241,17 +135,11 @@ def test_guarded_commits_racing_on_adls_land_once_per_lower(adls_warehouse, tmp_
         for t in tables:
             t.snapshot()  # each holds the same snapshot before the race
         got: list[int | None] = [None] * len(lowers)
-        start = threading.Barrier(len(lowers))
 
         def commit(i: int) -> None:
-            start.wait()
             got[i] = tables[i].commit_files(staged, {"batch_id": f"b{lowers[i]}"}, lower=lowers[i])
 
-        threads = [threading.Thread(target=commit, args=(i,)) for i in range(len(lowers))]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
+        harness.at_once(len(lowers), commit)
         return got
 
     same = race([100] * 5)
