@@ -36,7 +36,7 @@ def correct(spark, cfg, carried):
     run; (the correction, its rows, the batch's checksum totals)."""
     checks = BatchChecks(cfg, LOWER, UPPER, "test", carried)
     persist = spark.createDataFrame([], frames.schema(cfg))
-    corr = kinds.of(cfg).correction(spark, persist, LOWER, UPPER, None, checks)
+    corr = kinds.of(cfg).correction(spark, persist, kinds.Bounds(LOWER, UPPER, checks=checks))
     with checksums.observable(spark):
         rows = corr.updates.collect()
     return corr, rows, checks.totals()

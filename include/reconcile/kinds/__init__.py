@@ -41,15 +41,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from reconcile.kinds.protocol import Correction, FeedProgress, HistoryKeys, Kind
+from reconcile.kinds.protocol import Bounds, Correction, FeedProgress, HistoryKeys, Kind
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
-    from reconcile.checksums import BatchChecks
     from reconcile.config import SinkConfig
 
-__all__ = ["Correction", "FeedProgress", "HistoryKeys", "Kind", "correction", "desired", "invariants", "of"]
+__all__ = ["Bounds", "Correction", "FeedProgress", "HistoryKeys", "Kind", "desired", "of"]
 
 
 def of(cfg: SinkConfig) -> Kind:
@@ -70,27 +69,6 @@ def of(cfg: SinkConfig) -> Kind:
     return UpsertKind(cfg)
 
 
-# The module-level verbs the stages call; each is the kind's own.
-
-
-def correction(
-    spark: SparkSession,
-    cfg: SinkConfig,
-    persist: DataFrame,
-    lower: int,
-    upper: int,
-    watermark: int | None = None,
-    checks: BatchChecks | None = None,
-) -> Correction:
-    """:meth:`Kind.correction` of the sink's kind."""
-    return of(cfg).correction(spark, persist, lower, upper, watermark, checks)
-
-
 def desired(spark: SparkSession, cfg: SinkConfig) -> DataFrame:
     """:meth:`Kind.desired` of the sink's kind."""
     return of(cfg).desired(spark)
-
-
-def invariants(cfg: SinkConfig, updates: DataFrame, t: int, keys: DataFrame | None = None) -> list[str]:
-    """:meth:`Kind.invariants` of the sink's kind."""
-    return of(cfg).invariants(updates, t, keys)

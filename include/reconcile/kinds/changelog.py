@@ -18,11 +18,10 @@ from dataclasses import dataclass
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from reconcile.checksums import BatchChecks
 from reconcile.config import ChangelogSink
 from reconcile.differential import difference
 from reconcile.kinds.decode import lossy, read_source, require_columns, validate
-from reconcile.kinds.protocol import Correction, HistoryKeys
+from reconcile.kinds.protocol import OwnCollection
 
 
 def desired(spark: SparkSession, cfg: ChangelogSink) -> DataFrame:
@@ -67,31 +66,15 @@ def correction(
 
 
 @dataclass(frozen=True)
-class ChangelogKind:
-    """The change-log kind (:class:`reconcile.kinds.Kind`)."""
+class ChangelogKind(OwnCollection):
+    """The change-log kind (:class:`reconcile.kinds.Kind`): its desired collection is the change
+    log below upper."""
 
     cfg: ChangelogSink
-    reads_feed = False
     plans_sql = False
-    persist_sides = {"shard": 1}  # its desired side is the change log below upper
-    history_keys = HistoryKeys()  # per distinct row
 
-    def desired(self, spark: SparkSession) -> DataFrame:
-        return desired(spark, self.cfg)
-
-    def correction(
-        self,
-        spark: SparkSession,
-        persist: DataFrame,
-        lower: int,
-        upper: int,
-        watermark: int | None = None,
-        checks: BatchChecks | None = None,
-    ) -> Correction:
-        return Correction(correction(self.cfg, desired(spark, self.cfg), persist, lower, upper, checks))
-
-    def invariants(self, updates: DataFrame, t: int, keys: DataFrame | None = None) -> list[str]:
-        return []  # any multiset of rows is a change log's collection
+    frame = staticmethod(desired)
+    difference = staticmethod(correction)
 
     def plan(self, spark: SparkSession) -> None:
         return None  # no SQL: its source's columns are checked when a batch reads it

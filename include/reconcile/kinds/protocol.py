@@ -1,13 +1,15 @@
-"""The protocol every sink kind implements (:class:`Kind`), and what a kind hands the stages:
-its :class:`Correction`, a feed's :class:`FeedProgress`, the :class:`HistoryKeys` its history is
-grouped by. :mod:`reconcile.kinds` says what differs per kind."""
+"""The protocol every sink kind implements (:class:`Kind`), what a correction is asked for
+(:class:`Bounds`), and what a kind hands the stages: its :class:`Correction`, a feed's
+:class:`FeedProgress`, the :class:`HistoryKeys` its history is grouped by. :class:`OwnCollection`
+is what the kinds with a desired collection of their own share. :mod:`reconcile.kinds` says
+what differs per kind."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 from functools import cached_property
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -51,6 +53,18 @@ class FeedProgress:
     commands: int
     late_commands: int
     source_offset: int | None
+
+
+@dataclass(frozen=True)
+class Bounds:
+    """What a batch's correction is asked for: the batch's ``[lower, upper)``; ``watermark``, a
+    feed's (for a kind that reads one); ``checks``, the checksums to observe while the correction
+    is computed (:mod:`reconcile.checksums`)."""
+
+    lower: int
+    upper: int
+    watermark: int | None = None
+    checks: BatchChecks | None = None
 
 
 @dataclass
@@ -114,20 +128,12 @@ class Kind(Protocol):
         for a kind whose desired collection depends on the shard)."""
         ...
 
-    def correction(
-        self,
-        spark: SparkSession,
-        persist: DataFrame,
-        lower: int,
-        upper: int,
-        watermark: int | None = None,
-        checks: BatchChecks | None = None,
-    ) -> Correction:
-        """The correction of ``(lower, upper)`` against ``persist`` (the shard's update log).
-        ``watermark``: a feed's, for a kind that reads one. ``checks``: observe the checksums of
-        the desired collection as of ``upper - 1`` and of the shard as read below ``upper`` (or
-        carry the latter from the previous batch, :mod:`reconcile.checksums`) while the correction
-        is computed."""
+    def correction(self, spark: SparkSession, persist: DataFrame, bounds: Bounds) -> Correction:
+        """The correction of ``(bounds.lower, bounds.upper)`` against ``persist`` (the shard's
+        update log). ``bounds.watermark``: a feed's, for a kind that reads one. ``bounds.checks``:
+        observe the checksums of the desired collection as of ``upper - 1`` and of the shard as
+        read below ``upper`` (or carry the latter from the previous batch,
+        :mod:`reconcile.checksums`) while the correction is computed."""
         ...
 
     def invariants(self, updates: DataFrame, t: int, keys: DataFrame | None = None) -> list[str]:
@@ -139,3 +145,29 @@ class Kind(Protocol):
         """Analyse the sink's SQL against its sources' schemas without running it (``validate``;
         nothing for a kind without SQL): raises the problem Spark or the kind finds."""
         ...
+
+
+class OwnCollection:
+    """What the kinds whose desired collection is a frame of their own (query, changelog) share:
+    the correction is that frame's difference with the shard; no feed; the shard as read counts
+    into the shard's checksum side only; the history is per distinct row; any multiset of rows
+    is a valid collection. A kind names its module's two functions: ``frame(spark, cfg)``, the
+    desired frame, and ``difference(cfg, desired, persist, lower, upper, checks)``, its
+    correction (an update frame plus ``_part``)."""
+
+    cfg: Any
+    frame: Callable[[SparkSession, Any], DataFrame]
+    difference: Callable[[Any, DataFrame, DataFrame, int, int, BatchChecks | None], DataFrame]
+    reads_feed = False
+    persist_sides = {"shard": 1}  # the desired side is the kind's own frame
+    history_keys = HistoryKeys()
+
+    def desired(self, spark: SparkSession) -> DataFrame:
+        return self.frame(spark, self.cfg)
+
+    def correction(self, spark: SparkSession, persist: DataFrame, bounds: Bounds) -> Correction:
+        desired = self.desired(spark)
+        return Correction(self.difference(self.cfg, desired, persist, bounds.lower, bounds.upper, bounds.checks))
+
+    def invariants(self, updates: DataFrame, t: int, keys: DataFrame | None = None) -> list[str]:
+        return []  # any multiset of rows is a query's result or a change log's collection

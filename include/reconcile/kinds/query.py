@@ -15,12 +15,11 @@ from dataclasses import dataclass
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from reconcile.checksums import BatchChecks
 from reconcile.config import QuerySink
 from reconcile.differential import difference
 from reconcile.errors import SourceError, brief
 from reconcile.kinds.decode import read_source, require_columns, validate
-from reconcile.kinds.protocol import Correction, HistoryKeys
+from reconcile.kinds.protocol import OwnCollection
 
 WRITES = ("InsertIntoStatement", "OverwriteByExpression", "AppendData", "ReplaceData", "WriteDelta")
 
@@ -97,31 +96,15 @@ def correction(
 
 
 @dataclass(frozen=True)
-class QueryKind:
-    """The query kind (:class:`reconcile.kinds.Kind`)."""
+class QueryKind(OwnCollection):
+    """The query kind (:class:`reconcile.kinds.Kind`): its desired collection is the query's
+    result."""
 
     cfg: QuerySink
-    reads_feed = False
     plans_sql = True
-    persist_sides = {"shard": 1}  # its desired side is the query's result
-    history_keys = HistoryKeys()  # per distinct row
 
-    def desired(self, spark: SparkSession) -> DataFrame:
-        return desired(spark, self.cfg)
-
-    def correction(
-        self,
-        spark: SparkSession,
-        persist: DataFrame,
-        lower: int,
-        upper: int,
-        watermark: int | None = None,
-        checks: BatchChecks | None = None,
-    ) -> Correction:
-        return Correction(correction(self.cfg, desired(spark, self.cfg), persist, lower, upper, checks))
-
-    def invariants(self, updates: DataFrame, t: int, keys: DataFrame | None = None) -> list[str]:
-        return []  # any multiset of rows is a query's result
+    frame = staticmethod(desired)
+    difference = staticmethod(correction)
 
     def plan(self, spark: SparkSession) -> None:
         try:

@@ -49,7 +49,7 @@ from reconcile.config import UpsertSink
 from reconcile.differential import as_of, consolidate, partition_of
 from reconcile.errors import SourceError
 from reconcile.kinds.decode import INTEGRAL, fit, lossy, raw_text, read_source, require_castable, require_columns
-from reconcile.kinds.protocol import Correction, FeedProgress, HistoryKeys
+from reconcile.kinds.protocol import Bounds, Correction, FeedProgress, HistoryKeys
 
 INT = "bigint"
 # The shard as read counts into both checksums: the desired collection is the shard with the
@@ -73,18 +73,11 @@ class UpsertKind:
     def desired(self, spark: SparkSession) -> DataFrame:
         raise SourceError(f"kind {self.cfg.kind!r} is a command feed, not a desired collection", sink=self.cfg.name)
 
-    def correction(
-        self,
-        spark: SparkSession,
-        persist: DataFrame,
-        lower: int,
-        upper: int,
-        watermark: int | None = None,
-        checks: BatchChecks | None = None,
-    ) -> Correction:
+    def correction(self, spark: SparkSession, persist: DataFrame, bounds: Bounds) -> Correction:
+        lower, upper, watermark = bounds.lower, bounds.upper, bounds.watermark
         feed, observation = unapplied(self.cfg, read_feed(spark, self.cfg), lower, upper, watermark)
         cmds = commands(self.cfg, feed, lower, upper, watermark)
-        updates = upsert_correction(self.cfg, cmds, persist, lower, checks)
+        updates = upsert_correction(self.cfg, cmds, persist, lower, bounds.checks)
         return Correction(updates, lambda: progress(observation, watermark))
 
     def invariants(self, updates: DataFrame, t: int, keys: DataFrame | None = None) -> list[str]:

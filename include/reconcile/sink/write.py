@@ -155,7 +155,7 @@ def batch_correction(
     observe its checksums while it is computed)."""
     kind = kinds.of(cfg)
     wm = watermark(store, cfg) if kind.reads_feed else None
-    return kind.correction(spark, persist, lower, upper, wm, checks)
+    return kind.correction(spark, persist, kinds.Bounds(lower, upper, wm, checks))
 
 
 def self_check(cfg: SinkConfig, batch_id: str, lower: int, upper: int, sums: dict[str, dict[int, int | None]]) -> None:
