@@ -41,6 +41,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Mapping
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -311,30 +312,33 @@ def _duckdb_key_filter(cfg: SinkConfig, key: Mapping[str, str]) -> tuple[list[st
     return conds, params
 
 
-def _duckdb_versions(
-    reader: ShardReader,
-    cfg: SinkConfig,
-    *,
-    errors: bool,
-    key: Mapping[str, str],
-    as_of: int | None,
-    limit: int,
-    since: int,
-) -> tuple[list[dict], bool]:
-    """(the first ``limit + 1`` versions in :func:`_order`, whether any starts at or before
-    ``since``) by DuckDB."""
+@dataclass(frozen=True)
+class _Versions:
+    """The versions a history report asks either engine for: error rows or not, of ``key``
+    (column: value), valid at ``as_of`` (None: all), the first ``limit + 1`` in :func:`_order`,
+    and whether any starts at or before ``since`` (compaction cut the history there)."""
+
+    errors: bool
+    key: Mapping[str, str]
+    as_of: int | None
+    limit: int
+    since: int
+
+
+def _duckdb_versions(reader: ShardReader, cfg: SinkConfig, ask: _Versions) -> tuple[list[dict], bool]:
+    """(the versions, whether any starts at or before ``since``) by DuckDB."""
     n = output_names(cfg)
     vf, vt = _q(n["valid_from"], "duckdb"), _q(n["valid_to"], "duckdb")
-    conds, params = _duckdb_key_filter(cfg, key)
-    if as_of is not None:
-        conds.append(f"{vf} <= {int(as_of)} AND ({vt} IS NULL OR {vt} > {int(as_of)})")
+    conds, params = _duckdb_key_filter(cfg, ask.key)
+    if ask.as_of is not None:
+        conds.append(f"{vf} <= {int(ask.as_of)} AND ({vt} IS NULL OR {vt} > {int(ask.as_of)})")
     where = f"\nWHERE {' AND '.join(conds)}" if conds else ""
-    body = history_sql(cfg, UPDATES, "duckdb", errors=errors)
+    body = history_sql(cfg, UPDATES, "duckdb", errors=ask.errors)
     reader.execute(f"CREATE OR REPLACE TEMP TABLE shard_versions AS SELECT * FROM (\n{body}\n) AS h{where}", params)
-    order = ", ".join(f"{_q(c, 'duckdb')} ASC NULLS FIRST" for c in _order(cfg, errors))
-    rows = reader.rows(f"SELECT * FROM shard_versions ORDER BY {order} LIMIT {int(limit) + 1}")
-    cut = since > 0 and bool(reader.rows(f"SELECT 1 AS one FROM shard_versions WHERE {vf} <= {int(since)} LIMIT 1"))
-    return rows, cut
+    order = ", ".join(f"{_q(c, 'duckdb')} ASC NULLS FIRST" for c in _order(cfg, ask.errors))
+    rows = reader.rows(f"SELECT * FROM shard_versions ORDER BY {order} LIMIT {int(ask.limit) + 1}")
+    first = f"SELECT 1 AS one FROM shard_versions WHERE {vf} <= {int(ask.since)} LIMIT 1"
+    return rows, ask.since > 0 and bool(reader.rows(first))
 
 
 def _duckdb_changes(
@@ -363,23 +367,15 @@ def _duckdb_changes(
 # -- running on Spark (--spark) ----------------------------------------------------------------------
 
 
-def _spark_versions(
-    spark: SparkSession,
-    cfg: SinkConfig,
-    *,
-    errors: bool,
-    key: Mapping[str, str],
-    as_of: int | None,
-    limit: int,
-    since: int,
-) -> tuple[list[dict], bool]:
+def _spark_versions(spark: SparkSession, cfg: SinkConfig, ask: _Versions) -> tuple[list[dict], bool]:
+    """(the versions, whether any starts at or before ``since``) by Spark."""
     from pyspark.sql import functions as F
 
     n = output_names(cfg)
-    df = history(spark, cfg, errors=errors, key=key, as_of=as_of)
-    order = [F.col(_q(c, "spark")).asc_nulls_first() for c in _order(cfg, errors)]
-    rows = [r.asDict() for r in df.orderBy(*order).limit(limit + 1).collect()]
-    cut = since > 0 and bool(df.where(F.col(n["valid_from"]) <= since).limit(1).count())
+    df = history(spark, cfg, errors=ask.errors, key=ask.key, as_of=ask.as_of)
+    order = [F.col(_q(c, "spark")).asc_nulls_first() for c in _order(cfg, ask.errors)]
+    rows = [r.asDict() for r in df.orderBy(*order).limit(ask.limit + 1).collect()]
+    cut = ask.since > 0 and bool(df.where(F.col(n["valid_from"]) <= ask.since).limit(1).count())
     return rows, cut
 
 
@@ -439,14 +435,13 @@ def history_report(
     n = output_names(cfg)
     key = key_filter(cfg, keys)
     times = [("--as-of", as_of)] if as_of is not None else []
+    ask = _Versions(errors, key, as_of, limit, shard.since)
     if spark is not None:
-        rows, cut = _spark_versions(spark, cfg, errors=errors, key=key, as_of=as_of, limit=limit, since=shard.since)
+        rows, cut = _spark_versions(spark, cfg, ask)
         notes = _notes(ShardTable(cfg), store, cfg, times)
     else:
         with ShardReader(ShardTable(cfg)) as reader:
-            rows, cut = _duckdb_versions(
-                reader, cfg, errors=errors, key=key, as_of=as_of, limit=limit, since=shard.since
-            )
+            rows, cut = _duckdb_versions(reader, cfg, ask)
             notes = _notes(reader, store, cfg, times)
     note = None
     if cut:
