@@ -346,3 +346,52 @@ def api_server(tmp: Path, password: str, env: dict[str, str] | None = None) -> I
         except subprocess.TimeoutExpired:
             server.kill()
             server.wait()
+
+
+KV_SCHEMA = [{"name": "k", "type": "bigint", "nullable": False}, {"name": "v", "type": "string"}]
+
+
+def json_query(path: Path | str) -> dict:
+    """A query section reading the JSON-lines folder ``path`` as view ``src``: ``SELECT k, v``."""
+    return {"sources": {"src": {"format": "json", "path": str(path)}}, "sql": "SELECT k, v FROM src"}
+
+
+def daily_sink(sinks: Path, name: str, kind: str = "query", *, retries: int = 1, **fields) -> Path:
+    """A daily sink file of columns (k, v) from 2026-01-01, as the Airflow tests schedule them;
+    ``fields``: the kind's section and any field to set or override."""
+    sinks.mkdir(parents=True, exist_ok=True)
+    data = {
+        "name": name,
+        "kind": kind,
+        "schema": KV_SCHEMA,
+        "partitions": 2,
+        "schedule": "@daily",
+        "start_date": "2026-01-01",
+        "as_of": "2026-01-01T00:00:00Z",
+        "retries": retries,
+        **fields,
+    }
+    path = sinks / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def orders_config(tmp_path: Path, **changes) -> Path:
+    """The query sink ``orders`` with ``changes`` applied: a key ``a__0__b`` sets ``data["a"][0]["b"]``."""
+    data = {
+        "name": "orders",
+        "kind": "query",
+        "start_date": "2024-01-01",
+        "schema": KV_SCHEMA,
+        "query": {"sources": {"src": {"format": "json", "path": "src"}}, "sql": "SELECT k, v FROM src"},
+    }
+    data = json.loads(json.dumps(data))  # a copy: the schema list is shared
+    for dotted, value in changes.items():
+        node = data
+        *parents, last = dotted.split("__")
+        for p in parents:
+            node = node[int(p)] if isinstance(node, list) else node[p]
+        node[int(last) if isinstance(node, list) else last] = value
+    path = tmp_path / "orders.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path

@@ -25,9 +25,8 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
-import yaml
 
-from helpers import model_kv, shard_as_of, update_log, write_json_rows
+from helpers import daily_sink, json_query, model_kv, shard_as_of, update_log, write_json_rows
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.airflow
@@ -70,24 +69,7 @@ def test_invalid_config_is_visible_without_hiding_valid_sinks(airflow_db, tmp_pa
 
 def _sink(sinks_dir: Path, data_dir: Path, name: str, kind: str = "query", **extra) -> None:
     """A daily sink over ``data_dir``; a query sink unless ``kind`` and its section are given."""
-    sinks_dir.mkdir(exist_ok=True)
-    query = {"query": {"sources": {"src": {"format": "json", "path": str(data_dir)}}, "sql": "SELECT k, v FROM src"}}
-    (sinks_dir / f"{name}.yaml").write_text(
-        yaml.safe_dump(
-            {
-                "name": name,
-                "kind": kind,
-                "schema": [{"name": "k", "type": "bigint", "nullable": False}, {"name": "v", "type": "string"}],
-                "partitions": 2,
-                "schedule": "@daily",
-                "start_date": "2026-01-01",
-                "as_of": "2026-01-01T00:00:00Z",
-                "retries": 1,
-                **(query if kind == "query" else {}),
-                **extra,
-            }
-        )
-    )
+    daily_sink(sinks_dir, name, kind, **({"query": json_query(data_dir)} if kind == "query" else {}), **extra)
 
 
 def _sink_env(tmp_path: Path, sinks: Path) -> dict[str, str]:

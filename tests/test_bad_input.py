@@ -22,12 +22,21 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-import yaml
 from pyspark.sql import functions as F
 from sqlalchemy import update
 from sqlalchemy.exc import SQLAlchemyError
 
-from helpers import Snapshot, assert_one_line, change, leftover_staged, make_sink, run_batch, snapshot, write_json_rows
+from helpers import (
+    Snapshot,
+    assert_one_line,
+    change,
+    leftover_staged,
+    make_sink,
+    orders_config,
+    run_batch,
+    snapshot,
+    write_json_rows,
+)
 from reconcile.airflow import tasks
 from reconcile.config import load_file
 from reconcile.errors import (
@@ -117,27 +126,8 @@ def set_batch(store, batch_id: str, **values) -> None:
 # --- config files -----------------------------------------------------------------------------
 
 
-def _config(tmp_path: Path, **changes) -> Path:
-    data = {
-        "name": "orders",
-        "kind": "query",
-        "start_date": "2024-01-01",
-        "schema": [{"name": "k", "type": "bigint", "nullable": False}, {"name": "v", "type": "string"}],
-        "query": {"sources": {"src": {"format": "json", "path": "src"}}, "sql": "SELECT k, v FROM src"},
-    }
-    for dotted, value in changes.items():
-        node = data
-        *parents, last = dotted.split("__")
-        for p in parents:
-            node = node[int(p)] if isinstance(node, list) else node[p]
-        node[int(last) if isinstance(node, list) else last] = value
-    path = tmp_path / "orders.yaml"
-    path.write_text(yaml.safe_dump(data, sort_keys=False))
-    return path
-
-
 def test_sql_injection_in_a_column_name_is_a_config_error(tmp_path):
-    path = _config(tmp_path, schema__1__name="v` STRING, x INT) --")
+    path = orders_config(tmp_path, schema__1__name="v` STRING, x INT) --")
     with pytest.raises(ConfigError) as info:
         load_file(path)
     err = info.value
@@ -150,7 +140,7 @@ def test_sql_injection_in_a_column_name_is_a_config_error(tmp_path):
 
 @pytest.mark.parametrize("source_name", ["../../etc", "a/b", "..", "src/../../x"])
 def test_path_traversal_in_a_source_name_is_a_config_error(tmp_path, source_name):
-    path = _config(tmp_path, query__sources={source_name: {"format": "json", "path": "src"}})
+    path = orders_config(tmp_path, query__sources={source_name: {"format": "json", "path": "src"}})
     with pytest.raises(ConfigError) as info:
         load_file(path)
     err = info.value
@@ -678,7 +668,8 @@ def test_a_lower_behind_the_upper_is_never_committed(spark, warehouse, tmp_path,
         append.run_append(store, cfg, a.batch_id)
     assert isinstance(info.value, DescriptionOutdated)
     text = assert_one_line(info.value, "oldlower")
-    assert f"upper to {iso(300)}" in text and "nothing was written" in text and "run-a" in text
+    assert f"upper to {iso(300)}" in text and "nothing was written" in text and a.batch_id in text
+    assert "`airflow dags trigger oldlower`" in text  # the rest [300, 400) comes with a new run
     assert_nothing_committed(spark, store, cfg, before, unstaged=a.batch_id)
     assert store.get_batch(a.batch_id).state == SUPERSEDED
 

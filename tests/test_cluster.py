@@ -19,9 +19,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
-import yaml
 
-from helpers import leftover_staged, shard_as_of, write_json_rows
+from helpers import daily_sink, leftover_staged, shard_as_of, write_json_rows
 
 pytestmark = [pytest.mark.slow]
 ROOT = Path(__file__).resolve().parents[1]
@@ -87,19 +86,7 @@ def _apps(ui: int) -> dict[str, int]:
 
 
 def _sink(sinks: Path, name: str, kind: str, section: dict) -> None:
-    sinks.mkdir(exist_ok=True)
-    data = {
-        "name": name,
-        "kind": kind,
-        "schema": [{"name": "k", "type": "bigint", "nullable": False}, {"name": "v", "type": "string"}],
-        "partitions": 2,
-        "schedule": "@daily",
-        "start_date": "2026-01-01",
-        "as_of": "2026-01-01T00:00:00Z",
-        "retries": 0,
-        kind: section,
-    }
-    (sinks / f"{name}.yaml").write_text(yaml.safe_dump(data))
+    daily_sink(sinks, name, kind, retries=0, **{kind: section})
 
 
 @pytest.mark.airflow

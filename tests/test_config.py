@@ -470,16 +470,9 @@ def schema_check():
     return errors
 
 
-# The functions of the tests that write a sink config (found by test_every_config_writer_is_listed)
-# and the configs they write, called with the fields their callers pass.
-WRITERS = {
-    "helpers.make_sink",
-    "test_airflow._sink",
-    "test_cluster._sink",
-    "test_scheduler._sink",
-    "test_bad_input._config",
-    "chaos.__init__",
-}
+# The functions of the tests' harness that write a sink config (found by
+# test_every_config_writer_of_the_tests_is_listed), whose configs the schema must accept.
+WRITERS = {"helpers.make_sink", "helpers.daily_sink", "helpers.orders_config", "chaos.__init__"}
 # Functions that build a config but write none that should be valid.
 NOT_WRITERS = {
     "test_airflow.test_invalid_config_is_visible_without_hiding_valid_sinks": "a copy of the demo sink, and one "
@@ -490,14 +483,10 @@ NOT_WRITERS = {
 
 
 def configs_the_tests_write(root: Path) -> list[Path]:
+    """One file per way the tests write a sink config (the writers above, with the fields the
+    tests pass them)."""
     import chaos
     import helpers
-    import test_airflow
-    import test_bad_input
-    import test_cluster
-    import test_guard
-    import test_history
-    import test_scheduler
     import upsert_model
 
     def folder(name: str) -> Path:
@@ -508,7 +497,8 @@ def configs_the_tests_write(root: Path) -> list[Path]:
     helpers.make_sink(make, "query")
     helpers.make_sink(make, "changelog", "changelog")
     upsert_model.upsert_sink(make, name="upsert", partitions=2, retention={"history_hours": 0})
-    helpers.make_sink(make, "guarded", correction_guard=test_guard.GUARD, query=test_guard.QUERY)
+    guard = {"max_share": 0.2, "min_rows": 5}
+    helpers.make_sink(make, "guarded", correction_guard=guard, query=helpers.json_query("src"))
     helpers.make_sink(make, "paged", schedule="@hourly", alert={"lag_minutes": 5})
     helpers.make_sink(make, "catchup", schedule="@daily", catchup=True, as_of="2026-01-01T00:00:00Z")
     helpers.make_sink(make, "manual", schedule="none", read_only=True, partitions=4)
@@ -519,11 +509,14 @@ def configs_the_tests_write(root: Path) -> list[Path]:
         {"name": "amount", "type": "decimal(38,9)"},
     ]
     helpers.make_sink(make, "typed", schema=schema, as_of=0)
-    assert test_history  # its sinks are make_sink's and upsert_sink's
-    airflow = folder("airflow")
-    test_airflow._sink(airflow, root / "src", "af_query")
-    test_airflow._sink(
-        airflow, root / "src", "af_compact", compaction={"every_batches": 2}, retention={"history_hours": 36}
+    daily = folder("daily")
+    helpers.daily_sink(daily, "af_query", query=helpers.json_query(root / "src"))
+    helpers.daily_sink(
+        daily,
+        "af_compact",
+        query=helpers.json_query(root / "src"),
+        compaction={"every_batches": 2},
+        retention={"history_hours": 36},
     )
     upsert = {
         "source": {"format": "json", "path": str(root / "feed")},
@@ -531,14 +524,15 @@ def configs_the_tests_write(root: Path) -> list[Path]:
         "time_column": "ts",
         "offset_column": "off",
     }
-    test_airflow._sink(airflow, root / "feed", "af_upsert", kind="upsert", upsert=upsert)
-    cluster = folder("cluster")
-    test_cluster._sink(
-        cluster, "cq", "query", {"sources": {"src": {"format": "json", "path": "src"}}, "sql": "SELECT 1"}
+    helpers.daily_sink(daily, "af_upsert", "upsert", upsert=upsert)
+    helpers.daily_sink(
+        daily, "cq", retries=0, query={"sources": {"src": {"format": "json", "path": "src"}}, "sql": "SELECT 1"}
     )
-    test_cluster._sink(cluster, "cu", "upsert", upsert)
-    test_scheduler._sink(folder("scheduler"), root / "src", "sched")
-    test_bad_input._config(folder("bad_input"))
+    helpers.daily_sink(daily, "cu", "upsert", retries=0, upsert=upsert)
+    helpers.daily_sink(
+        daily, "sched", schedule="none", as_of=100, catchup=False, query=helpers.json_query(root / "src")
+    )
+    helpers.orders_config(folder("bad_input"))
     chaos.Schedule(None, None, folder("chaos"), 1, 0, chaos.Stats())
     return sorted(root.rglob("*.yaml"))
 

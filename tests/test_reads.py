@@ -20,11 +20,11 @@ from pathlib import Path
 import pytest
 
 from helpers import AS_OF, make_sink, run_batch, write_json_rows
+from history_model import changelog_shard, model_diff, model_versions, numbered_per_key, query_shard, upsert_shard
 from reconcile import cli, report
 from reconcile.log import iso
 from reconcile.sink import history
 from reconcile.sink.compact import run_compact
-from test_history import changelog_shard, model_diff, model_versions, numbered_per_key, query_shard, upsert_shard
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -154,6 +154,7 @@ def test_a_deletion_vector_is_read_through_delta_rs(spark, warehouse, tmp_path, 
 
 # -- as a user runs them -------------------------------------------------------------------------------
 
+
 def reconcile(env: dict, *args: str, java: bool) -> subprocess.CompletedProcess:
     """``python -m reconcile ARGS`` in a new process; without ``java`` no JVM can start there."""
     env = {**os.environ, **env, "PYTHONPATH": str(ROOT / "include")}
@@ -161,7 +162,9 @@ def reconcile(env: dict, *args: str, java: bool) -> subprocess.CompletedProcess:
     if not java:
         env["JAVA_HOME"] = "/nonexistent"
         env["PATH"] = os.pathsep.join(p for p in env["PATH"].split(os.pathsep) if not (Path(p) / "java").exists())
-    return subprocess.run([sys.executable, "-m", "reconcile", *args], env=env, capture_output=True, text=True, timeout=600)
+    return subprocess.run(
+        [sys.executable, "-m", "reconcile", *args], env=env, capture_output=True, text=True, timeout=600
+    )
 
 
 @pytest.fixture

@@ -21,10 +21,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-import yaml
 
 from airflow_stack import AIRFLOW, AirflowStack
-from helpers import cli_json, model_kv, shard_as_of, write_json_rows
+from helpers import cli_json, daily_sink, json_query, model_kv, shard_as_of, write_json_rows
 
 pytestmark = [pytest.mark.airflow, pytest.mark.slow]
 ROOT = Path(__file__).resolve().parents[1]
@@ -36,22 +35,7 @@ FAILING_APPENDS = ("rem_dated", "rem_manual")  # their Delta log immutable from 
 
 
 def _sink(sinks: Path, src: Path, name: str, schedule: str | None = "@daily") -> None:
-    (sinks / f"{name}.yaml").write_text(
-        yaml.safe_dump(
-            {
-                "name": name,
-                "kind": "query",
-                "partitions": 2,
-                "schedule": schedule or "none",
-                "start_date": "2026-01-01",
-                "as_of": AS_OF,
-                "catchup": False,
-                "retries": 1,
-                "schema": [{"name": "k", "type": "bigint", "nullable": False}, {"name": "v", "type": "string"}],
-                "query": {"sources": {"src": {"format": "json", "path": str(src)}}, "sql": "SELECT k, v FROM src"},
-            }
-        )
-    )
+    daily_sink(sinks, name, schedule=schedule or "none", as_of=AS_OF, catchup=False, query=json_query(src))
 
 
 @dataclass
