@@ -186,3 +186,18 @@ def test_no_import_cycles():
     graph = {name: modules_imported(path) for name, path in MODULES.items()}
     cycles = import_cycles(graph)
     assert not cycles, "import cycles:\n" + "\n".join(" -> ".join(c) for c in cycles)
+
+
+def test_no_test_module_imports_another():
+    """Shared helpers and models live in tests/helpers.py, upsert_model.py, history_model.py and
+    the server harnesses; a test module imports none of the others."""
+    tests = Path(__file__).resolve().parent
+    names = {p.stem for p in tests.glob("test_*.py")}
+    found = []
+    for path in sorted(tests.glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            mods = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            if isinstance(node, ast.ImportFrom) and node.module:
+                mods = [node.module]
+            found += [f"{path.name} imports {m}" for m in mods if m.split(".")[0] in names]
+    assert found == []
