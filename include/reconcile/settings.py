@@ -129,25 +129,29 @@ def _abfs_conf(root: str) -> dict[str, str]:
     if not host:
         return {}
     env = os.environ
-    oauth = "org.apache.hadoop.fs.azurebfs.oauth2."
+
+    def oauth(provider: str, more: dict[str, str]) -> dict[str, str]:
+        """An OAuth provider of hadoop-azure for the application AZURE_CLIENT_ID, and ``more``."""
+        return {
+            "auth.type": "OAuth",
+            "oauth.provider.type": f"org.apache.hadoop.fs.azurebfs.oauth2.{provider}",
+            "oauth2.client.id": "${env.AZURE_CLIENT_ID}",
+            **more,
+        }
+
     if env.get("AZURE_STORAGE_ACCOUNT_KEY"):
         conf = {"auth.type": "SharedKey", "key": "${env.AZURE_STORAGE_ACCOUNT_KEY}"}
     elif all(env.get(k) for k in ("AZURE_CLIENT_ID", "AZURE_TENANT_ID", "AZURE_FEDERATED_TOKEN_FILE")):
-        conf = {
-            "auth.type": "OAuth",
-            "oauth.provider.type": oauth + "WorkloadIdentityTokenProvider",
-            "oauth2.client.id": "${env.AZURE_CLIENT_ID}",
-            "oauth2.msi.tenant": "${env.AZURE_TENANT_ID}",
-            "oauth2.token.file": "${env.AZURE_FEDERATED_TOKEN_FILE}",
-        }
+        conf = oauth(
+            "WorkloadIdentityTokenProvider",
+            {"oauth2.msi.tenant": "${env.AZURE_TENANT_ID}", "oauth2.token.file": "${env.AZURE_FEDERATED_TOKEN_FILE}"},
+        )
     elif all(env.get(k) for k in ("AZURE_CLIENT_ID", "AZURE_TENANT_ID", "AZURE_CLIENT_SECRET")):
-        conf = {
-            "auth.type": "OAuth",
-            "oauth.provider.type": oauth + "ClientCredsTokenProvider",
-            "oauth2.client.id": "${env.AZURE_CLIENT_ID}",
-            "oauth2.client.secret": "${env.AZURE_CLIENT_SECRET}",
-            "oauth2.client.endpoint": "https://login.microsoftonline.com/${env.AZURE_TENANT_ID}/oauth2/token",
-        }
+        endpoint = "https://login.microsoftonline.com/${env.AZURE_TENANT_ID}/oauth2/token"
+        conf = oauth(
+            "ClientCredsTokenProvider",
+            {"oauth2.client.secret": "${env.AZURE_CLIENT_SECRET}", "oauth2.client.endpoint": endpoint},
+        )
     else:
         return {}
     return {f"fs.azure.account.{k}.{host}": v for k, v in conf.items()}
