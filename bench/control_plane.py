@@ -53,6 +53,32 @@ def timed(fn, *args):
     return time.perf_counter() - t, out
 
 
+def write_kv_sources(spark, src: Path, rows: int, changed) -> None:
+    """Parquet folders ``src/v1``, rows ``(k, "v<k>")`` for k in [0, rows), and ``src/v2``, the
+    same but ``"w<k>"`` where ``changed`` (a condition on column ``id``) holds."""
+    from pyspark.sql import functions as F
+
+    v = F.concat(F.lit("v"), F.col("id"))
+    spark.range(rows).select(F.col("id").alias("k"), v.alias("v")).write.parquet(str(src / "v1"))
+    w = F.when(changed, F.concat(F.lit("w"), F.col("id"))).otherwise(v)
+    spark.range(rows).select(F.col("id").alias("k"), w.alias("v")).write.parquet(str(src / "v2"))
+
+
+def kv_query_spec(name: str, path: Path, **fields) -> dict:
+    """A query sink ``name`` (k bigint, v string; 8 partitions; as_of 100) selecting everything
+    from the Parquet folder ``path``; ``fields``: any field to add or override."""
+    return {
+        "name": name,
+        "kind": "query",
+        "schema": [{"name": "k", "type": "bigint", "nullable": False}, {"name": "v", "type": "string"}],
+        "partitions": 8,
+        "as_of": 100,
+        "start_date": "1970-01-01",
+        "query": {"sources": {"src": {"format": "parquet", "path": str(path)}}, "sql": "SELECT k, v FROM src"},
+        **fields,
+    }
+
+
 def bench_append(work: Path, rows: int, change: float) -> dict:
     import yaml
     from pyspark.sql import functions as F
@@ -67,25 +93,8 @@ def bench_append(work: Path, rows: int, change: float) -> dict:
     os.environ["RECONCILE_WAREHOUSE"] = str(work / "wh")
     spark = get_session("bench-control-plane")
     src = work / "src"
-    spark.range(rows).select(F.col("id").alias("k"), F.concat(F.lit("v"), F.col("id")).alias("v")).write.parquet(
-        str(src / "v1")
-    )
-    changed = int(rows * change)
-    spark.range(rows).select(
-        F.col("id").alias("k"),
-        F.when(F.col("id") < changed, F.concat(F.lit("w"), F.col("id")))
-        .otherwise(F.concat(F.lit("v"), F.col("id")))
-        .alias("v"),
-    ).write.parquet(str(src / "v2"))
-    spec = {
-        "name": "cp_bench",
-        "kind": "query",
-        "schema": [{"name": "k", "type": "bigint", "nullable": False}, {"name": "v", "type": "string"}],
-        "partitions": 8,
-        "as_of": 100,
-        "start_date": "1970-01-01",
-        "query": {"sources": {"src": {"format": "parquet", "path": str(src / "v1")}}, "sql": "SELECT k, v FROM src"},
-    }
+    write_kv_sources(spark, src, rows, F.col("id") < int(rows * change))
+    spec = kv_query_spec("cp_bench", src / "v1")
     (work / "cp_bench.yaml").write_text(yaml.safe_dump(spec))
     cfg = load_file(work / "cp_bench.yaml")
     store = MetadataStore(f"sqlite:///{work / 'meta.db'}")

@@ -60,6 +60,7 @@ def build(work: Path, rows: int) -> dict[str, str]:
 
     from pyspark.sql import functions as F
 
+    from control_plane import kv_query_spec, write_kv_sources
     from reconcile import demo
     from reconcile.config import load_sink
     from reconcile.schedule import to_millis
@@ -76,25 +77,8 @@ def build(work: Path, rows: int) -> dict[str, str]:
         run_batch(spark, store, cfg, f"demo-{day}", end)
 
     src = work / "src"
-    spark.range(rows).select(F.col("id").alias("k"), F.concat(F.lit("v"), F.col("id")).alias("v")).write.parquet(
-        str(src / "v1")
-    )
-    spark.range(rows).select(
-        F.col("id").alias("k"),
-        F.when(F.col("id") % 100 == 0, F.concat(F.lit("w"), F.col("id")))
-        .otherwise(F.concat(F.lit("v"), F.col("id")))
-        .alias("v"),
-    ).write.parquet(str(src / "v2"))
-    spec = {
-        "name": "million",
-        "kind": "query",
-        "schema": [{"name": "k", "type": "bigint", "nullable": False}, {"name": "v", "type": "string"}],
-        "partitions": 8,
-        "as_of": 100,
-        "start_date": "1970-01-01",
-        "schedule": "@daily",
-        "query": {"sources": {"src": {"format": "parquet", "path": str(src / "v1")}}, "sql": "SELECT k, v FROM src"},
-    }
+    write_kv_sources(spark, src, rows, F.col("id") % 100 == 0)
+    spec = kv_query_spec("million", src / "v1", schedule="@daily")
     for i, (version, frontier) in enumerate((("v1", 200), ("v2", 300))):
         spec["query"]["sources"]["src"]["path"] = str(src / version)
         (work / "sinks" / "million.yaml").write_text(yaml.safe_dump(spec))
