@@ -222,6 +222,22 @@ def append_foreign_row(spark, cfg: SinkConfig, time: int, diff: int = 1) -> None
     spark.createDataFrame([row], frames.schema(cfg)).write.format("delta").mode("append").save(ShardTable(cfg).path)
 
 
+def arrow_updates(rows: list[dict]):
+    """``rows`` (``k``, ``v`` at time ``t``) as a (k, v) shard's update rows (diff 1, no error) in
+    an Arrow table: what a foreign delta-rs writer appends, or a batch staged without Spark."""
+    import pyarrow as pa
+
+    return pa.table(
+        {
+            "k": pa.array([r["k"] for r in rows], pa.int64()),
+            "v": pa.array([r["v"] for r in rows], pa.string()),
+            "_time": pa.array([r["t"] for r in rows], pa.int64()),
+            "_diff": pa.array([1] * len(rows), pa.int64()),
+            "_error": pa.array([None] * len(rows), pa.string()),
+        }
+    )
+
+
 def assert_one_line(exc: BaseException, sink: str) -> str:
     """``sink '<sink>': <cause> Remedy: <remedy>`` on one line."""
     text = str(exc)

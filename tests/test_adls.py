@@ -21,13 +21,12 @@ import secrets
 import uuid
 from collections import Counter
 
-import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
 import azurite_server
 import object_store_harness as harness
-from helpers import make_sink, shard_as_of
+from helpers import arrow_updates, make_sink, shard_as_of
 from reconcile import settings
 from reconcile.storage import files
 from reconcile.storage.delta import ShardTable
@@ -68,18 +67,9 @@ def _stage(table: ShardTable, batch_id: str, stage_id: str, rows: list[dict]) ->
     """Stage ``rows`` (k, v at time ``_time``) as one Parquet file where the write stage puts a
     batch's files, written with Arrow (the write stage itself needs Spark's ABFS). Returns the
     ``(path relative to the table, size, stats)`` that commit_files takes."""
-    data = pa.table(
-        {
-            "k": pa.array([r["k"] for r in rows], pa.int64()),
-            "v": pa.array([r["v"] for r in rows], pa.string()),
-            "_time": pa.array([r["t"] for r in rows], pa.int64()),
-            "_diff": pa.array([1] * len(rows), pa.int64()),
-            "_error": pa.array([None] * len(rows), pa.string()),
-        }
-    )
     path = f"{table.staging_path(batch_id, stage_id)}/part-00000.parquet"
     fs, inside = files.fs_of(path)
-    pq.write_table(data, inside, filesystem=fs)
+    pq.write_table(arrow_updates(rows), inside, filesystem=fs)
     size = files.list_files(table.staging_path(batch_id, stage_id))["part-00000.parquet"]
     return [(path[len(table.path) + 1 :], size, {"numRecords": len(rows)})]
 

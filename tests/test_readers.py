@@ -11,10 +11,18 @@ from collections import Counter
 from datetime import UTC, datetime
 from decimal import Decimal
 
-import pyarrow as pa
 import pytest
 
-from helpers import CHANGELOG_NEW, changelog_model, make_sink, model_kv, run_batch, shard_as_of, write_json_rows
+from helpers import (
+    CHANGELOG_NEW,
+    arrow_updates,
+    changelog_model,
+    make_sink,
+    model_kv,
+    run_batch,
+    shard_as_of,
+    write_json_rows,
+)
 from reconcile.sink import check
 from reconcile.sink.compact import run_compact
 from reconcile.storage.delta import ShardTable
@@ -197,15 +205,7 @@ def test_a_write_by_delta_rs_is_drift_the_next_batch_repairs(spark, warehouse, t
     rows = [{"k": 1, "v": "a"}, {"k": 2, "v": "b"}]
     write_json_rows(tmp_path / "src", rows)
     run_batch(spark, sqlite_store, cfg, "run-1", 200)
-    foreign = pa.table(
-        {
-            "k": pa.array([7], pa.int64()),
-            "v": pa.array(["zz"]),
-            "_time": pa.array([150], pa.int64()),
-            "_diff": pa.array([1], pa.int64()),
-            "_error": pa.array([None], pa.string()),
-        }
-    )
+    foreign = arrow_updates([{"k": 7, "v": "zz", "t": 150}])
     write_deltalake(ShardTable(cfg).path, foreign, mode=mode)  # behind the sink's back
     _, w, a = run_batch(spark, sqlite_store, cfg, "run-2", 300)
     assert a.outcome == "committed", a.message

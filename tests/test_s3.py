@@ -10,6 +10,7 @@ from collections import Counter
 
 from helpers import (
     CHANGELOG_NEW,
+    arrow_updates,
     changelog_model,
     committed_run,
     make_sink,
@@ -84,7 +85,6 @@ def test_an_upsert_sink_on_s3_matches_the_model(spark, s3_warehouse, tmp_path, s
 def test_drift_from_a_foreign_delta_rs_writer_on_s3_is_repaired_and_compaction_keeps_reads(
     spark, s3_warehouse, tmp_path, sqlite_store
 ):
-    import pyarrow as pa
     from deltalake import write_deltalake
 
     cfg = make_sink(tmp_path, "drift")
@@ -92,15 +92,7 @@ def test_drift_from_a_foreign_delta_rs_writer_on_s3_is_repaired_and_compaction_k
     rows = [{"k": 1, "v": "a"}, {"k": 2, "v": "b"}]
     write_json_rows(tmp_path / "src", rows)
     committed_run(spark, sqlite_store, cfg, "r1", 200)
-    foreign = pa.table(
-        {
-            "k": pa.array([9], pa.int64()),
-            "v": pa.array(["rogue"]),
-            "_time": pa.array([150], pa.int64()),
-            "_diff": pa.array([1], pa.int64()),
-            "_error": pa.array([None], pa.string()),
-        }
-    )
+    foreign = arrow_updates([{"k": 9, "v": "rogue", "t": 150}])
     write_deltalake(table.path, foreign, mode="append")  # behind the sink's back, on S3
     assert shard_as_of(cfg, 199)[(9, "rogue", None)] == 1
 
