@@ -29,8 +29,18 @@ from reconcile.sink.compact import run_compact
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def same_reports(spark, store, cfg, rng: random.Random, ok, since: int, upper: int, key: list[str]) -> None:
-    """Every read by DuckDB equals Spark's, and the ok rows equal the model ``ok``."""
+def same_reports(
+    spark, store, cfg, rng: random.Random, ok, since: int, upper: int, key: list[str], *, per_key: bool = False
+) -> dict:
+    """The versions read by DuckDB equal the model's from ``since`` to ``upper`` (numbered per key
+    with ``per_key``), every read by DuckDB equals Spark's, and the ok rows equal the model
+    ``ok``. Returns the versions report."""
+    rep = history.history_report(store, cfg, limit=1000)
+    want = model_versions(ok, since, upper)
+    if per_key:
+        assert _versions(rep, ["k", "v", "version"]) == numbered_per_key(want)
+    else:
+        assert _versions(rep, ["k", "v"]) == want
     for errors in (False, True):
         by_duckdb = history.history_report(store, cfg, errors=errors, limit=1000)
         assert by_duckdb == history.history_report(store, cfg, spark=spark, errors=errors, limit=1000)
@@ -55,6 +65,7 @@ def same_reports(spark, store, cfg, rng: random.Random, ok, since: int, upper: i
     assert keyed["versions"], f"--key {key} matches some versions"
     log = report.shard_contents(store, cfg, log=True, limit=3)  # truncated, in the same order
     assert log == report.shard_contents(store, cfg, log=True, limit=3, spark=spark) and log["truncated"]
+    return rep
 
 
 def _versions(rep: dict, names: list[str]) -> Counter:
@@ -68,38 +79,24 @@ def test_query_sink_reads_without_a_jvm_as_spark_does(spark, warehouse, tmp_path
     rng = random.Random(11)
     cfg, ok, err = query_shard(spark, sqlite_store, tmp_path, rng, batches=3)
     upper = AS_OF + 300
-    assert _versions(history.history_report(sqlite_store, cfg, limit=1000), ["k", "v"]) == model_versions(
-        ok, AS_OF, upper
-    )
     errors = history.history_report(sqlite_store, cfg, errors=True, limit=1000)["versions"]
     assert sum(v["count"] for v in errors if v["valid_to"] is None) == err(upper - 1)[("ERR",)]
     same_reports(spark, sqlite_store, cfg, rng, ok, AS_OF, upper, ["k=2"])
     since = AS_OF + 150
     run_compact(spark, sqlite_store, cfg, since=since, vacuum_files=False)
-    rep = history.history_report(sqlite_store, cfg, limit=1000)
-    assert rep["note"] and rep == history.history_report(sqlite_store, cfg, spark=spark, limit=1000)
-    assert _versions(rep, ["k", "v"]) == model_versions(ok, since, upper)
-    same_reports(spark, sqlite_store, cfg, rng, ok, since, upper, ["v=a"])
+    assert same_reports(spark, sqlite_store, cfg, rng, ok, since, upper, ["v=a"])["note"]
 
 
 def test_changelog_sink_reads_without_a_jvm_as_spark_does(spark, warehouse, tmp_path, sqlite_store):
     rng = random.Random(12)
     cfg, ok = changelog_shard(spark, sqlite_store, tmp_path, rng, batches=3)
-    upper = AS_OF + 300
-    rep = history.history_report(sqlite_store, cfg, limit=1000)
-    assert _versions(rep, ["k", "v"]) == model_versions(ok, AS_OF, upper)
-    same_reports(spark, sqlite_store, cfg, rng, ok, AS_OF, upper, ["k=1"])
+    same_reports(spark, sqlite_store, cfg, rng, ok, AS_OF, AS_OF + 300, ["k=1"])
 
 
 def test_upsert_sink_reads_per_key_without_a_jvm_as_spark_does(spark, warehouse, tmp_path, sqlite_store):
     rng = random.Random(13)
     cfg, ok = upsert_shard(spark, sqlite_store, tmp_path, rng, batches=4)
-    upper = AS_OF + 400
-    rep = history.history_report(sqlite_store, cfg, limit=1000)
-    assert _versions(rep, ["k", "v", "version"]) == Counter(
-        {(k, v, n, c, f, t): m for (k, v, n, c, f, t), m in numbered_per_key(model_versions(ok, AS_OF, upper)).items()}
-    )
-    same_reports(spark, sqlite_store, cfg, rng, ok, AS_OF, upper, ["2"])
+    same_reports(spark, sqlite_store, cfg, rng, ok, AS_OF, AS_OF + 400, ["2"], per_key=True)
     errors = history.history_report(sqlite_store, cfg, errors=True, limit=1000)
     assert errors["versions"], "the unkeyed command is an error row"
 
