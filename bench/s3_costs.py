@@ -133,7 +133,7 @@ def write_sink(spec: dict):
 
 
 def bench_append(spark, store, server, work: Path, rows: int, change: float) -> dict:
-    """1. (``work / 's3-access.log'``: the server's access log.)"""
+    """1. in the module's doc (the server's access log: ``work / 's3-access.log'``)."""
     from pyspark.sql import functions as F
 
     from reconcile.sink import append, mint, write
@@ -218,12 +218,21 @@ def build_shard(spark, store, work: Path, name: str, batches: int) -> dict:
     src.mkdir(parents=True, exist_ok=True)
     cfg = write_sink(sink_spec(name, str(src), "json", 2))
     t = time.perf_counter()
+    appends = []
     for i in range(batches):
         rows = [{"k": k, "v": f"v{k}-{i if k == i % 6 else 0}"} for k in range(6)]
         (src / "part-0.json").write_text("".join(json.dumps(r) + "\n" for r in rows))
         run = run_batch(spark, store, cfg, f"b-{i}", 200 + 100 * i)
         assert run.append is not None and run.append.outcome == "committed", run
-    return {"batches": batches, "build_s": round(time.perf_counter() - t, 1)}
+        appends.append(run.seconds["append"])
+    return {
+        "batches": batches,
+        "build_s": round(time.perf_counter() - t, 1),
+        # each batch's append (in this warm process): does it grow with the log?
+        "append_first_10_median_s": round(statistics.median(appends[:10]), 3),
+        "append_last_10_median_s": round(statistics.median(appends[-10:]), 3),
+        "build_load": load(),
+    }
 
 
 def bench_reads(access_log: Path, name: str, repeat: int) -> dict:
