@@ -344,7 +344,7 @@ def run_once(
     spark: SparkSession, store, work: Path, name: str, before: str, after: str, changes: int, partitions: int
 ) -> dict:
     """Set up fresh tables holding "before" (not timed), time a, b, c, d, check the contents."""
-    from reconcile.storage.delta import table_path
+    from reconcile.storage.delta import ShardTable
 
     def delta_copy(label: str, deletion_vectors: bool = False) -> str:
         path = str(work / label)
@@ -377,7 +377,7 @@ def run_once(
     if problems:
         raise Mismatch(f"{name}: " + "; ".join(problems))
     shutil.rmtree(work, ignore_errors=True)
-    shutil.rmtree(table_path(cfg), ignore_errors=True)
+    shutil.rmtree(ShardTable(cfg).path, ignore_errors=True)
     return r
 
 
@@ -675,7 +675,7 @@ def run_checksum_cost(spark: SparkSession, store, root: Path, args) -> dict:
     """The query sink's load and change batches with the self-checks off and on, alternating."""
     from reconcile import checksums
     from reconcile.sink.check import verify_checksums
-    from reconcile.storage.delta import table_path
+    from reconcile.storage.delta import ShardTable
 
     n, changes = args.size, round(args.fraction * args.size)
     before, after = str(root / "before"), str(root / "after")
@@ -704,7 +704,7 @@ def run_checksum_cost(spark: SparkSession, store, root: Path, args) -> dict:
                 if rnd:
                     verify_s.append(round(time.perf_counter() - t, 3))
             checksums.ENABLED = True
-            shutil.rmtree(table_path(cfg), ignore_errors=True)
+            shutil.rmtree(ShardTable(cfg).path, ignore_errors=True)
             if rnd:
                 runs.append(
                     {

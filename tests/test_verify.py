@@ -99,7 +99,7 @@ def test_query_batches_verify_and_a_foreign_edit_is_reported(
     assert len(violations) == 1, out
     assert f"batch {m1.description.batch_id} " in violations[0] and f"Delta version 1's partition {p}:" in violations[0]
     assert "the shard as of 1970-01-01" in violations[0] and "the batch recorded" in violations[0]
-    assert f"1 batch(es) (3 partitions) checked against Delta version {version}, 1 partition(s) differ" in out
+    assert f"the current state does NOT verify; 1 batch(es) (3 partitions) checked against Delta version {version}" in out
 
     # the next batch repairs the shard as usual; its own checksums hold, batch 1's history stays edited
     rows2 = [{"k": 1, "v": "a"}, {"k": 3, "v": "c"}]

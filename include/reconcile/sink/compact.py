@@ -227,7 +227,13 @@ def run_compact(
         _write_rewrite(table, rewrite, name)
         if table.latest_version() == read_version:  # else lost already: no footer to read
             written = _written_files(table, name)
-            committed = table.commit_rewrite(written, meta, read_version, recorded + 1)
+            # the shard's commit lease around the commit only (not the Spark job): the sink's own
+            # writers take turns on the log even where the store's put-if-absent is weak
+            with store.commit_lease(cfg.name, f"compaction from Delta version {read_version} ({token})") as lease:
+                if table.latest_version() == read_version:  # checked again inside the lease
+                    committed = table.commit_rewrite(
+                        written, {**meta, "commit_epoch": lease.epoch}, read_version, recorded + 1, fence=lease.fence
+                    )
     except Exception as exc:  # noqa: BLE001 - what it means is read from the log below
         error = exc
     if committed is None:
