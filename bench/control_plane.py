@@ -88,7 +88,7 @@ def bench_append(work: Path, rows: int, change: float) -> dict:
     from reconcile.spark import get_session
     from reconcile.storage import frames
     from reconcile.storage.delta import ShardTable
-    from reconcile.storage.ledger import MetadataStore
+    from reconcile.storage.ledger import Ledger
 
     os.environ["RECONCILE_WAREHOUSE"] = str(work / "wh")
     spark = get_session("bench-control-plane")
@@ -97,7 +97,7 @@ def bench_append(work: Path, rows: int, change: float) -> dict:
     spec = kv_query_spec("cp_bench", src / "v1")
     (work / "cp_bench.yaml").write_text(yaml.safe_dump(spec))
     cfg = load_file(work / "cp_bench.yaml")
-    store = MetadataStore(f"sqlite:///{work / 'meta.db'}")
+    store = Ledger(f"sqlite:///{work / 'meta.db'}")
     first = mint.run_mint(store, cfg, "run-1", 1, 200).description
     write.run_write(spark, store, cfg, first.batch_id)
     append.run_append(store, cfg, first.batch_id)

@@ -66,10 +66,10 @@ def build(work: Path, rows: int) -> dict[str, str]:
     from reconcile.schedule import to_millis
     from reconcile.sink.run import run_batch
     from reconcile.spark import get_session
-    from reconcile.storage.ledger import MetadataStore
+    from reconcile.storage.ledger import Ledger
 
     spark = get_session("bench-reads")
-    store = MetadataStore(env["RECONCILE_METADATA_URL"])
+    store = Ledger(env["RECONCILE_METADATA_URL"])
     cfg = load_sink("demo_orders")
     for day in range(3):
         demo.write_orders(day)

@@ -777,12 +777,12 @@ def main(argv: list[str] | None = None) -> int:
     root = Path(tempfile.mkdtemp(prefix="bench-reconcile-"))
     os.environ["RECONCILE_WAREHOUSE"] = str(root / "warehouse")
     from reconcile.spark import get_session
-    from reconcile.storage.ledger import MetadataStore
+    from reconcile.storage.ledger import Ledger
 
     t0 = time.perf_counter()
     spark = get_session("bench-reconcile", {"spark.sql.shuffle.partitions": str(args.partitions)})
     session_start = time.perf_counter() - t0
-    store = MetadataStore(f"sqlite:///{root / 'metadata.db'}")
+    store = Ledger(f"sqlite:///{root / 'metadata.db'}")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     info = machine(spark)

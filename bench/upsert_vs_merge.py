@@ -126,11 +126,11 @@ def run_keys(spark, keys: int, command_sizes: list[int], args) -> tuple[list[dic
     from reconcile.sink.run import run_batch
     from reconcile.storage import frames
     from reconcile.storage.delta import ShardTable
-    from reconcile.storage.ledger import MetadataStore
+    from reconcile.storage.ledger import Ledger
 
     feed = str(root / "feed")
     cfg = load_file(sink_config(root, feed, args.partitions))
-    store = MetadataStore(f"sqlite:///{root / 'metadata.db'}")
+    store = Ledger(f"sqlite:///{root / 'metadata.db'}")
     targets = {"merge": str(root / "merge_target"), "merge_dv": str(root / "merge_dv_target")}
     for name, target in targets.items():
         empty = spark.createDataFrame([], "id BIGINT, name STRING, amount DECIMAL(12,2), qty INT")

@@ -2,7 +2,7 @@
 
     spark-submit jobs/write_correction.py --sink <name> --run-id <airflow run id>
 
-Reads the run's batch description from the metadata table, computes the correction, stages it
+Reads the run's batch description from the ledger, computes the correction, stages it
 as P hash partitions plus a manifest. A retried job replaces its own staged output.
 """
 

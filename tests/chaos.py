@@ -15,7 +15,7 @@ from, counted with plain Python):
 
 Crashes here are in-process (fail points armed to raise) so that thousands of steps stay cheap;
 killed processes are covered by tests/test_crash.py. Races are 2-3 threads running different
-runs of the sink at once against the same metadata table and Delta table; zombies are 2-3
+runs of the sink at once against the same ledger and Delta table; zombies are 2-3
 threads running attempts of the *same* run (the same batch) at once.
 
     python tests/chaos.py --schedules 1000 --seed 1        # prints counts and divergences
@@ -56,7 +56,7 @@ from reconcile.sink.sync import sync
 from reconcile.spark import get_session
 from reconcile.storage import frames
 from reconcile.storage.delta import ShardTable
-from reconcile.storage.ledger import MetadataStore
+from reconcile.storage.ledger import Ledger
 from tiny_spark import TINY_DATA_CONF
 
 log = logging.getLogger("reconcile.chaos")
@@ -91,7 +91,7 @@ class Stats:
 class Schedule:
     """One sink, one seeded sequence of steps."""
 
-    def __init__(self, spark, store: MetadataStore, root: Path, seed: int, index: int, stats: Stats):
+    def __init__(self, spark, store: Ledger, root: Path, seed: int, index: int, stats: Stats):
         self.spark, self.store, self.stats = spark, store, stats
         self.rng = random.Random(f"{seed}:{index}")
         self.tag = f"seed={seed} schedule={index}"
@@ -340,7 +340,7 @@ def run_schedules(
     root = Path(tempfile.mkdtemp(prefix="reconcile-chaos-"))
     old_wh = os.environ.get("RECONCILE_WAREHOUSE")
     os.environ["RECONCILE_WAREHOUSE"] = warehouse or str(root / "warehouse")
-    store = MetadataStore(store_url or f"sqlite:///{root / 'metadata.db'}")
+    store = Ledger(store_url or f"sqlite:///{root / 'metadata.db'}")
     try:
         for i in range(first, first + count):
             stats.schedules += 1

@@ -192,11 +192,11 @@ def metadata_url(request, tmp_path):
 
 
 def _open_store(url, monkeypatch):
-    """A MetadataStore on ``url``, also made the process's RECONCILE_METADATA_URL."""
-    from reconcile.storage.ledger import MetadataStore
+    """A Ledger on ``url``, also made the process's RECONCILE_METADATA_URL."""
+    from reconcile.storage.ledger import Ledger
 
     monkeypatch.setenv("RECONCILE_METADATA_URL", url)
-    s = MetadataStore(url)
+    s = Ledger(url)
     yield s
     s.dispose()
 

@@ -67,7 +67,7 @@ def write_json_rows(directory: Path, rows: Iterable[dict], schema_hint: dict | N
             f.write(json.dumps(r) + "\n")
 
 
-def run_batch(spark, store, cfg: SinkConfig, run_id: str, frontier: int, *, attempt: int = 1):
+def run_stages(spark, store, cfg: SinkConfig, run_id: str, frontier: int, *, attempt: int = 1):
     """:func:`reconcile.sink.run.run_batch` for one run; returns its (mint, write, append) results."""
     r = pipeline.run_batch(spark, store, cfg, run_id, frontier, attempt=attempt)
     return r.mint, r.write, r.append
@@ -206,7 +206,7 @@ def changelog_model(runs, t) -> Counter:
 
 def committed_run(spark, store, cfg: SinkConfig, run_id: str, frontier: int):
     """One run that must mint, stage and commit its batch; returns the committed batch."""
-    m, w, a = run_batch(spark, store, cfg, run_id, frontier)
+    m, w, a = run_stages(spark, store, cfg, run_id, frontier)
     assert m.description is not None, m.message
     assert w.outcome == "staged", w.message
     assert a.outcome == "committed", a.message

@@ -8,7 +8,7 @@ import random
 from collections import Counter
 from collections.abc import Callable
 
-from helpers import change, changelog_model, make_sink, run_batch, write_json_rows
+from helpers import change, changelog_model, make_sink, run_stages, write_json_rows
 from reconcile.sink import history
 
 AS_OF = 100  # make_sink's default; batch i covers [100 * (i + 1), 100 * (i + 2))
@@ -112,7 +112,7 @@ def query_shard(spark, store, tmp_path, rng: random.Random, batches: int):
         rows += [{"k": None, "v": "bad"}] * rng.choice([0, 0, 1, 2])  # k is not nullable
         write_json_rows(tmp_path / "src", rows)
         frontier = AS_OF + 100 * (i + 1)
-        run_batch(spark, store, cfg, f"run-{i}", frontier)
+        run_stages(spark, store, cfg, f"run-{i}", frontier)
         runs.append((frontier, rows))
 
     def snapshot(t: int) -> list[dict]:
@@ -147,7 +147,7 @@ def changelog_shard(spark, store, tmp_path, rng: random.Random, batches: int):
         ]
         source += new
         write_json_rows(tmp_path / "log", source)
-        run_batch(spark, store, cfg, f"run-{i}", frontier)
+        run_stages(spark, store, cfg, f"run-{i}", frontier)
         runs.append((frontier, new))
 
     def ok(t: int) -> Counter:
@@ -176,7 +176,7 @@ def upsert_shard(spark, store, tmp_path, rng: random.Random, batches: int):
             offset += 1
             feed.append(cmd(None, "unkeyed", lower + 5, offset))  # an error row of its own
         feed_rows(tmp_path, feed)
-        run_batch(spark, store, cfg, f"run-{i}", frontier)
+        run_stages(spark, store, cfg, f"run-{i}", frontier)
         model.batch(feed, lower, frontier)
 
     def ok(t: int) -> Counter:

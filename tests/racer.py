@@ -17,12 +17,12 @@ from reconcile.config import load_sink
 from reconcile.errors import SinkError
 from reconcile.sink.run import run_batch
 from reconcile.spark import get_session
-from reconcile.storage.ledger import MetadataStore
+from reconcile.storage.ledger import Ledger
 
 
 def main(sink: str, attempt: int, runs: list[str]) -> int:
     cfg = load_sink(sink)
-    store = MetadataStore(settings.metadata_url())
+    store = Ledger(settings.metadata_url())
     spark = get_session(f"racer-{attempt}", {"spark.sql.shuffle.partitions": "2"})
     for spec in runs:
         run_id, frontier = spec.split(":")

@@ -143,7 +143,7 @@ def test_dag_test_three_intervals_then_rerun_is_noop(airflow_db, dag_child, spar
     from reconcile.config import load_sink
     from reconcile.sink import check
     from reconcile.storage.delta import ShardTable
-    from reconcile.storage.ledger import MetadataStore
+    from reconcile.storage.ledger import Ledger
 
     name = f"af_{tmp_path.name[-8:].replace('-', '_').lower()}"
     sinks, data = tmp_path / "sinks", tmp_path / "src"
@@ -175,7 +175,7 @@ def test_dag_test_three_intervals_then_rerun_is_noop(airflow_db, dag_child, spar
         assert tis["compact"] == ("success" if i == 2 else "skipped"), tis
     assert "compact on Spark Connect" in run["log"], run["log"][-4000:]
 
-    store = MetadataStore(f"sqlite:///{tmp_path / 'meta.db'}")
+    store = Ledger(f"sqlite:///{tmp_path / 'meta.db'}")
     since = store.get_shard(name).since
     assert since == int(days[-1].timestamp() * 1000) - 36 * 3600 * 1000  # upper - 36 h
     for rows, day in zip(sources, days):  # history stays readable as of every upper - 1 >= since
@@ -233,7 +233,7 @@ def test_dag_test_runs_an_upsert_sink(airflow_db, dag_child, tmp_path, monkeypat
     from airflow.utils.state import DagRunState
 
     from reconcile.config import load_sink
-    from reconcile.storage.ledger import MetadataStore
+    from reconcile.storage.ledger import Ledger
     from upsert_model import UpsertModel, feed_rows, ok_rows
 
     name = f"afu_{tmp_path.name[-8:].replace('-', '_').lower()}"
@@ -263,7 +263,7 @@ def test_dag_test_runs_an_upsert_sink(airflow_db, dag_child, tmp_path, monkeypat
     model.batch(feed, d1, d2)
     for t in (d1 - 1, d1, d1 + 5, d2 - 1):
         assert ok_rows(shard_as_of(cfg, t)) == model.as_of(t), t
-    store = MetadataStore(f"sqlite:///{tmp_path / 'meta.db'}")
+    store = Ledger(f"sqlite:///{tmp_path / 'meta.db'}")
     assert [b.late_commands for b in store.batches(name, ("committed",))] == [0, 1]
     store.dispose()
 
@@ -280,20 +280,20 @@ def test_an_outdated_batch_skips_the_rest_of_its_run_with_the_reason(airflow_db,
     ``local[2]``); the other dag.test() runs are Spark Connect clients in tests/dag_child.py."""
     from airflow.utils.state import DagRunState
 
-    from helpers import run_batch
+    from helpers import run_stages
     from reconcile import failpoints
     from reconcile.errors import FailPointHit
-    from reconcile.storage.ledger import MetadataStore
+    from reconcile.storage.ledger import Ledger
 
     name, dag, cfg, url, data = _dag_of(tmp_path, monkeypatch, "afo")
     rows = [{"k": 1, "v": "a"}, {"k": 2, "v": "b"}]
     write_json_rows(data, rows)
     day1, day2 = datetime(2026, 1, 2, tzinfo=UTC), datetime(2026, 1, 3, tzinfo=UTC)
-    store = MetadataStore(url)
+    store = Ledger(url)
     failpoints.arm("append.after_delta_commit", "raise")
     try:
         with pytest.raises(FailPointHit):
-            run_batch(spark, store, cfg, "manual__other", int(day2.timestamp() * 1000))
+            run_stages(spark, store, cfg, "manual__other", int(day2.timestamp() * 1000))
     finally:
         failpoints.disarm_all()
     assert store.get_shard(name).upper == cfg.as_of  # the ledger is behind the Delta log
@@ -308,8 +308,8 @@ def test_an_outdated_batch_skips_the_rest_of_its_run_with_the_reason(airflow_db,
         "compaction_due": "skipped",
         "compact": "skipped",
     }, tis
-    batch = store.run_batch(name, run.run_id)
-    other = store.run_batch(name, "manual__other")
+    batch = store.batch_of_run(name, run.run_id)
+    other = store.batch_of_run(name, "manual__other")
     assert batch.state == "superseded" and f"outdated: batch {other.batch_id} committed" in batch.message, batch.message
     assert store.get_shard(name).upper == int(day2.timestamp() * 1000)  # write's sync rolled it forward
     assert shard_as_of(cfg, int(day2.timestamp() * 1000) - 1) == model_kv(rows)
@@ -330,7 +330,7 @@ def test_a_narrower_winner_leaves_the_wider_run_skipped_with_the_true_reason(
     from airflow.utils.state import DagRunState
 
     from reconcile.log import iso
-    from reconcile.storage.ledger import MetadataStore
+    from reconcile.storage.ledger import Ledger
 
     name, env, cfg, url, data = _sink_of(tmp_path, monkeypatch, "afn")
     rows = [{"k": 1, "v": "a"}]
@@ -347,7 +347,7 @@ def test_a_narrower_winner_leaves_the_wider_run_skipped_with_the_true_reason(
 
     narrow = dag_child.test(name, day2, env)
     _assert_state(narrow, DagRunState.SUCCESS)  # the narrower batch wins
-    store = MetadataStore(url)
+    store = Ledger(url)
     assert store.get_shard(name).upper == int(day2.timestamp() * 1000)
 
     # only the append, which runs no Spark stage: the sink's environment is all it needs
@@ -377,7 +377,7 @@ def test_the_correction_guard_stops_a_run_until_a_run_approves_it(airflow_db, da
     from airflow.utils.state import DagRunState
 
     from reconcile.storage.delta import ShardTable
-    from reconcile.storage.ledger import MetadataStore
+    from reconcile.storage.ledger import Ledger
 
     guard = {"max_share": 0.5, "min_rows": 1}
     name, env, cfg, url, data = _sink_of(tmp_path, monkeypatch, "afg", retries=0, correction_guard=guard)
@@ -398,9 +398,9 @@ def test_the_correction_guard_stops_a_run_until_a_run_approves_it(airflow_db, da
 
     approved = dag_child.test(name, datetime(2026, 1, 4, tzinfo=UTC), env, run_conf={"approve_correction": True})
     _assert_state(approved, DagRunState.SUCCESS)
-    store = MetadataStore(url)
-    batch = store.run_batch(name, approved["run_id"])
+    store = Ledger(url)
+    batch = store.batch_of_run(name, approved["run_id"])
     assert batch.state == "committed" and batch.approved.startswith(f"run {approved['run_id']}")
-    assert store.run_batch(name, blocked["run_id"]).state == "superseded"
+    assert store.batch_of_run(name, blocked["run_id"]).state == "superseded"
     assert shard_as_of(cfg, batch.upper - 1) == model_kv(full[:1])
     store.dispose()

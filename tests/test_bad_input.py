@@ -33,7 +33,7 @@ from helpers import (
     leftover_staged,
     make_sink,
     orders_config,
-    run_batch,
+    run_stages,
     snapshot,
     write_json_rows,
 )
@@ -59,7 +59,7 @@ from reconcile.sink.sync import sync
 from reconcile.storage import files, frames
 from reconcile.storage.commits import batch_commits
 from reconcile.storage.delta import ShardTable
-from reconcile.storage.ledger import MetadataStore
+from reconcile.storage.ledger import Ledger
 from reconcile.storage.tables import Batch
 
 ROWS = [{"k": 1, "v": "a"}, {"k": 2, "v": "b"}, {"k": 3, "v": "c"}, {"k": 4, "v": "d"}]
@@ -237,7 +237,7 @@ def test_query_sql_that_does_not_run_is_a_source_error(spark, warehouse, tmp_pat
 def test_query_sql_that_is_a_command_is_refused_before_it_runs(spark, warehouse, tmp_path, sqlite_store):
     store = sqlite_store
     cfg = new_sink(spark, tmp_path, "dml")
-    m, w, a = run_batch(spark, store, cfg, "run-1", 200)
+    m, w, a = run_stages(spark, store, cfg, "run-1", 200)
     assert a.outcome == "committed"
     evil = make_sink(
         tmp_path,
@@ -269,7 +269,7 @@ def test_values_that_do_not_fit_the_type_become_error_rows(spark, warehouse, tmp
         {"k": "9223372036854775808", "v": "overflow"},
     ]
     cfg = new_sink(spark, tmp_path, "types", rows=rows)
-    m, w, a = run_batch(spark, store, cfg, "run-1", 200)
+    m, w, a = run_stages(spark, store, cfg, "run-1", 200)
     assert a.outcome == "committed", a.message
     batch = store.get_batch(m.description.batch_id)
     assert (batch.rows_ok, batch.rows_err) == (1, 3)
@@ -297,7 +297,7 @@ def test_nulls_in_a_non_nullable_column_become_error_rows(spark, warehouse, tmp_
     store = sqlite_store
     rows = [{"k": None, "v": "null key"}, {"v": "absent key"}, {"k": 3, "v": None}, {"k": 4, "v": "d"}]
     cfg = new_sink(spark, tmp_path, "nulls", rows=rows)
-    m, w, a = run_batch(spark, store, cfg, "run-1", 200)
+    m, w, a = run_stages(spark, store, cfg, "run-1", 200)
     assert a.outcome == "committed", a.message
     batch = store.get_batch(m.description.batch_id)
     assert (batch.rows_ok, batch.rows_err) == (2, 2)
@@ -320,7 +320,7 @@ def test_zero_null_and_fractional_diffs_become_error_rows(spark, warehouse, tmp_
         change(5, "later", 250, 0),  # beyond the frontier: waits for the next batch
     ]
     cfg = new_sink(spark, tmp_path, "diffs", kind="changelog", rows=rows)
-    m, w, a = run_batch(spark, store, cfg, "run-1", 200)
+    m, w, a = run_stages(spark, store, cfg, "run-1", 200)
     assert a.outcome == "committed", a.message
     batch = store.get_batch(m.description.batch_id)
     assert (batch.rows_ok, batch.rows_err) == (1, 3)
@@ -334,7 +334,7 @@ def test_zero_null_and_fractional_diffs_become_error_rows(spark, warehouse, tmp_
         assert "diff column 'diff' is null, zero or not an integer" in e
 
     # the next batch picks up the late bad row as an error row as well
-    m2, w2, a2 = run_batch(spark, store, cfg, "run-2", 300)
+    m2, w2, a2 = run_stages(spark, store, cfg, "run-2", 300)
     assert a2.outcome == "committed" and store.get_batch(m2.description.batch_id).rows_err == 1
 
 
@@ -347,7 +347,7 @@ def test_non_integer_times_in_a_changelog_become_error_rows(spark, warehouse, tm
         change(4, "ok", "120", 1),
     ]
     cfg = new_sink(spark, tmp_path, "times", kind="changelog", rows=rows)
-    m, w, a = run_batch(spark, store, cfg, "run-1", 200)
+    m, w, a = run_stages(spark, store, cfg, "run-1", 200)
     assert a.outcome == "committed", a.message
     batch = store.get_batch(m.description.batch_id)
     assert (batch.rows_ok, batch.rows_err) == (1, 3)
@@ -378,15 +378,15 @@ def test_a_frontier_not_ahead_of_the_upper_mints_nothing(tmp_path, store):
         assert "\n" not in m.message and "sink=behind" in m.message
     assert store.get_shard(cfg.name).upper == 300
     assert [b.batch_id for b in store.batches(cfg.name)] == ledger == []
-    assert store.run_batch(cfg.name, "late-300") is None
+    assert store.batch_of_run(cfg.name, "late-300") is None
 
 
-# --- the metadata database is unreachable -----------------------------------------------------
+# --- the ledger database is unreachable -----------------------------------------------------
 
 
 def test_an_unreachable_metadata_database_is_retryable_and_hides_the_password():
     with pytest.raises(MetadataUnavailable) as info:
-        MetadataStore(BAD_PG_URL)
+        Ledger(BAD_PG_URL)
     err = info.value
     assert isinstance(err, Retryable)
     text = str(err)
@@ -397,13 +397,13 @@ def test_an_unreachable_metadata_database_is_retryable_and_hides_the_password():
 
 def test_an_unreachable_metadata_database_message_is_one_line():
     with pytest.raises(MetadataUnavailable) as info:
-        MetadataStore(BAD_PG_URL)
+        Ledger(BAD_PG_URL)
     text = str(info.value)
     assert "\n" not in text and "\t" not in text, repr(text)
 
 
 def test_every_store_call_after_the_database_went_away_is_metadata_unavailable(tmp_path):
-    store = MetadataStore(BAD_PG_URL, auto_migrate=False)  # the database went away after start
+    store = Ledger(BAD_PG_URL, auto_migrate=False)  # the database went away after start
     try:
         cfg = make_sink(tmp_path, "gone")
         with pytest.raises(MetadataUnavailable):  # writes go through tx(): typed
@@ -412,7 +412,7 @@ def test_every_store_call_after_the_database_went_away_is_metadata_unavailable(t
             store.get_shard("gone")
         for read in (
             lambda: store.get_batch("b"),
-            lambda: store.run_batch("gone", "run-1"),
+            lambda: store.batch_of_run("gone", "run-1"),
             lambda: store.batches("gone"),
             lambda: store.committed_batch("gone", 0),
         ):
@@ -633,7 +633,7 @@ def test_a_stale_staged_batch_of_an_older_lower_is_covered_and_its_files_removed
     store = sqlite_store
     cfg = new_sink(spark, tmp_path, "stale")
     a, _ = staged_batch(spark, store, cfg, "run-a", 200)
-    m, w, b = run_batch(spark, store, cfg, "run-b", 300)  # a newer run covers [0, 300)
+    m, w, b = run_stages(spark, store, cfg, "run-b", 300)  # a newer run covers [0, 300)
     assert b.outcome == "committed" and m.description.lower == a.lower
     assert store.get_batch(a.batch_id).state == SUPERSEDED
     before = snapshot(spark, store, cfg)
@@ -657,7 +657,7 @@ def test_a_lower_behind_the_upper_is_never_committed(spark, warehouse, tmp_path,
     store = sqlite_store
     cfg = new_sink(spark, tmp_path, "oldlower", as_of=100)
     a, _ = staged_batch(spark, store, cfg, "run-a", 400)  # [100, 400), staged
-    m, w, b = run_batch(spark, store, cfg, "run-b", 300)  # [100, 300) commits
+    m, w, b = run_stages(spark, store, cfg, "run-b", 300)  # [100, 300) commits
     assert b.outcome == "committed"
     # a stale writer that never saw the supersession: its ledger row still says 'staged'
     set_batch(store, a.batch_id, state=STAGED, message=None)
@@ -712,7 +712,7 @@ def test_a_schema_changed_behind_the_sinks_back_is_refused_until_restored(spark,
 
     # the remedy works: RESTORE to the last version the sink wrote, then the sink goes on
     spark.sql(f"RESTORE TABLE delta.`{ShardTable(cfg).path}` TO VERSION AS OF {good_version}")
-    m, w, a = run_batch(spark, store, cfg, "run-3", 300)
+    m, w, a = run_stages(spark, store, cfg, "run-3", 300)
     assert a.outcome == "committed", a.message
     assert store.get_shard(cfg.name).upper == 300
     assert shard_rows(spark, cfg, 299) == Counter({(r["k"], r["v"], None): 1 for r in ROWS})

@@ -55,10 +55,10 @@ def wait_for(what: str, check, timeout: float = 90.0, every: float = 0.02):
 TAKER = """
 import os, sys, time
 from pathlib import Path
-from reconcile.storage.ledger import MetadataStore
+from reconcile.storage.ledger import Ledger
 
 url, name, me, turns, journal, go = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5], Path(sys.argv[6])
-store = MetadataStore(url)
+store = Ledger(url)
 fd = os.open(journal, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
 while not go.exists():
     time.sleep(0.005)

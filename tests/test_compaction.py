@@ -20,7 +20,7 @@ from helpers import (
     committed_run,
     make_sink,
     model_kv,
-    run_batch,
+    run_stages,
     shard_as_of,
     update_log,
     write_json_rows,
@@ -188,7 +188,7 @@ def race_compaction_with_appends(spark, tmp_path, store) -> None:
             upper = AS_OF + 100 * (i + 1)
             for attempt in range(1, 6):  # the append task's retries
                 try:
-                    _, _, a = run_batch(spark, store, cfg, f"run-{i}", upper, attempt=attempt)
+                    _, _, a = run_stages(spark, store, cfg, f"run-{i}", upper, attempt=attempt)
                     if a is not None and a.outcome in ("committed", "recovered", "already_committed"):
                         break
                 except Exception:  # noqa: BLE001 - a lost commit race is retryable

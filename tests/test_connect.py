@@ -28,7 +28,7 @@ from helpers import (
     leftover_staged,
     make_sink,
     model_kv,
-    run_batch,
+    run_stages,
     shard_as_of,
     write_json_rows,
 )
@@ -185,7 +185,7 @@ def test_killed_client_then_retry(spark, connect_url, warehouse, tmp_path, sqlit
     cfg = make_sink(tmp_path, "killed")
     rows0 = [{"k": 1, "v": "a"}]
     write_json_rows(tmp_path / "src", rows0)
-    run_batch(spark, sqlite_store, cfg, "run-0", 200)
+    run_stages(spark, sqlite_store, cfg, "run-0", 200)
     rows1 = [{"k": 1, "v": "A"}, {"k": 2, "v": "b"}]
     write_json_rows(tmp_path / "src", rows1)
     desc = mint.run_mint(sqlite_store, cfg, "run-1", 1, 300).description

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import make_sink, model_kv, run_batch, shard_as_of, write_json_rows
+from helpers import make_sink, model_kv, run_stages, shard_as_of, write_json_rows
 from reconcile import failpoints
 from reconcile.sink import append, check, mint, write
 from reconcile.storage.commits import batch_commits
@@ -97,7 +97,7 @@ def crash_and_recover(spark, tmp_path, store, monkeypatch, stage, point, recover
     rows0 = [{"k": 1, "v": "a"}, {"k": 2, "v": "b"}]
     if point != "append.after_advance_as_of":  # that point needs the shard's first batch
         write_json_rows(tmp_path / "src", rows0)
-        run_batch(spark, store, cfg, "run-0", 200)
+        run_stages(spark, store, cfg, "run-0", 200)
         history.append((200, rows0))
     base = history[-1][0] if history else cfg.as_of
 
@@ -114,18 +114,18 @@ def crash_and_recover(spark, tmp_path, store, monkeypatch, stage, point, recover
             # keeps them; killed before, the retry stages its own
             want = "already_staged" if point == "write.after_staged" else "staged"
             assert write.run_write(spark, store, cfg, desc.batch_id).outcome == want
-        result = append.run_append(store, cfg, store.run_batch(cfg.name, "run-1").batch_id)
+        result = append.run_append(store, cfg, store.batch_of_run(cfg.name, "run-1").batch_id)
         assert result.outcome in ("committed", "recovered"), result
         history.append((base + 100, rows1))
     elif recovery == "rerun":  # on call clears the whole run: mint, write, append again
-        _, w, a = run_batch(spark, store, cfg, "run-1", base + 100, attempt=2)
+        _, w, a = run_stages(spark, store, cfg, "run-1", base + 100, attempt=2)
         assert a.outcome in ("already_committed", "recovered", "committed"), a
         history.append((base + 100, rows1))
     else:  # nothing is cleared: the next scheduled run repairs and goes on
         history.append((base + 100, rows1))
     rows2 = [{"k": 3, "v": "c"}, {"k": 4, "v": "d"}]
     write_json_rows(tmp_path / "src", rows2)
-    _, w, a = run_batch(spark, store, cfg, "run-2", base + 200)
+    _, w, a = run_stages(spark, store, cfg, "run-2", base + 200)
     assert a.outcome == "committed", a
     history.append((base + 200, rows2))
     assert_converged(spark, store, cfg, history)
@@ -157,7 +157,7 @@ def test_killed_upsert_process_then_recovery(
     model = UpsertModel()
     feed = [{"k": 1, "v": "a", "ts": 150, "off": 1}, {"k": 2, "v": "b", "ts": 160, "off": 2}]
     feed_rows(tmp_path, feed)
-    run_batch(spark, store, cfg, "run-0", 200)
+    run_stages(spark, store, cfg, "run-0", 200)
     model.batch(feed, 100, 200)
 
     # run-1 sees a late command for key 1 (time 120 < lower 200) and a newer one at 250
@@ -177,13 +177,13 @@ def test_killed_upsert_process_then_recovery(
             # keeps them; killed before, the retry stages its own
             want = "already_staged" if point == "write.after_staged" else "staged"
             assert write.run_write(spark, store, cfg, desc.batch_id).outcome == want
-        result = append.run_append(store, cfg, store.run_batch(cfg.name, "run-1").batch_id)
+        result = append.run_append(store, cfg, store.batch_of_run(cfg.name, "run-1").batch_id)
         assert result.outcome in ("committed", "recovered"), result
     model.batch(feed, 200, 300)
 
     feed += [{"k": 3, "v": "c", "ts": 350, "off": 6}]
     feed_rows(tmp_path, feed)
-    _, _, a = run_batch(spark, store, cfg, "run-2", 400)
+    _, _, a = run_stages(spark, store, cfg, "run-2", 400)
     assert a.outcome == "committed", a
     model.batch(feed, 300, 400)
     for t in (199, 200, 299, 399):

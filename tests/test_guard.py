@@ -10,7 +10,7 @@ from collections import Counter
 
 import pytest
 
-from helpers import make_sink, run_batch, shard_as_of, write_json_rows
+from helpers import make_sink, run_stages, shard_as_of, write_json_rows
 from reconcile import cli
 from reconcile.errors import CorrectionBlocked
 from reconcile.manifest import Manifest
@@ -35,7 +35,7 @@ def guarded(spark, warehouse, tmp_path, store, monkeypatch):
     cfg = make_sink(tmp_path, "guarded", correction_guard=GUARD, query=QUERY)
     source = rows(20)
     write_json_rows(tmp_path / "src", source)
-    _, _, a = run_batch(spark, store, cfg, "run-1", 200)  # the first batch fills an empty shard: no guard
+    _, _, a = run_stages(spark, store, cfg, "run-1", 200)  # the first batch fills an empty shard: no guard
     assert a.outcome == "committed"
     return cfg
 
@@ -46,20 +46,20 @@ def test_a_small_change_passes_and_a_truncation_stops_with_nothing_committed(spa
     changed[0]["v"] = "new"
     changed[1]["v"] = "new"  # 2 of 20 rows updated: 10% inserted, 10% retracted
     write_json_rows(tmp_path / "src", changed)
-    _, _, a = run_batch(spark, store, cfg, "run-2", 300)
+    _, _, a = run_stages(spark, store, cfg, "run-2", 300)
     assert a.outcome == "committed"
 
     write_json_rows(tmp_path / "src", changed[:3])  # upstream truncated: 17 of 20 rows retracted
     version, upper = ShardTable(cfg).latest_version(), store.get_shard(cfg.name).upper
     with pytest.raises(CorrectionBlocked) as info:
-        run_batch(spark, store, cfg, "run-3", 400)
+        run_stages(spark, store, cfg, "run-3", 400)
     text = str(info.value)
     assert "\n" not in text and "guarded" in text
     assert "retract 17 of the shard's 20 rows (85.0%" in text and "max_share 20.0%" in text
     assert "python -m reconcile approve guarded" in text
     assert ShardTable(cfg).latest_version() == version and store.get_shard(cfg.name).upper == upper
     assert shard_as_of(cfg, 399) == model(changed)
-    blocked = store.run_batch(cfg.name, "run-3")
+    blocked = store.batch_of_run(cfg.name, "run-3")
     assert blocked.state == "staged" and blocked.approved is None
     assert Manifest.from_json(blocked.manifest).change() == (0, 17)
 
@@ -68,8 +68,8 @@ def test_approval_by_the_cli_lets_the_append_through(spark, guarded, tmp_path, s
     cfg = guarded
     write_json_rows(tmp_path / "src", rows(4))
     with pytest.raises(CorrectionBlocked):
-        run_batch(spark, store, cfg, "run-2", 300)
-    batch = store.run_batch(cfg.name, "run-2")
+        run_stages(spark, store, cfg, "run-2", 300)
+    batch = store.batch_of_run(cfg.name, "run-2")
     assert cli.main(["append", cfg.name, "--run-id", "run-2"]) == 2  # still blocked: one line, no traceback
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "correction guard" in err and "Traceback" not in err
@@ -97,12 +97,12 @@ def test_rejection_fixing_the_source_recomputes_the_batch(spark, guarded, tmp_pa
     cfg = guarded
     write_json_rows(tmp_path / "src", EMPTY)  # an empty upstream would wipe the shard
     with pytest.raises(CorrectionBlocked):
-        run_batch(spark, store, cfg, "run-2", 300)
+        run_stages(spark, store, cfg, "run-2", 300)
     fixed = rows(21)  # the source is fixed: one new row
     write_json_rows(tmp_path / "src", fixed)
-    _, _, a = run_batch(spark, store, cfg, "run-3", 400)  # the next run supersedes the blocked batch
+    _, _, a = run_stages(spark, store, cfg, "run-3", 400)  # the next run supersedes the blocked batch
     assert a.outcome == "committed"
-    assert store.run_batch(cfg.name, "run-2").state == "superseded"
+    assert store.batch_of_run(cfg.name, "run-2").state == "superseded"
     assert shard_as_of(cfg, 399) == model(fixed)
     assert shard_as_of(cfg, 299) == model(rows(20))  # the blocked wipe never reached the shard
 
@@ -110,7 +110,7 @@ def test_rejection_fixing_the_source_recomputes_the_batch(spark, guarded, tmp_pa
 def test_the_guard_waits_for_min_rows(spark, warehouse, tmp_path, store):
     cfg = make_sink(tmp_path, "small", correction_guard={"max_share": 0.1, "min_rows": 10}, query=QUERY)
     write_json_rows(tmp_path / "src", rows(3))
-    run_batch(spark, store, cfg, "run-1", 200)
+    run_stages(spark, store, cfg, "run-1", 200)
     write_json_rows(tmp_path / "src", EMPTY)
-    _, _, a = run_batch(spark, store, cfg, "run-2", 300)  # 3 rows < min_rows 10: not guarded
+    _, _, a = run_stages(spark, store, cfg, "run-2", 300)  # 3 rows < min_rows 10: not guarded
     assert a.outcome == "committed" and shard_as_of(cfg, 299) == Counter()

@@ -18,7 +18,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from helpers import make_sink, run_batch, write_json_rows
+from helpers import make_sink, run_stages, write_json_rows
 from history_model import (
     AS_OF,
     changelog_shard,
@@ -224,7 +224,7 @@ def test_cli_errors_history_and_diff_of_a_query_sink(spark, warehouse, tmp_path,
     cfg = make_sink(tmp_path, "he")
     for i, rows in enumerate(([{"k": 1, "v": "a"}, {"k": None, "v": "x"}], [{"k": 1, "v": "a"}, {"k": 1, "v": "a"}])):
         write_json_rows(tmp_path / "src", rows)
-        run_batch(spark, sqlite_store, cfg, f"run-{i}", 200 + 100 * i)
+        run_stages(spark, sqlite_store, cfg, f"run-{i}", 200 + 100 * i)
     capsys.readouterr()
     assert cli.main(["history", cfg.name, "--json"]) == 0
     report = json.loads(capsys.readouterr().out)

@@ -1,6 +1,6 @@
-"""The metadata store on SQLite and PostgreSQL: migrations, compare-and-set, the ledger's guards.
+"""The ledger on SQLite and PostgreSQL: migrations, compare-and-set, the ledger's guards.
 
-No Spark here: these tests drive :class:`reconcile.storage.ledger.MetadataStore` directly (mints
+No Spark here: these tests drive :class:`reconcile.storage.ledger.Ledger` directly (mints
 through :func:`reconcile.sink.mint.maybe_mint`, whose rules run inside the ledger's transaction),
 and race threads against it to check that writers of one shard are linearized.
 """
@@ -19,7 +19,7 @@ from sqlalchemy.orm import Session
 from reconcile import errors
 from reconcile.model import COMMITTED, MINTED, OPEN_STATES, SUPERSEDED, CommitRecord
 from reconcile.sink.mint import maybe_mint
-from reconcile.storage.ledger import MetadataStore, current_revision, downgrade, head, make_engine, now, upgrade
+from reconcile.storage.ledger import Ledger, current_revision, downgrade, head, make_engine, now, upgrade
 from reconcile.storage.tables import Base, Batch, Shard
 
 TABLES = {"reconcile_shards", "reconcile_batches"}
@@ -96,7 +96,7 @@ def test_upgrade_downgrade_upgrade(metadata_url):
         assert current_revision(engine) == head()
         assert reconcile_tables(engine) == TABLES
         # the re-created schema works: a store on it needs no migration and can mint
-        s = MetadataStore(metadata_url, auto_migrate=False)
+        s = Ledger(metadata_url, auto_migrate=False)
         desc, why = maybe_mint(s, "again", AS_OF, "run-1", 1, 200)
         assert desc is not None and (desc.lower, desc.upper) == (AS_OF, 200), why
         s.dispose()
@@ -320,7 +320,7 @@ def test_mint_while_another_process_creates_the_shard_row(store):
 def test_unreachable_database_is_metadata_unavailable():
     url = "postgresql+psycopg://nobody:x@127.0.0.1:1/none"
     with pytest.raises(errors.MetadataUnavailable) as info:
-        MetadataStore(url)
+        Ledger(url)
     text = str(info.value)
     assert "postgresql+psycopg://nobody:***@127.0.0.1:1/none" in text
     assert ":x@" not in text

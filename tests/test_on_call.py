@@ -21,7 +21,7 @@ import subprocess
 import pyarrow as pa
 import pytest
 
-from helpers import make_sink, run_batch, shard_as_of, write_json_rows
+from helpers import make_sink, run_stages, shard_as_of, write_json_rows
 from reconcile import cli
 from reconcile.airflow import ui
 from reconcile.log import iso
@@ -44,7 +44,7 @@ def test_a_failure_is_red_until_resolved_and_its_cause_names_the_os_error(
     monkeypatch.setenv("RECONCILE_SINKS_DIR", str(tmp_path))
     cfg = make_sink(tmp_path, f"oncall_fail_{store.engine.dialect.name}")
     write_json_rows(tmp_path / "src", [{"k": 1, "v": "a"}])
-    run_batch(spark, store, cfg, "run-1", 200)
+    run_stages(spark, store, cfg, "run-1", 200)
     write_json_rows(tmp_path / "src", [{"k": 1, "v": "a"}, {"k": 2, "v": "b"}])
     desc = mint.run_mint(store, cfg, "run-2", 1, 300).description
     assert write.run_write(spark, store, cfg, desc.batch_id).outcome == "staged"
@@ -96,7 +96,7 @@ def test_a_superseded_run_that_left_the_shard_behind_names_the_run_to_clear(
     write_json_rows(tmp_path / "src", [{"k": 1, "v": "a"}])
     wide = mint.run_mint(store, cfg, "scheduled__catchup", 1, 400).description
     assert write.run_write(spark, store, cfg, wide.batch_id).outcome == "staged"
-    run_batch(spark, store, cfg, "backfill__day1", 200)  # supersedes the wide batch, commits [100, 200)
+    run_stages(spark, store, cfg, "backfill__day1", 200)  # supersedes the wide batch, commits [100, 200)
     with pytest.raises(DescriptionOutdated):  # what the scheduled run's append met (Airflow: skipped, green)
         commit_for_run(cfg.name, "scheduled__catchup", wide.batch_id)
 
@@ -149,8 +149,8 @@ def test_check_reports_foreign_commits_and_verify_tells_current_from_altered_his
     cfg = make_sink(tmp_path, f"oncall_drift_{store.engine.dialect.name}")
     rows = [{"k": 1, "v": "a"}, {"k": 2, "v": "b"}, {"k": 3, "v": "c"}]
     write_json_rows(tmp_path / "src", rows)
-    run_batch(spark, store, cfg, "run-1", 200)
-    run_batch(spark, store, cfg, "run-2", 300)
+    run_stages(spark, store, cfg, "run-1", 200)
+    run_stages(spark, store, cfg, "run-2", 300)
     _delta_rs_write(cfg)  # a foreign append: version 3
     _delta_rs_write(cfg, predicate="k = 2")  # a foreign delete: version 4 (rewrites a file)
 
@@ -167,9 +167,9 @@ def test_check_reports_foreign_commits_and_verify_tells_current_from_altered_his
     assert deleted["operation"] == "DELETE" and deleted["rows_added"] is not None
     assert deleted["rows_removed"] - deleted["rows_added"] == 1  # one row deleted (the file rewritten)
 
-    run_batch(spark, store, cfg, "run-3", 400)  # repairs the drift
+    run_stages(spark, store, cfg, "run-3", 400)  # repairs the drift
     assert shard_as_of(cfg, 399) == {(r["k"], r["v"], None): 1 for r in rows}
-    repair = store.run_batch(cfg.name, "run-3")
+    repair = store.batch_of_run(cfg.name, "run-3")
     assert cli.main(["check", cfg.name]) == 0
     out = capsys.readouterr().out
     assert out.count(f"repaired at version {repair.delta_version} (batch {repair.batch_id}") == 2, out
@@ -183,7 +183,7 @@ def test_check_reports_foreign_commits_and_verify_tells_current_from_altered_his
     assert cli.main(["check", cfg.name, "--verify"]) == 0
     out = capsys.readouterr().out
     assert "verify: the current state verifies" in out, out
-    assert f"FINDING history altered: batch {store.run_batch(cfg.name, 'run-1').batch_id}" in out, out
+    assert f"FINDING history altered: batch {store.batch_of_run(cfg.name, 'run-1').batch_id}" in out, out
     assert f"repaired at version {repair.delta_version}" in out
     assert "VIOLATION" not in out
     assert cli.main(["check", cfg.name, "--verify", "--strict-history"]) == 1

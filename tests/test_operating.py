@@ -8,7 +8,7 @@ from datetime import UTC, datetime
 
 import pytest
 
-from helpers import make_sink, run_batch, write_json_rows
+from helpers import make_sink, run_stages, write_json_rows
 from reconcile import cli, failpoints
 from reconcile.errors import FailPointHit
 from reconcile.log import iso
@@ -45,7 +45,7 @@ def test_status_shows_causes_iso_times_and_json(spark, warehouse, tmp_path, sqli
     monkeypatch.setenv("RECONCILE_SINKS_DIR", str(tmp_path))
     cfg = make_sink(tmp_path, "ops")
     write_json_rows(tmp_path / "src", [{"k": 1, "v": "a"}])
-    run_batch(spark, sqlite_store, cfg, "run-1", 200)
+    run_stages(spark, sqlite_store, cfg, "run-1", 200)
     failpoints.arm("append.before_delta_commit", "raise")
     try:
         with pytest.raises(FailPointHit):

@@ -41,13 +41,13 @@ def _need_browser():
 def pages(airflow_db, tmp_path_factory):
     """An api-server over a ledger written directly (no Spark): sink ``orders`` with three
     committed hourly batches (one repaired drift) and a failed fourth."""
-    from reconcile.storage.ledger import MetadataStore
+    from reconcile.storage.ledger import Ledger
     from reconcile.storage.tables import Batch, Shard
 
     tmp = tmp_path_factory.mktemp("browser")
     url = f"sqlite:///{tmp / 'meta.db'}"
     cfg = make_sink(tmp, "orders", schedule="@hourly")
-    store = MetadataStore(url)
+    store = Ledger(url)
     at = datetime(2026, 1, 1, tzinfo=UTC)
     with store.tx() as s:
         s.add(Shard(**{**Shard.initial(cfg.name, T0, at=at), "upper": T0 + 3 * HOUR, "delta_version": 3}))

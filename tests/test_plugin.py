@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import api_server, make_sink, run_batch, write_json_rows
+from helpers import api_server, make_sink, run_stages, write_json_rows
 
 ROOT = Path(__file__).resolve().parents[1]
 PASSWORD = "reconcile-test-pw"
@@ -50,7 +50,7 @@ def shard_pages(airflow_db, spark, tmp_path_factory):
     from reconcile.errors import FailPointHit
     from reconcile.storage import frames
     from reconcile.storage.delta import ShardTable
-    from reconcile.storage.ledger import MetadataStore
+    from reconcile.storage.ledger import Ledger
 
     tmp = tmp_path_factory.mktemp("pages")
     url = f"sqlite:///{tmp / 'meta.db'}"
@@ -58,15 +58,15 @@ def shard_pages(airflow_db, spark, tmp_path_factory):
     saved = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
     try:
-        store = MetadataStore(url)
+        store = Ledger(url)
         cfg = make_sink(tmp, "paged", schedule="@hourly", alert={"lag_minutes": 5})
         make_sink(tmp, "fresh")  # valid, never run: no shard yet
         (tmp / "broken.yaml").write_text("kind: nope\n")
         write_json_rows(tmp / "src", [{"k": 1, "v": "a"}, {"k": 2, "v": "b"}])
-        run_batch(spark, store, cfg, "scheduled__2026-01-01T01:00:00+00:00", 200)
+        run_stages(spark, store, cfg, "scheduled__2026-01-01T01:00:00+00:00", 200)
         foreign = spark.createDataFrame([(9, "zz", 150, 1, None)], frames.schema(cfg))
         foreign.write.format("delta").mode("append").save(ShardTable(cfg).path)  # drift, behind the sink's back
-        run_batch(spark, store, cfg, "scheduled__2026-01-01T02:00:00+00:00", 300)
+        run_stages(spark, store, cfg, "scheduled__2026-01-01T02:00:00+00:00", 300)
         failpoints.arm("append.before_delta_commit", "raise")
         try:
             from reconcile.airflow.tasks import commit_for_run

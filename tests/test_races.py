@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import make_sink, run_batch, shard_as_of, write_json_rows
+from helpers import make_sink, run_stages, shard_as_of, write_json_rows
 from reconcile.model import Outcome
 from reconcile.sink import check
 from reconcile.storage import files
@@ -99,7 +99,7 @@ def race_runs(spark, tmp_path, store, monkeypatch, racers: int, remote: str | No
     assert checked.returncode == 0, checked.stdout + checked.stderr[-2000:]
     assert "0 invariant violation(s)" in checked.stdout, checked.stdout
     # One more run settles whatever the race left; then everything agrees with the model.
-    run_batch(spark, store, cfg, "settle", 500)
+    run_stages(spark, store, cfg, "settle", 500)
     assert shard_as_of(cfg, 499) == Counter({(1, "a", None): 1, (2, "b", None): 2})
     assert check.violations(store, cfg, spark=spark) == []
 
@@ -130,7 +130,7 @@ def test_racing_processes_on_an_upsert_sink_apply_every_command_once(
     env = _env(connect_url)
     for r in _racers(cfg, [300, 300, 400], env):
         assert r.returncode in (0, 3), f"racer crashed: {r.returncode}\n{r.stdout[-1500:]}\n{_causes(r.stderr)}"
-    run_batch(spark, store, cfg, "settle", 500)
+    run_stages(spark, store, cfg, "settle", 500)
     commits = batch_commits(ShardTable(cfg).history_since(-1)[1])
     assert len({c.lower for c in commits}) == len(commits)
     # Whichever racer won each lower, every command was applied once, in time order.
@@ -345,7 +345,7 @@ def test_a_committed_batch_that_differs_from_its_manifest_is_reported(
     cfg = _query_sink(tmp_path, "union", ROWS)
     desc = mint.run_mint(store, cfg, "sched__1", 1, 300).description
     assert write.run_write(spark, store, cfg, desc.batch_id).outcome == "staged"
-    real = append.verify_staged
+    real = append.inspect_staged
 
     def union(*args):  # every staged file twice: a second attempt's copy beside the first's
         files = real(*args)
@@ -357,7 +357,7 @@ def test_a_committed_batch_that_differs_from_its_manifest_is_reported(
             copies.append((copy, size, stats))
         return files + copies
 
-    monkeypatch.setattr(append, "verify_staged", union)
+    monkeypatch.setattr(append, "inspect_staged", union)
     with pytest.raises(InconsistentState) as info:
         append.run_append(store, cfg, desc.batch_id)
     text = str(info.value)
@@ -365,10 +365,10 @@ def test_a_committed_batch_that_differs_from_its_manifest_is_reported(
     assert shard_as_of(cfg, 299) == MODEL + MODEL  # committed twice over: the broken promise
     problems = check.violations(store, cfg, spark=spark)
     assert len(problems) >= 1 and all(desc.batch_id in p and "the manifest says" in p for p in problems), problems
-    monkeypatch.setattr(append, "verify_staged", real)
+    monkeypatch.setattr(append, "inspect_staged", real)
     # the next batch repairs the contents; the broken batch stays reported (the log keeps it)
-    from helpers import run_batch
+    from helpers import run_stages
 
-    run_batch(spark, store, cfg, "sched__2", 400)
+    run_stages(spark, store, cfg, "sched__2", 400)
     assert shard_as_of(cfg, 399) == MODEL
     assert [p for p in check.violations(store, cfg, spark=spark) if desc.batch_id not in p] == []

@@ -19,7 +19,7 @@ from helpers import (
     changelog_model,
     make_sink,
     model_kv,
-    run_batch,
+    run_stages,
     shard_as_of,
     write_json_rows,
 )
@@ -91,7 +91,7 @@ def test_query_sink_before_and_after_compaction(spark, warehouse, tmp_path, sqli
     ]
     for i, (frontier, rows) in enumerate(runs):
         write_json_rows(tmp_path / "src", rows)
-        run_batch(spark, sqlite_store, cfg, f"run-{i}", frontier)
+        run_stages(spark, sqlite_store, cfg, f"run-{i}", frontier)
     for frontier, rows in runs:
         assert same_everywhere(spark, cfg, frontier - 1) == model_kv(rows)
     run_compact(spark, sqlite_store, cfg, since=299)
@@ -106,7 +106,7 @@ def test_changelog_sink_everywhere(spark, warehouse, tmp_path, sqlite_store):
     for i, (frontier, new) in enumerate(CHANGELOG_NEW):
         source += new
         write_json_rows(tmp_path / "log", source)
-        run_batch(spark, sqlite_store, cfg, f"run-{i}", frontier)
+        run_stages(spark, sqlite_store, cfg, f"run-{i}", frontier)
     for t in (150, 199, 250, 299, 399):
         assert same_everywhere(spark, cfg, t) == changelog_model(CHANGELOG_NEW, t), t
 
@@ -118,11 +118,11 @@ def test_upsert_sink_before_and_after_compaction(spark, warehouse, tmp_path, sql
     model = UpsertModel()
     feed = [cmd(1, "a", 110, 1), cmd(2, "b", 120, 2), cmd(1, None, 150, 3), cmd(3, "c", 180, 4)]
     feed_rows(tmp_path, feed)
-    run_batch(spark, sqlite_store, cfg, "r1", 200)
+    run_stages(spark, sqlite_store, cfg, "r1", 200)
     model.batch(feed, 100, 200)
     feed += [cmd(1, "again", 210, 5), cmd(2, "b2", 250, 6), cmd(3, None, 260, 7)]
     feed_rows(tmp_path, feed)
-    run_batch(spark, sqlite_store, cfg, "r2", 300)
+    run_stages(spark, sqlite_store, cfg, "r2", 300)
     model.batch(feed, 200, 300)
     for t in (115, 150, 199, 220, 299):
         assert ok_rows(same_everywhere(spark, cfg, t)) == model.as_of(t), t
@@ -170,7 +170,7 @@ def test_extreme_values_read_the_same_in_duckdb_and_polars(spark, warehouse, tmp
         {"k": 3, "at": None, "day": None, "amount": None, "s": None, "ok": None, "x": None},
     ]
     write_json_rows(tmp_path / "src", rows)
-    run_batch(spark, sqlite_store, cfg, "run-1", 200)
+    run_stages(spark, sqlite_store, cfg, "run-1", 200)
 
     def norm(at):
         return None if at is None else (at if at.tzinfo else at.replace(tzinfo=UTC)).astimezone(UTC)
@@ -204,10 +204,10 @@ def test_a_write_by_delta_rs_is_drift_the_next_batch_repairs(spark, warehouse, t
     cfg = make_sink(tmp_path, f"rw_{mode}")
     rows = [{"k": 1, "v": "a"}, {"k": 2, "v": "b"}]
     write_json_rows(tmp_path / "src", rows)
-    run_batch(spark, sqlite_store, cfg, "run-1", 200)
+    run_stages(spark, sqlite_store, cfg, "run-1", 200)
     foreign = arrow_updates([{"k": 7, "v": "zz", "t": 150}])
     write_deltalake(ShardTable(cfg).path, foreign, mode=mode)  # behind the sink's back
-    _, w, a = run_batch(spark, sqlite_store, cfg, "run-2", 300)
+    _, w, a = run_stages(spark, sqlite_store, cfg, "run-2", 300)
     assert a.outcome == "committed", a.message
     assert w.drift_rows == (1 if mode == "append" else 3)  # an overwrite also removed the 2 rows
     assert same_everywhere(spark, cfg, 299) == model_kv(rows)
@@ -225,7 +225,7 @@ def test_the_write_reads_the_shard_through_delta_once_a_reader_feature_needs_it(
 
     cfg = make_sink(tmp_path, f"read_{feature}")
     write_json_rows(tmp_path / "src", [{"k": k, "v": f"v{k}"} for k in range(6)])
-    run_batch(spark, sqlite_store, cfg, "run-1", 200)
+    run_stages(spark, sqlite_store, cfg, "run-1", 200)
     assert len(ShardTable(cfg).plain_files()) >= 1
     path = ShardTable(cfg).path
     if feature == "deletion_vectors":

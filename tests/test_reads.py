@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import AS_OF, make_sink, run_batch, write_json_rows
+from helpers import AS_OF, make_sink, run_stages, write_json_rows
 from history_model import changelog_shard, model_diff, model_versions, numbered_per_key, query_shard, upsert_shard
 from reconcile import cli, report
 from reconcile.log import iso
@@ -111,7 +111,7 @@ def test_a_time_inside_a_query_batch_before_its_stamp_is_explained(
     cfg = make_sink(tmp_path, "stamped")
     for i, rows in enumerate(([{"k": 1, "v": "a"}], [{"k": 1, "v": "a"}, {"k": 2, "v": "b"}])):
         write_json_rows(tmp_path / "src", rows)
-        run_batch(spark, sqlite_store, cfg, f"run-{i}", 200 + 100 * i)
+        run_stages(spark, sqlite_store, cfg, f"run-{i}", 200 + 100 * i)
     capsys.readouterr()
     assert cli.main(["diff", cfg.name, "--from", "199", "--to", iso(250).split(" ")[0]]) == 0
     out = capsys.readouterr().out
@@ -138,7 +138,7 @@ def test_a_deletion_vector_is_read_through_delta_rs(spark, warehouse, tmp_path, 
 
     cfg = make_sink(tmp_path, "dv")
     write_json_rows(tmp_path / "src", [{"k": k, "v": f"v{k}"} for k in range(6)])
-    run_batch(spark, sqlite_store, cfg, "run-1", 200)
+    run_stages(spark, sqlite_store, cfg, "run-1", 200)
     path = ShardTable(cfg).path
     spark.sql(f"ALTER TABLE delta.`{path}` SET TBLPROPERTIES ('delta.enableDeletionVectors' = 'true')")
     spark.sql(f"DELETE FROM delta.`{path}` WHERE k = 3")
@@ -169,7 +169,7 @@ def cli_env(spark, warehouse, tmp_path, sqlite_store, sqlite_url):
     cfg = make_sink(tmp_path, "plain", schedule="@daily")
     for i, rows in enumerate(([{"k": 1, "v": "a"}, {"k": None, "v": "x"}], [{"k": 2, "v": "b"}])):
         write_json_rows(tmp_path / "src", rows)
-        run_batch(spark, sqlite_store, cfg, f"run-{i}", 200 + 100 * i)
+        run_stages(spark, sqlite_store, cfg, f"run-{i}", 200 + 100 * i)
     env = {
         "RECONCILE_SINKS_DIR": str(tmp_path),
         "RECONCILE_WAREHOUSE": str(warehouse),

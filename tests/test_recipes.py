@@ -118,7 +118,7 @@ def local_airflow(tmp_path):
 def test_operating_recipes_run_verbatim(local_airflow, spark, monkeypatch):
     from reconcile.config import load_file
     from reconcile.sink import check
-    from reconcile.storage.ledger import MetadataStore
+    from reconcile.storage.ledger import Ledger
 
     env, home = local_airflow
     orders = [{"customer": c, "amount": a} for c, a in [("ann", 10.5), ("bob", 3), ("ann", 1.25), ("cy", 7)]]
@@ -143,7 +143,7 @@ def test_operating_recipes_run_verbatim(local_airflow, spark, monkeypatch):
     monkeypatch.setenv("RECONCILE_HOME", str(home))
     monkeypatch.setenv("RECONCILE_WAREHOUSE", str(home / "warehouse"))
     cfg = load_file(ROOT / "include" / "sinks" / "demo_orders.yaml")
-    store = MetadataStore(f"sqlite:///{home / 'metadata.db'}")
+    store = Ledger(f"sqlite:///{home / 'metadata.db'}")
     shard = store.get_shard("demo_orders")
     assert shard_as_of(cfg, shard.upper - 1) == _model(orders)
     assert check.violations(store, cfg) == []

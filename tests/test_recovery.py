@@ -1,4 +1,4 @@
-"""The metadata database is rebuildable from the Delta log (issue 17.5), on SQLite and PostgreSQL.
+"""The ledger database is rebuildable from the Delta log (issue 17.5), on SQLite and PostgreSQL.
 
 - **lost** (the SQLite file deleted, the PostgreSQL schema dropped): ``check`` and the next run
   rebuild the shard row and every committed batch from the log, ``since`` from the compaction
@@ -26,7 +26,7 @@ import pytest
 from deltalake import DeltaTable
 from sqlalchemy import create_engine, delete, insert, select, text
 
-from helpers import make_sink, model_kv, run_batch, write_json_rows
+from helpers import make_sink, model_kv, run_stages, write_json_rows
 from reconcile import cli
 from reconcile.errors import MetadataAheadOfLog, SinkError
 from reconcile.model import COMMITTED, SUPERSEDED
@@ -35,7 +35,7 @@ from reconcile.sink.sync import sync
 from reconcile.storage import files
 from reconcile.storage.commits import batch_commits
 from reconcile.storage.delta import ShardTable
-from reconcile.storage.ledger import MetadataStore
+from reconcile.storage.ledger import Ledger
 from reconcile.storage.tables import Batch, Shard
 
 
@@ -90,7 +90,7 @@ def _sink(tmp_path, monkeypatch, name):
 def _batch(spark, store, cfg, tmp_path, run_id: str, upper: int, version: int, history: list) -> None:
     rows = _rows(version)
     write_json_rows(tmp_path / "src", rows)
-    _, _, a = run_batch(spark, store, cfg, run_id, upper)
+    _, _, a = run_stages(spark, store, cfg, run_id, upper)
     assert a is not None and a.outcome == "committed", a
     history.append((upper, rows))
 
@@ -99,7 +99,7 @@ def _batch(spark, store, cfg, tmp_path, run_id: str, upper: int, version: int, h
 
 
 def _lose(url: str) -> None:
-    """The metadata database is gone: the SQLite file deleted, the PostgreSQL schema dropped
+    """The ledger database is gone: the SQLite file deleted, the PostgreSQL schema dropped
     (and provisioned again empty, as a replacement database would be)."""
     if url.startswith("sqlite"):
         path = Path(url.removeprefix("sqlite:///"))
@@ -154,11 +154,11 @@ def reopen(request):
     """``reopen(store, url, change)``: close every connection to the ledger, ``change`` it
     (lose it, restore a backup), and open the store the next process would."""
 
-    def call(store: MetadataStore, url: str, change) -> MetadataStore:
+    def call(store: Ledger, url: str, change) -> Ledger:
         store.dispose()
         gc.collect()  # stores the CLI opened: no SQLite connection may outlive the file it opened
         change()
-        new = MetadataStore(url)
+        new = Ledger(url)
         request.addfinalizer(new.dispose)
         return new
 
@@ -199,7 +199,7 @@ def test_a_lost_database_is_rebuilt_by_check_and_by_the_next_run(
     versions = ShardTable(cfg).log_versions()
     rows = _rows(4)
     write_json_rows(tmp_path / "src", rows)
-    m, w, a = run_batch(spark, store, cfg, "run-4", 500)
+    m, w, a = run_stages(spark, store, cfg, "run-4", 500)
     assert m.description is not None and (m.description.lower, m.description.upper) == (400, 500), m.message
     assert w is not None and w.outcome == "staged" and a is not None and a.outcome == "committed", a
     assert ShardTable(cfg).log_versions() == versions + [versions[-1] + 1]  # one new version: run-4's batch
@@ -239,7 +239,7 @@ def test_a_lost_database_is_rebuilt_by_check_and_by_the_next_run(
     assert rc == 2 and err.count("\n") == 1, err
     assert "cannot rebuild the shard's metadata" in err and "last committed lower is" in err, err
     with pytest.raises(SinkError, match="cannot rebuild"):
-        run_batch(spark, store, cfg, "run-6", 700)
+        run_stages(spark, store, cfg, "run-6", 700)
     assert _log_batches(cfg) == []  # nothing was written
 
 
@@ -307,7 +307,7 @@ def test_a_delta_table_restored_from_an_older_copy_is_refused_until_recovered(
     shutil.copytree(table, tmp_path / "table-copy")  # the table's backup, at upper 300
     _batch(spark, store, cfg, tmp_path, "run-3", 400, 3, history)
     ledger_version = store.get_shard(cfg.name).delta_version
-    run3 = store.run_batch(cfg.name, "run-3")
+    run3 = store.batch_of_run(cfg.name, "run-3")
     assert run3 is not None
 
     shutil.rmtree(table)
@@ -318,7 +318,7 @@ def test_a_delta_table_restored_from_an_older_copy_is_refused_until_recovered(
     # the next run refuses before writing anything, in one line that says what to do
     write_json_rows(tmp_path / "src", _rows(5))
     with pytest.raises(MetadataAheadOfLog) as info:
-        run_batch(spark, store, cfg, "run-5", 500)
+        run_stages(spark, store, cfg, "run-5", 500)
     msg = str(info.value)
     assert "\n" not in msg
     assert "upper=1970-01-01T00:00:00.400Z (400)" in msg and f"Delta version {run3.delta_version}" in msg, msg
@@ -355,7 +355,7 @@ def test_a_delta_table_restored_from_an_older_copy_is_refused_until_recovered(
 
     # the next run recomputes the shard from the log's upper: [300, 500) in one batch
     history = history[:2]
-    m, _, a = run_batch(spark, store, cfg, "run-5", 500)
+    m, _, a = run_stages(spark, store, cfg, "run-5", 500)
     assert (m.description.lower, m.description.upper) == (300, 500) and a.outcome == "committed", a
     history.append((500, _rows(5)))
     assert [lo for _, lo, _, _ in _log_batches(cfg)] == [100, 200, 300]

@@ -53,7 +53,7 @@ def airflow_services(tmp_path_factory, connect_url):
     server (a ``spark_connect`` connection: the production shape of many small sinks;
     spark-submit under Airflow is covered by tests/test_airflow.py and tests/test_cluster.py).
     Every sink of the module is in place before the services start."""
-    from reconcile.storage.ledger import MetadataStore
+    from reconcile.storage.ledger import Ledger
 
     postgres = os.environ.get("RECONCILE_TEST_POSTGRES_URL")
     if not postgres:
@@ -77,7 +77,7 @@ def airflow_services(tmp_path_factory, connect_url):
             "AIRFLOW_CONN_SPARK_DEFAULT": json.dumps({"conn_type": "spark_connect", "host": host, "port": int(port)}),
         },
     )
-    store = MetadataStore(stack.env["RECONCILE_METADATA_URL"])
+    store = Ledger(stack.env["RECONCILE_METADATA_URL"])
     for name in READ_ONLY_AT_START:
         store.ensure_shard(name, AS_OF)
         store.set_read_only(name, True)
@@ -169,10 +169,10 @@ def _done(runs, prefix: str, n: int) -> bool:
 def test_scheduler_runs_and_backfills_in_order(services):
     from reconcile.config import load_file
     from reconcile.storage.delta import ShardTable
-    from reconcile.storage.ledger import MetadataStore
+    from reconcile.storage.ledger import Ledger
 
     env, sinks = services.env, services.sinks
-    store = MetadataStore(env["RECONCILE_METADATA_URL"])
+    store = Ledger(env["RECONCILE_METADATA_URL"])
     for dag_id in ("sched_covered", "sched_catchup"):
         _wait(env, dag_id, lambda runs: _done(runs, "scheduled__", 1), "the scheduled run")
     store.set_read_only("sched_catchup", False)
@@ -290,10 +290,10 @@ def test_every_remedy_printed_for_a_failed_append_works_as_printed(services):
     is cleared by its failed state or appended by run id without Airflow. Each command runs as
     printed once the cause is fixed; the task ends green, its batch committed once, the shard
     equal to the model of the source."""
-    from reconcile.storage.ledger import MetadataStore
+    from reconcile.storage.ledger import Ledger
 
     env, stack = services.env, services.stack
-    store = MetadataStore(env["RECONCILE_METADATA_URL"])
+    store = Ledger(env["RECONCILE_METADATA_URL"])
     # a manual run fails beside the scheduled run of rem_dated (once the DAG is parsed)
     _until("a manual run of rem_manual", lambda: stack.airflow("dags", "trigger", "rem_manual").returncode == 0)
     dated, printed, cfg = _failed_append(services, "rem_dated", "scheduled__")
@@ -304,10 +304,10 @@ def test_every_remedy_printed_for_a_failed_append_works_as_printed(services):
     ], printed
     status = _as_printed(services, "python -m reconcile status rem_dated").stdout
     assert printed[0] in status, status  # status names the same command
-    assert store.run_batch("rem_dated", dated).state != "committed"
+    assert store.batch_of_run("rem_dated", dated).state != "committed"
     _as_printed(services, printed[0])
     _until("the cleared append", lambda: _state(services, "rem_dated", dated, "append") == "success")
-    batch = store.run_batch("rem_dated", dated)
+    batch = store.batch_of_run("rem_dated", dated)
     assert (batch.state, batch.lower) == ("committed", AS_OF)
     assert _committed_in_delta_log(cfg, batch.batch_id) == batch.delta_version
     assert shard_as_of(cfg, batch.upper - 1) == model_kv(ROWS)
@@ -320,13 +320,13 @@ def test_every_remedy_printed_for_a_failed_append_works_as_printed(services):
         f"python -m reconcile append rem_manual --run-id {manual}",
     ], printed
     _as_printed(services, printed[1])  # exactly this run, without Airflow
-    batch = store.run_batch("rem_manual", manual)
+    batch = store.batch_of_run("rem_manual", manual)
     assert batch.state == "committed" and _state(services, "rem_manual", manual, "append") == "failed"
     assert _committed_in_delta_log(cfg, batch.batch_id) == batch.delta_version
     assert shard_as_of(cfg, batch.upper - 1) == model_kv(ROWS)
     _as_printed(services, printed[0])  # and Airflow's task, by its failed state
     _until("the cleared append", lambda: _state(services, "rem_manual", manual, "append") == "success")
-    assert store.run_batch("rem_manual", manual).delta_version == batch.delta_version  # committed once
+    assert store.batch_of_run("rem_manual", manual).delta_version == batch.delta_version  # committed once
     assert _committed_in_delta_log(cfg, batch.batch_id) == batch.delta_version
     _until("the run's end", lambda: (stack.dag_run("rem_manual", manual) or {}).get("state") == "success")
     store.dispose()

@@ -2,7 +2,7 @@
 
 Every expectation is computed independently in plain Python (``helpers.model_query``, Counters
 over the source rows); the shard is read back with delta-rs (the Delta table's update log) and
-its ledger with the metadata store. Data is tiny: the point is the protocol, not Spark.
+its ledger with the ledger. Data is tiny: the point is the protocol, not Spark.
 
 Times: the sinks use ``as_of = 100`` (``helpers.make_sink``'s default) and run frontiers
 200, 300, ... so that batch ``i`` covers ``[F_{i-1}, F_i)``.
@@ -27,7 +27,7 @@ from helpers import (
     make_sink,
     model_query,
     normalize_errors,
-    run_batch,
+    run_stages,
     update_log,
     write_json_rows,
 )
@@ -38,7 +38,7 @@ from reconcile.model import COMMITTED, MINTED, STAGED, SUPERSEDED
 from reconcile.sink import append, check, mint, write
 from reconcile.storage import files, frames
 from reconcile.storage.delta import ShardTable
-from reconcile.storage.ledger import MetadataStore
+from reconcile.storage.ledger import Ledger
 
 # --- reading the shard back (plain Spark/Python, not the code under test) ---------------------
 
@@ -158,7 +158,7 @@ def test_drift_is_repaired_and_an_unchanged_source_appends_an_empty_batch(spark,
 
     # a run without tampering and with an unchanged source: no drift, no data, the upper advances
     versions_before = ShardTable(cfg).latest_version()
-    m, w, a = run_batch(spark, store, cfg, "run-3", 400)
+    m, w, a = run_stages(spark, store, cfg, "run-3", 400)
     assert (m.description.lower, m.description.upper) == (300, 400)
     assert (w.outcome, w.rows_ok, w.rows_err, w.drift_rows) == ("staged", 0, 0, 0)
     assert a.outcome == "committed", a.message
@@ -237,7 +237,7 @@ def test_a_guarded_commit_without_batch_metadata_is_reported_and_never_doubled(
     found = check.violations(store, cfg, spark=spark)
     assert len(found) == 1 and "carries the sink's commit guard (txnVersion 200)" in found[0], found
     with pytest.raises(InconsistentState, match="Delta skipped the commit") as err:
-        run_batch(spark, store, cfg, "run-2", 300)
+        run_stages(spark, store, cfg, "run-2", 300)
     assert "reconcile check unstamped" in err.value.remedy
     assert store.get_shard(cfg.name).upper == 200
     assert [m["op"] for _, m in ShardTable(cfg).history_since(-1)[1] if m] == ["maintenance", "batch"]
@@ -474,10 +474,10 @@ def test_a_narrower_winner_of_an_unscheduled_sink_asks_for_the_run_to_be_cleared
 def test_crash_after_delta_commit_is_recovered(spark, warehouse, tmp_path, monkeypatch, request, kind, metadata):
     if metadata == "sqlite":
         store = request.getfixturevalue("sqlite_store")
-    else:  # the same end-to-end run with the metadata table on PostgreSQL
+    else:  # the same end-to-end run with the ledger on PostgreSQL
         url = request.getfixturevalue("pg_url")
         monkeypatch.setenv("RECONCILE_METADATA_URL", url)
-        store = MetadataStore(url)
+        store = Ledger(url)
         request.addfinalizer(store.dispose)
     cfg = make_sink(tmp_path, "crashy")
     rows1 = [{"k": 1, "v": "a"}, {"k": 2, "v": "b"}]
@@ -552,9 +552,9 @@ def test_read_as_of_splits_ok_rows_and_errors(spark, warehouse, tmp_path, sqlite
 
     cfg = make_sink(tmp_path, "reader")
     write_json_rows(tmp_path / "src", [{"k": 1, "v": "a"}, {"k": 1, "v": "a"}, {"k": None, "v": "x"}])
-    run_batch(spark, sqlite_store, cfg, "run-1", 200)
+    run_stages(spark, sqlite_store, cfg, "run-1", 200)
     write_json_rows(tmp_path / "src", [{"k": 2, "v": "b"}])
-    run_batch(spark, sqlite_store, cfg, "run-2", 300)
+    run_stages(spark, sqlite_store, cfg, "run-2", 300)
     ok, errs = read_as_of(spark, ShardTable(cfg), 199)
     assert sorted(tuple(r) for r in ok.collect()) == [(1, "a", 2)]
     assert [r["_count"] for r in errs.collect()] == [1] and "'k'" in errs.first()["_error"]

@@ -37,7 +37,7 @@ from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
 from pyspark.sql import functions as F
 
-from helpers import assert_one_line, make_sink, run_batch, snapshot
+from helpers import assert_one_line, make_sink, run_stages, snapshot
 from reconcile import cli
 from reconcile.errors import SourceError
 from reconcile.kinds import changelog, decode, query, upsert
@@ -810,7 +810,7 @@ def test_a_batch_commits_every_row_or_nothing(spark, warehouse, tmp_path, sqlite
     before = snapshot(spark, sqlite_store, cfg)
     bad = first_refused(case)
     try:
-        _, w, a = run_batch(spark, sqlite_store, cfg, "run-1", 200)
+        _, w, a = run_stages(spark, sqlite_store, cfg, "run-1", 200)
     except SourceError as exc:
         assert bad is not None, str(exc)
         assert_refusal(exc, cfg, case, bad)

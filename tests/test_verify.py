@@ -21,7 +21,7 @@ from helpers import (
     changelog_model,
     make_sink,
     model_query,
-    run_batch,
+    run_stages,
     shard_as_of,
     write_json_rows,
 )
@@ -84,7 +84,7 @@ def test_query_batches_verify_and_a_foreign_edit_is_reported(
     cfg = make_sink(tmp_path, "vq")
     rows1 = [{"k": 1, "v": "a"}, {"k": 2, "v": "b"}, {"k": 2, "v": "b"}, {"k": None, "v": "bad"}]
     write_json_rows(tmp_path / "src", rows1)
-    m1, _, a1 = run_batch(spark, store, cfg, "run-1", 200)
+    m1, _, a1 = run_stages(spark, store, cfg, "run-1", 200)
     assert a1.outcome == "committed", a1.message
     assert_self_checked(store, cfg)
 
@@ -99,12 +99,14 @@ def test_query_batches_verify_and_a_foreign_edit_is_reported(
     assert len(violations) == 1, out
     assert f"batch {m1.description.batch_id} " in violations[0] and f"Delta version 1's partition {p}:" in violations[0]
     assert "the shard as of 1970-01-01" in violations[0] and "the batch recorded" in violations[0]
-    assert f"the current state does NOT verify; 1 batch(es) (3 partitions) checked against Delta version {version}" in out
+    assert (
+        f"the current state does NOT verify; 1 batch(es) (3 partitions) checked against Delta version {version}" in out
+    )
 
     # the next batch repairs the shard as usual; its own checksums hold, batch 1's history stays edited
     rows2 = [{"k": 1, "v": "a"}, {"k": 3, "v": "c"}]
     write_json_rows(tmp_path / "src", rows2)
-    m2, w2, a2 = run_batch(spark, store, cfg, "run-2", 300)
+    m2, w2, a2 = run_stages(spark, store, cfg, "run-2", 300)
     assert a2.outcome == "committed" and w2.drift_rows == 1, a2.message
     assert shard_as_of(cfg, 299) == model_query(rows2, cfg)
     lines, counts = verify(store, cfg, spark)
@@ -123,7 +125,7 @@ def test_changelog_batches_verify_before_and_after_compaction(spark, warehouse, 
         write_json_rows(tmp_path / "log", source)
         # the first batch without checksums (self-checks off): not verifiable, still checked by rows
         monkeypatch.setattr(checksums, "ENABLED", i > 0)
-        _, _, a = run_batch(spark, store, cfg, f"run-{i}", frontier)
+        _, _, a = run_stages(spark, store, cfg, f"run-{i}", frontier)
         assert a.outcome == "committed", a.message
     assert_self_checked(store, cfg, skip=1)
 
@@ -152,7 +154,7 @@ def test_upsert_batches_verify_and_a_tampered_key_is_reported(spark, warehouse, 
     model = UpsertModel()
     feed = [cmd(1, "a", 150, 1), cmd(2, "b", 160, 2), cmd(1, "a2", 170, 3), cmd(None, "x", 180, 4)]
     feed_rows(tmp_path, feed)
-    m1, _, _ = run_batch(spark, store, cfg, "r1", 200)
+    m1, _, _ = run_stages(spark, store, cfg, "r1", 200)
     model.batch(feed, 100, 200)
 
     foreign_update(cfg, 1, "rogue", 190, 1)  # key 1 gets a second value inside batch 1
@@ -163,12 +165,12 @@ def test_upsert_batches_verify_and_a_tampered_key_is_reported(spark, warehouse, 
     # updates, a delete, a key touched twice, a late command; key 1's next command repairs it
     feed += [cmd(1, "a3", 210, 5), cmd(2, None, 220, 6), cmd(3, "c", 230, 7), cmd(3, "c2", 240, 8), cmd(4, "d", 120, 9)]
     feed_rows(tmp_path, feed)
-    _, _, a = run_batch(spark, store, cfg, "r2", 300)
+    _, _, a = run_stages(spark, store, cfg, "r2", 300)
     assert a.outcome == "committed", a.message
     model.batch(feed, 200, 300)
     assert ok_rows(shard_as_of(cfg, 299)) == model.as_of(299)
     # a batch without commands (nothing touched: the semi-join reads nothing of the shard)
-    _, _, a = run_batch(spark, store, cfg, "r3", 400)
+    _, _, a = run_stages(spark, store, cfg, "r3", 400)
     assert a.outcome == "committed", a.message
     lines, counts = verify(store, cfg, spark)
     assert len(lines) == 1 and m1.description.batch_id in lines[0] and counts["verified"] == 3, lines
@@ -180,7 +182,7 @@ def test_an_empty_batch_of_an_empty_shard_checks_itself(spark, warehouse, tmp_pa
     query = {"sources": {"src": {"format": "json", "path": "src"}}, "sql": "SELECT k, v FROM src WHERE k < 0"}
     cfg = make_sink(tmp_path, "vempty", query=query)
     write_json_rows(tmp_path / "src", [{"k": 1, "v": "a"}])
-    _, w, a = run_batch(spark, sqlite_store, cfg, "run-1", 200)
+    _, w, a = run_stages(spark, sqlite_store, cfg, "run-1", 200)
     assert (w.rows_ok, a.outcome) == (0, "committed"), a.message
     parts = json.loads(sqlite_store.get_batch(w.batch_id).manifest)["parts"]
     assert {part["shard_checksum"] for part in parts.values()} == {"0" * 16}
@@ -212,7 +214,7 @@ def test_checksums_that_cannot_be_summed_exactly_are_left_unrecorded_not_wrong(
         source += new
         write_json_rows(tmp_path / "log", source)
         with caplog.at_level("WARNING", logger="reconcile.write"):
-            _, w, a = run_batch(spark, store, cfg, f"run-{i}", frontier)
+            _, w, a = run_stages(spark, store, cfg, f"run-{i}", frontier)
         assert a.outcome == "committed", a.message
         assert "cannot be summed exactly" in caplog.text
         caplog.clear()
@@ -239,7 +241,7 @@ def test_a_correction_that_does_not_add_up_fails_the_batch(spark, warehouse, tmp
     cfg = make_sink(tmp_path, "vbug")
     rows1 = [{"k": 1, "v": "a"}, {"k": 2, "v": "b"}]
     write_json_rows(tmp_path / "src", rows1)
-    run_batch(spark, store, cfg, "run-1", 200)
+    run_stages(spark, store, cfg, "run-1", 200)
     rows2 = [{"k": 1, "v": "a2"}, {"k": 2, "v": "b"}]
     write_json_rows(tmp_path / "src", rows2)
     desc = mint.run_mint(store, cfg, "run-2", 1, 300).description
@@ -279,7 +281,7 @@ def test_the_shard_side_is_carried_from_the_previous_batch(spark, warehouse, tmp
 
     monkeypatch.setattr(checksums.BatchChecks, "observe_hashed", spy)
     write_json_rows(tmp_path / "src", [{"k": 1, "v": "a"}, {"k": 2, "v": "b"}])
-    run_batch(spark, store, cfg, "run-1", 200)
+    run_stages(spark, store, cfg, "run-1", 200)
     assert seen == ["desired", "persist"]  # the first batch has nothing to carry
 
     def recorded(upper: int) -> dict[int, int]:
@@ -291,7 +293,7 @@ def test_the_shard_side_is_carried_from_the_previous_batch(spark, warehouse, tmp
     rows = [{"k": 1, "v": "a2"}, {"k": 3, "v": "c"}]
     write_json_rows(tmp_path / "src", rows)
     seen.clear()
-    _, w, a = run_batch(spark, store, cfg, "run-2", 300)
+    _, w, a = run_stages(spark, store, cfg, "run-2", 300)
     assert a.outcome == "committed" and seen == ["desired"], (a.message, seen)
     assert shard_as_of(cfg, 299) == model_query(rows, cfg)
 
@@ -299,14 +301,14 @@ def test_the_shard_side_is_carried_from_the_previous_batch(spark, warehouse, tmp
     assert compact.run_compact(spark, store, cfg, since=299, vacuum_files=False).outcome == "compacted"
     assert write.carried_checksums(store, ShardTable(cfg), 300, ShardTable(cfg).latest_version()) == recorded(300)
     seen.clear()
-    assert run_batch(spark, store, cfg, "run-3", 400)[2].outcome == "committed"
+    assert run_stages(spark, store, cfg, "run-3", 400)[2].outcome == "committed"
     assert seen == ["desired"]
 
     # a foreign commit since: nothing is carried, the shard is observed and the drift repaired
     foreign_update(cfg, 3, "c", 350, -1)
     assert write.carried_checksums(store, ShardTable(cfg), 400, ShardTable(cfg).latest_version()) is None
     seen.clear()
-    _, w, a = run_batch(spark, store, cfg, "run-4", 500)
+    _, w, a = run_stages(spark, store, cfg, "run-4", 500)
     assert a.outcome == "committed" and w.drift_rows == 1 and seen == ["desired", "persist"], (a.message, seen)
     assert shard_as_of(cfg, 499) == model_query(rows, cfg)
     assert_self_checked(store, cfg)
@@ -322,7 +324,7 @@ def test_a_damaged_record_is_not_carried_into_the_next_batch(spark, warehouse, t
     store = sqlite_store
     cfg = make_sink(tmp_path, "vdamaged")
     write_json_rows(tmp_path / "src", [{"k": 1, "v": "a"}, {"k": 2, "v": "b"}])
-    _, w1, _ = run_batch(spark, store, cfg, "run-1", 200)
+    _, w1, _ = run_stages(spark, store, cfg, "run-1", 200)
     manifest = json.loads(store.get_batch(w1.batch_id).manifest)
     p = partition_of_row(spark, cfg, 2, "b")
     manifest["parts"][str(p)]["shard_checksum"] = "00000000000000ff"
@@ -334,7 +336,7 @@ def test_a_damaged_record_is_not_carried_into_the_next_batch(spark, warehouse, t
     rows = [{"k": 2, "v": "b"}, {"k": 3, "v": "c"}]
     write_json_rows(tmp_path / "src", rows)
     caplog.clear()
-    _, w2, a2 = run_batch(spark, store, cfg, "run-2", 300)
+    _, w2, a2 = run_stages(spark, store, cfg, "run-2", 300)
     assert a2.outcome == "committed", a2.message
     assert shard_as_of(cfg, 299) == model_query(rows, cfg)
     warned = [

@@ -4,7 +4,7 @@ Commands:
   validate [--no-spark]    check every sink config in RECONCILE_SINKS_DIR (and plan query sinks' SQL)
   schema                   print the JSON schema of a sink config file (for editors)
   db upgrade|downgrade|current
-                           manage the metadata table's schema (Alembic)
+                           manage the ledger's schema (Alembic)
   status SINK [--json]     frontiers, read-only flag and the last batches of a shard (with causes)
   show SINK [--as-of T] [--log] [--errors] [--limit N] [--spark]
                            the shard as of T (default upper - 1), its update log, or its errors
@@ -41,9 +41,9 @@ from reconcile.log import iso
 
 
 def _store():
-    from reconcile.storage.ledger import MetadataStore
+    from reconcile.storage.ledger import Ledger
 
-    return MetadataStore(settings.metadata_url())
+    return Ledger(settings.metadata_url())
 
 
 def cmd_validate(args) -> int:

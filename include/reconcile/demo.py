@@ -66,7 +66,7 @@ def run_demo(intervals: int = 3, sink: str = "demo_orders") -> int:
     start = datetime(2026, 1, 2, tzinfo=UTC)
     from reconcile.config import load_sink
     from reconcile.report import print_status, show_shard
-    from reconcile.storage.ledger import MetadataStore
+    from reconcile.storage.ledger import Ledger
 
     for i in range(intervals):
         write_orders(min(i, len(DAYS) - 1))
@@ -84,7 +84,7 @@ def run_demo(intervals: int = 3, sink: str = "demo_orders") -> int:
         if proc.returncode != 0:
             print(f"run failed (exit {proc.returncode}); see {log_file}")
             return proc.returncode
-    store = MetadataStore(settings.metadata_url())
+    store = Ledger(settings.metadata_url())
     cfg = load_sink(sink)
     print()
     print_status(store, sink)

@@ -125,7 +125,7 @@ class SchemaRecreated(MetadataUnavailable):
 class ShardNotFound(SinkError):
     remedy = (
         "check the sink's name; a sink's first run creates its shard row (`airflow dags trigger {sink}`), "
-        "a lost metadata database is rebuilt from the Delta log by `python -m reconcile recover {sink}`."
+        "a lost ledger database is rebuilt from the Delta log by `python -m reconcile recover {sink}`."
     )
 
 

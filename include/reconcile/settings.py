@@ -212,7 +212,7 @@ def spark_jars() -> list[str]:
 DELTA_PACKAGES = "io.delta:delta-spark_2.13:4.4.0"
 
 
-# Airflow's own metadata database on SQLite (the embedded default, scripts/env.sh): the
+# Airflow's own ledger database on SQLite (the embedded default, scripts/env.sh): the
 # scheduler, the dag-processor and a CLI command write at once, and sqlite3's 5 s wait for a
 # lock is too short on a busy 2-core machine ("database is locked"). Named by
 # AIRFLOW__DATABASE__SQL_ALCHEMY_CONNECT_ARGS; never used with PostgreSQL.

@@ -23,19 +23,19 @@ from reconcile.model import COMMITTED, FINAL, RETRYABLE, SUPERSEDED
 from reconcile.report import iso_text
 from reconcile.schedule import desired_frontier
 from reconcile.sink.mint import MintResult, run_mint
-from reconcile.storage.ledger import MetadataStore
+from reconcile.storage.ledger import Ledger
 from reconcile.storage.tables import Batch
 
 log = logging.getLogger("reconcile.tasks")
 
 
-def open_store() -> MetadataStore:
-    return MetadataStore(settings.metadata_url())
+def open_store() -> Ledger:
+    return Ledger(settings.metadata_url())
 
 
 @contextmanager
-def sink_and_store(sink: str) -> Iterator[tuple[SinkConfig, MetadataStore]]:
-    """The sink's config and a metadata store, disposed of when the task is done; the warehouse's
+def sink_and_store(sink: str) -> Iterator[tuple[SinkConfig, Ledger]]:
+    """The sink's config and a ledger, disposed of when the task is done; the warehouse's
     credentials from the Airflow connection, if one is configured."""
     from reconcile.airflow.aws import export_connection
 
@@ -61,10 +61,10 @@ def mint_for_run(
         return run_mint(store, cfg, run_id, attempt, desired_frontier(data_interval_end, start), read_only=read_only)
 
 
-def run_batch_of(store: MetadataStore, sink: str, run_id: str, batch_id: str | None) -> Batch | None:
+def run_batch_of(store: Ledger, sink: str, run_id: str, batch_id: str | None) -> Batch | None:
     """The batch the run's mint minted (``batch_id``, handed forward by the DAG; without it, the
     run's newest batch)."""
-    return store.get_batch(batch_id, sink) if batch_id else store.run_batch(sink, run_id)
+    return store.get_batch(batch_id, sink) if batch_id else store.batch_of_run(sink, run_id)
 
 
 def _run_stage(
@@ -197,7 +197,7 @@ def out_of_retries(sink: str, run_id: str, task: str, cause: str, logical_date: 
     )
     try:
         with sink_and_store(sink) as (cfg, store):
-            batch = store.run_batch(cfg.name, run_id)
+            batch = store.batch_of_run(cfg.name, run_id)
             if batch is not None and batch.state != COMMITTED:
                 store.note_failure(batch.batch_id, text, RETRYABLE)
     except SinkError as exc:
@@ -226,7 +226,7 @@ def compact_for_run(sink: str, run_id: str, batch_id: str | None = None, spark=N
         return f"run {run_id}: {result.message}"
 
 
-def note_failure(store: MetadataStore, batch_id: str, exc: SinkError) -> None:
+def note_failure(store: Ledger, batch_id: str, exc: SinkError) -> None:
     kind = RETRYABLE if isinstance(exc, Retryable) else FINAL
     try:
         store.note_failure(batch_id, str(exc), kind)

@@ -7,7 +7,7 @@ Airflow's own authentication).
   the ledger paged by key (fast at any depth), each batch linked to its Airflow run and task
   log, drift attributed to the foreign Delta versions that caused it.
 
-Reads the metadata table and the Delta log (plain Python, no Spark) per request. Every time is
+Reads the ledger and the Delta log (plain Python, no Spark) per request. Every time is
 ISO UTC with the ms value beside it.
 """
 
@@ -84,12 +84,12 @@ def render_overview(can_read: Callable[[str], bool] = lambda name: True) -> str:
     from reconcile.config import load_dir
     from reconcile.errors import SinkError
     from reconcile.model import OPEN_STATES, SUPERSEDED
-    from reconcile.storage.ledger import MetadataStore
+    from reconcile.storage.ledger import Ledger
 
     configs, errors = load_dir()
     now = now_ms()
     rows = []
-    store = MetadataStore(settings.metadata_url())
+    store = Ledger(settings.metadata_url())
     try:
         for cfg in configs:
             if not can_read(cfg.name):
@@ -252,10 +252,10 @@ def render_sink(name: str, before: tuple[int, str] | None = None, dag_url: str =
     from reconcile.config import load_sink
     from reconcile.errors import SinkError
     from reconcile.model import COMMITTED, OPEN_STATES, SUPERSEDED
-    from reconcile.storage.ledger import MetadataStore
+    from reconcile.storage.ledger import Ledger
 
     cfg = load_sink(name)
-    store = MetadataStore(settings.metadata_url())
+    store = Ledger(settings.metadata_url())
     try:
         try:
             shard = store.get_shard(cfg.name)

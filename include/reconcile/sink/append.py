@@ -28,7 +28,7 @@ The Delta log is the linearization point and the source of truth; the metadata r
    recorded transaction is below ``lower``, at exactly the version after that snapshot
    (:meth:`reconcile.storage.delta.ShardTable.commit_files`). At most one commit per ``lower``, ever, and
    committed ``lower``s strictly increase. The commit is made holding the shard's commit lease
-   (:meth:`MetadataStore.commit_lease`): the sink's own writers commit one at a time, and the
+   (:meth:`Ledger.commit_lease`): the sink's own writers commit one at a time, and the
    lease's fence, checked right before the commit file is put, stops a writer whose lease lapsed
    while it was paused (``CommitLeaseLost``, retryable: nothing committed). The lease's epoch is
    in the commit metadata (``commit_epoch``).
@@ -43,7 +43,7 @@ The Delta log is the linearization point and the source of truth; the metadata r
 1. At most one batch per ``(shard, lower)`` is committed (Delta's txn guard; the ledger's
    partial unique index).
 2. Committed ``lower``s strictly increase and each equals the previous batch's ``upper`` (the
-   compare-and-set in :meth:`MetadataStore.absorb_commit` refuses anything else).
+   compare-and-set in :meth:`Ledger.absorb_commit` refuses anything else).
 3. Every step is idempotent: a crash at any point is repaired by rerunning ``append`` (or by the
    next run's ``write``/``append``, which sync first).
 """
@@ -67,7 +67,7 @@ from reconcile.sink.sync import gc_staged, sync
 from reconcile.sink.verify import log_differences, parse_manifest, staged_files
 from reconcile.storage import commits, footers, layout
 from reconcile.storage.delta import ShardTable
-from reconcile.storage.ledger import MetadataStore
+from reconcile.storage.ledger import Ledger
 from reconcile.storage.tables import Shard
 
 log = logging.getLogger("reconcile.append")
@@ -80,7 +80,7 @@ class AppendResult:
     delta_version: int | None = None
 
 
-def verify_staged(table: ShardTable, batch_id: str, manifest: Manifest) -> list[tuple[str, int, dict]]:
+def inspect_staged(table: ShardTable, batch_id: str, manifest: Manifest) -> list[tuple[str, int, dict]]:
     """The files the manifest names as the Delta commit adds them (path relative to the table,
     size, statistics), after checking them against it: present with their sizes and content
     digests, no stranger in the attempt's directory, per partition the manifest's rows."""
@@ -111,9 +111,7 @@ def _nothing_to_append(outcome: str, why: str, shard: Shard, state: dict) -> App
     return AppendResult(outcome, msg)
 
 
-def _outdated(
-    store: MetadataStore, table: ShardTable, desc: BatchDescription, shard: Shard, state: dict
-) -> AppendResult:
+def _outdated(store: Ledger, table: ShardTable, desc: BatchDescription, shard: Shard, state: dict) -> AppendResult:
     cfg = table.cfg
     winner = store.committed_batch(cfg.name, desc.lower)
     if winner is None and shard.upper <= desc.lower:
@@ -173,7 +171,7 @@ def _rest_remedy(cfg: SinkConfig, desc: BatchDescription, rest_from: int) -> str
     return f"none needed: the next scheduled run appends {rest} (its mint starts at the shard's upper); {now} appends it now."
 
 
-def _committed_meanwhile(store: MetadataStore, table: ShardTable, b, state: dict, when: str) -> AppendResult:
+def _committed_meanwhile(store: Ledger, table: ShardTable, b, state: dict, when: str) -> AppendResult:
     gc_staged(store, table)
     msg = event(
         log,
@@ -185,7 +183,7 @@ def _committed_meanwhile(store: MetadataStore, table: ShardTable, b, state: dict
     return AppendResult("already_committed", msg, b.delta_version)
 
 
-def run_append(store: MetadataStore, cfg: SinkConfig, batch_id: str, *, approve: str | None = None) -> AppendResult:
+def run_append(store: Ledger, cfg: SinkConfig, batch_id: str, *, approve: str | None = None) -> AppendResult:
     """Commit the staged batch (``approve``: who lets it past the correction guard, if anyone)."""
     table = ShardTable(cfg)
     b = store.get_batch(batch_id, cfg.name)
@@ -225,7 +223,7 @@ def run_append(store: MetadataStore, cfg: SinkConfig, batch_id: str, *, approve:
     table.check_schema()
     manifest = parse_manifest(cfg, batch_id, b.manifest)
     try:
-        files = verify_staged(table, batch_id, manifest)
+        files = inspect_staged(table, batch_id, manifest)
     except StagedBatchInvalid:
         sync(store, table)  # another attempt may have committed it and cleaned up meanwhile
         now_b = store.get_batch(batch_id, cfg.name)

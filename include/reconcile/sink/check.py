@@ -44,13 +44,13 @@ from reconcile.model import COMMITTED
 from reconcile.sink.sync import stale_staged
 from reconcile.storage.commits import batch_commits
 from reconcile.storage.delta import ShardTable
-from reconcile.storage.ledger import MetadataStore
+from reconcile.storage.ledger import Ledger
 
 STALE = "staged files remain that can never be committed"
 
 
 def violations(
-    store: MetadataStore, cfg: SinkConfig, *, synced: bool = True, spark=None, table: ShardTable | None = None
+    store: Ledger, cfg: SinkConfig, *, synced: bool = True, spark=None, table: ShardTable | None = None
 ) -> list[str]:
     """Every broken invariant, one line each, from the ledger and the Delta log (no JVM); with
     ``spark``, also from the committed rows (checksums, the kind's invariants)."""
@@ -117,7 +117,7 @@ def missing_files(table: ShardTable) -> list[str]:
     return [f"the Delta table names {len(gone)} file(s) that are not on storage: {gone[:3]}"] if gone else []
 
 
-def described_batches(store: MetadataStore, sink: str, entries: list) -> dict[int, Manifest]:
+def described_batches(store: Ledger, sink: str, entries: list) -> dict[int, Manifest]:
     """{Delta version: the batch's manifest} of the batch commits among ``entries``: what the
     commit records of it, completed by the ledger's manifest where the commit carries no parts."""
     ledger = {b.batch_id: b.manifest for b in store.batches(sink, (COMMITTED,)) if b.manifest}
@@ -130,7 +130,7 @@ def described_batches(store: MetadataStore, sink: str, entries: list) -> dict[in
     return out
 
 
-def batch_differences(store: MetadataStore, table: ShardTable, entries: list, spark=None) -> list[str]:
+def batch_differences(store: Ledger, table: ShardTable, entries: list, spark=None) -> list[str]:
     """Invariant 6: each batch's Delta version against its description (the commit's own
     per-partition counts, files and checksums, else the ledger's manifest)."""
     from reconcile.sink.verify import commit_differences, log_differences
@@ -144,7 +144,7 @@ def batch_differences(store: MetadataStore, table: ShardTable, entries: list, sp
     return out
 
 
-def verify_checksums(store: MetadataStore, cfg: SinkConfig, spark) -> tuple[list[str], dict[str, int]]:
+def verify_checksums(store: Ledger, cfg: SinkConfig, spark) -> tuple[list[str], dict[str, int]]:
     """``check --verify``: every committed batch whose ``upper - 1`` is at or after the shard's
     since, against the checksums of the shard as of ``upper - 1`` it recorded when it was
     written (its commit's metadata, else the ledger's manifest), recomputed from the Delta table
@@ -201,7 +201,7 @@ def staged_age_ms(table: ShardTable, rel: str, now: int) -> int:
 
 
 def pending_cleanup(
-    store: MetadataStore, cfg: SinkConfig, now: int | None = None, table: ShardTable | None = None
+    store: Ledger, cfg: SinkConfig, now: int | None = None, table: ShardTable | None = None
 ) -> list[tuple[str, int]]:
     """[(staged directory, its age in ms)] of the staged files that can never be committed and
     that the next append's cleanup deletes (a race's loser, a superseded batch whose files waited
@@ -219,9 +219,7 @@ def _age(ms: int) -> str:
     return f"{ms // 1000}s" if ms < 60_000 else duration(ms)
 
 
-def foreign_findings(
-    store: MetadataStore, cfg: SinkConfig, table: ShardTable | None = None
-) -> tuple[list[str], list[int]]:
+def foreign_findings(store: Ledger, cfg: SinkConfig, table: ShardTable | None = None) -> tuple[list[str], list[int]]:
     """(one line per foreign Delta version that changed data: its operation, engine, rows, and
     whether a batch repaired it, "repaired at version N" by the batch whose write read it, or "not
     yet repaired"; the foreign versions not yet repaired), from the log's commit files (no JVM)."""
@@ -257,7 +255,7 @@ class CheckReport:
     findings: list[str]
 
 
-def run_check(store: MetadataStore, cfg: SinkConfig, *, spark=None, now: int | None = None) -> CheckReport:
+def run_check(store: Ledger, cfg: SinkConfig, *, spark=None, now: int | None = None) -> CheckReport:
     """:func:`violations` (the rows too with ``spark``), except that staged files that can never
     be committed are *pending cleanup* (a finding, with their age) until they are older than
     :func:`cleanup_horizon_ms`; and the foreign commits of the log, as findings. One pass over the
@@ -278,7 +276,7 @@ def run_check(store: MetadataStore, cfg: SinkConfig, *, spark=None, now: int | N
 
 
 def verify_report(
-    store: MetadataStore, cfg: SinkConfig, spark, *, strict_history: bool = False
+    store: Ledger, cfg: SinkConfig, spark, *, strict_history: bool = False
 ) -> tuple[CheckReport, dict[str, int]]:
     """``check --verify``, said in two parts: does the *current* state verify (the last committed
     batch's checksums of the shard as of its ``upper - 1``), and which *older* batches' history a

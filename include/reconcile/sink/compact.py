@@ -6,7 +6,7 @@ costs more with every batch. Compaction keeps that cost flat (the shard's ``sinc
 frontier, as in Materialize's persist):
 
 1. **since**: the new since is ``upper - retention.history_hours`` (or one given by hand), at
-   most ``upper - 1`` (the latest readable time), never below the current since. It is raised in the metadata table *first*:
+   most ``upper - 1`` (the latest readable time), never below the current since. It is raised in the ledger *first*:
    raising it only narrows the promise (exact reads at times ``>= since``), so a crash after it
    loses nothing.
 2. **rewrite**: every update at a time before since is advanced to since, then updates of the
@@ -55,7 +55,7 @@ from reconcile.model import COMMITTED
 from reconcile.sink.sync import gc_compactions, sync
 from reconcile.storage import files, footers, frames, layout
 from reconcile.storage.delta import ShardTable
-from reconcile.storage.ledger import MetadataStore
+from reconcile.storage.ledger import Ledger
 
 log = logging.getLogger("reconcile.compact")
 HOUR_MS = 3_600_000
@@ -77,7 +77,7 @@ def target_since(cfg: SinkConfig, upper: int, since: int) -> int:
     return max(since, min(upper - 1, upper - cfg.history_retention_hours * HOUR_MS))
 
 
-def batches_to_fold(store: MetadataStore, cfg: SinkConfig) -> int:
+def batches_to_fold(store: Ledger, cfg: SinkConfig) -> int:
     """How many committed batches the next compaction would fold into since (metadata only)."""
     shard = store.get_shard(cfg.name)
     target = target_since(cfg, shard.upper, shard.since)
@@ -85,7 +85,7 @@ def batches_to_fold(store: MetadataStore, cfg: SinkConfig) -> int:
     return sum(1 for b in store.batches(cfg.name, (COMMITTED,)) if b.upper - 1 > shard.since and b.lower < target)
 
 
-def due(store: MetadataStore, cfg: SinkConfig) -> tuple[bool, str]:
+def due(store: Ledger, cfg: SinkConfig) -> tuple[bool, str]:
     """(compact now?, why) after a run: ``compaction.every_batches`` batches are waiting."""
     if cfg.compact_every_batches == 0:
         return False, "automatic compaction is off (compaction.every_batches: 0)"
@@ -106,7 +106,7 @@ def _uncompacted(spark: SparkSession, table: ShardTable, since: int) -> bool:
     return bool(frames.read_updates(spark, table).where(F.col("_time") < since).limit(1).count())
 
 
-def vacuum(store: MetadataStore, table: ShardTable) -> list[str]:
+def vacuum(store: Ledger, table: ShardTable) -> list[str]:
     """Delete the files no retained version of the table names and no commit can add, last
     changed more than ``retention.vacuum_hours`` ago (what Delta's VACUUM deletes), without a
     JVM. delta-rs deletes the files the log removed (:meth:`ShardTable.vacuum_removed`) and lists
@@ -169,7 +169,7 @@ def _written_files(table: ShardTable, name: str) -> list[tuple[str, int, dict]]:
 
 def run_compact(
     spark: SparkSession,
-    store: MetadataStore,
+    store: Ledger,
     cfg: SinkConfig,
     *,
     since: int | None = None,

@@ -14,7 +14,7 @@
 
 ### Concurrent mints
 
-:func:`decide` applies the rules; :meth:`MetadataStore.mint` runs it and writes its decision in
+:func:`decide` applies the rules; :meth:`Ledger.mint` runs it and writes its decision in
 one transaction that first locks the shard's row (``SELECT ... FOR UPDATE`` on PostgreSQL,
 ``BEGIN IMMEDIATE`` on SQLite, which takes the database's write lock before the first read).
 So mints of one shard decide one after another: each reads the shard's row and its open
@@ -41,7 +41,7 @@ from reconcile.log import event, iso
 from reconcile.model import BatchDescription
 from reconcile.sink.sync import rebuild_lost_ledger
 from reconcile.storage.delta import ShardTable
-from reconcile.storage.ledger import MetadataStore
+from reconcile.storage.ledger import Ledger
 from reconcile.storage.tables import Batch, Shard
 
 log = logging.getLogger("reconcile.mint")
@@ -111,7 +111,7 @@ def decide(
 
 
 def maybe_mint(
-    store: MetadataStore,
+    store: Ledger,
     name: str,
     as_of: int,
     run_id: str,
@@ -128,7 +128,7 @@ def maybe_mint(
 
 
 def run_mint(
-    store: MetadataStore,
+    store: Ledger,
     cfg: SinkConfig,
     run_id: str,
     attempt: int,

@@ -33,7 +33,7 @@ from reconcile.sink.mint import next_lower
 from reconcile.sink.sync import compacted_since, rebuild_lost_ledger, sync
 from reconcile.storage.commits import batch_commits
 from reconcile.storage.delta import ShardTable
-from reconcile.storage.ledger import MetadataStore
+from reconcile.storage.ledger import Ledger
 from reconcile.storage.tables import Shard
 
 log = logging.getLogger("reconcile.recover")
@@ -66,7 +66,7 @@ def read_log(table: ShardTable) -> LogState:
     return LogState(versions[0], latest, batch_commits(entries), since)
 
 
-def lost_batches(store: MetadataStore, cfg: SinkConfig, state: LogState) -> dict[str, str]:
+def lost_batches(store: Ledger, cfg: SinkConfig, state: LogState) -> dict[str, str]:
     """The ledger's committed batches that the log does not hold at the version the ledger
     recorded (id: why). A version below the log's first commit file was removed by Delta's
     log cleanup (it is older than a checkpoint), not lost."""
@@ -83,7 +83,7 @@ def lost_batches(store: MetadataStore, cfg: SinkConfig, state: LogState) -> dict
     return out
 
 
-def run_recover(store: MetadataStore, cfg: SinkConfig, *, force: bool = False) -> RecoverResult:
+def run_recover(store: Ledger, cfg: SinkConfig, *, force: bool = False) -> RecoverResult:
     """Make the shard's metadata agree with its Delta log (see the module's docstring)."""
     table = ShardTable(cfg)
     if not store.has_shard(cfg.name) and not table.exists():

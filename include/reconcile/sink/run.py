@@ -17,7 +17,7 @@ from reconcile.config import SinkConfig
 from reconcile.sink.append import AppendResult, run_append
 from reconcile.sink.mint import MintResult, run_mint
 from reconcile.sink.write import WriteResult, run_write
-from reconcile.storage.ledger import MetadataStore
+from reconcile.storage.ledger import Ledger
 
 
 @dataclass
@@ -35,7 +35,7 @@ class BatchRun:
 
 def run_batch(
     spark: SparkSession,
-    store: MetadataStore,
+    store: Ledger,
     cfg: SinkConfig,
     run_id: str,
     frontier: int,

@@ -2,7 +2,7 @@
 
 Every stage syncs first: the Delta log is the linearization point and the source of truth; the
 ledger follows it. For each batch commit found after the last version the ledger absorbed
-(commit metadata ``{"reconcile": {"op": "batch", ...}}``), :meth:`MetadataStore.absorb_commit`
+(commit metadata ``{"reconcile": {"op": "batch", ...}}``), :meth:`Ledger.absorb_commit`
 compare-and-sets ``upper`` from the batch's ``lower`` to its ``upper`` and marks the batch
 committed. This repairs a crash between the Delta commit and the ledger update, whoever comes
 next; it also rebuilds a lost ledger (:func:`rebuild_lost_ledger` creates its row first), or
@@ -33,13 +33,13 @@ from reconcile.storage import files
 from reconcile.storage.commits import batch_commits
 from reconcile.storage.delta import ShardTable
 from reconcile.storage.layout import COMPACTIONS_DIR, parse_compaction_dir
-from reconcile.storage.ledger import MetadataStore
+from reconcile.storage.ledger import Ledger
 from reconcile.storage.tables import Batch, Shard
 
 log = logging.getLogger("reconcile.sync")
 
 
-def sync(store: MetadataStore, table: ShardTable) -> Shard:
+def sync(store: Ledger, table: ShardTable) -> Shard:
     """Roll the metadata forward to every batch commit in the Delta log it has not absorbed."""
     name = table.name
     shard = store.get_shard(name)
@@ -50,7 +50,7 @@ def sync(store: MetadataStore, table: ShardTable) -> Shard:
     latest, entries = table.history_since(shard.delta_version)
     check_log_holds_ledger(table, shard, last, latest)
     commits = batch_commits(entries)
-    # A new row (the metadata database was lost) for a log whose first commit files Delta's
+    # A new row (the ledger database was lost) for a log whose first commit files Delta's
     # log cleanup removed: the history starts at the first batch still there.
     truncated = shard.delta_version < 0 and bool(entries) and entries[0][0] > 0
     if truncated and not commits:
@@ -66,9 +66,7 @@ def sync(store: MetadataStore, table: ShardTable) -> Shard:
     return store.get_shard(name)
 
 
-def rebuild_lost_ledger(
-    store: MetadataStore, table: ShardTable, as_of: int, *, read_only: bool = False
-) -> Shard | None:
+def rebuild_lost_ledger(store: Ledger, table: ShardTable, as_of: int, *, read_only: bool = False) -> Shard | None:
     """The one place a lost ledger is rebuilt (by mint, ``check`` and ``recover``): a shard with
     a Delta table but no ledger row (its database was lost, or its tables dropped) gets its row
     again (``as_of``: the sink config's; ``read_only``: the row's switch) and is rolled forward
@@ -103,7 +101,7 @@ def refuse_truncated(table: ShardTable, first: int) -> None:
         f"cleaned up (delta.logRetentionDuration) and none of those left holds a batch of the sink, so where the "
         f"shard ends is unknown (its last committed lower is {iso(txn)})",
         sink=table.name,
-        remedy=f"restore the metadata database from a backup, then run `python -m reconcile recover {table.name}` "
+        remedy=f"restore the ledger database from a backup, then run `python -m reconcile recover {table.name}` "
         "(it rolls the backup forward to the log).",
     )
 
@@ -161,7 +159,7 @@ def ahead_of_log(
     )
 
 
-def stale_staged(store: MetadataStore, table: ShardTable) -> list[str]:
+def stale_staged(store: Ledger, table: ShardTable) -> list[str]:
     """Staged directories that can never become part of the table (``<batch>`` or
     ``<batch>/<stage>``), as of the synced ledger.
 
@@ -210,7 +208,7 @@ def stale_compactions(table: ShardTable) -> list[str]:
     return out
 
 
-def gc_staged(store: MetadataStore, table: ShardTable) -> list[str]:
+def gc_staged(store: Ledger, table: ShardTable) -> list[str]:
     """Delete staged files that can never be appended (as persist's sink deletes a batch's blobs
     once it can never be appended), and compactions' files that can never be committed."""
     gc_compactions(table)

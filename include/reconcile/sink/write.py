@@ -57,7 +57,7 @@ from reconcile.sink.verify import parse_manifest, staged_files
 from reconcile.storage import files, frames, layout
 from reconcile.storage.commits import MAINTENANCE, runs_of
 from reconcile.storage.delta import ShardTable
-from reconcile.storage.ledger import MetadataStore
+from reconcile.storage.ledger import Ledger
 
 log = logging.getLogger("reconcile.write")
 
@@ -75,9 +75,7 @@ class WriteResult:
     batch_id: str | None = None
 
 
-def drift_rows(
-    spark: SparkSession, store: MetadataStore, table: ShardTable, read_version: int, upper: int
-) -> int | None:
+def drift_rows(spark: SparkSession, store: Ledger, table: ShardTable, read_version: int, upper: int) -> int | None:
     """Sum of |diff| written behind the sink's back (below ``upper``) that this batch repairs:
     the foreign Delta versions after the version the previous committed batch read, up to
     ``read_version``. Each contiguous run of foreign versions costs two time-travel reads."""
@@ -104,7 +102,7 @@ def drift_rows(
     return total
 
 
-def carried_checksums(store: MetadataStore, table: ShardTable, lower: int, read_version: int) -> dict[int, int] | None:
+def carried_checksums(store: Ledger, table: ShardTable, lower: int, read_version: int) -> dict[int, int] | None:
     """The shard's checksums as of ``lower - 1``, per partition, as the committed batch ending at
     ``lower`` recorded them, if nothing but that batch's own commit, the sink's compactions (which
     keep every checksum as of a time at or after ``since``) and commits that change no data
@@ -135,7 +133,7 @@ def carried_checksums(store: MetadataStore, table: ShardTable, lower: int, read_
     return sums
 
 
-def watermark(store: MetadataStore, cfg: SinkConfig) -> int | None:
+def watermark(store: Ledger, cfg: SinkConfig) -> int | None:
     """A command feed's watermark: the highest offset any committed batch has read (None:
     nothing read yet)."""
     seen = [b.source_offset for b in store.batches(cfg.name, (COMMITTED,)) if b.source_offset is not None]
@@ -144,7 +142,7 @@ def watermark(store: MetadataStore, cfg: SinkConfig) -> int | None:
 
 def batch_correction(
     spark: SparkSession,
-    store: MetadataStore,
+    store: Ledger,
     cfg: SinkConfig,
     persist: DataFrame,
     lower: int,
@@ -218,7 +216,7 @@ class Attempt:
     """One write attempt of a batch: what every step needs."""
 
     spark: SparkSession
-    store: MetadataStore
+    store: Ledger
     table: ShardTable
     desc: BatchDescription
     replaces: str | None = None  # the damaged staged attempt this one replaces
@@ -249,7 +247,7 @@ class Attempt:
         return WriteResult(outcome, event(log, msg, **self.state), batch_id=self.batch_id)
 
 
-def run_write(spark: SparkSession, store: MetadataStore, cfg: SinkConfig, batch_id: str) -> WriteResult:
+def run_write(spark: SparkSession, store: Ledger, cfg: SinkConfig, batch_id: str) -> WriteResult:
     table = ShardTable(cfg)
     b = store.get_batch(batch_id, cfg.name)
     attempt = Attempt(spark, store, table, BatchDescription.of(b))

@@ -51,7 +51,7 @@ def read_updates(spark: SparkSession, table: ShardTable, version: int | None = N
 def read_as_of(spark: SparkSession, table: ShardTable, t: int) -> tuple[DataFrame, DataFrame]:
     """The shard as of time ``t``, consolidated: (ok rows with ``_count``, errors with ``_count``).
 
-    Exact for ``t >= since`` (the caller checks the shard's since in the metadata table).
+    Exact for ``t >= since`` (the caller checks the shard's since in the ledger).
     """
     from reconcile.differential import as_of
 

@@ -1,4 +1,4 @@
-"""The metadata store: shard frontiers and the batch ledger, behind SQLAlchemy.
+"""The ledger: shard frontiers and the batch ledger, behind SQLAlchemy.
 
 Every state change is one short transaction that first locks the shard's row
 (``SELECT ... FOR UPDATE`` on PostgreSQL; ``BEGIN IMMEDIATE`` on SQLite, which locks the whole
@@ -6,14 +6,14 @@ database for writing), so writers of one shard are linearized. Frontier moves ar
 compare-and-sets on ``upper``. The database also enforces that at most one batch per
 ``(shard, lower)`` is ever in state ``committed`` (a partial unique index).
 
-The shard's row also holds its *commit lease* (:meth:`MetadataStore.commit_lease`): the sink's
+The shard's row also holds its *commit lease* (:meth:`Ledger.commit_lease`): the sink's
 own writers take it around each Delta commit, so they never race each other on the log, and a
 fencing epoch that only increases keeps a writer whose lease lapsed from committing afterwards.
 All coordination is in this database, none in the object store (as Materialize's persist keeps
 it in consensus, never in blob).
 
 The Delta log is the source of truth for which batches were committed (see ``append``); this
-store follows it. :meth:`MetadataStore.absorb_commit` rolls the metadata forward to a batch
+store follows it. :meth:`Ledger.absorb_commit` rolls the metadata forward to a batch
 commit found in Delta, which is how a crash between the Delta commit and the metadata update is
 repaired by whichever writer comes next.
 """
@@ -156,7 +156,7 @@ R = TypeVar("R")
 
 
 class MintDecision(Protocol):
-    """What :meth:`MetadataStore.mint` writes (decided by :func:`reconcile.sink.mint.decide`)."""
+    """What :meth:`Ledger.mint` writes (decided by :func:`reconcile.sink.mint.decide`)."""
 
     @property
     def new(self) -> BatchDescription | None: ...  # the description to add, state minted
@@ -186,7 +186,7 @@ def _retried_once_if_schema_recreated(fn: Callable[P, R]) -> Callable[P, R]:
     return call
 
 
-class MetadataStore:
+class Ledger:
     def __init__(self, url: str, *, auto_migrate: bool = True):
         self.url = url
         self.engine = make_engine(url)
@@ -218,7 +218,7 @@ class MetadataStore:
 
     def _unavailable(self, exc: Exception) -> MetadataUnavailable:
         cause = " ".join(str(getattr(exc, "orig", exc)).split())
-        return MetadataUnavailable(f"metadata database {self.safe_url} unreachable or locked: {cause}.")
+        return MetadataUnavailable(f"ledger database {self.safe_url} unreachable or locked: {cause}.")
 
     def _failed(self, exc: Exception) -> Exception:
         """What a failed statement becomes: if the ledger's tables are gone (a dropped schema,
@@ -233,7 +233,7 @@ class MetadataStore:
             except SinkError as again:
                 return again
             return SchemaRecreated(
-                f"metadata database {self.safe_url} had lost its tables (dropped or replaced): created them "
+                f"ledger database {self.safe_url} had lost its tables (dropped or replaced): created them "
                 "again; the next attempt rebuilds each shard from its Delta log."
             )
         if isinstance(exc, ProgrammingError):
@@ -266,7 +266,7 @@ class MetadataStore:
     def _locked(self, session: Session, name: str) -> Shard:
         shard = self._lock(session, name)
         if shard is None:
-            raise ShardNotFound("no shard row in the metadata table", sink=name)
+            raise ShardNotFound("no shard row in the ledger", sink=name)
         return shard
 
     @_retried_once_if_schema_recreated
@@ -278,7 +278,7 @@ class MetadataStore:
     @_retried_once_if_schema_recreated
     def create_shard(self, name: str, as_of: int, *, read_only: bool = False) -> bool:
         """:meth:`ensure_shard`; True if this call created the row (a new shard, or a shard
-        whose row was lost with the metadata database: its Delta log says what it held)."""
+        whose row was lost with the ledger database: its Delta log says what it held)."""
         return self._ensure_shard(name, as_of, read_only=read_only)[1]
 
     def _ensure_shard(self, name: str, as_of: int, *, read_only: bool) -> tuple[Shard, bool]:
@@ -308,7 +308,7 @@ class MetadataStore:
         with self.read() as s:
             shard = s.get(Shard, name)
         if shard is None:
-            raise ShardNotFound("no shard row in the metadata table", sink=name)
+            raise ShardNotFound("no shard row in the ledger", sink=name)
         return shard
 
     def set_read_only(self, name: str, read_only: bool) -> None:
@@ -407,7 +407,7 @@ class MetadataStore:
             raise BatchNotFound(f"no batch {batch_id!r} in the ledger.", sink=sink)
         return b
 
-    def run_batch(self, name: str, run_id: str) -> Batch | None:
+    def batch_of_run(self, name: str, run_id: str) -> Batch | None:
         """The newest description minted by a run (whatever its state)."""
         with self.read() as s:
             return s.scalars(
@@ -554,7 +554,7 @@ class MetadataStore:
         t = now()
         moved = False
         # The first commit a shard row absorbs starts its history: a new shard's first batch
-        # (at as_of), or, for a row rebuilt after the metadata database was lost, the first
+        # (at as_of), or, for a row rebuilt after the ledger database was lost, the first
         # batch the Delta log still holds (its log may have been cleaned up before it).
         first = shard.delta_version < 0 and shard.upper <= rec.lower
         if shard.upper == rec.lower or (shard.upper < rec.lower == shard.as_of) or first:
@@ -769,7 +769,7 @@ class MetadataStore:
             q = select(Shard.commit_epoch, Shard.commit_holder, Shard.commit_until, clock).where(Shard.name == name)
             row = s.execute(q.with_for_update()).one_or_none()
             if row is None:
-                raise ShardNotFound("no shard row in the metadata table", sink=name)
+                raise ShardNotFound("no shard row in the ledger", sink=name)
             epoch, before, until, now_ms = row
             if before is not None and until is not None and until > now_ms:
                 return None, before, until, now_ms
@@ -798,7 +798,7 @@ class MetadataStore:
                 select(Shard.commit_epoch, Shard.commit_holder).where(Shard.name == lease.name)
             ).one_or_none()
         if row is None:
-            why = "the shard's row is gone from the metadata table"
+            why = "the shard's row is gone from the ledger"
         elif tuple(row) == (lease.epoch, lease.holder):
             why = f"it lapsed (no fence within its {lease.ttl:g} s TTL)"
         elif row.commit_holder is not None:
@@ -825,9 +825,9 @@ class MetadataStore:
 
 @dataclass(frozen=True)
 class CommitLease:
-    """A writer's hold on a shard's commit lease (:meth:`MetadataStore.commit_lease`)."""
+    """A writer's hold on a shard's commit lease (:meth:`Ledger.commit_lease`)."""
 
-    store: MetadataStore = field(repr=False)
+    store: Ledger = field(repr=False)
     name: str
     holder: str  # who, and this taking's own token
     epoch: int  # the fencing token: recorded in the commit's metadata as ``commit_epoch``

@@ -1,4 +1,4 @@
-"""Typed models of the metadata table: one row per shard, one ledger row per batch description.
+"""Typed models of the ledger: one row per shard, one ledger row per batch description.
 
 The Alembic migrations under ``migrations/versions`` own the schema; these models mirror it
 (and a test checks that they agree).
@@ -35,7 +35,7 @@ class Shard(Base):
     read_only: Mapped[bool] = mapped_column(Boolean, default=False)
     # Last Delta version whose batch commit the metadata has absorbed (-1: none yet).
     delta_version: Mapped[int] = mapped_column(BigInteger, default=-1)
-    # The commit lease (MetadataStore.commit_lease): a fencing token that only ever increases,
+    # The commit lease (Ledger.commit_lease): a fencing token that only ever increases,
     # who holds the lease and until when (ms since the Unix epoch, by the database's clock);
     # holder and until are NULL while it is free.
     commit_epoch: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")

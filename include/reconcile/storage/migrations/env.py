@@ -1,4 +1,4 @@
-"""Alembic environment for the sink's metadata table (run through reconcile.metadata.store.upgrade)."""
+"""Alembic environment for the sink's ledger (run through reconcile.metadata.store.upgrade)."""
 
 from alembic import context
 
