@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import statistics
 import subprocess
@@ -262,9 +263,24 @@ def bench_reads(access_log: Path, name: str, repeat: int) -> dict:
     return out
 
 
-def bench_dags_test(work: Path, connect: str) -> dict:
-    """The demo sink's ``airflow dags test`` runs with the warehouse on S3 (bench/control_plane.py's
-    runs, on Spark Connect)."""
+TASK_MARK = re.compile(r"^(\S+Z) .*\[DAG TEST\] (starting|end task) task_id=(\w+)")
+
+
+def task_seconds(output: str) -> dict[str, float]:
+    """{task: seconds from its start to its end} in an ``airflow dags test`` log (the first task's
+    include Airflow's in-process execution API start-up)."""
+    marks: dict[str, dict[str, datetime]] = {}
+    for line in output.splitlines():
+        m = TASK_MARK.match(line)
+        if m:
+            marks.setdefault(m.group(3), {})[m.group(2)] = datetime.fromisoformat(m.group(1).replace("Z", "+00:00"))
+    return {t: round((m["end task"] - m["starting"]).total_seconds(), 1) for t, m in marks.items() if len(m) == 2}
+
+
+def bench_dags_test(work: Path, connect: str, warehouse: str, access_log: Path) -> dict:
+    """The demo sink's ``airflow dags test`` runs with the warehouse at ``warehouse`` (on S3, or a
+    local folder to compare under the same load; bench/control_plane.py's runs, on Spark
+    Connect), each with the S3 requests it made; their output in ``bench/out/s3_costs/``."""
     from control_plane import run_seconds
     from reconcile.demo import embedded_env, write_orders
 
@@ -273,7 +289,7 @@ def bench_dags_test(work: Path, connect: str) -> dict:
     env.update(
         RECONCILE_HOME=str(home),
         AIRFLOW_HOME=str(home / "airflow"),
-        RECONCILE_WAREHOUSE=os.environ["RECONCILE_WAREHOUSE"] + "-airflow",
+        RECONCILE_WAREHOUSE=warehouse,
         RECONCILE_METADATA_URL=f"sqlite:///{home / 'meta.db'}",
         RECONCILE_SINKS_DIR=str(ROOT / "include" / "sinks"),
     )
@@ -283,21 +299,33 @@ def bench_dags_test(work: Path, connect: str) -> dict:
     os.environ["RECONCILE_HOME"] = str(home)
     subprocess.run(["airflow", "db", "migrate"], env=env, check=True, capture_output=True)
 
-    def dags_test(day: int) -> dict:
+    logs = ROOT / "bench" / "out" / "s3_costs"
+    logs.mkdir(parents=True, exist_ok=True)
+    requests = Requests(access_log)
+
+    def dags_test(day: int, label: str) -> dict:
+        requests.take()
         la = load()
         t = time.perf_counter()
         proc = subprocess.run(
             ["airflow", "dags", "test", "demo_orders", f"2026-01-0{day + 1}"], env=env, capture_output=True, text=True
         )
         wall = time.perf_counter() - t
+        (logs / f"{work.name}-{label}.log").write_text(proc.stdout + proc.stderr)
         assert proc.returncode == 0 and "state=success" in proc.stdout, proc.stdout[-3000:]
-        return {"wall_s": round(wall, 1), "dagrun_s": run_seconds(proc.stdout), "load": la}
+        return {
+            "wall_s": round(wall, 1),
+            "dagrun_s": run_seconds(proc.stdout),
+            "tasks_s": task_seconds(proc.stdout),
+            "load": la,
+            "requests": requests.take(),
+        }
 
     write_orders(0)
-    first = dags_test(1)
+    first = dags_test(1, "first")
     write_orders(1)
-    second = dags_test(2)
-    again = dags_test(2)
+    second = dags_test(2, "next")
+    again = dags_test(2, "nothing")
     return {"first_run_3_rows": first, "next_run": second, "nothing_to_do": again, "target_s": DAGS_TEST_TARGET_S}
 
 
@@ -315,7 +343,8 @@ def main() -> int:
     import s3_server
 
     work = Path(tempfile.mkdtemp(prefix="s3-costs-"))
-    server = s3_server.start(work / "s3", access_log=work / "s3-access.log")
+    access = work / "s3-access.log"
+    server = s3_server.start(work / "s3", access_log=access)
     # the standard AWS variables, before any JVM starts: S3A, delta-rs and Arrow read them
     os.environ.update(server.storage_options())
     os.environ.update(
@@ -338,10 +367,10 @@ def main() -> int:
     try:
         if "append" in parts or "reads" in parts:
             from reconcile.spark import get_session
-            from reconcile.storage.ledger import MetadataStore
+            from reconcile.storage.ledger import Ledger
 
             spark = get_session("bench-s3-costs")
-            store = MetadataStore(os.environ["RECONCILE_METADATA_URL"])
+            store = Ledger(os.environ["RECONCILE_METADATA_URL"])
             if "append" in parts:
                 out["append"] = bench_append(spark, store, server, work, args.rows, args.change)
                 print(json.dumps(out), flush=True)
@@ -361,12 +390,21 @@ def main() -> int:
             url = connect_server.start(port, "local[2]", home=work, env=dict(os.environ))
             out["connect_server_start_s"] = round(time.perf_counter() - t, 1)
             try:
-                out["airflow_dags_test_connect"] = bench_dags_test(work / "airflow", url)
+                wh = os.environ["RECONCILE_WAREHOUSE"]
+                out["airflow_dags_test_connect"] = bench_dags_test(work / "airflow", url, wh + "-airflow", access)
+                # the same runs on a local folder, on the same server under the same load: what S3 adds
+                local = str(work / "airflow-local" / "warehouse")
+                out["airflow_dags_test_connect_local"] = bench_dags_test(work / "airflow-local", url, local, access)
             finally:
                 connect_server.stop(port, home=work)
         out["load_at_end"] = load()
         print(json.dumps(out, indent=1))
-        Path(args.out).write_text(json.dumps(out, indent=1) + "\n")
+        target = Path(args.out)
+        if args.only and target.exists():  # a part measured again: the others' figures stay
+            run = {k: out.pop(k) for k in ("when", "commit", "load_at_start", "load_at_end", "parts")}
+            old = json.loads(target.read_text())
+            out = {**old, **out, "remeasured": [*old.get("remeasured", []), run]}
+        target.write_text(json.dumps(out, indent=1) + "\n")
     finally:
         server.stop()
         shutil.rmtree(work, ignore_errors=True)
