@@ -221,23 +221,17 @@ class Attempt:
     desc: BatchDescription
     replaces: str | None = None  # the damaged staged attempt this one replaces
     stage_id: str = field(default_factory=layout.new_stage_id)
+    # derived once: the sink, the batch, this attempt's directory, the fields of its log lines
+    cfg: SinkConfig = field(init=False)
+    batch_id: str = field(init=False)
+    path: str = field(init=False)
+    state: dict = field(init=False)
 
-    @property
-    def cfg(self) -> SinkConfig:
-        return self.table.cfg
-
-    @property
-    def batch_id(self) -> str:
-        return self.desc.batch_id
-
-    @property
-    def path(self) -> str:
-        return self.table.staging_path(self.batch_id, self.stage_id)
-
-    @property
-    def state(self) -> dict:
+    def __post_init__(self) -> None:
         d = self.desc
-        return dict(sink=self.cfg.name, batch=d.batch_id, lower=d.lower, upper=d.upper, run=d.run_id)
+        self.cfg, self.batch_id = self.table.cfg, d.batch_id
+        self.path = self.table.staging_path(d.batch_id, self.stage_id)
+        self.state = dict(sink=self.cfg.name, batch=d.batch_id, lower=d.lower, upper=d.upper, run=d.run_id)
 
     def lost(self) -> WriteResult:
         """This attempt's files are deleted: another attempt, or a newer mint, decided the batch."""
