@@ -112,10 +112,11 @@ def cmd_status(args) -> int:
     return 0
 
 
-def quiet_spark(command: str):
-    """A Spark session for ``command`` whose JVM writes its banner and warnings to a log file
-    (``reconcile-<command>-spark-<uid>.log`` in the temp folder), not to this command's output; a
-    Spark Connect client when ``RECONCILE_SPARK_REMOTE`` is set (no JVM here)."""
+def quiet_spark(command: str, app: str | None = None):
+    """A Spark session for ``command`` (application name ``app``, default ``reconcile-<command>``)
+    whose JVM writes its banner and warnings to a log file (``reconcile-<command>-spark-<uid>.log``
+    in the temp folder), not to this command's output; a Spark Connect client when
+    ``RECONCILE_SPARK_REMOTE`` is set (no JVM here)."""
     import os
     import tempfile
     from pathlib import Path
@@ -125,7 +126,7 @@ def quiet_spark(command: str):
     from reconcile.spark import LOG4J2_PROPERTIES, get_session
 
     if settings.spark_remote():  # a client: no JVM here, and a driver's options are not a client's to set
-        return get_session(f"reconcile-{command}")
+        return get_session(app or f"reconcile-{command}")
     log = Path(tempfile.gettempdir()) / f"reconcile-{command}-spark-{os.getuid()}.log"
     extra = {
         "spark.driver.extraJavaOptions": f"-Dlog4j2.configurationFile=file:{LOG4J2_PROPERTIES} "
@@ -133,7 +134,7 @@ def quiet_spark(command: str):
     }
     try:
         with jvm_output_to(log):
-            return get_session(f"reconcile-{command}", extra=extra)
+            return get_session(app or f"reconcile-{command}", extra=extra)
     except Exception as exc:
         raise SinkError(
             f"Spark did not start for {command}: {brief(exc)} (Spark's log: {log})",
@@ -233,7 +234,7 @@ def cmd_run(args) -> int:
     run_id = args.run_id or f"cli__{frontier}"
     try:
         r = run_batch(
-            quiet_spark("run"),
+            quiet_spark("run", f"reconcile-run-{cfg.name}"),
             store,
             cfg,
             run_id,
@@ -334,7 +335,7 @@ def cmd_compact(args) -> int:
     cfg = load_sink(args.sink)
     since = None if args.since is None else parse_time(args.since, "--since")
     store = _store()
-    spark = quiet_spark("compact")
+    spark = quiet_spark("compact", f"reconcile-compact-{cfg.name}")
     result = run_compact(spark, store, cfg, since=since, vacuum_files=not args.no_vacuum)
     print(f"compact: {result.message}")
     return 4 if result.outcome == "raced" else 0
