@@ -13,9 +13,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision = "0006"
-down_revision = "0005"
-branch_labels = None
-depends_on = None
+down_revision = "0005"  # no branch labels, no other dependency
 
 
 def upgrade() -> None:
