@@ -46,6 +46,16 @@ def append_run(sink: str, run_id: str) -> str:
     return f"python -m reconcile append {_q(sink)} --run-id {_q(run_id)}"
 
 
+def clear_run(sink: str, run_id: str) -> str:
+    """Clear a whole run by its id (scheduled or manual): its mint describes a batch anew."""
+    return f"airflow dags clear {_q(sink)} --run-id {_q(run_id)} -y"
+
+
+def catch_up(sink: str, upper: int) -> str:
+    """Run the sink up to ``upper`` without Airflow."""
+    return f"python -m reconcile run {_q(sink)} --frontier {upper}"
+
+
 def trigger(sink: str) -> str:
     """A new run: its mint describes a batch from the shard's upper anew."""
     return f"airflow dags trigger {_q(sink)}"

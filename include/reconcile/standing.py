@@ -24,10 +24,10 @@ committed batch had not; a foreign version no committed batch read yet is not ye
 
 from __future__ import annotations
 
-import shlex
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from reconcile import remedy
 from reconcile.log import iso
 from reconcile.model import COMMITTED, FINAL, OPEN_STATES, RETRYABLE, SUPERSEDED
 from reconcile.storage.commits import ForeignCommit
@@ -94,11 +94,7 @@ class Behind:
 
     def commands(self, sink: str) -> list[str]:
         """Complete commands that append ``[lower, upper)`` now."""
-        out = []
-        if self.run_id:
-            out.append(f"airflow dags clear {shlex.quote(sink)} --run-id {shlex.quote(self.run_id)} -y")
-        out.append(f"python -m reconcile run {shlex.quote(sink)} --frontier {self.upper}")
-        return out
+        return ([remedy.clear_run(sink, self.run_id)] if self.run_id else []) + [remedy.catch_up(sink, self.upper)]
 
     def line(self, sink: str) -> str:
         """One line: what is behind, why, and what to run."""
