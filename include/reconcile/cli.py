@@ -121,20 +121,11 @@ def quiet_spark(command: str, app: str | None = None):
     import tempfile
     from pathlib import Path
 
-    from reconcile import settings
-    from reconcile.preflight import jvm_output_to
-    from reconcile.spark import LOG4J2_PROPERTIES, get_session
+    from reconcile.preflight import quiet_session
 
-    if settings.spark_remote():  # a client: no JVM here, and a driver's options are not a client's to set
-        return get_session(app or f"reconcile-{command}")
     log = Path(tempfile.gettempdir()) / f"reconcile-{command}-spark-{os.getuid()}.log"
-    extra = {
-        "spark.driver.extraJavaOptions": f"-Dlog4j2.configurationFile=file:{LOG4J2_PROPERTIES} "
-        "-Dreconcile.spark.level=warn"
-    }
     try:
-        with jvm_output_to(log):
-            return get_session(app or f"reconcile-{command}", extra=extra)
+        return quiet_session(app or f"reconcile-{command}", log)
     except Exception as exc:
         raise SinkError(
             f"Spark did not start for {command}: {brief(exc)} (Spark's log: {log})",

@@ -53,17 +53,28 @@ JAVA_OPTIONS = (
 )
 
 
-def session(log: Path):
-    """A Spark session for planning: a Spark Connect client when ``RECONCILE_SPARK_REMOTE`` is
-    set, else the active session, else a local one whose JVM writes to ``log``."""
+# A command's own JVM: Spark logs warnings only, to the command's log file.
+QUIET_JAVA_OPTIONS = "-Dlog4j2.configurationFile=file:{log4j} -Dreconcile.spark.level=warn"
+
+
+def quiet_session(app: str, log: Path, java_options: str = QUIET_JAVA_OPTIONS):
+    """A Spark session named ``app`` whose JVM writes its banner and warnings to ``log``, not to
+    this command's output: a Spark Connect client when ``RECONCILE_SPARK_REMOTE`` is set (no JVM
+    here, and a driver's options are not a client's to set), else the active session, else a
+    local one."""
     from reconcile import settings
     from reconcile.spark import LOG4J2_PROPERTIES, get_session
 
     if settings.spark_remote():
-        return get_session("reconcile-validate")
-    extra = {"spark.driver.extraJavaOptions": JAVA_OPTIONS.format(log4j=LOG4J2_PROPERTIES)}
+        return get_session(app)
+    extra = {"spark.driver.extraJavaOptions": java_options.format(log4j=LOG4J2_PROPERTIES)}
     with jvm_output_to(log):
-        return get_session("reconcile-validate", extra=extra)
+        return get_session(app, extra=extra)
+
+
+def session(log: Path):
+    """A Spark session for planning (:func:`quiet_session`, a JVM tuned to live briefly)."""
+    return quiet_session("reconcile-validate", log, JAVA_OPTIONS)
 
 
 def _one_line(exc: BaseException, cfg: SinkConfig) -> tuple[str, str]:
