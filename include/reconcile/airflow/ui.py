@@ -1,4 +1,4 @@
-"""The shard pages (served inside Airflow's api-server by plugins/reconcile_plugin.py, behind
+"""The shard pages (served inside Airflow's api-server by reconcile.airflow.plugin, behind
 Airflow's own authentication).
 
 - Overview: per sink its upper, lag (red past the sink's ``alert.lag_minutes``), since, read-
