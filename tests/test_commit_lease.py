@@ -206,6 +206,57 @@ def test_a_failing_fence_commits_nothing(warehouse, tmp_path, sqlite_store):
     assert version == before + 1 and len(calls) == 1
 
 
+
+def test_the_write_creates_the_shard_s_table_under_the_lease_and_only_after_its_holder_let_go(
+    spark, warehouse, tmp_path, store
+):
+    """Version 0 is a commit like any other: the write that creates the table waits while
+    another writer holds the shard's commit lease, and takes the next epoch; a creator whose
+    lease another writer has taken creates nothing."""
+    name = "created_in_turn"
+    store.ensure_shard(name, AS_OF)
+    with store.commit_lease(name, "another writer", ttl=30) as other:
+        done: dict = {}
+        thread = threading.Thread(target=lambda: done.update(result=staged_batch(spark, store, tmp_path, name)))
+        thread.start()
+        time.sleep(2.0)
+        assert not ShardTable(make_sink(tmp_path, name)).exists(), "created while another writer held the lease"
+        released = time.time()
+    thread.join(timeout=120)
+    cfg, _ = done["result"]
+    table = ShardTable(cfg)
+    assert table.commit_info(0)["operation"] == "CREATE TABLE"
+    assert table.commit_info(0)["timestamp"] >= int(released * 1000) - 5
+    epoch, holder, _, _ = lease_row(store, name)
+    assert (epoch, holder) == (other.epoch + 1, None)  # taken once more (the creation), let go
+
+    stale = ShardTable(make_sink(tmp_path, "fenced_creation"))
+    store.ensure_shard("fenced_creation", AS_OF)
+
+    def lease_taken_over():
+        lease = store.take_commit_lease("fenced_creation", "creator A", ttl=0.2)
+        time.sleep(0.4)
+        store.take_commit_lease("fenced_creation", "writer B", ttl=30, wait=0)
+        return _held(lease)
+
+    with pytest.raises(CommitLeaseLost):
+        stale.ensure(lease_taken_over)
+    assert not stale.exists()
+
+
+class _held:
+    """A lease already taken, as the context manager ``ShardTable.ensure`` holds."""
+
+    def __init__(self, lease):
+        self.lease = lease
+
+    def __enter__(self):
+        return self.lease
+
+    def __exit__(self, *exc):
+        return False
+
+
 # --- appends holding the lease ----------------------------------------------------------------
 
 

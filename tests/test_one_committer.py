@@ -105,7 +105,7 @@ def test_a_written_compacted_vacuumed_shard_has_only_delta_rs_commits(spark, war
     assert all(e.startswith("delta-rs:") and c.startswith("delta-rs.") for e, c in made_by), made_by
     ops = [i["operation"] for _, i in infos]
     assert ops[0] == "CREATE TABLE" and ops.count("WRITE") == 5, ops  # 3 batches, 2 rewrites
-    assert ops.count("VACUUM START") == ops.count("VACUUM END") == 2, ops
+    assert not any(op.startswith("VACUUM") for op in ops), ops  # vacuum deletes files, commits nothing
     sink_ops = [json.loads(i["userMetadata"])["reconcile"] for _, i in infos if "userMetadata" in i]
     assert [m["op"] for m in sink_ops] == ["batch", "batch", "compact", "batch", "compact"]
     assert [m["since"] for m in sink_ops if m["op"] == "compact"] == [250, 350]

@@ -27,8 +27,8 @@ frontier, as in Materialize's persist):
    still exact after it. The guard needs an unused version below the shard's upper (the next
    batch's lower), so compaction waits while the last batch is 1 ms wide.
 4. **vacuum** (:func:`vacuum`, no JVM): files the log removed more than
-   ``retention.vacuum_hours`` ago are deleted by delta-rs's vacuum (which logs ``VACUUM
-   START``/``END``, its own put-if-absent commits); files the log never named (orphans: a dead
+   ``retention.vacuum_hours`` ago are deleted (delta-rs's vacuum lists them; nothing is
+   committed); files the log never named (orphans: a dead
    writer's) older than that are deleted too, except those a commit may still add (a staged
    batch not yet committed, a compaction that may still commit). Time travel below the
    retention is gone, so keep it longer than the longest batch.

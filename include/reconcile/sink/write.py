@@ -255,7 +255,7 @@ def run_write(spark: SparkSession, store: Ledger, cfg: SinkConfig, batch_id: str
     if b.state not in OPEN_STATES:
         msg = event(log, f"skipping write: batch is {b.state} ({b.message or 'no message'})", **attempt.state)
         return WriteResult("skipped", msg)
-    table.ensure()
+    table.ensure(lambda: store.commit_lease(cfg.name, f"creation of the shard's table (batch {batch_id})"))
     shard = sync(store, table)
     if shard.upper > attempt.desc.lower:
         return absorb_outdated(attempt, shard.upper)

@@ -256,26 +256,28 @@ class ShardTable:
         fields = [{"name": n, "type": t, "nullable": True, "metadata": {}} for n, t in self._columns()]
         return json.dumps({"type": "struct", "fields": fields})
 
-    def ensure(self) -> None:
+    def ensure(self, lease: Callable[[], Any] | None = None) -> None:
         """Create the table if missing (delta-rs: no JVM); refuse one whose schema drifted.
         Version 0 is one metadata-only commit, atomic by the put-if-absent of the first commit
         file: a concurrent creator loses that race with an error and then finds the table. It
-        changes no data (a "maintenance" commit to ``describe_commit``)."""
-        from deltalake import DeltaTable, Schema
+        changes no data (a "maintenance" commit to ``describe_commit``).
+
+        ``lease``: a context manager factory for the shard's commit lease
+        (:meth:`reconcile.storage.ledger.Ledger.commit_lease`), held around the creation and
+        fenced right before its put, as around every other commit of the sink."""
+        from contextlib import nullcontext
 
         attempt = 0
         while not self.exists():
             attempt += 1
             try:
-                DeltaTable.create(
-                    self.path,
-                    schema=Schema.from_json(self._schema_json()),
-                    mode="error",
-                    name=self.name,
-                    storage_options=self.storage_options,
-                    # Spark's default; delta-rs would assume 100
-                    configuration={"delta.checkpointInterval": "10"},
-                )
+                with lease() if lease is not None else nullcontext() as held:
+                    if not self.exists():  # checked again inside the lease
+                        if held is not None:
+                            held.fence()
+                        self._create()
+            except SinkError:
+                raise
             except Exception as exc:
                 if self.exists():
                     break
@@ -287,6 +289,18 @@ class ShardTable:
                     ) from None
                 time.sleep(0.5 * attempt)
         self.check_schema()
+
+    def _create(self) -> None:
+        from deltalake import DeltaTable, Schema
+
+        DeltaTable.create(
+            self.path,
+            schema=Schema.from_json(self._schema_json()),
+            mode="error",
+            name=self.name,
+            storage_options=self.storage_options,
+            configuration={"delta.checkpointInterval": "10"},  # Spark's default; delta-rs would assume 100
+        )
 
     def check_schema(self) -> None:
         """Refuse a Delta table whose columns are not the sink's (changed behind its back)."""
@@ -406,13 +420,17 @@ class ShardTable:
         return files.list_dirs(self.compaction_path())
 
     def vacuum_removed(self, retention_hours: int) -> list[str]:
-        """delta-rs's vacuum of the files the log removed (its ``lite`` mode: tombstones) more
-        than ``retention_hours`` ago; it records ``VACUUM START``/``END`` (its own put-if-absent
-        commits) when it deletes anything. Returns the deleted paths, relative to the table."""
-        deleted = self.snapshot().vacuum(
-            retention_hours=retention_hours, enforce_retention_duration=False, dry_run=False, full=False
+        """Delete the files the log removed more than ``retention_hours`` ago (delta-rs's
+        ``lite`` vacuum lists them from the tombstones, as a dry run) and commit nothing: unlike
+        delta-rs's own vacuum, no ``VACUUM START``/``END`` is written to the log, so the only
+        commits the sink makes are its guarded ones. Returns the deleted paths, relative to the
+        table."""
+        listed = self.snapshot().vacuum(
+            retention_hours=retention_hours, enforce_retention_duration=False, dry_run=True, full=False
         )
-        return sorted(unquote(p) for p in deleted)
+        deleted = sorted(unquote(p) for p in listed)
+        files.delete_files([f"{self.path}/{p}" for p in deleted])
+        return deleted
 
     def unreferenced_files(self, retention_hours: int) -> tuple[int, list[str]]:
         """(version ``s`` of the latest snapshot, what delta-rs's ``full`` vacuum of it would

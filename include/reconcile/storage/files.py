@@ -8,6 +8,7 @@ import hashlib
 import logging
 import os
 import time
+from typing import Any
 
 log = logging.getLogger("reconcile.shard")
 
@@ -206,6 +207,26 @@ def list_names(path: str) -> list[str]:
 def path_exists(path: str) -> bool:
     fs, p = fs_of(path)
     return bool(fs.exists(p))
+
+
+def delete_files(paths: list[str], chunk: int = 500) -> None:
+    """Delete files (not directories), many per request where the store allows (S3's
+    DeleteObjects); a file already gone is not an error."""
+    by_fs: dict[int, tuple[Any, list[str]]] = {}
+    for path in paths:
+        fs, p = fs_of(path)
+        by_fs.setdefault(id(fs), (fs, []))[1].append(p)
+    for fs, ps in by_fs.values():
+        for i in range(0, len(ps), chunk):
+            part = ps[i : i + chunk]
+            try:
+                fs.rm(part)
+            except FileNotFoundError:  # one of them went meanwhile: the rest one by one
+                for p in part:
+                    try:
+                        fs.rm_file(p)
+                    except FileNotFoundError:
+                        pass
 
 
 def delete_path(path: str, attempts: int = 3) -> bool:
