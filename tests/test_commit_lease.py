@@ -206,7 +206,6 @@ def test_a_failing_fence_commits_nothing(warehouse, tmp_path, sqlite_store):
     assert version == before + 1 and len(calls) == 1
 
 
-
 def test_the_write_creates_the_shard_s_table_under_the_lease_and_only_after_its_holder_let_go(
     spark, warehouse, tmp_path, store
 ):
