@@ -143,7 +143,7 @@ def cmd_show(args) -> int:
     store = _store()
     store.get_shard(cfg.name)  # an unknown shard is refused before any read
     spark = quiet_spark("show") if args.spark else None
-    show_shard(spark, store, cfg, as_of, log=args.log, errors=args.errors, limit=args.limit)
+    show_shard(spark, store, cfg, as_of, log=args.log, errors=args.errors, limit=args.limit, as_json=args.json)
     return 0
 
 
@@ -436,6 +436,7 @@ def main(argv: list[str] | None = None) -> int:
     sh.add_argument("--log", action="store_true", help="the update log (row, _error, _time, _diff) instead")
     sh.add_argument("--errors", action="store_true", help="the error rows instead")
     sh.add_argument("--limit", type=int, default=50)
+    sh.add_argument("--json", action="store_true", help="machine-readable: times as ms and ISO UTC")
     sh.add_argument(
         "--spark",
         action="store_true",

@@ -9,6 +9,8 @@ Times: every output shows a time (epoch ms) as ISO UTC with the ms beside it
 
 from __future__ import annotations
 
+import json
+
 from reconcile.errors import SinkError
 from reconcile.log import iso
 
@@ -281,10 +283,16 @@ def _text(v) -> str:
     return "null" if v is None else str(v)
 
 
-def show_shard(spark, store, cfg, as_of: int | None, *, log: bool, errors: bool, limit: int) -> None:
+def show_shard(
+    spark, store, cfg, as_of: int | None, *, log: bool, errors: bool, limit: int, as_json: bool = False
+) -> None:
     """Print the shard as of ``as_of`` (default upper - 1), its error rows, or its update log
-    (:func:`shard_contents`; ``spark`` None: read without a JVM)."""
+    (:func:`shard_contents`; ``spark`` None: read without a JVM); ``as_json``: the same as one
+    JSON document, as ``history --json`` and ``diff --json`` print theirs."""
     data = shard_contents(store, cfg, as_of, log=log, errors=errors, limit=limit, spark=spark)
+    if as_json:
+        print(json.dumps(data, indent=2, default=str))
+        return
     print(data["title"])
     for note in data["notes"]:
         print(f"note: {note}")
