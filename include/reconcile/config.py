@@ -257,13 +257,50 @@ class CorrectionGuard(_Section):
     min_rows: NonNegative = Field(
         default=100, description="the guard applies once the shard holds at least this many rows"
     )
+    approve_in_airflow: StrictBool = Field(
+        default=False,
+        description="a stopped batch waits in the run's `approve_correction` task for an operator to approve or "
+        "reject it in Airflow's UI (Required actions), instead of failing the append; the CLI approval stays",
+    )
+    approval_timeout_minutes: Annotated[StrictFloat | StrictInt, Field(gt=0)] | None = Field(
+        default=None,
+        description="how long `approve_correction` waits for an answer; then the batch counts as rejected "
+        "(nothing committed, the run fails saying how to approve it later); default: the schedule's "
+        "interval (a day without a recurring schedule)",
+    )
+
+
+DOTTED_PATH_RE = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)+$")
+
+
+def _dotted_path(value: str) -> str:
+    if not DOTTED_PATH_RE.match(value):
+        raise ValueError(
+            f"{value!r} is not a dotted path (module.function or module.NotifierClass, importable by Airflow's workers)"
+        )
+    return value
+
+
+DottedPath = Annotated[
+    StrictStr, AfterValidator(_dotted_path), WithJsonSchema({"type": "string", "pattern": DOTTED_PATH_RE.pattern})
+]
 
 
 class Alert(_Section):
     lag_minutes: NonNegative | None = Field(
         default=None,
-        description="the shard pages colour a sink red when its upper lags now by more than this; "
+        description="the shard pages colour a sink red when its upper lags now by more than this; a run not "
+        "finished this long after it was queued misses its Airflow deadline (the alert's callback runs); "
         "default: twice the schedule's interval (none without a recurring schedule)",
+    )
+    callback: DottedPath | None = Field(
+        default=None,
+        description="what a missed deadline calls besides logging it: the dotted path of a function (called with "
+        "message=, context= and callback_kwargs) or of an Airflow notifier class (built with callback_kwargs, "
+        "whose templates see {{ message }})",
+    )
+    callback_kwargs: dict[StrictStr, StrictStr | StrictInt | StrictFloat | StrictBool] = Field(
+        default={}, description="keyword arguments of the callback (e.g. a notifier's connection id and channel)"
     )
 
 

@@ -13,6 +13,20 @@ Built at DAG-parse time from the YAML files only: no Spark, no database, no netw
   connection is a ``spark_connect`` one, the same stage runs in the worker as a client of the
   Spark Connect server: no JVM starts for the run.
 - ``append`` (Python, no JVM) commits the staged files to the Delta log as they are.
+- With ``correction_guard.approve_in_airflow``, ``write >> correction_guard`` (a branch, metadata
+  only) decides whether the guard stops the staged batch: if not, it goes straight to ``append``
+  and ``approve_correction`` is skipped; if so, ``approve_correction`` (Airflow's human-in-the-loop
+  ApprovalOperator) shows the numbers in Airflow's UI (Required actions) and waits: Approve
+  records the approval in the ledger under the responding user's name and ``append`` commits;
+  Reject, or no answer within ``correction_guard.approval_timeout_minutes``, fails the run with
+  nothing committed and says how to approve the batch later.
+- The run's note (in Airflow's UI) says its outcome in one line: the committed batch (interval,
+  Delta version, rows), why there was nothing to do, or the failure's cause and remedy
+  (:func:`reconcile.airflow.tasks.set_run_note`, through Airflow's REST API).
+- A sink with a lag threshold (``alert.lag_minutes``, default twice the schedule's interval) has
+  an Airflow deadline: a run not finished that long after it was queued calls
+  :func:`lag_deadline_missed`, which logs the alert and calls ``alert.callback`` (a function or a
+  notifier class: the team's notifier).
 - ``compaction_due`` (Python, metadata only, a short circuit) skips ``compact`` until ``compaction.every_batches``
   batches wait to be folded into ``since``; ``compact`` (jobs/compact_shard.py) then advances
   since, consolidates the history before it and vacuums (reconcile.compact).
@@ -29,11 +43,14 @@ from datetime import timedelta
 from pathlib import Path
 
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
-from airflow.sdk import DAG, Asset, Param, task
+from airflow.providers.standard.operators.hitl import ApprovalOperator, HITLOperator
+from airflow.sdk import DAG, Asset, DeadlineAlert, DeadlineReference, Param, SyncCallback, TriggerRule, task
 from airflow.sdk.exceptions import AirflowException, AirflowFailException, AirflowSkipException
 
 from reconcile import settings
 from reconcile.config import SinkConfig, load_dir
+from reconcile.errors import ConfigError
+from reconcile.schedule import schedule_period_ms
 from reconcile.spark import submit_conf
 
 # The batch the run's mint minted, handed forward: the batch written and appended is that one.
@@ -96,6 +113,7 @@ class ReconcileSparkSubmitOperator(SparkSubmitOperator):
             why = nothing_left(self.sink, run_id, batch_id)
             if why is not None:  # superseded before it was written: no Spark job at all
                 self.log.warning("write: nothing to do: %s", why)
+                _note(context, f"nothing to do: {why}")
                 raise AirflowSkipException(f"write: nothing to do: {why}")
             self.log.info("write: %s", batch_line(self.sink, run_id, batch_id)[1])
         remote = spark_connect_url(self._conn_id)
@@ -125,6 +143,7 @@ class ReconcileSparkSubmitOperator(SparkSubmitOperator):
         why = nothing_left(self.sink, run_id, batch_id)
         if why is not None:  # outdated or covered: the rest of the run has nothing to do
             self.log.warning("%s: nothing to do: %s", self.stage, why)
+            _note(context, f"nothing to do: {why}")
             raise AirflowSkipException(f"{self.stage}: nothing to do: {why}")
         level, line = batch_line(self.sink, run_id, batch_id)
         self.log.log(level, "%s: %s", self.stage, line)
@@ -165,6 +184,163 @@ def shard_asset(cfg: SinkConfig) -> Asset:
     return Asset(uri=uri, name=f"reconcile_shard_{cfg.name}", group="reconcile")
 
 
+def _note(context, text: str) -> None:
+    """Set the run's note to ``text`` (best effort: see :func:`reconcile.airflow.tasks.set_run_note`)."""
+    from reconcile.airflow.tasks import set_run_note
+
+    set_run_note(context["dag"].dag_id, context["run_id"], text)
+
+
+def note_failure(context) -> None:
+    """``on_failure_callback`` of every task: a task that failed for good (no retry left, or a
+    final failure) says so in the run's note, with the cause and remedy it raised."""
+    task_id = context["ti"].task_id
+    cause = str(context.get("exception") or "no cause recorded")
+    _note(context, cause if cause.startswith(task_id) else f"{task_id} failed: {cause}")
+
+
+def lag_minutes(cfg: SinkConfig) -> float | None:
+    """The sink's lag threshold in minutes: ``alert.lag_minutes``, else twice its schedule's
+    interval (None without a recurring schedule)."""
+    if cfg.alert.lag_minutes is not None:
+        return cfg.alert.lag_minutes
+    period = schedule_period_ms(cfg.schedule)
+    return 2 * period / 60_000 if period else None
+
+
+def lag_deadline(cfg: SinkConfig) -> DeadlineAlert | None:
+    """The DAG's deadline: a run not finished ``lag_minutes`` after it was queued calls
+    :func:`lag_deadline_missed` (on the scheduler's executor), None without a threshold."""
+    minutes = lag_minutes(cfg)
+    if minutes is None:
+        return None
+    kwargs: dict = {"sink": cfg.name, "lag_minutes": minutes}
+    if cfg.alert.callback:
+        kwargs.update(notify=cfg.alert.callback, notify_kwargs=dict(cfg.alert.callback_kwargs))
+    return DeadlineAlert(
+        reference=DeadlineReference.DAGRUN_QUEUED_AT,
+        interval=timedelta(minutes=minutes),
+        callback=SyncCallback(f"{__name__}.lag_deadline_missed", kwargs=kwargs),
+        name=f"reconcile_lag_{cfg.name}",
+    )
+
+
+def lag_deadline_missed(
+    context: dict, sink: str, lag_minutes: float, notify: str | None = None, notify_kwargs: dict | None = None
+) -> str:
+    """A run of ``sink`` missed its deadline: log one line saying which run and where the shard
+    stands, then hand it to the sink's ``alert.callback``: a notifier class is built with
+    ``notify_kwargs`` and called with the context (``{{ message }}`` in its templates is the
+    line); a function is called with ``message=``, ``context=`` and ``notify_kwargs``."""
+    import inspect
+
+    from airflow.sdk._shared.module_loading import import_string
+
+    from reconcile.airflow.tasks import lag_alert_line
+
+    line = lag_alert_line(sink, lag_minutes, context)
+    logging.getLogger("reconcile.alert").warning("deadline missed: %s", line)
+    if notify:
+        target = import_string(notify)
+        if inspect.isclass(target):
+            target(**(notify_kwargs or {}))({**context, "message": line})
+        else:
+            target(message=line, context=context, **(notify_kwargs or {}))
+    return line
+
+
+def callback_problem(cfg: SinkConfig) -> ConfigError | None:
+    """``alert.callback`` cannot be imported here (the DAG processor): a one-line config error."""
+    if not cfg.alert.callback:
+        return None
+    from airflow.sdk._shared.module_loading import import_string
+
+    try:
+        import_string(cfg.alert.callback)
+    except ImportError as exc:
+        return ConfigError(
+            cfg.path,
+            "alert.callback",
+            f"cannot import {cfg.alert.callback!r} ({exc}): name a function or notifier class that Airflow's "
+            "workers can import (its package installed, its module on the PYTHONPATH)",
+            sink=cfg.name,
+        )
+    return None
+
+
+def approval_timeout(cfg: SinkConfig) -> timedelta:
+    """How long ``approve_correction`` waits: ``correction_guard.approval_timeout_minutes``, else
+    the schedule's interval (a day without a recurring schedule)."""
+    if cfg.correction_guard.approval_timeout_minutes is not None:
+        return timedelta(minutes=cfg.correction_guard.approval_timeout_minutes)
+    period = schedule_period_ms(cfg.schedule)
+    return timedelta(milliseconds=period) if period else timedelta(days=1)
+
+
+class CorrectionApproval(ApprovalOperator):
+    """The run's batch waits for an operator's answer in Airflow's UI (Required actions), showing
+    what it changes. Approve: the approval is recorded in the ledger under the responding
+    user's name, and ``append`` commits. Reject, or no answer within the timeout (its default
+    answer is Reject): the run fails, nothing committed, saying how to approve it later. A batch
+    approved meanwhile (``python -m reconcile approve``) passes without asking."""
+
+    def __init__(self, *, sink: str, timeout: timedelta, **kwargs):
+        super().__init__(
+            subject=f"Sink {sink}: commit a correction the guard stopped?",
+            defaults=ApprovalOperator.REJECT,
+            response_timeout=timeout,
+            **kwargs,
+        )
+        self.sink = sink
+        self.timeout_minutes = timeout.total_seconds() / 60
+
+    def _stop(self, context):
+        from reconcile.airflow.tasks import guard_stop
+
+        batch_id = (context["ti"].xcom_pull(task_ids="mint") or {}).get("batch_id")
+        return guard_stop(self.sink, context["run_id"], batch_id)
+
+    def execute(self, context):
+        from reconcile.airflow.tasks import approval_request
+
+        stop = self._stop(context)
+        if stop is None:  # approved meanwhile (CLI), or no longer staged: append decides
+            self.log.info("approve_correction: nothing to approve for run %s: the append decides", context["run_id"])
+            return None
+        self.subject, self.body = approval_request(stop, self.timeout_minutes)
+        self.log.warning("%s; waiting for an answer in Airflow (Required actions)", stop.line)
+        _note(context, f"waiting for an approval in Airflow (Required actions): {stop.line}")
+        return super().execute(context)
+
+    def execute_complete(self, context, event):
+        from reconcile.airflow.tasks import approve_batch, refusal, reject_batch
+        from reconcile.errors import SinkError
+
+        answer = HITLOperator.execute_complete(self, context, event)  # validated; Reject is ours to handle
+        user = answer.get("responded_by_user") or {}
+        who = user.get("name") or user.get("id")
+        stop = self._stop(context)
+        if answer["chosen_options"] == [ApprovalOperator.APPROVE]:
+            if stop is None:
+                self.log.info("approve_correction: approved by %s; nothing left to approve: the append decides", who)
+                return answer
+            try:
+                line = approve_batch(self.sink, stop.batch_id, f"{who} in Airflow (run {context['run_id']})")
+            except SinkError as exc:  # superseded meanwhile: the append says so
+                self.log.warning("approve_correction: approved by %s, not recorded: %s", who, exc)
+                return answer
+            self.log.info("approve_correction: %s", line)
+            return answer
+        if stop is None:
+            message = f"approve_correction: rejected by {who or 'the timeout'}; run {context['run_id']}'s batch is no longer waiting"
+            self.log.warning("%s", message)
+            raise AirflowFailException(message)
+        message = refusal(stop, None if event.get("timedout") else who, self.timeout_minutes, _day(context))
+        reject_batch(stop, message)
+        self.log.error("%s", message)
+        raise AirflowFailException(message)
+
+
 def build_dag(cfg: SinkConfig) -> DAG:
     with DAG(
         dag_id=cfg.name,
@@ -177,7 +353,9 @@ def build_dag(cfg: SinkConfig) -> DAG:
         default_args={
             "retries": cfg.retries,
             "retry_delay": timedelta(seconds=int(os.environ.get("RECONCILE_RETRY_DELAY_SECONDS", "30"))),
+            "on_failure_callback": note_failure,
         },
+        deadline=lag_deadline(cfg),
         params={
             "read_only": Param(False, type="boolean", description="mint nothing: a read-only run"),
             "approve_correction": Param(
@@ -203,6 +381,7 @@ def build_dag(cfg: SinkConfig) -> DAG:
             )
             if result.description is None:  # the rest of the run is skipped at once
                 logging.getLogger("reconcile.tasks").warning("mint: %s", result.message)
+                _note(context, f"nothing to do: {result.message}")
                 return False
             d = result.description
             return {"batch_id": d.batch_id, "lower": d.lower, "upper": d.upper}
@@ -211,7 +390,14 @@ def build_dag(cfg: SinkConfig) -> DAG:
 
         shard = shard_asset(cfg)
 
-        @task(task_id="append", outlets=[shard])
+        asks = cfg.correction_guard.approve_in_airflow and cfg.correction_guard.max_share is not None
+
+        @task(
+            task_id="append",
+            outlets=[shard],
+            # after correction_guard: runs unless the approval failed (skipped: none was needed)
+            trigger_rule=TriggerRule.NONE_FAILED_MIN_ONE_SUCCESS if asks else TriggerRule.ALL_SUCCESS,
+        )
         def append(sink: str = cfg.name, scheduled: bool = cfg.schedule is not None, **context) -> str:
             from reconcile.airflow.tasks import (
                 batch_line,
@@ -219,6 +405,7 @@ def build_dag(cfg: SinkConfig) -> DAG:
                 committed_extra,
                 nothing_left,
                 out_of_retries,
+                outcome_note,
             )
             from reconcile.errors import DescriptionOutdated, Retryable, SinkError
 
@@ -231,6 +418,7 @@ def build_dag(cfg: SinkConfig) -> DAG:
             why = nothing_left(sink, run_id, batch_id, unminted_only=True)
             if why is not None:  # cleared after a mint that minted nothing
                 log.warning("append: nothing to do: %s", why)
+                _note(context, f"nothing to do: {why}")
                 raise AirflowSkipException(f"append: nothing to do: {why}")
             log.info("append: %s", batch_line(sink, run_id, batch_id)[1])
             try:
@@ -238,6 +426,7 @@ def build_dag(cfg: SinkConfig) -> DAG:
             except DescriptionOutdated as exc:  # another batch won; the remedy says who appends the rest
                 if scheduled:
                     log.warning("append: nothing left for this run: %s", exc)
+                    _note(context, f"nothing left for this run: {exc}")
                     raise AirflowSkipException(f"append: nothing left for this run: {exc}") from None
                 log.error("append: %s", exc)
                 raise AirflowFailException(f"append: {exc}") from None
@@ -253,10 +442,12 @@ def build_dag(cfg: SinkConfig) -> DAG:
             why = nothing_left(sink, run_id, batch_id)
             if why is not None:  # outdated or covered: the rest of the run has nothing to do
                 log.warning("append: nothing to do: %s", why)
+                _note(context, f"nothing to do: {why}")
                 raise AirflowSkipException(f"append: nothing to do: {why}")
             level, line = batch_line(sink, run_id, batch_id)
             log.log(level, "append: %s", line)
             context["outlet_events"][shard].extra = committed_extra(sink, run_id, batch_id)
+            _note(context, outcome_note(sink, run_id, batch_id))
             return message
 
         @task.short_circuit(task_id="compaction_due")
@@ -268,7 +459,32 @@ def build_dag(cfg: SinkConfig) -> DAG:
             return why if due else False
 
         compact = ReconcileSparkSubmitOperator(task_id="compact", sink=cfg.name, stage="compact")
-        mint() >> write >> append() >> compaction_due() >> compact
+        committed = append()
+        if asks:
+
+            @task.branch(task_id="correction_guard")
+            def correction_guard(sink: str = cfg.name, **context) -> list[str]:
+                from reconcile.airflow.tasks import guard_stop
+
+                log = logging.getLogger("reconcile.tasks")
+                if context["params"].get("approve_correction"):
+                    log.info("correction_guard: run approved up front (param approve_correction): on to append")
+                    return ["append"]
+                batch_id = (context["ti"].xcom_pull(task_ids="mint") or {}).get("batch_id")
+                stop = guard_stop(sink, context["run_id"], batch_id)
+                if stop is None:
+                    log.info("correction_guard: no approval needed: on to append")
+                    return ["append"]
+                log.warning("%s: asking for an approval in Airflow (task approve_correction)", stop.line)
+                return ["approve_correction", "append"]
+
+            approve = CorrectionApproval(task_id="approve_correction", sink=cfg.name, timeout=approval_timeout(cfg))
+            guarded = correction_guard()
+            mint() >> write >> guarded >> [approve, committed]
+            approve >> committed
+        else:
+            mint() >> write >> committed
+        committed >> compaction_due() >> compact
     return dag
 
 
@@ -292,7 +508,13 @@ def build_invalid_dag(error) -> DAG:
 
 def build_dags(directory=None) -> dict[str, DAG]:
     configs, errors = load_dir(directory)
-    dags = {cfg.name: build_dag(cfg) for cfg in configs}
+    dags = {}
+    for cfg in configs:
+        problem = callback_problem(cfg)
+        if problem is not None:
+            errors.append(problem)
+        else:
+            dags[cfg.name] = build_dag(cfg)
     for err in errors:
         d = build_invalid_dag(err)
         dags[d.dag_id] = d

@@ -6,20 +6,28 @@ JVM (:func:`mint_for_run`, :func:`commit_for_run`, :func:`compaction_check`); ``
 :func:`stage_for_run` and :func:`compact_for_run`. A failure is recorded on the run's batch in
 the ledger (``message``, and ``failure_kind``: ``final`` when retrying cannot help), so the operator can tell
 Airflow whether to retry.
+
+With ``correction_guard.approve_in_airflow``, :func:`guard_stop` decides before the append
+(committing nothing) whether the run's batch must wait for an approval in Airflow, and
+:func:`approve_batch` / :func:`reject_batch` record the operator's answer in the ledger. Each
+run's outcome is one line, :func:`set_run_note`, set as the DAG run's note through Airflow's
+REST API.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from datetime import datetime
 
 from reconcile import remedy, settings
 from reconcile.config import SinkConfig, load_sink
 from reconcile.errors import Retryable, SinkError
 from reconcile.log import iso
-from reconcile.model import COMMITTED, FINAL, RETRYABLE, SUPERSEDED
+from reconcile.model import COMMITTED, FINAL, RETRYABLE, STAGED, SUPERSEDED
 from reconcile.report import iso_text
 from reconcile.schedule import desired_frontier
 from reconcile.sink.mint import MintResult, run_mint
@@ -247,3 +255,190 @@ def failure_verdict(sink: str, run_id: str, batch_id: str | None = None) -> tupl
         return batch.failure_kind == FINAL, batch.message
     finally:
         store.dispose()
+
+
+# -- the correction guard's approval in Airflow --------------------------------------------------
+
+
+@dataclass(frozen=True)
+class GuardStop:
+    """A staged batch the correction guard stops until someone approves it, with its numbers."""
+
+    sink: str
+    run_id: str
+    batch_id: str
+    lower: int
+    upper: int
+    inserted: int
+    retracted: int
+    shard_rows: int
+    share: float
+    max_share: float
+    line: str  # the guard's one line: the batch, its interval and the numbers
+
+    @property
+    def interval(self) -> str:
+        return f"[{iso(self.lower)}, {iso(self.upper)})"
+
+
+def guard_stop(sink: str, run_id: str, batch_id: str | None) -> GuardStop | None:
+    """The run's staged batch if the correction guard stops it and nobody approved it yet, else
+    None (nothing to approve: the append decides). Reads the ledger, the manifest and the
+    shard's row count (delta-rs); commits nothing."""
+    from reconcile.sink import guard
+    from reconcile.sink.verify import parse_manifest
+    from reconcile.storage.delta import ShardTable
+
+    with sink_and_store(sink) as (cfg, store):
+        b = run_batch_of(store, cfg.name, run_id, batch_id)
+        if b is None or b.state != STAGED or b.approved:
+            return None
+        table = ShardTable(cfg)
+        if not table.exists():
+            return None
+        change = guard.measure(table, parse_manifest(cfg, b.batch_id, b.manifest))
+        if change is None or not guard.stops(cfg, change):
+            return None
+        return GuardStop(
+            sink=cfg.name,
+            run_id=run_id,
+            batch_id=b.batch_id,
+            lower=b.lower,
+            upper=b.upper,
+            inserted=change.inserted,
+            retracted=change.retracted,
+            shard_rows=change.shard_rows,
+            share=change.share,
+            max_share=float(cfg.correction_guard.max_share or 0),
+            line=guard.describe(cfg, b.batch_id, b.lower, b.upper, change),
+        )
+
+
+def approval_request(stop: GuardStop, timeout_minutes: float) -> tuple[str, str]:
+    """(subject, body in Markdown) of the approval Airflow asks for."""
+    subject = f"Sink {stop.sink}: commit a correction of {stop.share:.1%} of the shard?"
+    body = (
+        f"The correction guard stopped batch `{stop.batch_id}` of run `{stop.run_id}`: it would change more "
+        f"of the shard than `correction_guard.max_share` ({stop.max_share:.1%}) allows. Nothing is committed "
+        "until you answer.\n\n"
+        "| | |\n|---|---|\n"
+        f"| interval | `{stop.interval}` |\n"
+        f"| rows inserted | {stop.inserted:,} |\n"
+        f"| rows retracted | {stop.retracted:,} |\n"
+        f"| shard rows now | {stop.shard_rows:,} |\n"
+        f"| share of the shard that changes | **{stop.share:.1%}** |\n\n"
+        "**Approve** if the change is intended: the batch is committed and the approval recorded in the "
+        "ledger under your name. **Reject** if the source is wrong: nothing is committed, the run fails, and "
+        "once the source is fixed the next run recomputes the batch.\n\n"
+        f"Without an answer within {_minutes(timeout_minutes)} the batch counts as rejected. The CLI "
+        f"approves it too: `python -m reconcile approve {stop.sink} {stop.batch_id}`."
+    )
+    return subject, body
+
+
+def _minutes(value: float) -> str:
+    return f"{value:g} minute{'' if value == 1 else 's'}"
+
+
+def approve_batch(sink: str, batch_id: str, by: str) -> str:
+    """Record in the ledger that ``by`` let the batch past the correction guard."""
+    with sink_and_store(sink) as (cfg, store):
+        b = store.approve(cfg.name, batch_id, by)
+        return f"sink {cfg.name}: batch {batch_id} approved by {b.approved}"
+
+
+def refusal(stop: GuardStop, who: str | None, timeout_minutes: float, logical_date: datetime | None) -> str:
+    """One line: the batch was rejected (``who``) or nobody answered (None), and what to do."""
+    why = f"rejected by {who} in Airflow" if who else f"nobody answered the approval within {_minutes(timeout_minutes)}"
+    return (
+        f"approve_correction: {why}: {stop.line}; nothing was committed. If the source is wrong, fix it: the next "
+        f"run recomputes the batch. If the change is intended after all, approve it "
+        f"(`python -m reconcile approve {stop.sink} {stop.batch_id}`) and rerun the approval, which then "
+        f"lets it through: {remedy.rerun(stop.sink, stop.run_id, 'approve_correction', logical_date)}."
+    )
+
+
+def reject_batch(stop: GuardStop, message: str) -> None:
+    """Record on the batch that it was refused (final: retrying the same batch cannot help)."""
+    with sink_and_store(stop.sink) as (_, store):
+        store.note_failure(stop.batch_id, message, FINAL)
+
+
+# -- the DAG run's note ------------------------------------------------------------------------
+
+NOTE_LIMIT = 1000  # Airflow's DAGRunPatchBody.note
+
+
+def outcome_note(sink: str, run_id: str, batch_id: str | None) -> str:
+    """The run's outcome as its note: where its batch stands (:func:`batch_line`), and who
+    approved it past the correction guard, if anyone."""
+    _, line = batch_line(sink, run_id, batch_id)
+    with sink_and_store(sink) as (cfg, store):
+        b = run_batch_of(store, cfg.name, run_id, batch_id)
+        if b is not None and b.approved:
+            line += f"; approved by {b.approved}"
+    return line
+
+
+def api_connection_id() -> str:
+    return os.environ.get("RECONCILE_AIRFLOW_API_CONN_ID", "reconcile_airflow_api")
+
+
+def set_run_note(dag_id: str, run_id: str, note: str) -> bool:
+    """Set the DAG run's note (shown on the run in Airflow's UI) to ``note``: Airflow's REST API
+    (``PATCH /api/v2/dags/{dag_id}/dagRuns/{run_id}``), the supported way for a task, which has
+    no database access and whose Task SDK cannot change its run. The API's URL and an Airflow
+    user's login come from the connection ``RECONCILE_AIRFLOW_API_CONN_ID`` (default
+    ``reconcile_airflow_api``; host: the api-server's URL). Never fails the task: without the
+    connection, or if the API refuses, the note is logged as not set, with why. True if set."""
+    import httpx
+    from airflow.sdk import BaseHook
+
+    note = note if len(note) <= NOTE_LIMIT else note[: NOTE_LIMIT - 1] + "\u2026"
+    conn_id = api_connection_id()
+    try:
+        conn = BaseHook.get_connection(conn_id)
+    except Exception:  # noqa: BLE001 - no such connection: the deployment does not ask for notes
+        log.info("run %s's note (not set: no Airflow connection %r to Airflow's REST API): %s", run_id, conn_id, note)
+        return False
+    host = conn.host or ""
+    base = host if "://" in host else f"{conn.schema or 'http'}://{host}{f':{conn.port}' if conn.port else ''}"
+    try:
+        with httpx.Client(base_url=base.rstrip("/"), timeout=30) as client:
+            token = client.post("/auth/token", json={"username": conn.login, "password": conn.password})
+            token.raise_for_status()
+            answer = client.patch(
+                f"/api/v2/dags/{dag_id}/dagRuns/{run_id}",
+                params={"update_mask": "note"},
+                json={"note": note},
+                headers={"Authorization": f"Bearer {token.json()['access_token']}"},
+            )
+            answer.raise_for_status()
+    except (httpx.HTTPError, KeyError, ValueError) as exc:
+        log.warning("run %s's note not set (Airflow's REST API at %s: %s): %s", run_id, base, exc, note)
+        return False
+    log.info("run %s's note: %s", run_id, note)
+    return True
+
+
+# -- the lag alert (an Airflow deadline) ---------------------------------------------------------
+
+
+def lag_alert_line(sink: str, lag_minutes: float, context: dict) -> str:
+    """One line for a run that missed its deadline: which run, since when, and where the shard
+    stands (its upper and lag, if the ledger answers)."""
+    from reconcile.schedule import now_ms
+
+    run = context.get("dag_run") or {}
+    deadline = (context.get("deadline") or {}).get("deadline_time")
+    line = (
+        f"sink {sink}: run {run.get('run_id')} ({run.get('state')}) has not finished {lag_minutes:g} min after it "
+        f"was queued (alert.lag_minutes; deadline {deadline})"
+    )
+    try:
+        with sink_and_store(sink) as (cfg, store):
+            upper = store.get_shard(cfg.name).upper
+        line += f"; the shard's upper is {iso(upper)}, {(now_ms() - upper) / 60_000:,.0f} min behind now"
+    except Exception as exc:  # noqa: BLE001 - the alert goes out even when the ledger cannot answer
+        line += f"; the shard's upper is unknown ({type(exc).__name__}: {exc})"
+    return line + f". Look at the run in Airflow and at `python -m reconcile status {sink}`."

@@ -7,7 +7,9 @@ batch that inserts or retracts more than that share of the shard's rows, once th
 
 - Approve the batch (``python -m reconcile approve SINK BATCH``, or the run's
   ``approve_correction`` param), then append it (the failed task's remedy ends with the
-  commands that rerun the run's ``append``).
+  commands that rerun the run's ``append``). With ``correction_guard.approve_in_airflow`` the
+  run does not fail: it waits in its ``approve_correction`` task for an operator's answer in
+  Airflow's UI (:func:`measure` and :func:`stops` decide before the append, committing nothing).
 - Or fix the source: the next run's mint supersedes the blocked batch and computes it anew.
 
 The batch's inserted and retracted rows come from its manifest (per partition: the sum of
@@ -45,25 +47,45 @@ def shard_rows(table: ShardTable) -> int:
     return int(pc.sum(table.row_diffs()).as_py() or 0)
 
 
+def measure(table: ShardTable, manifest: Manifest) -> Change | None:
+    """What the staged batch would change of the shard now (None when the guard is off or the
+    manifest does not record its change). Reads only; commits nothing."""
+    if table.cfg.correction_guard.max_share is None:
+        return None
+    change = manifest.change()
+    if change is None:
+        return None
+    return Change(*change, shard_rows(table))
+
+
+def stops(cfg, change: Change | None) -> bool:
+    """Does the guard stop a batch that changes ``change`` (unless someone approves it)?"""
+    guard = cfg.correction_guard
+    if change is None or guard.max_share is None:
+        return False
+    return change.shard_rows >= guard.min_rows and change.share > guard.max_share
+
+
+def describe(cfg, batch_id: str, lower: int, upper: int, change: Change) -> str:
+    """The numbers of a stopped batch, in one line."""
+    return (
+        f"correction guard: batch {batch_id} [{iso(lower)}, {iso(upper)}) would insert {change.inserted:,} and retract "
+        f"{change.retracted:,} of the shard's {change.shard_rows:,} rows ({change.share:.1%}, more than "
+        f"correction_guard.max_share {cfg.correction_guard.max_share:.1%})"
+    )
+
+
 def check(
     table: ShardTable, batch_id: str, lower: int, upper: int, manifest: Manifest, approved: str | None
 ) -> Change | None:
     """Raise :class:`CorrectionBlocked` when the staged batch changes more than the guard
     allows and nobody approved it; returns what was measured (None when the guard is off)."""
     cfg = table.cfg
-    guard = cfg.correction_guard
-    if guard.max_share is None:
-        return None
-    change = manifest.change()
-    if change is None:
-        return None
-    measured = Change(*change, shard_rows(table))
-    if approved or measured.shard_rows < guard.min_rows or measured.share <= guard.max_share:
+    measured = measure(table, manifest)
+    if measured is None or approved or not stops(cfg, measured):
         return measured
     raise CorrectionBlocked(
-        f"correction guard: batch {batch_id} [{iso(lower)}, {iso(upper)}) would insert {measured.inserted:,} and retract "
-        f"{measured.retracted:,} of the shard's {measured.shard_rows:,} rows ({measured.share:.1%}, more than "
-        f"correction_guard.max_share {guard.max_share:.1%}); nothing was committed",
+        f"{describe(cfg, batch_id, lower, upper, measured)}; nothing was committed",
         sink=cfg.name,
         remedy=f"if the change is intended, approve it: `python -m reconcile approve {cfg.name} {batch_id}`; "
         "if the source is wrong, fix it: the next run recomputes the batch.",
