@@ -221,3 +221,62 @@ def test_staged_files_a_cleanup_removes_are_pending_until_the_horizon(spark, war
     assert "a violation after 2h 0m" in report.findings[0]  # twice the hourly period
     later = check.run_check(store, cfg, now=now_ms() + 3 * 3_600_000)
     assert len(later.violations) == 1 and "older than the cleanup horizon (2h 0m)" in later.violations[0]
+
+
+WATCHED = """
+import os, signal, sys
+from reconcile.airflow.watchdog import watched
+sink, run_id, stage, how = sys.argv[1:5]
+with watched(sink, run_id, stage, 2):
+    if how == "kill":
+        os.kill(os.getpid(), signal.SIGKILL)  # as the OOM killer does: no finally, no callback
+    print("finished", flush=True)
+"""
+
+
+def test_a_killed_stage_leaves_a_line_of_what_the_sink_knows_and_a_finished_one_none(
+    spark, warehouse, tmp_path, store, monkeypatch
+):
+    """A stage process killed outright says nothing itself; its watchdog writes one line into the
+    same output (the task's log under Airflow: tests/test_scheduler.py): the run's batch, what is
+    staged and committed, what comes next. A stage that ends, even by an exception, leaves none."""
+    import os
+    import sys
+    from pathlib import Path
+
+    from reconcile.sink import mint, write
+
+    monkeypatch.setenv("RECONCILE_SINKS_DIR", str(tmp_path))
+    cfg = make_sink(tmp_path, "watched")
+    write_json_rows(tmp_path / "src", [{"k": 1, "v": "a"}])
+    desc = mint.run_mint(store, cfg, "run-1", 1, 200).description
+    assert write.run_write(spark, store, cfg, desc.batch_id).outcome == "staged"
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "include")}
+    env.pop("PYSPARK_GATEWAY_PORT", None)
+
+    def stage(how: str, stage: str = "append") -> subprocess.CompletedProcess:
+        # stderr is a pipe: read to its end, which comes only once the watchdog let go of it too
+        args = [sys.executable, "-c", WATCHED, cfg.name, "run-1", stage, how]
+        return subprocess.run(args, env=env, capture_output=True, text=True, timeout=120)
+
+    killed = stage("kill")
+    assert killed.returncode == -9 and killed.stdout == ""
+    lines = killed.stderr.strip().splitlines()
+    assert len(lines) == 1, killed.stderr
+    attempts = ShardTable(cfg).staged_attempts(desc.batch_id)
+    assert lines[0].startswith(
+        "reconcile: the append task of sink watched (run run-1, try 2) was killed before it finished"
+    )
+    assert f"batch {desc.batch_id} [{iso(desc.lower)}, {iso(desc.upper)}) is staged" in lines[0]
+    assert f"{len(attempts)} write attempt(s) staged under {ShardTable(cfg).staging_path(desc.batch_id)}" in lines[0]
+    assert "nothing committed" in lines[0] and "Next: a retry or a clear of append commits" in lines[0]
+
+    finished = stage("finish")
+    assert (finished.returncode, finished.stdout, finished.stderr) == (0, "finished\n", "")
+    unknown = subprocess.run(
+        [sys.executable, "-c", WATCHED, cfg.name, "no-such-run", "write", "kill"],
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert "the run minted no batch; nothing was staged or committed" in unknown.stderr, unknown.stderr
