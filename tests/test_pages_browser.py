@@ -1,6 +1,16 @@
 """The shard pages in a real browser: headless Chromium (Debian's package, /usr/bin/chromium)
-driven by playwright logs in through Airflow's own login page, then reads the overview, a sink
-page and the "Reconcile shards" entry of Airflow's UI, which frames the overview.
+driven by playwright, against a real api-server over a realistic history (two days of hourly
+batches: a zero-row batch, a one-row drift next to a million-row batch, a failed-then-resolved
+batch, a late commit, an unresolved failure, a superseded catch-up run).
+
+- A browser without a session asking for a page is sent to Airflow's login page and, logged
+  in, lands on the page it asked for (the simple auth manager's login follows ``next=``).
+- Logged in, it reads the overview, a sink page and the "Reconcile shards" entry of Airflow's
+  UI, which frames the overview.
+- At 1280 and 800 px wide, the overview and the sink page are screenshotted (``<pytest tmp>/
+  browser0/{overview,sink}-{1280,800}.png``) and their text is measured in the browser: no two
+  visible text boxes intersect, no text leaves its chart or the viewport, the charts' axes read
+  UTC dates, no number is in exponent notation.
 
 CI installs chromium (.ci/run); without it this test fails there (CI=true) and skips, saying
 why, elsewhere."""
@@ -8,8 +18,11 @@ why, elsewhere."""
 from __future__ import annotations
 
 import os
+import re
+from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from urllib.parse import parse_qs, urlparse
 
 import pytest
 
@@ -19,6 +32,8 @@ CHROMIUM = Path("/usr/bin/chromium")
 PASSWORD = "reconcile-browser-pw"
 HOUR = 3_600_000
 T0 = int(datetime(2026, 1, 1, tzinfo=UTC).timestamp() * 1000)
+BATCHES = 48  # hourly, 2026-01-01T00 .. 2026-01-03T00; the last one fails
+EMPTY, HUGE, DRIFT, RESOLVED, LATE, ERRORS = 30, 20, 21, 35, 12, 8  # batch numbers with a story
 
 
 def _need_browser():
@@ -37,118 +52,266 @@ def _need_browser():
         pytest.skip(problem)
 
 
-@pytest.fixture(scope="module")
-def pages(airflow_db, tmp_path_factory):
-    """An api-server over a ledger written directly (no Spark): sink ``orders`` with three
-    committed hourly batches (one repaired drift) and a failed fourth."""
+def _history(url: str, name: str) -> None:
+    """Sink ``name``'s ledger, written directly (no Spark): :data:`BATCHES` hourly batches, each
+    committed 5 minutes after its upper (batch LATE 3 hours after), the last one failed; batch
+    EMPTY changed nothing, HUGE wrote a million rows, DRIFT repaired one row of drift, RESOLVED
+    committed after a failed attempt, ERRORS holds error rows; and a superseded catch-up run."""
     from reconcile.storage.ledger import Ledger
     from reconcile.storage.tables import Batch, Shard
 
-    tmp = tmp_path_factory.mktemp("browser")
-    url = f"sqlite:///{tmp / 'meta.db'}"
-    cfg = make_sink(tmp, "orders", schedule="@hourly")
     store = Ledger(url)
     at = datetime(2026, 1, 1, tzinfo=UTC)
+    last = BATCHES - 1
     with store.tx() as s:
-        s.add(Shard(**{**Shard.initial(cfg.name, T0, at=at), "upper": T0 + 3 * HOUR, "delta_version": 3}))
-        for i in range(4):
-            failed = i == 3
+        s.add(Shard(**{**Shard.initial(name, T0, at=at), "upper": T0 + last * HOUR, "delta_version": last}))
+        for i in range(BATCHES):
+            failed, resolved = i == last, i == RESOLVED
+            upper = at + timedelta(hours=i + 1)
             s.add(
                 Batch(
                     batch_id=f"{T0 + i * HOUR}-{i:016x}",
-                    shard=cfg.name,
+                    shard=name,
                     lower=T0 + i * HOUR,
                     upper=T0 + (i + 1) * HOUR,
                     state="staged" if failed else "committed",
-                    run_id=f"scheduled__2026-01-01T0{i + 1}:00:00+00:00",
-                    attempt=1,
+                    run_id=f"scheduled__{upper:%Y-%m-%dT%H}:00:00+00:00",
+                    attempt=2 if resolved else 1,
                     delta_version=None if failed else i + 1,
-                    rows_ok=10 * (i + 1),
-                    rows_err=1 if i == 1 else 0,
-                    drift_rows=2 if i == 2 else 0,
-                    message="source src: path /data/orders does not exist" if failed else None,
-                    failure_kind="final" if failed else None,
-                    created_at=at + timedelta(hours=i + 1),
-                    updated_at=at + timedelta(hours=i + 1, minutes=5),
+                    rows_ok={EMPTY: 0, HUGE: 1_000_000}.get(i, 300 + 17 * (i % 9)),
+                    rows_err=3 if i == ERRORS else 0,
+                    drift_rows=1 if i == DRIFT else 0,
+                    message=(
+                        "source src: path /data/orders does not exist"
+                        if failed
+                        else "the api-server was restarted mid-commit"
+                        if resolved
+                        else None
+                    ),
+                    failure_kind="final" if failed else "retryable" if resolved else None,
+                    created_at=upper,
+                    updated_at=upper + timedelta(hours=3 if i == LATE else 0, minutes=5),
                 )
             )
         s.add(  # the scheduled catch-up run a backfill's batch superseded: green, yet the shard is behind it
             Batch(
-                batch_id=f"{T0 + 3 * HOUR}-0000000000000000c",
-                shard=cfg.name,
-                lower=T0 + 3 * HOUR,
-                upper=T0 + 5 * HOUR,
+                batch_id=f"{T0 + last * HOUR}-0000000000000000c",
+                shard=name,
+                lower=T0 + last * HOUR,
+                upper=T0 + (last + 2) * HOUR,
                 state="superseded",
                 run_id="scheduled__catchup",
                 attempt=1,
                 message="superseded by batch x of run y Remedy: none needed: the next scheduled run appends it",
                 failure_kind="final",
-                created_at=at + timedelta(hours=3, minutes=30),
-                updated_at=at + timedelta(hours=3, minutes=40),
+                created_at=at + timedelta(hours=last, minutes=30),
+                updated_at=at + timedelta(hours=last, minutes=40),
             )
         )
     store.dispose()
+
+
+@pytest.fixture(scope="module")
+def pages(airflow_db, tmp_path_factory):
+    """An api-server over sink ``orders`` with :func:`_history`; yields (base url, tmp)."""
+    tmp = tmp_path_factory.mktemp("browser")
+    url = f"sqlite:///{tmp / 'meta.db'}"
+    cfg = make_sink(tmp, "orders", schedule="@hourly")
+    _history(url, cfg.name)
     env = dict(RECONCILE_METADATA_URL=url, RECONCILE_SINKS_DIR=str(tmp), RECONCILE_WAREHOUSE=str(tmp / "wh"))
     with api_server(tmp, PASSWORD, env) as (base, _):
         yield base, tmp
 
 
-@pytest.mark.airflow
-def test_a_browser_logs_in_and_reads_the_pages(pages):
+@contextmanager
+def _chromium():
     _need_browser()
     from playwright.sync_api import sync_playwright
 
-    base, tmp = pages
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=str(CHROMIUM), args=["--no-sandbox"])
         try:
-            page = browser.new_page()
-            response = page.goto(f"{base}/reconcile/")
-            assert response is not None and response.status == 401  # no login yet: closed
-            assert "orders" not in page.content()
-
-            page.goto(f"{base}/auth/login")
-            page.get_by_label("Username").fill("admin")
-            page.get_by_label("Password").fill(PASSWORD)
-            page.get_by_role("button", name="Sign in").click()
-            page.wait_for_url(lambda url: "/auth/login" not in url, timeout=30_000)
-            assert any(c["name"] == "_token" for c in page.context.cookies())  # the UI's JWT cookie
-
-            response = page.goto(f"{base}/reconcile/")
-            assert response is not None and response.status == 200
-            assert page.get_by_role("heading", name="Reconcile shards").is_visible()
-            row = page.locator("tr", has=page.get_by_role("link", name="orders"))
-            text = row.inner_text()
-            assert "2026-01-01T03:00:00.000Z" in text and f"({T0 + 3 * HOUR})" in text  # upper, with its ms
-            assert "never compacted" in text
-            assert "final: source src: path /data/orders does not exist" in text  # the last batch's cause
-            assert row.locator(".bad").count() >= 1  # lagging well past twice the hourly schedule
-
-            row.get_by_role("link", name="orders").click()
-            page.wait_for_url("**/reconcile/sinks/orders")
-            assert page.get_by_role("heading", name="orders").is_visible()
-            assert page.locator("svg").count() == 3
-            assert page.locator("svg polyline").count() == 2 and page.locator("svg rect").count() >= 3
-            assert page.get_by_text("drift 2", exact=True).is_visible()
-            # the superseded run is grey, not a red "final: ... Remedy: none needed"; the run to clear is named
-            grey = page.locator(".done", has_text="superseded by batch x of run y")
-            assert grey.count() >= 1 and "Remedy" not in grey.first.inner_text()
-            assert page.locator(".bad", has_text="superseded").count() == 0
-            behind = page.locator("p.warn")
-            assert "airflow dags clear orders --run-id scheduled__catchup -y" in behind.inner_text()
-            run = page.get_by_role("link", name="run", exact=True).first
-            assert run.get_attribute("href") == "/dags/orders/runs/scheduled__2026-01-01T04%3A00%3A00%2B00%3A00"
-            log = page.get_by_role("link", name="append log").first
-            assert log.get_attribute("href") == (
-                "/dags/orders/runs/scheduled__2026-01-01T04%3A00%3A00%2B00%3A00/tasks/append"
-            )
-            page.screenshot(path=str(tmp / "sink-page.png"), full_page=True)
-
-            # the nav entry: Airflow's UI route for the plugin frames the overview
-            page.goto(f"{base}/plugin/reconcile")
-            frame = page.frame_locator("iframe[title='Reconcile shards']")
-            frame.get_by_role("heading", name="Reconcile shards").wait_for(timeout=30_000)
-            assert frame.get_by_role("link", name="orders").is_visible()
-            page.screenshot(path=str(tmp / "nav-entry.png"))
+            yield browser
         finally:
             browser.close()
+
+
+def _sign_in(page) -> None:
+    """Fill in and submit Airflow's own login page (the simple auth manager's), already open."""
+    page.get_by_label("Username").fill("admin")
+    page.get_by_label("Password").fill(PASSWORD)
+    page.get_by_role("button", name="Sign in").click()
+    page.wait_for_url(lambda url: "/auth/login" not in url, timeout=30_000)
+
+
+@pytest.mark.airflow
+def test_a_browser_without_a_session_is_sent_to_airflows_login_and_back(pages):
+    base, _ = pages
+    with _chromium() as browser:
+        page = browser.new_page()
+        response = page.goto(f"{base}/reconcile/sinks/orders?before={T0 + 10 * HOUR}")
+        assert response is not None and response.ok
+        assert urlparse(page.url).path == "/auth/login", page.url  # Airflow's login page, not a 401
+        assert parse_qs(urlparse(page.url).query)["next"] == [f"/reconcile/sinks/orders?before={T0 + 10 * HOUR}"]
+        first = response.request.redirected_from
+        assert first is not None and first.response().status == 307
+        assert page.get_by_role("button", name="Sign in").is_visible()
+        _sign_in(page)
+        page.wait_for_url(f"**/reconcile/sinks/orders?before={T0 + 10 * HOUR}", timeout=30_000)
+        assert page.get_by_role("heading", name="orders").is_visible()  # back on the page it asked for
+        assert page.get_by_text("newest batches").is_visible()
+        assert any(c["name"] == "_token" for c in page.context.cookies())  # the UI's JWT cookie
+
+
+@pytest.mark.airflow
+def test_a_browser_logs_in_and_reads_the_pages(pages):
+    base, tmp = pages
+    with _chromium() as browser:
+        page = browser.new_page()
+        page.goto(f"{base}/auth/login")
+        _sign_in(page)
+
+        response = page.goto(f"{base}/reconcile/")
+        assert response is not None and response.status == 200
+        assert page.get_by_role("heading", name="Reconcile shards").is_visible()
+        row = page.locator("tr", has=page.get_by_role("link", name="orders"))
+        text = row.inner_text()
+        upper = T0 + (BATCHES - 1) * HOUR
+        assert "2026-01-02T23:00:00.000Z" in text and f"({upper})" in text  # upper, with its ms
+        assert "never compacted" in text
+        assert "final: source src: path /data/orders does not exist" in text  # the last batch's cause
+        assert row.locator(".bad").count() >= 1  # lagging well past twice the hourly schedule
+
+        row.get_by_role("link", name="orders").click()
+        page.wait_for_url("**/reconcile/sinks/orders")
+        assert page.get_by_role("heading", name="orders").is_visible()
+        assert page.locator("svg").count() == 3
+        assert page.locator("svg polyline").count() == 2 and page.locator("svg rect").count() >= BATCHES - 2
+        assert page.get_by_text("drift 1", exact=True).is_visible()
+        resolved = page.locator(".done", has_text="resolved (a later attempt committed it at Delta version 36)")
+        assert "retryable: the api-server was restarted mid-commit" in resolved.inner_text()
+        # the superseded run is grey, not a red "final: ... Remedy: none needed"; the run to clear is named
+        grey = page.locator(".done", has_text="superseded by batch x of run y")
+        assert grey.count() >= 1 and "Remedy" not in grey.first.inner_text()
+        assert page.locator(".bad", has_text="superseded").count() == 0
+        behind = page.locator("p.warn")
+        assert "airflow dags clear orders --run-id scheduled__catchup -y" in behind.inner_text()
+        run = page.get_by_role("link", name="run", exact=True).first
+        assert run.get_attribute("href") == "/dags/orders/runs/scheduled__2026-01-03T00%3A00%3A00%2B00%3A00"
+        log = page.get_by_role("link", name="append log").first
+        assert (
+            log.get_attribute("href") == "/dags/orders/runs/scheduled__2026-01-03T00%3A00%3A00%2B00%3A00/tasks/append"
+        )
+
+        # the nav entry: Airflow's UI route for the plugin frames the overview
+        page.goto(f"{base}/plugin/reconcile")
+        frame = page.frame_locator("iframe[title='Reconcile shards']")
+        frame.get_by_role("heading", name="Reconcile shards").wait_for(timeout=30_000)
+        assert frame.get_by_role("link", name="orders").is_visible()
+        page.screenshot(path=str(tmp / "nav-entry.png"))
+
+
+TEXT_BOXES = """() => {
+  const out = [];
+  const visible = (el) => {
+    const s = getComputedStyle(el);
+    return s.visibility !== 'hidden' && s.display !== 'none' && Number(s.opacity) > 0;
+  };
+  const walker = document.createTreeWalker(document.body, NodeFilter.SHOW_TEXT);
+  while (walker.nextNode()) {
+    const node = walker.currentNode, el = node.parentElement;
+    if (!node.textContent.trim() || el.closest('svg') || !visible(el)) continue;
+    const range = document.createRange();
+    range.selectNodeContents(node);
+    for (const r of range.getClientRects()) {
+      if (r.width > 0 && r.height > 0)
+        out.push({text: node.textContent.trim().slice(0, 60), l: r.left, r: r.right, t: r.top, b: r.bottom, box: null});
+    }
+  }
+  for (const t of document.querySelectorAll('svg text')) {
+    const r = t.getBoundingClientRect(), s = t.ownerSVGElement.getBoundingClientRect();
+    if (r.width > 0 && visible(t))
+      out.push({text: t.textContent, l: r.left, r: r.right, t: r.top, b: r.bottom, box: {l: s.left, r: s.right}});
+  }
+  return {boxes: out, width: document.documentElement.clientWidth, scroll: document.documentElement.scrollWidth};
+}"""
+
+
+def _overlaps(boxes: list[dict], tolerance: float = 1.0) -> list[tuple[str, str]]:
+    """Pairs of text boxes that intersect by more than ``tolerance`` px both ways."""
+    found = []
+    ordered = sorted(boxes, key=lambda b: b["t"])
+    for i, a in enumerate(ordered):
+        for b in ordered[i + 1 :]:
+            if b["t"] >= a["b"] - tolerance:
+                break
+            if min(a["r"], b["r"]) - max(a["l"], b["l"]) > tolerance and min(a["b"], b["b"]) - b["t"] > tolerance:
+                found.append((a["text"], b["text"]))
+    return found
+
+
+def _clipped(measured: dict, tolerance: float = 1.0) -> list[str]:
+    """Texts that leave their chart (SVG) or the viewport horizontally."""
+    out = []
+    for b in measured["boxes"]:
+        left, right = (b["box"]["l"], b["box"]["r"]) if b["box"] else (0, measured["width"])
+        if b["l"] < left - tolerance or b["r"] > right + tolerance:
+            out.append(f"{b['text']!r} spans [{b['l']:.0f}, {b['r']:.0f}] outside [{left:.0f}, {right:.0f}]")
+    return out
+
+
+@pytest.mark.airflow
+@pytest.mark.parametrize("width", [1280, 800])
+def test_the_pages_read_cleanly_at_1280_and_800_px(pages, width):
+    """Screenshots in <pytest tmp>/browser0/{overview,sink}-<width>.png."""
+    base, tmp = pages
+    with _chromium() as browser:
+        page = browser.new_page(viewport={"width": width, "height": 900})
+        page.goto(f"{base}/auth/login")
+        _sign_in(page)
+        for name, path in (("overview", "/reconcile/"), ("sink", "/reconcile/sinks/orders")):
+            assert page.goto(base + path).status == 200
+            page.screenshot(path=str(tmp / f"{name}-{width}.png"), full_page=True)
+            measured = page.evaluate(TEXT_BOXES)
+            assert len(measured["boxes"]) > 20, measured
+            assert _overlaps(measured["boxes"]) == [], (name, width)
+            assert _clipped(measured) == [], (name, width)
+            assert measured["scroll"] <= measured["width"], (name, width, measured)  # no sideways scrolling
+            words = page.locator("body").inner_text()
+            assert not re.search(r"\d[eE][+-]?\d", words), re.search(r".{30}\d[eE][+-]?\d.{10}", words)
+        charts = page.locator("svg")
+        assert charts.count() == 3
+        for i in range(3):  # each chart fits the page: nothing overflows at 800 px
+            box = charts.nth(i).bounding_box()
+            assert box is not None and box["x"] >= 0 and box["x"] + box["width"] <= width
+        axis = page.locator("svg text").all_text_contents()
+        assert sum(bool(re.fullmatch(r"2026-01-0[1-3]", t)) for t in axis) >= 3, axis  # UTC dates on the axes
+        assert any(re.fullmatch(r"\d+ h", t) for t in axis), axis  # the lag at commit in hours, round ticks
+        assert "1M" in axis, axis  # a million rows reads as 1M
+        # the zero-row batch and the one-row drift next to the million-row batch are marked, visibly
+        empty = page.locator("svg circle", has=page.locator("title", has_text="no change (0 rows)"))
+        drift = page.locator("svg path", has=page.locator("title", has_text="drift 1 rows repaired"))
+        assert empty.count() == 1 and drift.count() == 1
+        for marker in (empty, drift):
+            box = marker.bounding_box()
+            assert box is not None and box["width"] >= 5 and box["height"] >= 5, box
+        assert page.locator(".legend", has_text="no change (0 rows)").is_visible()
+
+
+def test_the_text_checks_catch_overlapping_and_clipped_text():
+    """The measurement above finds what it looks for: a legend drawn over an axis label (the
+    old charts' fault), a title running out of its chart, a table wider than the window."""
+    page_html = (
+        "<body style='margin:0'><svg viewBox='0 0 300 100' width=300 font-size=12>"
+        "<text x=10 y=20>lag (commit time - upper)</text><text x=20 y=22>1.79561E+12</text>"
+        "<text x=200 y=60>rows per batch (ok, errors, drift)</text></svg>"
+        "<p>fits</p><table><tr><td style='white-space:nowrap'>" + "x" * 300 + "</td></tr></table></body>"
+    )
+    with _chromium() as browser:
+        page = browser.new_page(viewport={"width": 800, "height": 600})
+        page.set_content(page_html)
+        measured = page.evaluate(TEXT_BOXES)
+    assert _overlaps(measured["boxes"]) == [("lag (commit time - upper)", "1.79561E+12")]
+    clipped = sorted(_clipped(measured))
+    assert [c[:8] for c in clipped] == ["'rows pe", "'xxxxxxx"], clipped
+    assert measured["scroll"] > measured["width"]

@@ -1,5 +1,6 @@
 """The shard pages: Airflow's plugin manager loads them; a real api-server serves them behind
-Airflow's authentication (anonymous: 401 like /api/v2; no docs or schema routes); they show
+Airflow's authentication (an anonymous browser is sent to Airflow's login page, any other
+anonymous request gets 401 like /api/v2; no docs or schema routes); they show
 frontiers, failure causes, drift with the foreign Delta versions behind it, charts and links to
 runs; the ledger pages by key (10,000 batches: fast, through an index). A real browser logs in
 and reads them in tests/test_pages_browser.py."""
@@ -94,14 +95,53 @@ def test_anonymous_requests_get_what_api_v2_gives_them(shard_pages):
     base, _, _ = shard_pages
     assert _get(f"{base}/api/v2/dags")[0] == 401
     for path in ("/reconcile/", "/reconcile/sinks/paged", "/reconcile/sinks/x", "/reconcile/sinks/paged?before=1"):
-        status, body = _get(base + path)
+        status, body = _get(base + path)  # no Accept: text/html, an API client
         assert status == 401, (path, status, body[:200])
-        assert "paged" not in body and "1970" not in body
+        assert "paged" not in body and "1970" not in body and "Not authenticated" in body
     for path in ("/reconcile/docs", "/reconcile/openapi.json", "/reconcile/redoc", "/reconcile/docs/oauth2-redirect"):
         status, body = _get(base + path)
         assert status in (401, 404) and "swagger" not in body.lower() and "openapi" not in body.lower(), path
     assert _get(f"{base}/reconcile/", token="not-a-token")[0] in (401, 403)
     assert _get(f"{base}/reconcile/", cookie="not-a-token")[0] in (401, 403)
+
+
+class _NoRedirect(urllib.request.HTTPRedirectHandler):
+    def redirect_request(self, *args, **kwargs):
+        return None  # the redirect itself is the answer
+
+
+def _navigate(url: str, accept: str, cookie: str | None = None) -> tuple[int, str | None, str]:
+    """GET ``url`` as a browser navigating would (``Accept: <accept>``), without following a
+    redirect: (status, Location, body)."""
+    req = urllib.request.Request(url, headers={"Accept": accept})
+    if cookie:
+        req.add_header("Cookie", f"_token={cookie}")
+    try:
+        with urllib.request.build_opener(_NoRedirect).open(req, timeout=30) as r:
+            return r.status, r.headers.get("Location"), r.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.headers.get("Location"), exc.read().decode()
+
+
+@pytest.mark.airflow
+def test_a_browser_without_a_session_is_sent_to_airflows_login(shard_pages):
+    """A request that accepts HTML (a browser navigating) without a valid session is redirected
+    to the simple auth manager's login page with next= the page; an API client keeps 401 JSON."""
+    import json
+    from urllib.parse import urlencode
+
+    base, token, _ = shard_pages
+    html = "text/html,application/xhtml+xml,application/xml;q=0.9,*/*;q=0.8"  # what Chromium sends
+    for path in ("/reconcile/", "/reconcile/sinks/paged", "/reconcile/sinks/paged?before=200"):
+        status, location, body = _navigate(base + path, html)
+        assert (status, location) == (307, "/auth/login?" + urlencode({"next": path})), (path, status, body[:200])
+        assert "paged" not in body
+    assert _navigate(f"{base}/reconcile/", html, cookie="not-a-token")[:2] == (307, "/auth/login?next=%2Freconcile%2F")
+    status, _, page = _navigate(f"{base}/auth/login?next=%2Freconcile%2F", html)
+    assert status == 200 and "<html" in page.lower()  # Airflow's own login page
+    status, location, body = _navigate(f"{base}/reconcile/", "application/json")
+    assert (status, location) == (401, None) and json.loads(body) == {"detail": "Not authenticated"}
+    assert _navigate(f"{base}/reconcile/", html, cookie=token)[0] == 200  # a session: the page itself
 
 
 @pytest.mark.airflow

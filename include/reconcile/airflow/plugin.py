@@ -1,9 +1,11 @@
 """Airflow plugin: the "Reconcile shards" pages (every sink's frontiers, lag, batches, drift).
 
 Served by Airflow 3's api-server under /reconcile/, behind Airflow's own authentication: the
-user comes from the JWT the UI holds (its cookie, or an ``Authorization: Bearer`` header), an
-anonymous request gets 401 as /api/v2 gives it, and each sink shows only to users who may read
-its DAG. No docs or schema routes. Nothing runs at import beyond building the FastAPI app.
+user comes from the JWT the UI holds (its cookie, or an ``Authorization: Bearer`` header). A
+browser without a valid session (a request that accepts ``text/html`` and sends no Bearer
+header) is redirected (307) to the auth manager's login page with ``next=`` back to the page it
+asked for; any other anonymous request gets 401 JSON as /api/v2 gives it. Each sink shows only
+to users who may read its DAG. No docs or schema routes. Nothing runs at import beyond building the FastAPI app.
 """
 
 from __future__ import annotations
@@ -12,7 +14,29 @@ from typing import Annotated, Any
 
 from airflow.plugins_manager import AirflowPlugin
 from fastapi import Depends, FastAPI, HTTPException, Request
-from fastapi.responses import HTMLResponse
+from fastapi.responses import HTMLResponse, RedirectResponse
+
+
+class LoginRequired(Exception):
+    """A browser without a valid session asked for a page: it is sent to ``login_url``."""
+
+    def __init__(self, login_url: str):
+        super().__init__(login_url)
+        self.login_url = login_url
+
+
+def _browser(request: Request, bearer) -> bool:
+    """A browser navigating (it accepts HTML) rather than an API client (JSON, or a Bearer token)."""
+    return bearer is None and "text/html" in request.headers.get("accept", "").lower()
+
+
+def login_url(request: Request) -> str:
+    """Airflow's login page (the configured auth manager's ``get_url_login``) with ``next=`` the
+    page asked for, as a path on this server (the login page only follows same-origin URLs)."""
+    from airflow.api_fastapi.app import get_auth_manager
+
+    back = request.url.path + (f"?{request.url.query}" if request.url.query else "")
+    return get_auth_manager().get_url_login(next_url=back)
 
 
 async def current_user(request: Request):
@@ -22,7 +46,8 @@ async def current_user(request: Request):
     ``_token`` cookie); 401 when there is none, as /api/v2 answers. Imported per request: the
     plugin loads in every Airflow process, the api-server has it imported already. Its
     parameters are bound by name (Airflow 3.1 calls the OAuth2 one ``oauth_token``, 3.3
-    ``_oauth_token``; both read the same Bearer header)."""
+    ``_oauth_token``; both read the same Bearer header). A browser whose session is missing,
+    expired (401) or not a valid JWT (403) is sent to the login page instead."""
     import inspect
 
     from airflow.api_fastapi.core_api.security import get_user
@@ -35,7 +60,12 @@ async def current_user(request: Request):
         else None
     )
     given = {"request": request, "bearer_credentials": bearer}
-    return await get_user(**{name: given.get(name) for name in inspect.signature(get_user).parameters})
+    try:
+        return await get_user(**{name: given.get(name) for name in inspect.signature(get_user).parameters})
+    except HTTPException as exc:
+        if exc.status_code in (401, 403) and _browser(request, bearer):
+            raise LoginRequired(login_url(request)) from None
+        raise
 
 
 def _reader(user):
@@ -49,6 +79,11 @@ def _reader(user):
 
 User = Annotated[Any, Depends(current_user)]
 app = FastAPI(title="Reconcile shards", docs_url=None, redoc_url=None, openapi_url=None)
+
+
+@app.exception_handler(LoginRequired)
+async def _to_login(request: Request, exc: LoginRequired) -> RedirectResponse:
+    return RedirectResponse(exc.login_url, status_code=307)
 
 
 @app.get("/", response_class=HTMLResponse)
