@@ -1,14 +1,25 @@
 """The shard pages (served inside Airflow's api-server by reconcile.airflow.plugin, behind
-Airflow's own authentication).
+Airflow's own authentication; a browser without a session is sent to Airflow's login page).
 
 - Overview: per sink its upper, lag (red past the sink's ``alert.lag_minutes``), since, read-
   only, the last batch's state with the cause of any failure, drift flagged; invalid configs.
-- A page per sink: charts of upper and lag over time and of rows per batch (ok, errors, drift),
-  the ledger paged by key (fast at any depth), each batch linked to its Airflow run and task
-  log, drift attributed to the foreign Delta versions that caused it.
+- A page per sink: three charts of its newest committed batches, then the ledger paged by key
+  (fast at any depth), each batch linked to its Airflow run and task log, drift attributed to
+  the foreign Delta versions that caused it.
 
-Reads the ledger and the Delta log (plain Python, no Spark) per request. Every time is
-ISO UTC with the ms value beside it.
+Charts: inline SVG (no script, no network), as wide as the page up to 720 px; each has its
+title and a legend on rows of their own above it, and every label stays inside it.
+
+- *upper at each commit, as lag behind now* (now - upper) and *lag at each commit* (commit
+  time - upper, with the alert threshold dashed): x is the commit time, ticks at round UTC
+  dates or times of day; y a lag in s, min, h or d (picked by its size) at round numbers.
+- *rows per batch*: a bar per batch (ok, errors, drift stacked, linear; a part that is not 0
+  is at least 2 px tall), x labelled by the batch uppers in UTC. Below the axis, a marker
+  row: a triangle for each batch that repaired drift (seen next to a million-row batch), a
+  grey dot for each batch that changed nothing (0 rows).
+
+No number is written in exponent notation. Reads the ledger and the Delta log (plain Python,
+no Spark) per request. Every time in the tables is ISO UTC with the ms value beside it.
 """
 
 from __future__ import annotations
@@ -157,9 +168,9 @@ BLUE, RED, ORANGE, GREY = "#1565c0", "#c62828", "#ef6c00", "#757575"
 
 
 def _nice_step(raw: float) -> float:
-    """The smallest of 1, 2, 2.5, 5 times a power of ten at or above ``raw`` (> 0)."""
+    """The smallest of 1, 2, 5 times a power of ten at or above ``raw`` (> 0)."""
     power = 10.0 ** math.floor(math.log10(raw))
-    return next(m * power for m in (1, 2, 2.5, 5, 10) if m * power >= raw * (1 - 1e-9))
+    return next(m * power for m in (1, 2, 5, 10) if m * power >= raw * (1 - 1e-9))
 
 
 def nice_ticks(lo: float, hi: float, most: int = 5) -> list[float]:
@@ -172,9 +183,9 @@ def nice_ticks(lo: float, hi: float, most: int = 5) -> list[float]:
 
 
 def number(value: float, step: float = 1) -> str:
-    """A tick value without exponent notation: ``1,500``, ``2.5``; ``step`` sets the decimals."""
-    decimals = 0 if step >= 1 else min(6, -math.floor(math.log10(step) + 1e-9) + (0 if step * 10 % 1 == 0 else 1))
-    return f"{value:,.{decimals}f}"
+    """A tick value without exponent notation: ``1,500``, ``0.5``; ``step`` (1, 2 or 5 times a
+    power of ten) sets the decimals."""
+    return f"{value:,.{max(0, -math.floor(math.log10(step) + 1e-9))}f}"
 
 
 def count(value: float) -> str:
@@ -276,7 +287,8 @@ def _svg_lines(
 ) -> str:
     """Lags over time: ``series`` name -> (colour, [(x: a time in ms, y: a lag in ms)]). The y axis
     reads in the unit the largest lag asks for, with round ticks, from 0 unless ``from_zero`` is
-    false (then around the lags, so that a small change of a large lag shows); the x axis in UTC
+    false (then around the lags, so that a small change of a large lag shows, when it is at least
+    a hundredth of the unit); the x axis in UTC
     dates and times; ``threshold`` (a lag, ms) draws the alert line when it falls in the chart."""
     points = [p for _, pts in series.values() for p in pts]
     if not points:
@@ -287,9 +299,9 @@ def _svg_lines(
         x0, x1 = x0 - 30 * SECOND, x1 + 30 * SECOND
     lo, hi = min(p[1] for p in points), max(p[1] for p in points)
     unit, size = lag_unit(max(abs(lo), abs(hi)))
-    if from_zero:
-        lo, hi = min(0, lo), max(size, hi)
     ys = nice_ticks(lo / size, hi / size, 4)
+    if from_zero or ys[1] - ys[0] < 0.01:  # a change too small to read against the lag: from 0
+        ys = nice_ticks(min(0, lo) / size, max(size, hi) / size, 4)
     step = ys[1] - ys[0]
 
     def to_x(t: float) -> float:
@@ -309,7 +321,8 @@ def _svg_lines(
             parts.append(
                 f"<line x1='{LEFT}' x2='{W - RIGHT}' y1='{y:.1f}' y2='{y:.1f}' stroke='{RED}' stroke-dasharray='5 4'/>"
             )
-        legend.append(("dash", RED, f"alert past {duration(threshold)}"))
+        above = " (above the chart)" if threshold / size > ys[-1] else ""
+        legend.append(("dash", RED, f"alert past {duration(threshold)}{above}"))
     for name, (colour, pts) in series.items():
         path = " ".join(f"{to_x(x):.1f},{to_y(y / size):.1f}" for x, y in pts)
         parts.append(f"<polyline fill=none stroke='{colour}' stroke-width=1.5 points='{path}'/>")
@@ -322,17 +335,19 @@ def _svg_lines(
     return _figure(title, note, legend, _svg(title, H, parts))
 
 
-def _labelled(bars: list, step: float, plot_w: float) -> list[int]:
-    """The bars whose uppers label the x axis: those nearest to round UTC times, at least
-    :data:`LABEL_PX` apart."""
+def _labelled(bars: list, step: float, plot_w: float) -> tuple[list[int], list[list[str]]]:
+    """The bars whose uppers label the x axis (those nearest to round UTC times, at least
+    :data:`LABEL_PX` apart) and their labels: dates when the round times are days apart, else
+    times of day (to the second where an upper needs it) with their dates."""
     uppers = [b.upper for b in bars]
-    times, _ = time_ticks(uppers[0], uppers[-1], plot_w)
+    times, tick = time_ticks(uppers[0], uppers[-1], plot_w)
     shown: list[int] = []
     for t in times or uppers[:1]:
         i = min(range(len(uppers)), key=lambda k: abs(uppers[k] - t))
         if not shown or (i - shown[-1]) * step >= LABEL_PX:
             shown.append(i)
-    return shown
+    at = [uppers[i] for i in shown]
+    return shown, time_labels(at, DAY if tick >= DAY else SECOND if any(u % MINUTE for u in at) else MINUTE)
 
 
 def _svg_bars(title: str, bars: list) -> str:
@@ -345,7 +360,7 @@ def _svg_bars(title: str, bars: list) -> str:
     plot_w, base = W - LEFT - RIGHT, H - 56
     marks_y = base + 10
     parts_of = [(b.rows_ok or 0, b.rows_err or 0, b.drift_rows or 0) for b in bars]
-    ys = nice_ticks(0, max(1, max(sum(p) for p in parts_of)), 4)
+    ys = nice_ticks(0, max(4, max(sum(p) for p in parts_of)), 4)  # whole rows: steps of 1 or more
     step = plot_w / len(bars)
     width = max(step * 0.8, 1.0)
 
@@ -377,10 +392,7 @@ def _svg_bars(title: str, bars: list) -> str:
                 f"<title>{e(tip)}: no change (0 rows)</title></circle>"
             )
     parts.append(f"<line x1='{LEFT}' x2='{W - RIGHT}' y1='{base:.1f}' y2='{base:.1f}' stroke='#999'/>")
-    shown = _labelled(bars, step, plot_w)
-    uppers = [bars[i].upper for i in shown]
-    fine = any(u % MINUTE for u in uppers)
-    labels = time_labels(uppers, SECOND if fine else MINUTE)
+    shown, labels = _labelled(bars, step, plot_w)
     centres = [LEFT + (i + 0.5) * step for i in shown]
     parts += _x_axis(list(zip(centres, labels, strict=True)), marks_y + 6)
     legend = [
