@@ -32,18 +32,66 @@ SINK_CONF = {
     "spark.python.sql.dataFrameDebugging.enabled": "false",
 }
 
-# The embedded default only (a session this process creates on local[*]): no UI, a driver that
-# fits a laptop.
-LOCAL_CONF = {
-    "spark.ui.enabled": "false",
-    "spark.driver.memory": "2g",
-}
+# Local Spark is sized for the machine it runs on. In local mode the driver is the only executor:
+# its heap holds every task's shuffle and join memory, so a fixed laptop-sized heap makes every
+# wide shuffle of a few million rows spill. The driver gets half of the memory left after
+# RESERVED_BYTES (Airflow's processes, the Python driver, the OS and its page cache), within
+# [MIN_DRIVER_BYTES, MAX_DRIVER_BYTES]; shuffles get PARTITIONS_PER_CORE tasks per core
+# (adaptive execution coalesces them on small data).
+RESERVED_BYTES = 4 * 2**30
+MIN_DRIVER_BYTES = 1 * 2**30
+MAX_DRIVER_BYTES = 32 * 2**30
+PARTITIONS_PER_CORE = 4
+
+
+def machine_memory_bytes() -> int:
+    """Physical memory, or this process's cgroup limit when it is lower (a container)."""
+    total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    for limit in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
+        try:
+            text = Path(limit).read_text().strip()
+        except OSError:
+            continue
+        if text.isdigit():
+            total = min(total, int(text))
+    return total
+
+
+def machine_cores() -> int:
+    """The cores this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def driver_memory(memory_bytes: int) -> str:
+    """The local driver's heap for a machine of ``memory_bytes``, in MiB (Spark's ``<n>m``)."""
+    heap = min(max((memory_bytes - RESERVED_BYTES) // 2, MIN_DRIVER_BYTES), MAX_DRIVER_BYTES)
+    return f"{heap // 2**20}m"
+
+
+def shuffle_partitions(cores: int) -> str:
+    return str(PARTITIONS_PER_CORE * max(cores, 1))
+
+
+def local_conf(environ=os.environ) -> dict[str, str]:
+    """The embedded default's launch settings (a JVM this process starts on local[*], or a local
+    Connect server): no UI, the machine's driver heap. Spark's own ``SPARK_DRIVER_MEMORY``, when
+    set, replaces the heap (a session's ``spark.driver.memory`` conf too: it is applied after)."""
+    conf = {"spark.ui.enabled": "false"}
+    if not environ.get("SPARK_DRIVER_MEMORY"):
+        conf["spark.driver.memory"] = driver_memory(machine_memory_bytes())
+    return conf
+
+
+LOCAL_CONF = local_conf()
 
 # Sized for one machine's cores; set at runtime on any session whose master is local[...]
 # (a spark-submit job on local Spark too), unless the session was given its own value. A
 # cluster keeps its defaults or what its operators configure.
 LOCAL_SQL_CONF = {
-    "spark.sql.shuffle.partitions": "8",
+    "spark.sql.shuffle.partitions": shuffle_partitions(machine_cores()),
     "spark.databricks.delta.snapshotPartitions": "4",
 }
 
@@ -132,7 +180,7 @@ def get_session(app_name: str = "reconcile", extra: dict[str, str] | None = None
             builder = builder.config("spark.jars", ",".join(jars))
         else:
             builder = builder.config("spark.jars.packages", settings.DELTA_PACKAGES)
-        for k, v in LOCAL_CONF.items():
+        for k, v in local_conf().items():
             builder = builder.config(k, v)
     store = {f"spark.hadoop.{k}": v for k, v in settings.spark_store_conf().items()}
     for k, v in {**SINK_CONF, **store, **(extra or {})}.items():
