@@ -37,7 +37,7 @@ def record_alert(message: str, context: dict, path: str) -> None:
     """A team's alert callback (``alert.callback`` of the deadline sink): appends the alert it
     was handed to ``path``, one JSON line each."""
     with open(path, "a") as f:
-        f.write(json.dumps({"message": message, "run_id": context["dag_run"]["run_id"]}) + "\n")
+        f.write(json.dumps({"message": message, "run_id": context["dag_run"]["dag_run_id"]}) + "\n")
 
 
 def _sink(sinks: Path, src: Path, name: str, **fields) -> None:
@@ -117,7 +117,7 @@ def test_a_missed_deadline_logs_and_hands_the_line_to_the_teams_notifier(tmp_pat
     store = Ledger(os.environ["RECONCILE_METADATA_URL"])
     store.ensure_shard("late", 1767225600000)
     store.dispose()
-    context = {"dag_run": {"run_id": "scheduled__x", "state": "running"}, "deadline": {"deadline_time": "T"}}
+    context = {"dag_run": {"dag_run_id": "scheduled__x", "state": "running"}, "deadline": {"deadline_time": "T"}}
 
     line = dags.lag_deadline_missed(
         context, "late", 90, notify=f"{__name__}.record_alert", notify_kwargs={"path": str(tmp_path / "a.jsonl")}

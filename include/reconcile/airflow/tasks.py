@@ -429,16 +429,20 @@ def lag_alert_line(sink: str, lag_minutes: float, context: dict) -> str:
     stands (its upper and lag, if the ledger answers)."""
     from reconcile.schedule import now_ms
 
-    run = context.get("dag_run") or {}
+    from reconcile.errors import ShardNotFound
+
+    run = context.get("dag_run") or {}  # Airflow's DAGRunResponse as JSON
     deadline = (context.get("deadline") or {}).get("deadline_time")
     line = (
-        f"sink {sink}: run {run.get('run_id')} ({run.get('state')}) has not finished {lag_minutes:g} min after it "
-        f"was queued (alert.lag_minutes; deadline {deadline})"
+        f"sink {sink}: run {run.get('dag_run_id') or run.get('run_id')} ({run.get('state')}) has not finished "
+        f"{lag_minutes:g} min after it was queued (alert.lag_minutes; deadline {deadline})"
     )
     try:
         with sink_and_store(sink) as (cfg, store):
             upper = store.get_shard(cfg.name).upper
         line += f"; the shard's upper is {iso(upper)}, {(now_ms() - upper) / 60_000:,.0f} min behind now"
+    except ShardNotFound:
+        line += "; the shard has no batch yet (its first run creates it)"
     except Exception as exc:  # noqa: BLE001 - the alert goes out even when the ledger cannot answer
         line += f"; the shard's upper is unknown ({type(exc).__name__}: {exc})"
     return line + f". Look at the run in Airflow and at `python -m reconcile status {sink}`."
