@@ -123,7 +123,8 @@ def test_a_missed_deadline_logs_and_hands_the_line_to_the_teams_notifier(tmp_pat
         context, "late", 90, notify=f"{__name__}.record_alert", notify_kwargs={"path": str(tmp_path / "a.jsonl")}
     )
     assert line.startswith("sink late: run scheduled__x (running) has not finished 90 min after it was queued")
-    assert "; the shard's upper is 1970-01-01T00:00:00.000Z (0), " in line and " min behind now. " in line  # no batch yet
+    assert "; the shard's upper is 1970-01-01T00:00:00.000Z (0), " in line  # a new shard: no batch yet
+    assert " min behind now. Look at the run in Airflow and at `python -m reconcile status late`." in line
     assert json.loads((tmp_path / "a.jsonl").read_text()) == {"message": line, "run_id": "scheduled__x"}
 
     sent = []

@@ -41,10 +41,13 @@ import logging
 import os
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 from airflow.providers.standard.operators.hitl import ApprovalOperator, HITLOperator
-from airflow.sdk import DAG, Asset, DeadlineAlert, DeadlineReference, Param, SyncCallback, TriggerRule, task
+from airflow.sdk import DAG, Asset, Param, TriggerRule, task
+from airflow.sdk.definitions.callback import SyncCallback
+from airflow.sdk.definitions.deadline import DeadlineAlert, DeadlineReference
 from airflow.sdk.exceptions import AirflowException, AirflowFailException, AirflowSkipException
 
 from reconcile import settings
@@ -241,9 +244,10 @@ def lag_deadline_missed(
     line = lag_alert_line(sink, lag_minutes, context)
     logging.getLogger("reconcile.alert").warning("deadline missed: %s", line)
     if notify:
-        target = import_string(notify)
-        if inspect.isclass(target):
-            target(**(notify_kwargs or {}))({**context, "message": line})
+        target: Any = import_string(notify)
+        if inspect.isclass(target):  # a notifier: built, then called with the context
+            notifier: Any = target(**(notify_kwargs or {}))
+            notifier({**context, "message": line})
         else:
             target(message=line, context=context, **(notify_kwargs or {}))
     return line

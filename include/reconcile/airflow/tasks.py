@@ -427,9 +427,8 @@ def set_run_note(dag_id: str, run_id: str, note: str) -> bool:
 def lag_alert_line(sink: str, lag_minutes: float, context: dict) -> str:
     """One line for a run that missed its deadline: which run, since when, and where the shard
     stands (its upper and lag, if the ledger answers)."""
-    from reconcile.schedule import now_ms
-
     from reconcile.errors import ShardNotFound
+    from reconcile.schedule import now_ms
 
     run = context.get("dag_run") or {}  # Airflow's DAGRunResponse as JSON
     deadline = (context.get("deadline") or {}).get("deadline_time")
