@@ -5,12 +5,22 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-PROJECT_ROOT = Path(__file__).resolve().parents[2]
+_PACKAGE = Path(__file__).resolve().parent
+# A source tree (a checkout, the image's /opt/airflow) holds include/reconcile/ beside jobs/,
+# include/sinks/ and .jars/. An installed wheel has no such tree: its root is the package, which
+# carries jobs/ (pyproject.toml), and the state defaults to $AIRFLOW_HOME/reconcile/.
+SOURCE_TREE = _PACKAGE.parent.name == "include"
+PROJECT_ROOT = _PACKAGE.parents[1] if SOURCE_TREE else _PACKAGE
 
 
 def home() -> Path:
-    """Root of the embedded default's state (metadata DB, warehouse)."""
-    return Path(os.environ.get("RECONCILE_HOME", PROJECT_ROOT / ".reconcile"))
+    """Root of the embedded default's state (metadata DB, warehouse): RECONCILE_HOME, else
+    .reconcile/ in a source tree, else reconcile/ in Airflow's home (an installed wheel)."""
+    if os.environ.get("RECONCILE_HOME"):
+        return Path(os.environ["RECONCILE_HOME"])
+    if SOURCE_TREE:
+        return PROJECT_ROOT / ".reconcile"
+    return Path(os.environ.get("AIRFLOW_HOME") or "~/airflow").expanduser() / "reconcile"
 
 
 def metadata_url() -> str:
@@ -187,7 +197,10 @@ def commit_lease_seconds() -> float:
 
 
 def sinks_dir() -> Path:
-    return Path(os.environ.get("RECONCILE_SINKS_DIR", PROJECT_ROOT / "include" / "sinks"))
+    """RECONCILE_SINKS_DIR, else include/sinks/ in a source tree, else sinks/ in :func:`home`."""
+    if os.environ.get("RECONCILE_SINKS_DIR"):
+        return Path(os.environ["RECONCILE_SINKS_DIR"])
+    return PROJECT_ROOT / "include" / "sinks" if SOURCE_TREE else home() / "sinks"
 
 
 def spark_master() -> str:
@@ -201,12 +214,18 @@ def spark_remote() -> str | None:
 
 
 def spark_jars() -> list[str]:
-    """Delta's JVM artifacts as local jar paths (fetched by scripts/fetch_jars.sh)."""
+    """Delta's JVM artifacts as local jar paths: RECONCILE_SPARK_JARS (comma-separated jars or
+    folders of jars), else .jars/ of a source tree (scripts/fetch_jars.sh); none: Spark fetches
+    DELTA_PACKAGES from Maven Central."""
     env = os.environ.get("RECONCILE_SPARK_JARS")
-    if env:
-        return [j for j in env.split(",") if j]
-    jar_dir = PROJECT_ROOT / ".jars"
-    return sorted(str(p) for p in jar_dir.glob("*.jar")) if jar_dir.is_dir() else []
+    entries = [j for j in env.split(",") if j] if env else [str(PROJECT_ROOT / ".jars")] if SOURCE_TREE else []
+    jars: list[str] = []
+    for entry in entries:
+        if Path(entry).is_dir():
+            jars += sorted(str(p) for p in Path(entry).glob("*.jar"))
+        elif env:
+            jars.append(entry)
+    return jars
 
 
 DELTA_PACKAGES = "io.delta:delta-spark_2.13:4.4.0"
