@@ -289,9 +289,9 @@ DottedPath = Annotated[
 class Alert(_Section):
     lag_minutes: NonNegative | None = Field(
         default=None,
-        description="the shard pages colour a sink red when its upper lags now by more than this; a run not "
-        "finished this long after it was queued misses its Airflow deadline (the alert's callback runs); "
-        "default: twice the schedule's interval (none without a recurring schedule)",
+        description="the shard pages colour a sink red when its upper lags now by more than this (default: twice "
+        "the schedule's interval; none without a recurring schedule); set, it is also the DAG's Airflow deadline: "
+        "a run not finished this long after it was queued calls the alert's callback",
     )
     callback: DottedPath | None = Field(
         default=None,
