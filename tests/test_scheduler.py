@@ -4,6 +4,8 @@ PostgreSQL), one stack for the module, running sinks:
 - `airflow backfill create` over intervals a shard already covers: every backfill run is a no-op
   (mint finds nothing to do and skips the rest, no new Delta version); over new intervals, the
   backfill catches the shard up one batch per run, in order;
+- a write task killed outright (SIGKILL, as the OOM killer does) leaves a line of the sink's in
+  its log: the attempt, what was staged and committed, what happens next;
 - an append that fails for real (the table's ``_delta_log`` made immutable), in a run with a
   logical date (a backfill's) and in a manual run without one: each remedy its task log prints
   is run exactly as printed once the cause is fixed, and the task ends green with the batch
@@ -32,6 +34,7 @@ AS_OF = 1767225600000  # 2026-01-01T00:00:00Z
 ROWS = [{"k": 1, "v": "a"}, {"k": 2, "v": "b"}]
 READ_ONLY_AT_START = ("sched_catchup",)  # its scheduled run mints nothing
 FAILING_APPENDS = ("rem_dated", "rem_manual")  # their Delta log immutable from the start
+SLEEP_SQL = "reflect('java.lang.Thread', 'sleep', CAST(20000 AS BIGINT)) IS NULL"  # 20 s a row, in Spark
 
 
 def _sink(sinks: Path, src: Path, name: str, schedule: str | None = "@daily") -> None:
@@ -65,6 +68,8 @@ def airflow_services(tmp_path_factory, connect_url):
     for name in ("sched_covered", "sched_catchup", "rem_dated"):
         _sink(sinks, src, name)
     _sink(sinks, src, "rem_manual", schedule=None)
+    slow = {**json_query(src), "sql": f"SELECT k, v FROM src WHERE {SLEEP_SQL}"}  # the write waits there
+    daily_sink(sinks, "killed_write", schedule="none", as_of=AS_OF, catchup=False, query=slow, retries=0)
     host, port = connect_url.removeprefix("sc://").split(":")
     stack = AirflowStack(
         home,
@@ -330,3 +335,50 @@ def test_every_remedy_printed_for_a_failed_append_works_as_printed(services):
     assert _committed_in_delta_log(cfg, batch.batch_id) == batch.delta_version
     _until("the run's end", lambda: (stack.dag_run("rem_manual", manual) or {}).get("state") == "success")
     store.dispose()
+
+
+def test_a_killed_write_task_s_log_says_what_the_sink_knows(services):
+    """Airflow's own line for a SIGKILLed task is "Likely out of memory error (OOM)"; the sink's
+    watchdog adds what it knows: the run's batch, nothing staged or committed, what comes next."""
+    import signal
+
+    from reconcile.storage.ledger import Ledger
+
+    stack, name = services.stack, "killed_write"
+    _until(f"a manual run of {name}", lambda: stack.airflow("dags", "trigger", name).returncode == 0)
+    run_id = _until(f"{name}'s run", lambda: [r["run_id"] for r in stack.runs(name, "manual__%")])[0]
+    pid = _until(
+        "the write task's process",
+        lambda: next(
+            (
+                r["pid"]
+                for r in stack._rows(
+                    "SELECT pid, state FROM task_instance WHERE dag_id = :d AND run_id = :r AND task_id = 'write'",
+                    d=name,
+                    r=run_id,
+                )
+                if r["state"] == "running" and r["pid"]
+            ),
+            None,
+        ),
+    )
+    time.sleep(3)  # inside the stage: its query sleeps in Spark
+    os.kill(pid, signal.SIGKILL)
+    _until("the killed write's end", lambda: _state(services, name, run_id, "write") == "failed")
+    folder = services.home / "airflow" / "logs" / f"dag_id={name}" / f"run_id={run_id}" / "task_id=write"
+    marker = "reconcile: the write task of sink killed_write"
+
+    def written() -> str | None:
+        text = "\n".join(f.read_text() for f in folder.glob("attempt=1.log"))
+        return text if marker in text else None
+
+    log = _until("the sink's line in the killed write's log", written, timeout=120)
+    store = Ledger(services.env["RECONCILE_METADATA_URL"])
+    batch = store.batch_of_run(name, run_id)
+    store.dispose()
+    assert "Likely out of memory error (OOM)" in log  # Airflow's line
+    ours = [line for line in log.splitlines() if marker in line]
+    assert len(ours) == 1, log
+    assert f"(run {run_id}, try 1) was killed before it finished" in ours[0]
+    assert f"batch {batch.batch_id}" in ours[0] and "nothing staged" in ours[0] and "nothing committed" in ours[0]
+    assert batch.state != "committed"

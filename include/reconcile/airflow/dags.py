@@ -106,6 +106,12 @@ class ReconcileSparkSubmitOperator(SparkSubmitOperator):
         self.stage = stage
 
     def execute(self, context):
+        from reconcile.airflow.watchdog import watched
+
+        with watched(self.sink, context["run_id"], self.stage, context["ti"].try_number):
+            return self._execute(context)
+
+    def _execute(self, context):
         from reconcile.airflow.aws import export_connection
         from reconcile.airflow.tasks import batch_line, failure_verdict, nothing_left, out_of_retries
 
@@ -341,6 +347,58 @@ class CorrectionApproval(ApprovalOperator):
         raise AirflowFailException(message)
 
 
+def _append(shard: Asset, sink: str, scheduled: bool, context) -> str:
+    """The append task: commit the run's staged batch (see :func:`build_dag`)."""
+    from reconcile.airflow.tasks import (
+        batch_line,
+        commit_for_run,
+        committed_extra,
+        nothing_left,
+        out_of_retries,
+        outcome_note,
+    )
+    from reconcile.errors import DescriptionOutdated, Retryable, SinkError
+
+    log = logging.getLogger("reconcile.tasks")
+    run_id = context["run_id"]
+    batch_id = (context["ti"].xcom_pull(task_ids="mint") or {}).get("batch_id")
+    approve = f"run {run_id} (param approve_correction)" if context["params"].get("approve_correction") else None
+    why = nothing_left(sink, run_id, batch_id, unminted_only=True)
+    if why is not None:  # cleared after a mint that minted nothing
+        log.warning("append: nothing to do: %s", why)
+        _note(context, f"nothing to do: {why}")
+        raise AirflowSkipException(f"append: nothing to do: {why}")
+    log.info("append: %s", batch_line(sink, run_id, batch_id)[1])
+    try:
+        message = commit_for_run(sink, run_id, batch_id, approve, _day(context))
+    except DescriptionOutdated as exc:  # another batch won; the remedy says who appends the rest
+        if scheduled:
+            log.warning("append: nothing left for this run: %s", exc)
+            _note(context, f"nothing left for this run: {exc}")
+            raise AirflowSkipException(f"append: nothing left for this run: {exc}") from None
+        log.error("append: %s", exc)
+        raise AirflowFailException(f"append: {exc}") from None
+    except Retryable as exc:
+        cause = f"append failed: {exc}"
+        if _last_try(context):
+            cause = out_of_retries(sink, run_id, "append", cause, _day(context))
+        log.error("%s", cause)
+        raise AirflowException(cause) from None
+    except SinkError as exc:
+        log.error("append failed (not retried): %s", exc)
+        raise AirflowFailException(f"append failed (not retried): {exc}") from None
+    why = nothing_left(sink, run_id, batch_id)
+    if why is not None:  # outdated or covered: the rest of the run has nothing to do
+        log.warning("append: nothing to do: %s", why)
+        _note(context, f"nothing to do: {why}")
+        raise AirflowSkipException(f"append: nothing to do: {why}")
+    level, line = batch_line(sink, run_id, batch_id)
+    log.log(level, "append: %s", line)
+    context["outlet_events"][shard].extra = committed_extra(sink, run_id, batch_id)
+    _note(context, outcome_note(sink, run_id, batch_id))
+    return message
+
+
 def build_dag(cfg: SinkConfig) -> DAG:
     with DAG(
         dag_id=cfg.name,
@@ -399,56 +457,10 @@ def build_dag(cfg: SinkConfig) -> DAG:
             trigger_rule=TriggerRule.NONE_FAILED_MIN_ONE_SUCCESS if asks else TriggerRule.ALL_SUCCESS,
         )
         def append(sink: str = cfg.name, scheduled: bool = cfg.schedule is not None, **context) -> str:
-            from reconcile.airflow.tasks import (
-                batch_line,
-                commit_for_run,
-                committed_extra,
-                nothing_left,
-                out_of_retries,
-                outcome_note,
-            )
-            from reconcile.errors import DescriptionOutdated, Retryable, SinkError
+            from reconcile.airflow.watchdog import watched
 
-            log = logging.getLogger("reconcile.tasks")
-            run_id = context["run_id"]
-            batch_id = (context["ti"].xcom_pull(task_ids="mint") or {}).get("batch_id")
-            approve = (
-                f"run {run_id} (param approve_correction)" if context["params"].get("approve_correction") else None
-            )
-            why = nothing_left(sink, run_id, batch_id, unminted_only=True)
-            if why is not None:  # cleared after a mint that minted nothing
-                log.warning("append: nothing to do: %s", why)
-                _note(context, f"nothing to do: {why}")
-                raise AirflowSkipException(f"append: nothing to do: {why}")
-            log.info("append: %s", batch_line(sink, run_id, batch_id)[1])
-            try:
-                message = commit_for_run(sink, run_id, batch_id, approve, _day(context))
-            except DescriptionOutdated as exc:  # another batch won; the remedy says who appends the rest
-                if scheduled:
-                    log.warning("append: nothing left for this run: %s", exc)
-                    _note(context, f"nothing left for this run: {exc}")
-                    raise AirflowSkipException(f"append: nothing left for this run: {exc}") from None
-                log.error("append: %s", exc)
-                raise AirflowFailException(f"append: {exc}") from None
-            except Retryable as exc:
-                cause = f"append failed: {exc}"
-                if _last_try(context):
-                    cause = out_of_retries(sink, run_id, "append", cause, _day(context))
-                log.error("%s", cause)
-                raise AirflowException(cause) from None
-            except SinkError as exc:
-                log.error("append failed (not retried): %s", exc)
-                raise AirflowFailException(f"append failed (not retried): {exc}") from None
-            why = nothing_left(sink, run_id, batch_id)
-            if why is not None:  # outdated or covered: the rest of the run has nothing to do
-                log.warning("append: nothing to do: %s", why)
-                _note(context, f"nothing to do: {why}")
-                raise AirflowSkipException(f"append: nothing to do: {why}")
-            level, line = batch_line(sink, run_id, batch_id)
-            log.log(level, "append: %s", line)
-            context["outlet_events"][shard].extra = committed_extra(sink, run_id, batch_id)
-            _note(context, outcome_note(sink, run_id, batch_id))
-            return message
+            with watched(sink, context["run_id"], "append", context["ti"].try_number):
+                return _append(shard, sink, scheduled, context)
 
         @task.short_circuit(task_id="compaction_due")
         def compaction_due(sink: str = cfg.name) -> str | bool:
@@ -507,6 +519,12 @@ def build_invalid_dag(error) -> DAG:
 
 
 def build_dags(directory=None) -> dict[str, DAG]:
+    """One DAG per sink file of ``directory`` (default: ``RECONCILE_SINKS_DIR``, else the
+    default sinks folder). A folder given here also becomes this process's
+    ``RECONCILE_SINKS_DIR``: a task finds its sink by name, in the process that parsed this
+    file to run it, and the Spark jobs it starts inherit the variable."""
+    if directory is not None:
+        os.environ["RECONCILE_SINKS_DIR"] = str(Path(directory).expanduser().resolve())
     configs, errors = load_dir(directory)
     dags = {}
     for cfg in configs:
