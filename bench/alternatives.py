@@ -665,57 +665,54 @@ def targets(result: dict) -> list[dict]:
 
 
 def markdown(result: dict) -> str:
-    def table(header: list[str], rows: list[list[str]]) -> list[str]:
-        return [
-            "| " + " | ".join(header) + " |",
-            "|" + "---|" * len(header),
-            *["| " + " | ".join(r) + " |" for r in rows],
-        ]
+    def section(title: str, header: list[str], rows: list[list[str]]) -> list[str]:
+        if not rows:
+            return []
+        lines = [title, ""] if title else []
+        lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+        return lines + ["| " + " | ".join(r) + " |" for r in rows] + [""]
 
-    lines = [
-        f"`{result['command']}`; commit {result['commit']}, {result['machine']['date']}; whole run {result['wall_s'] / 60:.1f} min.",
+    run = f"whole run {result['wall_s'] / 60:.1f} min"
+    lines = [f"`{result['command']}`; commit {result['commit']}, {result['machine']['date']}; {run}.", ""]
+    lines += section(
+        "Query cells, seconds (medians of the repeats):",
+        ["cell", "repeats", *QUERY_METHODS, "sink / fastest alternative", "sink / floor"],
+        [
+            [
+                c["cell"],
+                f"{c['repeats']}"
+                + (f" ({c['repeats_skipped_for_budget']} skipped)" if c["repeats_skipped_for_budget"] else ""),
+                *[f"{c['median'][m + '_s']:.2f}" for m in QUERY_METHODS],
+                f"**{c['sink_over_best']:.2f}** ({c['best_alternative']})",
+                f"{c['sink_over_floor']:.2f}",
+            ]
+            for c in result["query"]
+        ],
+    )
+    lines += section(
+        "Upsert cells, commands per second (medians of the batches):",
+        ["cell", "batches", *UPSERT_METHODS, "sink / best MERGE"],
+        [
+            [
+                c["cell"],
+                str(c["batches"]),
+                *[f"{c['commands_per_s'][m]:,}" for m in UPSERT_METHODS],
+                f"**{c['sink_over_best']:.2f}** ({c['best_merge']})",
+            ]
+            for c in result["upsert"]
+        ],
+    )
+    lines += section(
+        "Initial loads, seconds:",
+        ["kind", "rows / keys", *LOAD_METHODS],
+        [[ld["kind"], f"{ld['size']:,}", *[f"{ld[m + '_s']:.2f}" for m in LOAD_METHODS]] for ld in result["loads"]],
+    )
+    lines += section(
         "",
-    ]
-    lines += ["Query cells, seconds (medians of the repeats):", ""]
-    header = ["cell", "repeats", *QUERY_METHODS, "sink / fastest alternative", "sink / floor"]
-    rows = [
-        [
-            c["cell"],
-            str(c["repeats"]),
-            *[f"{c['median'][m + '_s']:.2f}" for m in QUERY_METHODS],
-            f"**{c['sink_over_best']:.2f}** ({c['best_alternative']})",
-            f"{c['sink_over_floor']:.2f}",
-        ]
-        for c in result["query"]
-    ]
-    lines += table(header, rows) + [""]
-    lines += ["Upsert cells, commands per second (medians of the batches):", ""]
-    header = ["cell", "batches", *UPSERT_METHODS, "sink / best MERGE"]
-    rows = [
-        [
-            c["cell"],
-            str(c["batches"]),
-            *[f"{c['commands_per_s'][m]:,}" for m in UPSERT_METHODS],
-            f"**{c['sink_over_best']:.2f}** ({c['best_merge']})",
-        ]
-        for c in result["upsert"]
-    ]
-    lines += table(header, rows) + [""]
-    lines += ["Initial loads, seconds:", ""]
-    rows = [
-        [
-            ld["kind"],
-            f"{ld['size']:,}",
-            *[f"{ld[m + '_s']:.2f}" if ld.get(m + "_s") is not None else "-" for m in LOAD_METHODS],
-        ]
-        for ld in result["loads"]
-    ]
-    lines += table(["kind", "rows / keys", *LOAD_METHODS], rows) + [""]
-    lines += table(
         ["target (issue 31)", "this run", "", "detail"],
         [[t["target"], f"{t['value']:.2f}", verdict(t["met"]), t["detail"]] for t in result["targets"]],
     )
-    return "\n".join(lines + ["", machine_line(result["machine"]), ""])
+    return "\n".join([*lines, machine_line(result["machine"]), ""])
 
 
 def bars(ax, groups: list[dict], methods: list[str], value, ticks: list[str], title: str, ylabel: str) -> None:
