@@ -79,7 +79,7 @@ def test_a_new_local_session_is_sized_for_the_machine_where_it_was_not_told():
     env = {
         k: v
         for k, v in os.environ.items()
-        if k not in ("PYSPARK_GATEWAY_PORT", "RECONCILE_SPARK_REMOTE", "SPARK_DRIVER_MEMORY", "JDK_JAVA_OPTIONS")
+        if k not in ("PYSPARK_GATEWAY_PORT", "RECONCILE_SPARK_REMOTE", "SPARK_DRIVER_MEMORY")
     }
     argv = [sys.executable, "-c", script, json.dumps(told), json.dumps(sorted(LOCAL_SQL_CONF))]
     r = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=300)
