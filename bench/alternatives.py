@@ -37,7 +37,8 @@ or (``-local``) on the most recent 5%; every method applies each batch:
 - ``merge`` / ``merge_dv``: the interval's commands, the latest per key by a window
   (``row_number`` over ts, off), MERGEd with DELETE / UPDATE / INSERT clauses, into a table
   without and with deletion vectors;
-- ``expert``: the latest command per key by an aggregate (``max`` of a struct led by ts, off),
+- ``expert``: the latest command per key by an aggregate (``max`` of a struct led by ts, off;
+  a sort aggregate with a partial aggregate before the shuffle: Spark hash-aggregates no struct),
   MERGEd into a table with deletion vectors, ``merge.materializeSource=none`` (the feed is
   immutable Parquet).
 
