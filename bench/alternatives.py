@@ -71,6 +71,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import shutil
 import statistics
 import subprocess
@@ -827,6 +828,7 @@ def main(argv: list[str] | None = None) -> int:
         "sink_partitions": bench.partitions,
         "args": vars(args),
         "wall_s": round(time.perf_counter() - bench.t0 + session_start, 1),
+        "load_average_at_end": [round(x, 2) for x in os.getloadavg()],
         **result,
     }
     result["targets"] = targets(result)
