@@ -21,6 +21,22 @@ from pathlib import Path
 AIRFLOW = str(Path(sys.executable).parent / "airflow")
 
 
+def sink_env(home: Path, sinks: Path, connect_url: str, **extra: str) -> dict[str, str]:
+    """The environment of a stack running sinks: their folder, a SQLite ledger and a warehouse
+    under ``home``, retries after 1 s, the write tasks on the Spark Connect server ``connect_url``."""
+    import json
+
+    host, port = connect_url.removeprefix("sc://").split(":")
+    return {
+        "RECONCILE_SINKS_DIR": str(sinks),
+        "RECONCILE_METADATA_URL": f"sqlite:///{home / 'meta.db'}",
+        "RECONCILE_WAREHOUSE": str(home / "warehouse"),
+        "RECONCILE_RETRY_DELAY_SECONDS": "1",
+        "AIRFLOW_CONN_SPARK_DEFAULT": json.dumps({"conn_type": "spark_connect", "host": host, "port": int(port)}),
+        **extra,
+    }
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

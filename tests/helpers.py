@@ -411,3 +411,18 @@ def orders_config(tmp_path: Path, **changes) -> Path:
     path = tmp_path / "orders.yaml"
     path.write_text(yaml.safe_dump(data, sort_keys=False))
     return path
+
+
+def until(what: str, probe, timeout: float = 900, every: float = 1.0):
+    """``probe()``'s first truthy answer, polled every ``every`` s; the test fails after ``timeout``."""
+    import time
+
+    import pytest
+
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        found = probe()
+        if found:
+            return found
+        time.sleep(every)
+    pytest.fail(f"timed out waiting for {what}")

@@ -19,12 +19,11 @@ import os
 import re
 import shlex
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
 
-from helpers import daily_sink, json_query, model_kv, shard_as_of, write_json_rows
+from helpers import daily_sink, json_query, model_kv, shard_as_of, until, write_json_rows
 
 pytestmark = pytest.mark.airflow
 ROOT = Path(__file__).resolve().parents[1]
@@ -188,13 +187,7 @@ class Api:
 
 def _wait(what: str, probe, timeout: float = 240):
     """``probe()``'s first truthy answer, polled every half second."""
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        got = probe()
-        if got:
-            return got
-        time.sleep(0.5)
-    pytest.fail(f"timed out waiting for {what}")
+    return until(what, probe, timeout, every=0.5)
 
 
 def _finished(api: Api, dag_id: str, run_id: str) -> dict:
@@ -221,7 +214,7 @@ def airflow_up(tmp_path_factory, connect_url):
     """Airflow's services with four sinks (schedule none: runs only when triggered): three ask
     for the guard's approval in Airflow (approved, rejected, unanswered within 0.25 min); one has
     a deadline of 0 minutes after queueing (every run misses it) and the test's alert callback."""
-    from airflow_stack import AirflowStack
+    from airflow_stack import AirflowStack, sink_env
 
     postgres = os.environ.get("RECONCILE_TEST_POSTGRES_URL")
     if not postgres:
@@ -250,23 +243,14 @@ def airflow_up(tmp_path_factory, connect_url):
     for name in ("ok", "no", "wait", "late"):
         write_json_rows(home / f"src_{name}", FULL)
     (home / "passwords.json").write_text(json.dumps(PASSWORDS))
-    host, port = connect_url.removeprefix("sc://").split(":")
-    stack = AirflowStack(
-        home,
-        postgres,
-        {
-            "RECONCILE_SINKS_DIR": str(sinks),
-            "RECONCILE_METADATA_URL": f"sqlite:///{home / 'meta.db'}",
-            "RECONCILE_WAREHOUSE": str(home / "warehouse"),
-            "RECONCILE_RETRY_DELAY_SECONDS": "1",
-            "AIRFLOW_CONN_SPARK_DEFAULT": json.dumps({"conn_type": "spark_connect", "host": host, "port": int(port)}),
-            "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": "service:op,oncall:op",
-            "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE": str(home / "passwords.json"),
-            "AIRFLOW__SCHEDULER__TRIGGER_TIMEOUT_CHECK_INTERVAL": "1",  # the approval's timeout sweep
-            # the deadline's callback imports this module in the executor's callback process
-            "PYTHONPATH": f"{ROOT / 'include'}{os.pathsep}{ROOT / 'tests'}",
-        },
-    )
+    extra = {
+        "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": "service:op,oncall:op",
+        "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE": str(home / "passwords.json"),
+        "AIRFLOW__SCHEDULER__TRIGGER_TIMEOUT_CHECK_INTERVAL": "1",  # the approval's timeout sweep
+        # the deadline's callback imports this module in the executor's callback process
+        "PYTHONPATH": f"{ROOT / 'include'}{os.pathsep}{ROOT / 'tests'}",
+    }
+    stack = AirflowStack(home, postgres, sink_env(home, sinks, connect_url, **extra))
     base = f"http://127.0.0.1:{stack.port}"
     # the tasks' own login to Airflow's REST API, for the runs' notes
     stack.env["AIRFLOW_CONN_RECONCILE_AIRFLOW_API"] = json.dumps(

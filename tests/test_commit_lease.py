@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import inspect, select, text
 
-from helpers import assert_one_line, make_sink, write_json_rows
+from helpers import assert_one_line, make_sink, until, write_json_rows
 from reconcile.model import COMMITTED
 from reconcile.sink import mint, write
 from reconcile.storage import commits
@@ -41,13 +41,7 @@ def lease_row(store, name: str) -> tuple[int, str | None, int | None, int]:
 
 
 def wait_for(what: str, check, timeout: float = 90.0, every: float = 0.02):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        got = check()
-        if got:
-            return got
-        time.sleep(every)
-    raise AssertionError(f"timed out waiting for {what}")
+    return until(what, check, timeout, every)
 
 
 # --- the lease in the ledger ------------------------------------------------------------------

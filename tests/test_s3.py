@@ -53,14 +53,20 @@ def test_a_query_sink_on_s3_converges_and_checks_clean(spark, s3_warehouse, tmp_
     assert lines == [] and counts["verified"] == 2
 
 
-def test_a_changelog_sink_on_s3_matches_the_model_at_every_time(spark, s3_warehouse, tmp_path, sqlite_store):
-    cfg = make_sink(tmp_path, "cl", kind="changelog")
+def _changelog_on_s3(spark, store, tmp_path, s3_warehouse: str, name: str):
+    """A changelog sink on S3 that committed every run of ``CHANGELOG_NEW``."""
+    cfg = make_sink(tmp_path, name, kind="changelog")
     _on_s3(cfg, s3_warehouse)
     source: list[dict] = []
     for i, (frontier, new) in enumerate(CHANGELOG_NEW):
         source += new
         write_json_rows(tmp_path / "log", source)
-        committed_run(spark, sqlite_store, cfg, f"r{i}", frontier)
+        committed_run(spark, store, cfg, f"r{i}", frontier)
+    return cfg
+
+
+def test_a_changelog_sink_on_s3_matches_the_model_at_every_time(spark, s3_warehouse, tmp_path, sqlite_store):
+    cfg = _changelog_on_s3(spark, sqlite_store, tmp_path, s3_warehouse, "cl")
     for t in range(100, 400, 7):
         assert shard_as_of(cfg, t) == changelog_model(CHANGELOG_NEW, t), f"as of {t}"
     assert check.violations(sqlite_store, cfg, spark=spark) == []
@@ -278,13 +284,7 @@ def test_show_history_diff_and_recover_read_the_shard_on_s3_as_a_user_runs_them(
     from history_model import model_diff
     from reconcile.storage.ledger import Ledger
 
-    cfg = make_sink(tmp_path, "reads", kind="changelog")
-    _on_s3(cfg, s3_warehouse)
-    source: list[dict] = []
-    for i, (frontier, new) in enumerate(CHANGELOG_NEW):
-        source += new
-        write_json_rows(tmp_path / "log", source)
-        committed_run(spark, sqlite_store, cfg, f"r{i}", frontier)
+    cfg = _changelog_on_s3(spark, sqlite_store, tmp_path, s3_warehouse, "reads")
     upper = CHANGELOG_NEW[-1][0]
 
     def model(t: int) -> Counter:

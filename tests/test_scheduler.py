@@ -24,8 +24,8 @@ from pathlib import Path
 
 import pytest
 
-from airflow_stack import AIRFLOW, AirflowStack
-from helpers import cli_json, daily_sink, json_query, model_kv, shard_as_of, write_json_rows
+from airflow_stack import AIRFLOW, AirflowStack, sink_env
+from helpers import cli_json, daily_sink, json_query, model_kv, shard_as_of, until, write_json_rows
 
 pytestmark = [pytest.mark.airflow, pytest.mark.slow]
 ROOT = Path(__file__).resolve().parents[1]
@@ -70,18 +70,7 @@ def airflow_services(tmp_path_factory, connect_url):
     _sink(sinks, src, "rem_manual", schedule=None)
     slow = {**json_query(src), "sql": f"SELECT k, v FROM src WHERE {SLEEP_SQL}"}  # the write waits there
     daily_sink(sinks, "killed_write", schedule="none", as_of=AS_OF, catchup=False, query=slow, retries=0)
-    host, port = connect_url.removeprefix("sc://").split(":")
-    stack = AirflowStack(
-        home,
-        postgres,
-        {
-            "RECONCILE_SINKS_DIR": str(sinks),
-            "RECONCILE_METADATA_URL": f"sqlite:///{home / 'meta.db'}",
-            "RECONCILE_WAREHOUSE": str(home / "warehouse"),
-            "RECONCILE_RETRY_DELAY_SECONDS": "1",
-            "AIRFLOW_CONN_SPARK_DEFAULT": json.dumps({"conn_type": "spark_connect", "host": host, "port": int(port)}),
-        },
-    )
+    stack = AirflowStack(home, postgres, sink_env(home, sinks, connect_url))
     store = Ledger(stack.env["RECONCILE_METADATA_URL"])
     for name in READ_ONLY_AT_START:
         store.ensure_shard(name, AS_OF)
@@ -212,14 +201,7 @@ def test_scheduler_runs_and_backfills_in_order(services):
 COMMAND = re.compile(r"`((?:airflow|python -m reconcile) [^`]+)`")
 
 
-def _until(what: str, probe, timeout: int = 900):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        found = probe()
-        if found:
-            return found
-        time.sleep(1)
-    pytest.fail(f"timed out waiting for {what}")
+_until = until  # the module polls Airflow once a second
 
 
 def _append_log(services, dag_id: str, run_id: str) -> str:
