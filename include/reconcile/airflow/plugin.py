@@ -60,8 +60,9 @@ async def current_user(request: Request):
         else None
     )
     given = {"request": request, "bearer_credentials": bearer}
+    bound: dict[str, Any] = {name: given.get(name) for name in inspect.signature(get_user).parameters}
     try:
-        return await get_user(**{name: given.get(name) for name in inspect.signature(get_user).parameters})
+        return await get_user(**bound)
     except HTTPException as exc:
         if exc.status_code in (401, 403) and _browser(request, bearer):
             raise LoginRequired(login_url(request)) from None
