@@ -10,6 +10,7 @@ dag-processor as real processes, Airflow's database a fresh PostgreSQL database 
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -94,7 +95,11 @@ class AirflowStack:
 
     def _spawn(self, cmd: list[str]) -> None:
         log = open(self.home / f"{cmd[0]}.log", "w")  # noqa: SIM115 - the process holds it
-        self.procs.append(subprocess.Popen([AIRFLOW, *cmd], env=self.env, stdout=log, stderr=subprocess.STDOUT))
+        self.procs.append(
+            subprocess.Popen(
+                [AIRFLOW, *cmd], env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            )
+        )
 
     def airflow(self, *args: str) -> subprocess.CompletedProcess:
         return subprocess.run([AIRFLOW, *args], env=self.env, capture_output=True, text=True)
@@ -134,13 +139,21 @@ class AirflowStack:
     def close(self) -> None:
         from sqlalchemy import text
 
+        # A stack under test has nothing to finish: SIGTERM, a few seconds, then every process of
+        # each service's group (the executor's workers, the api-server's) is killed.
         for p in self.procs:
             p.terminate()
+        deadline = time.time() + 5
         for p in self.procs:
             try:
-                p.wait(timeout=30)
+                p.wait(timeout=max(0.1, deadline - time.time()))
             except subprocess.TimeoutExpired:
-                p.kill()
+                pass
+            try:
+                os.killpg(p.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            p.wait()
         with self.admin.connect() as c:
             c.execute(text(f"DROP DATABASE IF EXISTS {self.db} WITH (FORCE)"))
         self.admin.dispose()
