@@ -235,7 +235,7 @@ with watched(sink, run_id, stage, 2):
 
 
 def test_a_killed_stage_leaves_a_line_of_what_the_sink_knows_and_a_finished_one_none(
-    spark, warehouse, tmp_path, store, monkeypatch
+    spark, warehouse, tmp_path, sqlite_store, monkeypatch
 ):
     """A stage process killed outright says nothing itself; its watchdog writes one line into the
     same output (the task's log under Airflow: tests/test_scheduler.py): the run's batch, what is
@@ -249,8 +249,8 @@ def test_a_killed_stage_leaves_a_line_of_what_the_sink_knows_and_a_finished_one_
     monkeypatch.setenv("RECONCILE_SINKS_DIR", str(tmp_path))
     cfg = make_sink(tmp_path, "watched")
     write_json_rows(tmp_path / "src", [{"k": 1, "v": "a"}])
-    desc = mint.run_mint(store, cfg, "run-1", 1, 200).description
-    assert write.run_write(spark, store, cfg, desc.batch_id).outcome == "staged"
+    desc = mint.run_mint(sqlite_store, cfg, "run-1", 1, 200).description
+    assert write.run_write(spark, sqlite_store, cfg, desc.batch_id).outcome == "staged"
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "include")}
     env.pop("PYSPARK_GATEWAY_PORT", None)
 

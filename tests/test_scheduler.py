@@ -344,7 +344,7 @@ def test_a_killed_write_task_s_log_says_what_the_sink_knows(services):
             None,
         ),
     )
-    time.sleep(3)  # inside the stage: its query sleeps in Spark
+    time.sleep(1.5)  # inside the stage: its query sleeps in Spark
     os.kill(pid, signal.SIGKILL)
     _until("the killed write's end", lambda: _state(services, name, run_id, "write") == "failed")
     folder = services.home / "airflow" / "logs" / f"dag_id={name}" / f"run_id={run_id}" / "task_id=write"
