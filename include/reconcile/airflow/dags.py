@@ -200,7 +200,7 @@ def _note(context, text: str) -> None:
     set_run_note(context["dag"].dag_id, context["run_id"], text)
 
 
-def note_failure(context) -> None:
+def note_run_failure(context) -> None:
     """``on_failure_callback`` of every task: a task that failed for good (no retry left, or a
     final failure) says so in the run's note, with the cause and remedy it raised."""
     task_id = context["ti"].task_id
@@ -411,7 +411,7 @@ def build_dag(cfg: SinkConfig) -> DAG:
         default_args={
             "retries": cfg.retries,
             "retry_delay": timedelta(seconds=int(os.environ.get("RECONCILE_RETRY_DELAY_SECONDS", "30"))),
-            "on_failure_callback": note_failure,
+            "on_failure_callback": note_run_failure,
         },
         deadline=lag_deadline(cfg),
         params={
