@@ -155,7 +155,11 @@ def test_operating_recipes_run_verbatim(local_airflow, spark, monkeypatch):
     target = "backfill__2026-01-03T00:00:00+00:00"
     deadline = time.time() + 180
     while len(_append_attempts(home, target)) <= before[target]:  # the cleared append ran again
-        assert time.time() < deadline, f"the recipe cleared nothing: {cleared.stdout[-1000:]} {cleared.stderr[-1000:]}"
+        assert time.time() < deadline, (
+            f"the recipe cleared nothing: {cleared.stdout[-1000:]} {cleared.stderr[-1000:]}; "
+            f"the runs: {_bash('airflow dags list-runs demo_orders -o plain', env).stdout[-1500:]}; "
+            f"Airflow's log: {(home.parent / 'airflow.log').read_text()[-3000:]}"
+        )
         time.sleep(3)
     _wait(env, lambda rs: all(r["state"] == "success" for r in rs) and len(rs) == len(runs), "the cleared run")
     rerun = _append_attempts(home, target)[-1].read_text()
