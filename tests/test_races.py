@@ -34,7 +34,7 @@ def _causes(stderr: str) -> str:
 def _env(remote: str | None) -> dict:
     """The racers' environment: clients of the shared Spark Connect server at ``remote`` (the
     races are on the ledger and the Delta log, which every process reaches on its own), or with
-    ``remote`` None, each its own local Spark JVM (one test keeps that form)."""
+    ``remote`` None, each its own local Spark JVM (the S3 tests keep that form)."""
     env = {k: v for k, v in os.environ.items() if k != "PYSPARK_GATEWAY_PORT"}
     if remote:
         env["RECONCILE_SPARK_REMOTE"] = remote
@@ -61,10 +61,9 @@ def _racers(cfg, frontiers: list[int], env: dict) -> list[subprocess.CompletedPr
 
 @pytest.mark.parametrize("racers", [3])
 def test_racing_processes_commit_each_lower_once(spark, warehouse, tmp_path, store, monkeypatch, racers, connect_url):
-    # on SQLite each racer is its own JVM; on PostgreSQL, clients of one Connect server
-    race_runs(
-        spark, tmp_path, store, monkeypatch, racers, None if store.engine.dialect.name == "sqlite" else connect_url
-    )
+    # clients of one Connect server (the races are on the ledger and the Delta log); racers that
+    # are each their own JVM, spark-submit's form, race on S3 below
+    race_runs(spark, tmp_path, store, monkeypatch, racers, connect_url)
 
 
 def test_racing_processes_commit_each_lower_once_on_s3(spark, s3_warehouse, tmp_path, sqlite_store, monkeypatch):
