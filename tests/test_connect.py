@@ -30,6 +30,7 @@ from helpers import (
     model_kv,
     run_stages,
     shard_as_of,
+    until,
     write_json_rows,
 )
 from reconcile import connect_server
@@ -205,3 +206,16 @@ def test_killed_client_then_retry(spark, connect_url, warehouse, tmp_path, sqlit
     assert shard_as_of(cfg, 199) == model_kv(rows0)
     assert shard_as_of(cfg, 299) == model_kv(rows1)
     assert check.violations(sqlite_store, cfg, spark=spark) == []
+
+
+def test_a_server_this_process_started_counts_as_stopped_once_it_exits():
+    """``spark-server stop`` waits for the server to exit; a server started by the same process
+    (the tests' fixture, an operator's script) is a zombie after it exits, which ``kill(pid, 0)``
+    still reaches: the wait reaps it instead of running to its 30 s timeout."""
+    from reconcile import connect_server
+
+    child = subprocess.Popen(["sleep", "0.2"])
+    until("the child exits", lambda: open(f"/proc/{child.pid}/stat").read().split(")")[1].split()[0] == "Z", every=0.05)
+    assert connect_server._alive(child.pid) is False
+    assert child.returncode is None  # reaped by _alive, not by Popen
+    assert connect_server._alive(os.getpid()) is True

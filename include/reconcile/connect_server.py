@@ -69,10 +69,9 @@ def _pid(port: int, home: Path | None = None) -> int | None:
     f = state_dir(home) / f"{port}.pid"
     try:
         pid = int(f.read_text())
-        os.kill(pid, 0)
-        return pid
     except (OSError, ValueError):
         return None
+    return pid if _alive(pid) else None
 
 
 def start(
@@ -179,12 +178,25 @@ def stop(port: int = DEFAULT_PORT, *, home: Path | None = None, timeout: float =
         return False
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        try:
-            os.kill(pid, 0)
-        except OSError:
+        if not _alive(pid):
             return True
         time.sleep(0.2)
     os.killpg(pid, signal.SIGKILL)
+    return True
+
+
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` still runs. A server this process started and that has exited is a zombie
+    until reaped (``kill(pid, 0)`` still succeeds on it): reap it here."""
+    try:
+        if os.waitpid(pid, os.WNOHANG)[0] == pid:
+            return False
+    except ChildProcessError:  # not our child: init reaps it
+        pass
+    try:
+        os.kill(pid, 0)
+    except OSError:
+        return False
     return True
 
 
