@@ -139,11 +139,11 @@ class AirflowStack:
     def close(self) -> None:
         from sqlalchemy import text
 
-        # A stack under test has nothing to finish: SIGTERM, a few seconds, then every process of
+        # A stack under test has nothing to finish: SIGTERM, a second, then every process of
         # each service's group (the executor's workers, the api-server's) is killed.
         for p in self.procs:
             p.terminate()
-        deadline = time.time() + 5
+        deadline = time.time() + 1
         for p in self.procs:
             try:
                 p.wait(timeout=max(0.1, deadline - time.time()))
