@@ -61,13 +61,19 @@ def as_of(cfg: SinkConfig, updates: DataFrame, t: int) -> DataFrame:
     )
 
 
-def difference(cfg: SinkConfig, desired: DataFrame, persist: DataFrame, time: SCol, checks=None) -> DataFrame:
+def difference(
+    cfg: SinkConfig, desired: DataFrame, persist: DataFrame, time: SCol, checks=None, *, consolidated: bool = True
+) -> DataFrame:
     """``consolidate(desired - persist)`` with both sides stamped at ``time`` (a column of each
     side's ``_time``), hash-partitioned: the correction's last step, for any kind.
 
     ``checks`` (:class:`reconcile.checksums.BatchChecks`): observe the checksums of desired, and of
     persist unless they are carried, on each side as it enters the union; the correction then
-    carries the row hash in ``HASH_COLUMN`` (the staged write's observation sums it)."""
+    carries the row hash in ``HASH_COLUMN`` (the staged write's observation sums it).
+
+    ``consolidated`` False (a shard that holds nothing yet, and a desired side whose updates are
+    each +1): the updates as they come, identical rows as separate updates, no shuffle; the same
+    collection at every time, consolidated later by compaction."""
     cols = row_columns(cfg)
     keep = [F.col(_q(c)) for c in cols]
     if checks is None:
@@ -94,6 +100,8 @@ def difference(cfg: SinkConfig, desired: DataFrame, persist: DataFrame, time: SC
         else:
             checks.carry({"shard": 1})
         both = d.unionByName(p)
+    if not consolidated:
+        return both
     # Shuffle once by partition; the aggregation below reuses that distribution.
     return consolidate(cfg, both.repartition(cfg.partitions, "_part"))
 

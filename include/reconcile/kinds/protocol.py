@@ -65,6 +65,9 @@ class Bounds:
     upper: int
     watermark: int | None = None
     checks: BatchChecks | None = None
+    # The shard holds no update at the version read (its first batch): a kind may write its
+    # desired collection as it comes, without consolidating it against nothing.
+    empty_shard: bool = False
 
 
 @dataclass
@@ -157,7 +160,10 @@ class OwnCollection:
 
     cfg: Any
     frame: Callable[[SparkSession, Any], DataFrame]
-    difference: Callable[[Any, DataFrame, DataFrame, int, int, BatchChecks | None], DataFrame]
+    difference: Callable[..., DataFrame]  # (cfg, desired, persist, lower, upper, checks[, bulk=])
+    # Whether a first batch (``Bounds.empty_shard``) writes the desired frame as it comes:
+    # ``difference(..., bulk=True)`` (a kind whose desired updates are each +1).
+    bulk_first = False
     reads_feed = False
     persist_sides = {"shard": 1}  # the desired side is the kind's own frame
     history_keys = HistoryKeys()
@@ -167,7 +173,10 @@ class OwnCollection:
 
     def correction(self, spark: SparkSession, persist: DataFrame, bounds: Bounds) -> Correction:
         desired = self.desired(spark)
-        return Correction(self.difference(self.cfg, desired, persist, bounds.lower, bounds.upper, bounds.checks))
+        bulk = {"bulk": True} if bounds.empty_shard and self.bulk_first else {}
+        return Correction(
+            self.difference(self.cfg, desired, persist, bounds.lower, bounds.upper, bounds.checks, **bulk)
+        )
 
     def invariants(self, updates: DataFrame, t: int, keys: DataFrame | None = None) -> list[str]:
         return []  # any multiset of rows is a query's result or a change log's collection

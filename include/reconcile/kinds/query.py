@@ -86,13 +86,14 @@ def desired(spark: SparkSession, cfg: QuerySink) -> DataFrame:
 
 
 def correction(
-    cfg: QuerySink, snapshot: DataFrame, persist: DataFrame, lower: int, upper: int, checks=None
+    cfg: QuerySink, snapshot: DataFrame, persist: DataFrame, lower: int, upper: int, checks=None, bulk: bool = False
 ) -> DataFrame:
     """The snapshot's correction for ``(lower, upper)``: update frame plus ``_part`` (``checks``:
-    :func:`reconcile.differential.difference`'s)."""
+    :func:`reconcile.differential.difference`'s). ``bulk`` (the shard holds nothing yet): the
+    snapshot's rows as they come, each +1, without the shuffle that consolidates them."""
     assert lower < upper, f"invalid description [{lower}, {upper})"
     below = persist.where(F.col("_time") < upper)
-    return difference(cfg, snapshot, below, F.lit(upper - 1).cast("bigint"), checks)
+    return difference(cfg, snapshot, below, F.lit(upper - 1).cast("bigint"), checks, consolidated=not bulk)
 
 
 @dataclass(frozen=True)
@@ -102,6 +103,7 @@ class QueryKind(OwnCollection):
 
     cfg: QuerySink
     plans_sql = True
+    bulk_first = True
 
     frame = staticmethod(desired)
     difference = staticmethod(correction)

@@ -148,12 +148,13 @@ def batch_correction(
     lower: int,
     upper: int,
     checks: BatchChecks | None = None,
+    empty_shard: bool = False,
 ) -> kinds.Correction:
     """The correction of ``(lower, upper)`` against ``persist``, for any kind of sink (``checks``:
-    observe its checksums while it is computed)."""
+    observe its checksums while it is computed; ``empty_shard``: persist holds no update)."""
     kind = kinds.of(cfg)
     wm = watermark(store, cfg) if kind.reads_feed else None
-    return kind.correction(spark, persist, kinds.Bounds(lower, upper, wm, checks))
+    return kind.correction(spark, persist, kinds.Bounds(lower, upper, wm, checks, empty_shard))
 
 
 def self_check(cfg: SinkConfig, batch_id: str, lower: int, upper: int, sums: dict[str, dict[int, int | None]]) -> None:
@@ -353,16 +354,17 @@ def stage(attempt: Attempt) -> StagedFiles | WriteResult:
     try:
         read_version = attempt.table.latest_version()
         persist = frames.read_updates(attempt.spark, attempt.table, read_version)
+        empty = frames.holds_nothing(attempt.table, read_version)
         carried = carried_checksums(attempt.store, attempt.table, attempt.desc.lower, read_version)
         try:
-            corr, stats, sums = _stage_checked(attempt, persist, carried if checksums.ENABLED else None)
+            corr, stats, sums = _stage_checked(attempt, persist, carried if checksums.ENABLED else None, empty)
         except SelfCheckFailed:
             if carried is None or not checksums.ENABLED:
                 raise
             # A bug fails this attempt too; otherwise the shard as read is not what the previous
             # batch recorded.
             files.delete_path(attempt.path)
-            corr, stats, sums = _stage_checked(attempt, persist, None)
+            corr, stats, sums = _stage_checked(attempt, persist, None, empty)
             event(
                 log,
                 "the shard as read does not have the checksums the previous batch recorded: the table changed "
@@ -383,24 +385,26 @@ def stage(attempt: Attempt) -> StagedFiles | WriteResult:
     return StagedFiles(corr, stats, sums, read_version, sizes, digests)
 
 
-def _stage_checked(attempt: Attempt, persist: DataFrame, carried: dict[int, int] | None) -> tuple:
+def _stage_checked(attempt: Attempt, persist: DataFrame, carried: dict[int, int] | None, empty: bool) -> tuple:
     """Stage the correction once with plain checksum sums; if a sum overflowed, once more with
     the guarded ones (the kind's own arithmetic overflowing fails again, as it should)."""
     try:
-        return _stage_once(attempt, persist, carried, guarded=False)
+        return _stage_once(attempt, persist, carried, empty, guarded=False)
     except Exception as exc:
         if not (checksums.ENABLED and checksums.overflowed(exc)):
             raise
         files.delete_path(attempt.path)
-        return _stage_once(attempt, persist, carried, guarded=True)
+        return _stage_once(attempt, persist, carried, empty, guarded=True)
 
 
-def _stage_once(attempt: Attempt, persist: DataFrame, carried: dict[int, int] | None, guarded: bool) -> tuple:
+def _stage_once(
+    attempt: Attempt, persist: DataFrame, carried: dict[int, int] | None, empty: bool, guarded: bool
+) -> tuple:
     """(correction, statistics per partition, checksums or None) of one staged correction, after
-    the self-check (:func:`self_check`)."""
+    the self-check (:func:`self_check`). ``empty``: the shard as read holds no update."""
     cfg, desc = attempt.cfg, attempt.desc
     checks = BatchChecks(cfg, desc.lower, desc.upper, attempt.stage_id, carried, guarded) if checksums.ENABLED else None
-    corr = batch_correction(attempt.spark, attempt.store, cfg, persist, desc.lower, desc.upper, checks)
+    corr = batch_correction(attempt.spark, attempt.store, cfg, persist, desc.lower, desc.upper, checks, empty)
     with checksums.observable(attempt.spark):  # the checksums and an upsert feed's progress
         _, stats = frames.write_staged(
             attempt.spark, attempt.table, desc.batch_id, attempt.stage_id, corr.updates, checks

@@ -29,6 +29,15 @@ def _parse_ddl(ddl: str) -> StructType:
     return parsed
 
 
+def holds_nothing(table: ShardTable, version: int) -> bool:
+    """Whether the shard's table at ``version`` has no data file (a new shard's first batch): the
+    log replayed in this process. False when it cannot tell (it then reads through Delta)."""
+    try:
+        return table.plain_files(version) == []
+    except Exception:  # noqa: BLE001 - no such version, or a reader feature: not known to be empty
+        return False
+
+
 def read_updates(spark: SparkSession, table: ShardTable, version: int | None = None) -> DataFrame:
     """The shard's update log at Delta ``version`` (latest: None). The files the log names are read
     as plain Parquet when they can be (:meth:`ShardTable.plain_files`: the log is
