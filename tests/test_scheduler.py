@@ -362,5 +362,16 @@ def test_a_killed_write_task_s_log_says_what_the_sink_knows(services):
     ours = [line for line in log.splitlines() if marker in line]
     assert len(ours) == 1, log
     assert f"(run {run_id}, try 1) was killed before it finished" in ours[0]
-    assert f"batch {batch.batch_id}" in ours[0] and "nothing staged" in ours[0] and "nothing committed" in ours[0]
+    # What the store held when the line was written: nothing, or the dead attempt's directory
+    # once its Spark job (on the Connect server, which goes on after the client dies) began
+    # writing files; an attempt the line names is there.
+    from reconcile.config import load_file
+    from reconcile.storage.delta import ShardTable
+
+    assert f"batch {batch.batch_id}" in ours[0] and "nothing committed" in ours[0], ours[0]
+    named = re.search(r"(\d+) write attempt\(s\) staged under ", ours[0])
+    assert named or "nothing staged" in ours[0], ours[0]
+    if named:
+        attempts = ShardTable(load_file(services.sinks / f"{name}.yaml")).staged_attempts(batch.batch_id)
+        assert len(attempts) >= int(named.group(1)), (attempts, ours[0])
     assert batch.state != "committed"
