@@ -191,10 +191,16 @@ def _wait(what: str, probe, timeout: float = 240):
 
 
 def _finished(api: Api, dag_id: str, run_id: str) -> dict:
-    return _wait(
-        f"run {run_id} of {dag_id} to finish",
-        lambda: (r := api.run(dag_id, run_id))["state"] in ("success", "failed") and r,
-    )
+    """The run once it ended. A task process that died unseen is failed by Airflow only after
+    its heartbeat timeout (300 s): wait past that; a timeout names each task's state."""
+    try:
+        return _wait(
+            f"run {run_id} of {dag_id} to finish",
+            lambda: (r := api.run(dag_id, run_id))["state"] in ("success", "failed") and r,
+            timeout=420,
+        )
+    except BaseException as exc:  # pytest's Failed is not an Exception
+        raise AssertionError(f"{exc}; its tasks: {api.tis(dag_id, run_id)}") from None
 
 
 def _awaiting(api: Api, dag_id: str, run_id: str) -> None:
