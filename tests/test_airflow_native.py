@@ -199,7 +199,7 @@ def _finished(api: Api, dag_id: str, run_id: str) -> dict:
             lambda: (r := api.run(dag_id, run_id))["state"] in ("success", "failed") and r,
             timeout=420,
         )
-    except BaseException as exc:  # pytest's Failed is not an Exception
+    except pytest.fail.Exception as exc:
         raise AssertionError(f"{exc}; its tasks: {api.tis(dag_id, run_id)}") from None
 
 
