@@ -1,4 +1,4 @@
-"""``show``, ``history`` and ``diff`` without a JVM: DuckDB over the update log that delta-rs reads
+"""``show``, ``history``, ``diff`` and ``dry-run`` without a JVM: DuckDB over the update log that delta-rs reads
 gives the same reports as Spark (``--spark``) on the same shards, for query, changelog and upsert
 sinks (error rows, as-of reads, keys, compaction), and both agree with the plain-Python models
 of :mod:`test_history` (``helpers.changelog_model``, ``upsert_model.UpsertModel``). A time
@@ -189,6 +189,7 @@ def test_show_history_diff_status_run_without_java(cli_env):
         ("history", cfg.name): "current",
         ("diff", cfg.name, "--from", "199", "--to", "1970-01-01T00:00:00.299Z"): "1 row(s) added",
         ("status", cfg.name): "committed",
+        ("dry-run", cfg.name, "--frontier", "400"): "computed by DuckDB without a JVM",
     }
     for args, expected in commands.items():
         p = reconcile(env, *args, java=False)
@@ -197,14 +198,14 @@ def test_show_history_diff_status_run_without_java(cli_env):
 
 
 def test_spark_reads_and_dry_run_keep_spark_quiet(cli_env):
-    """``--spark`` and ``dry-run`` (a query's correction is Spark SQL) start a JVM whose banner and
-    warnings go to a log file: stdout holds the answer, stderr nothing."""
+    """``--spark`` (a read, a dry run) starts a JVM whose banner and warnings go to a log file:
+    stdout holds the answer, stderr nothing."""
     cfg, env = cli_env
     p = reconcile(env, "history", cfg.name, "--spark", java=True)
     assert p.returncode == 0 and p.stderr == "", p.stderr
     assert "current" in p.stdout and "WARN" not in p.stdout
     write_json_rows(Path(env["RECONCILE_SINKS_DIR"]) / "src", [{"k": 2, "v": "b"}, {"k": 3, "v": "c"}])
-    p = reconcile(env, "dry-run", cfg.name, "--frontier", "1970-01-01T00:00:00.400Z", java=True)
+    p = reconcile(env, "dry-run", cfg.name, "--frontier", "1970-01-01T00:00:00.400Z", "--spark", java=True)
     assert p.returncode == 0 and p.stderr == "", p.stderr
     assert f"batch [{iso(300)}, {iso(400)}) (upper: the given frontier)" in p.stdout, p.stdout
     assert "WARN" not in p.stdout and "log4j" not in p.stdout

@@ -9,7 +9,7 @@ Commands:
   show SINK [--as-of T] [--log] [--errors] [--limit N] [--spark]
                            the shard as of T (default upper - 1), its update log, or its errors
   read-only SINK on|off    switch a shard's read-only mode
-  dry-run SINK [--frontier T]
+  dry-run SINK [--frontier T] [--limit N] [--spark]
                            compute and report the correction of the next batch; writes nothing
   run SINK [--frontier T] [--run-id ID]
                            one batch without Airflow (mint, write, append in this process)
@@ -28,6 +28,7 @@ Commands:
 
 Times (T, T1, T2) are epoch ms or ISO-8601 (naive: UTC). show, history and diff read the shard
 without a JVM (DuckDB over delta-rs); --spark reads it with Spark, whose output goes to a log file.
+dry-run computes the next correction with DuckDB where that is exact (else, or with --spark, Spark).
 """
 
 from __future__ import annotations
@@ -159,14 +160,11 @@ def cmd_read_only(args) -> int:
 
 
 def cmd_dry_run(args) -> int:
-    from pyspark.sql import functions as F
-
     from reconcile.config import load_sink
     from reconcile.schedule import next_scheduled_frontier, now_ms
+    from reconcile.sink import preview
     from reconcile.sink.history import parse_time
     from reconcile.sink.mint import next_lower
-    from reconcile.sink.write import batch_correction
-    from reconcile.storage import frames
     from reconcile.storage.delta import ShardTable
 
     cfg = load_sink(args.sink)
@@ -188,13 +186,25 @@ def cmd_dry_run(args) -> int:
     if upper <= lower:
         print(f"dry run: {which} upper {iso(upper)} is not ahead of lower {iso(lower)}: a run would mint nothing")
         return 0
+    title = (
+        f"dry run of {cfg.name}: batch [{iso(lower)}, {iso(upper)}) (upper: {which}) would write; nothing was written"
+    )
+    if not args.spark:
+        try:
+            _print_preview(title, preview.correction(cfg, table, lower, upper, args.limit, store.watermark(cfg.name)))
+            return 0
+        except preview.NotExact as why:
+            print(f"dry run with Spark, as the run computes it: {why}")
+    from pyspark.sql import functions as F
+
+    from reconcile.sink.write import batch_correction
+    from reconcile.storage import frames
+
     spark = quiet_spark("dry-run")  # the correction is Spark's (the sink's SQL, its sources)
     persist = frames.read_updates(spark, table) if table.exists() else spark.createDataFrame([], frames.schema(cfg))
     result = batch_correction(spark, store, cfg, persist, lower, upper)
     corr = result.updates.cache()
-    print(
-        f"dry run of {cfg.name}: batch [{iso(lower)}, {iso(upper)}) (upper: {which}) would write; nothing was written:"
-    )
+    print(f"{title}:")
     corr.groupBy("_part").agg(
         F.count(F.lit(1)).alias("updates"),
         F.sum(F.when(F.col("_error").isNotNull(), 1).otherwise(0)).alias("errors"),
@@ -209,6 +219,23 @@ def cmd_dry_run(args) -> int:
     print("sample:")
     corr.drop("_part").show(args.limit, truncate=False)
     return 0
+
+
+def _print_preview(title: str, p) -> None:
+    """``dry-run``'s report of a correction computed without a JVM (:mod:`reconcile.sink.preview`)."""
+    from reconcile.report import print_rows
+
+    print(f"{title} (computed by DuckDB without a JVM; --spark computes it with Spark):")
+    print(
+        f"  {p.updates} update(s): {p.inserts} row(s) inserted, {p.retractions} retracted, {p.errors} error update(s)"
+    )
+    if p.feed is not None:
+        print(
+            f"upsert feed: {p.feed['commands']} command(s) eligible, {p.feed['late']} late, "
+            f"feed read up to offset {p.feed['offset']}"
+        )
+    print("sample:" if p.rows else "  (nothing to write)")
+    print_rows(p.rows, p.updates)
 
 
 def cmd_run(args) -> int:
@@ -451,6 +478,7 @@ def main(argv: list[str] | None = None) -> int:
     dr.add_argument("sink")
     dr.add_argument("--frontier", default=None, help="the batch's upper (ms or ISO); default the next scheduled run's")
     dr.add_argument("--limit", type=int, default=20)
+    dr.add_argument("--spark", action="store_true", help="compute it with Spark, as the run does")
     dr.set_defaults(fn=cmd_dry_run)
     rn = sub.add_parser("run")
     rn.add_argument("sink")

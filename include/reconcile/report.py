@@ -296,14 +296,20 @@ def show_shard(
     print(data["title"])
     for note in data["notes"]:
         print(f"note: {note}")
-    rows = data["rows"]
-    if not rows:
+    if not data["rows"]:
         print("  (no rows)")
+        return
+    print_rows(data["rows"], len(data["rows"]) + int(data["truncated"]))
+
+
+def print_rows(rows: list[dict], total: int) -> None:
+    """Rows as an aligned table (null as ``null``), and a line saying when ``total`` is more."""
+    if not rows:
         return
     header = list(rows[0])
     body = [[_text(r[c]) for c in header] for r in rows]
     widths = [max([len(h)] + [len(line[i]) for line in body]) for i, h in enumerate(header)]
     for line in [header, *body]:
         print("  " + "  ".join(c.ljust(w) for c, w in zip(line, widths, strict=True)).rstrip())
-    if data["truncated"]:
+    if total > len(rows):
         print(f"  (first {len(rows)} rows; --limit shows more)")

@@ -133,13 +133,6 @@ def carried_checksums(store: Ledger, table: ShardTable, lower: int, read_version
     return sums
 
 
-def watermark(store: Ledger, cfg: SinkConfig) -> int | None:
-    """A command feed's watermark: the highest offset any committed batch has read (None:
-    nothing read yet)."""
-    seen = [b.source_offset for b in store.batches(cfg.name, (COMMITTED,)) if b.source_offset is not None]
-    return max(seen) if seen else None
-
-
 def batch_correction(
     spark: SparkSession,
     store: Ledger,
@@ -153,7 +146,7 @@ def batch_correction(
     """The correction of ``(lower, upper)`` against ``persist``, for any kind of sink (``checks``:
     observe its checksums while it is computed; ``empty_shard``: persist holds no update)."""
     kind = kinds.of(cfg)
-    wm = watermark(store, cfg) if kind.reads_feed else None
+    wm = store.watermark(cfg.name) if kind.reads_feed else None
     return kind.correction(spark, persist, kinds.Bounds(lower, upper, wm, checks, empty_shard))
 
 

@@ -69,6 +69,7 @@ class ShardTable:
         # delta-rs's options beyond the AWS environment it reads itself (no secret in them)
         self.storage_options = settings.delta_storage_options()
         self._latest: Any = None  # the latest delta-rs snapshot loaded, refreshed incrementally
+        self._pinned: tuple[int, Any] | None = None  # the last snapshot loaded at an explicit version
         self._texts: dict[int, str] | None = None  # commit files read, once :meth:`remember_commits`
 
     def __repr__(self) -> str:
@@ -203,11 +204,15 @@ class ShardTable:
     # -- snapshots ----------------------------------------------------------------------------
 
     def snapshot(self, version: int | None = None):
-        """A delta-rs snapshot: the latest (kept and refreshed incrementally) or ``version``."""
+        """A delta-rs snapshot: the latest (kept and refreshed incrementally) or ``version`` (the
+        last one asked for is kept: the write reads persist and tests it for emptiness at one
+        version)."""
         from deltalake import DeltaTable
 
-        if version is not None:
-            return DeltaTable(self.path, version=version, storage_options=self.storage_options)
+        if version is not None:  # a version's snapshot never changes: the last one is kept
+            if self._pinned is None or self._pinned[0] != version:
+                self._pinned = (version, DeltaTable(self.path, version=version, storage_options=self.storage_options))
+            return self._pinned[1]
         if self._latest is None:
             self._latest = DeltaTable(self.path, storage_options=self.storage_options)
         else:
@@ -390,6 +395,7 @@ class ShardTable:
         ]
         user_meta = json.dumps({META_KEY: {"sink": self.name, **meta}}, sort_keys=True)
         read = dt.version()
+        self._pinned = None  # delta-rs may move ``dt`` to the version it commits
         props = CommitProperties(
             custom_metadata={"userMetadata": user_meta},
             max_commit_retries=0,

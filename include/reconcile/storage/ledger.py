@@ -424,6 +424,12 @@ class Ledger:
                 q = q.where(Batch.state.in_(states))
             return list(s.scalars(q.order_by(Batch.lower, Batch.created_at)))
 
+    def watermark(self, name: str) -> int | None:
+        """A command feed's watermark: the highest offset any committed batch of the shard has
+        read (None: nothing read yet)."""
+        seen = [b.source_offset for b in self.batches(name, (COMMITTED,)) if b.source_offset is not None]
+        return max(seen) if seen else None
+
     @_retried_once_if_schema_recreated
     def committed_ending_at(self, name: str, upper: int) -> list[Batch]:
         """The shard's committed batches whose upper is ``upper`` (one, unless the ledger is damaged)."""
