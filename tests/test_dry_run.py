@@ -279,6 +279,31 @@ def test_the_demo_sink_s_preview_equals_spark_s_correction(spark, warehouse, tmp
         run_stages(spark, sqlite_store, cfg, f"demo-{i}", upper)
 
 
+def test_a_query_s_duckdb_sql_is_kept_per_sql_and_sqlglot_version(tmp_path, monkeypatch):
+    """The next dry run of a sink reads its query in DuckDB's dialect from the home's cache (no
+    sqlglot import); another SQL text is another entry; an unreadable entry is computed again."""
+    monkeypatch.setenv("RECONCILE_HOME", str(tmp_path / "home"))
+    cfg = make_sink(
+        tmp_path,
+        "cached",
+        query={"sources": {"src": {"format": "json", "path": "src"}}, "sql": "SELECT k, CAST(v AS STRING) v FROM src"},
+    )
+    sql = preview.duckdb_sql(cfg)
+    assert sql == preview.transpile(cfg) and "CAST(v AS TEXT)" in sql and "TRY_CAST" not in sql, sql
+    entries = list((tmp_path / "home" / "cache" / "duckdb-sql").iterdir())
+    assert [e.read_text() for e in entries] == [sql]
+    entries[0].write_text("SELECT 'from the cache' AS k")
+    assert preview.duckdb_sql(cfg) == "SELECT 'from the cache' AS k"  # read, not computed
+    other = make_sink(
+        tmp_path, "other", query={"sources": {"src": {"format": "json", "path": "src"}}, "sql": "SELECT k, v FROM src"}
+    )
+    assert preview.duckdb_sql(other) == "SELECT k, v FROM src"
+    assert len(list(entries[0].parent.iterdir())) == 2
+    entries[0].unlink()
+    entries[0].mkdir()  # unreadable, and cannot be replaced: computed each time
+    assert preview.duckdb_sql(cfg) == sql
+
+
 def test_the_preview_refuses_what_it_could_get_wrong(tmp_path, warehouse, sqlite_store):
     write_json_rows(tmp_path / "src", [{"k": 1, "v": "a", "x": 1.5}])
     (tmp_path / "csv").mkdir()

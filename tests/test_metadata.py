@@ -77,6 +77,21 @@ def test_migration_0003_moves_the_final_prefix_into_failure_kind(metadata_url):
         engine.dispose()
 
 
+def test_the_head_the_ledger_checks_is_alembic_s():
+    """``head()`` lists the migration files instead of asking Alembic: each file's revision is its
+    number, its down revision the one before, and the newest is the head Alembic finds."""
+    from alembic.script import ScriptDirectory
+
+    from reconcile.storage.ledger import MIGRATIONS
+
+    script = ScriptDirectory(str(MIGRATIONS))
+    revisions = sorted(script.walk_revisions(), key=lambda r: r.revision)
+    for before, rev in zip([None, *revisions], revisions, strict=False):
+        assert rev.module.__file__.split("/")[-1][:4] == rev.revision  # type: ignore[union-attr]
+        assert rev.down_revision == (before.revision if before else None)
+    assert head() == script.get_current_head() == revisions[-1].revision
+
+
 def test_upgrade_downgrade_upgrade(metadata_url):
     engine = make_engine(metadata_url)
     try:

@@ -27,6 +27,7 @@ The preview is taken only where the two engines agree by construction; anything 
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass
 from decimal import Decimal
@@ -155,7 +156,36 @@ def register_source(con, src: Source, label: str | None = None) -> None:
     con.execute(f"CREATE TEMP VIEW {_q(src.name)} AS SELECT * FROM {read}, columns = {spec})")
 
 
+TRANSPILE = "strict-cast-1"  # what :func:`transpile` does beyond sqlglot (part of the cache key)
+
+
 def duckdb_sql(cfg: QuerySink) -> str:
+    """The sink's Spark SQL in DuckDB's dialect (:func:`transpile`), kept under the home's
+    ``cache/duckdb-sql/`` by the SQL and sqlglot's version: the next dry run of the sink skips
+    sqlglot's import and parse (a quarter of a second)."""
+    import hashlib
+    from importlib.metadata import version
+
+    from reconcile import settings
+
+    key = hashlib.sha256(f"{version('sqlglot')}\0{TRANSPILE}\0{cfg.sql}".encode()).hexdigest()
+    cached = settings.home() / "cache" / "duckdb-sql" / f"{key}.sql"
+    try:
+        return cached.read_text()
+    except OSError:
+        pass
+    sql = transpile(cfg)
+    try:
+        cached.parent.mkdir(parents=True, exist_ok=True)
+        partial = cached.with_suffix(f".{os.getpid()}.tmp")
+        partial.write_text(sql)
+        partial.replace(cached)  # whole or absent
+    except OSError:
+        pass  # a home that cannot be written: computed again next time
+    return sql
+
+
+def transpile(cfg: QuerySink) -> str:
     """The sink's Spark SQL in DuckDB's dialect (sqlglot), Spark's strict ``CAST`` kept strict."""
     import sqlglot
     from sqlglot import exp
