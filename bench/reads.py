@@ -14,7 +14,7 @@ reuses a folder a previous ``--keep`` run built). Each command then runs ``repea
 median wall time is reported with the CPU time the process used (user + system: on a shared
 machine the wall time also measures the others' load, printed beside it), beside the same read
 with ``--spark`` (the JVM a read cost before). ``dry-run`` computes both query sinks' next correction
-without a JVM (:mod:`reconcile.sink.preview`), held to the same targets (<= 1 s for the demo shard,
+without a JVM (:mod:`reconcile.kinds.preview`), held to the same targets (<= 1 s for the demo shard,
 <= 5 s for 1M rows); ``dry-run --spark`` is timed beside it.
 """
 

@@ -1,5 +1,5 @@
 """``dry-run`` without a JVM: a query sink's next correction computed by DuckDB
-(:mod:`reconcile.sink.preview`) equals the one Spark computes for the run (the write stage's
+(:mod:`reconcile.kinds.preview`) equals the one Spark computes for the run (the write stage's
 ``batch_correction``) and a plain-Python model of the query kind (the result's rows minus the shard
 as of ``upper - 1``, a null in a non-nullable column an error row with Spark's message), on random
 snapshots with duplicates, nulls, aggregates, decimals, dates and error rows. Where the two engines
@@ -19,7 +19,7 @@ import pytest
 
 from helpers import AS_OF, make_sink, run_stages, update_log, write_json_rows
 from reconcile import cli
-from reconcile.sink import preview
+from reconcile.kinds import preview
 from reconcile.sink.write import batch_correction
 from reconcile.storage import frames
 from reconcile.storage.delta import ShardTable

@@ -161,8 +161,8 @@ def cmd_read_only(args) -> int:
 
 def cmd_dry_run(args) -> int:
     from reconcile.config import load_sink
+    from reconcile.kinds import preview
     from reconcile.schedule import next_scheduled_frontier, now_ms
-    from reconcile.sink import preview
     from reconcile.sink.history import parse_time
     from reconcile.sink.mint import next_lower
     from reconcile.storage.delta import ShardTable
@@ -222,7 +222,7 @@ def cmd_dry_run(args) -> int:
 
 
 def _print_preview(title: str, p) -> None:
-    """``dry-run``'s report of a correction computed without a JVM (:mod:`reconcile.sink.preview`)."""
+    """``dry-run``'s report of a correction computed without a JVM (:mod:`reconcile.kinds.preview`)."""
     from reconcile.report import print_rows
 
     print(f"{title} (computed by DuckDB without a JVM; --spark computes it with Spark):")

@@ -402,6 +402,8 @@ def correction(
         names = [d[0] for d in cur.description]
         rows = [dict(zip(names, r, strict=True)) for r in cur.fetchall()]
         return Preview(rows, int(n), int(ins), int(ret), int(err), feed)
+    except duckdb.Error as exc:  # anything DuckDB refuses that the steps above did not foresee
+        raise _failed("compute the correction", exc) from None
     finally:
         con.close()
 
