@@ -1,5 +1,5 @@
 """``dry-run`` without a JVM: a query sink's next correction computed by DuckDB
-(:mod:`reconcile.kinds.preview`) equals the one Spark computes for the run (the write stage's
+(:mod:`reconcile.sink.dry_run`, :mod:`reconcile.kinds.preview`) equals the one Spark computes for the run (the write stage's
 ``batch_correction``) and a plain-Python model of the query kind (the result's rows minus the shard
 as of ``upper - 1``, a null in a non-nullable column an error row with Spark's message), on random
 snapshots with duplicates, nulls, aggregates, decimals, dates and error rows. Where the two engines
@@ -20,6 +20,7 @@ import pytest
 from helpers import AS_OF, make_sink, run_stages, update_log, write_json_rows
 from reconcile import cli
 from reconcile.kinds import preview
+from reconcile.sink import dry_run
 from reconcile.sink.write import batch_correction
 from reconcile.storage import frames
 from reconcile.storage.delta import ShardTable
@@ -126,7 +127,7 @@ def test_the_preview_equals_spark_s_correction_and_the_model(spark, warehouse, t
         rows = random_rows(rng)
         write_json_rows(tmp_path / "src", rows)
         lower, upper = AS_OF + 100 * i, AS_OF + 100 * (i + 1)
-        got = preview.correction(cfg, table, lower, upper, limit=1000)
+        got = dry_run.correction(cfg, table, lower, upper, limit=1000)
         assert got.rows == sorted(got.rows, key=lambda r: r["_error"] is not None), "ok rows first"
         assert all(r["_time"] == upper - 1 for r in got.rows)
         persist = frames.read_updates(spark, table) if table.exists() else spark.createDataFrame([], frames.schema(cfg))
@@ -189,7 +190,7 @@ def test_a_change_log_s_preview_equals_spark_s_correction_and_the_model(spark, w
                 }
             )
         write_json_rows(tmp_path / "log", [*log, {"k": 7, "v": "z", "ts": 10_000, "diff": 1}])  # typed fields
-        got = preview.correction(cfg, table, lower, upper, limit=1000)
+        got = dry_run.correction(cfg, table, lower, upper, limit=1000)
         persist = frames.read_updates(spark, table) if table.exists() else spark.createDataFrame([], frames.schema(cfg))
         by_spark = batch_correction(spark, sqlite_store, cfg, persist, lower, upper).updates.collect()
 
@@ -239,7 +240,7 @@ def test_an_upsert_sink_s_preview_equals_spark_s_correction(spark, warehouse, tm
         hint = {**HINT, **({"op": "u"} if deletes == "marker" else {})}
         write_json_rows(tmp_path / "feed", [*feed, hint])
         wm = sqlite_store.watermark(cfg.name)
-        got = preview.correction(cfg, table, lower, upper, limit=1000, watermark=wm)
+        got = dry_run.correction(cfg, table, lower, upper, limit=1000, watermark=wm)
         persist = frames.read_updates(spark, table) if table.exists() else spark.createDataFrame([], frames.schema(cfg))
         result = batch_correction(spark, sqlite_store, cfg, persist, lower, upper)
         by_spark = [r.asDict() for r in result.updates.collect()]
@@ -272,7 +273,7 @@ def test_the_demo_sink_s_preview_equals_spark_s_correction(spark, warehouse, tmp
     for i in range(len(demo.DAYS)):
         demo.write_orders(i)
         lower, upper = cfg.as_of + i * day, cfg.as_of + (i + 1) * day
-        got = preview.correction(cfg, table, lower, upper, limit=1000)
+        got = dry_run.correction(cfg, table, lower, upper, limit=1000)
         persist = frames.read_updates(spark, table) if table.exists() else spark.createDataFrame([], frames.schema(cfg))
         by_spark = batch_correction(spark, sqlite_store, cfg, persist, lower, upper).updates.collect()
         assert got.rows and by_row(cfg, got.rows) == by_row(cfg, [r.asDict() for r in by_spark]), i
@@ -323,17 +324,17 @@ def test_the_preview_refuses_what_it_could_get_wrong(tmp_path, warehouse, sqlite
     for i, (why, query) in enumerate(cases.items()):
         query = {"sources": {"src": {"format": "json", "path": "src"}}, "sql": "SELECT k, v FROM src", **query}
         cfg = make_sink(tmp_path, f"no{i}", query=query)
-        with pytest.raises(preview.NotExact, match=why):
-            preview.correction(cfg, ShardTable(cfg), 100, 200, limit=10)
+        with pytest.raises(dry_run.NotExact, match=why):
+            dry_run.correction(cfg, ShardTable(cfg), 100, 200, limit=10)
     doubles = make_sink(
         tmp_path, "dbl", schema=[{"name": "k", "type": "bigint", "nullable": False}, {"name": "x", "type": "double"}],
         query={"sources": {"src": {"format": "json", "path": "src"}}, "sql": "SELECT CAST(NULL AS BIGINT) AS k, x FROM src"},
     )  # fmt: skip
-    with pytest.raises(preview.NotExact, match="floats, times or bytes"):
-        preview.correction(doubles, ShardTable(doubles), 100, 200, limit=10)
+    with pytest.raises(dry_run.NotExact, match="floats, times or bytes"):
+        dry_run.correction(doubles, ShardTable(doubles), 100, 200, limit=10)
     ups = upsert_sink(tmp_path, upsert={"source": {"format": "csv", "path": "csv"}})
-    with pytest.raises(preview.NotExact, match="upsert.source is csv"):
-        preview.correction(ups, ShardTable(ups), 100, 200, limit=10)
+    with pytest.raises(dry_run.NotExact, match="upsert.source is csv"):
+        dry_run.correction(ups, ShardTable(ups), 100, 200, limit=10)
 
 
 def test_dry_run_prints_the_preview_or_says_why_spark_computes_it(

@@ -161,8 +161,8 @@ def cmd_read_only(args) -> int:
 
 def cmd_dry_run(args) -> int:
     from reconcile.config import load_sink
-    from reconcile.kinds import preview
     from reconcile.schedule import next_scheduled_frontier, now_ms
+    from reconcile.sink import dry_run
     from reconcile.sink.history import parse_time
     from reconcile.sink.mint import next_lower
     from reconcile.storage.delta import ShardTable
@@ -191,9 +191,9 @@ def cmd_dry_run(args) -> int:
     )
     if not args.spark:
         try:
-            _print_preview(title, preview.correction(cfg, table, lower, upper, args.limit, store.watermark(cfg.name)))
+            _print_preview(title, dry_run.correction(cfg, table, lower, upper, args.limit, store.watermark(cfg.name)))
             return 0
-        except preview.NotExact as why:
+        except dry_run.NotExact as why:
             print(f"dry run with Spark, as the run computes it: {why}")
     from pyspark.sql import functions as F
 
@@ -222,7 +222,7 @@ def cmd_dry_run(args) -> int:
 
 
 def _print_preview(title: str, p) -> None:
-    """``dry-run``'s report of a correction computed without a JVM (:mod:`reconcile.kinds.preview`)."""
+    """``dry-run``'s report of a correction computed without a JVM (:mod:`reconcile.sink.dry_run`)."""
     from reconcile.report import print_rows
 
     print(f"{title} (computed by DuckDB without a JVM; --spark computes it with Spark):")

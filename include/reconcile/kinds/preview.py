@@ -1,7 +1,7 @@
-"""A sink's next correction computed without a JVM, for ``dry-run``.
+"""A sink's next correction in DuckDB, without a JVM (``dry-run``: :mod:`reconcile.sink.dry_run`).
 
-DuckDB computes the correction with the kind's semantics over the shard's updates (read as
-``show`` reads them, :class:`~reconcile.storage.reads.ShardReader`): a query's result rows each
+DuckDB computes the correction with the kind's semantics over the shard's update log (a table
+of the connection the caller fills, as ``show`` reads it): a query's result rows each
 ``+1`` at ``upper - 1`` minus the shard below ``upper`` (:mod:`reconcile.kinds.query`); a change
 log's updates below ``upper`` minus the shard's, advanced to ``lower``
 (:mod:`reconcile.kinds.changelog`); an upsert feed's eligible commands, highest offset first per
@@ -35,7 +35,6 @@ from pathlib import Path
 from typing import Any
 
 from reconcile.config import ChangelogSink, QuerySink, SinkConfig, Source, UpsertSink
-from reconcile.storage.delta import ShardTable
 
 # the sink's type -> DuckDB's; DuckDB's type names back to the sink's
 DUCK_TYPES = {
@@ -60,19 +59,6 @@ DECIMAL = re.compile(r"^decimal\((\d+),(\d+)\)$")
 
 class NotExact(Exception):
     """The preview could differ from Spark's correction (or cannot be computed here): why."""
-
-
-@dataclass
-class Preview:
-    """The correction a run would write: its update rows (the sink's columns, ``_error``,
-    ``_time``, ``_diff``: the first ``limit``) and their totals."""
-
-    rows: list[dict]
-    updates: int
-    inserts: int
-    retractions: int
-    errors: int
-    feed: dict | None = None  # an upsert feed's progress: commands, late, offset
 
 
 def sink_type(text: str) -> str:
@@ -349,63 +335,26 @@ def _decode(con, cfg: SinkConfig, want: _Desired) -> None:
         con.execute(f"INSERT INTO desired_updates VALUES {chunk}")
 
 
-def correction(
-    cfg: SinkConfig, table: ShardTable, lower: int, upper: int, limit: int, watermark: int | None = None
-) -> Preview:
-    """The correction of the batch ``(lower, upper)`` as the sink's kind computes it,
-    consolidated (:mod:`reconcile.kinds.query`, :mod:`reconcile.kinds.changelog`,
-    :mod:`reconcile.kinds.upsert`; ``watermark``: an upsert feed's); the first ``limit`` rows.
-    :class:`NotExact` where it might not be exactly that."""
-    import duckdb
-
-    from reconcile.storage.reads import UPDATES, ShardReader
-
-    reader = ShardReader(table) if table.exists() else None
-    con = reader.con if reader is not None else duckdb.connect()
-    try:
-        if reader is None:
-            typed = ", ".join(f"CAST(NULL AS {duck_type(c.type)}) AS {_q(c.name)}" for c in cfg.columns)
-            con.execute(
-                f"CREATE TEMP TABLE {UPDATES} AS SELECT {typed}, CAST(NULL AS VARCHAR) AS _error, "
-                "CAST(NULL AS BIGINT) AS _time, CAST(NULL AS BIGINT) AS _diff WHERE false"
-            )
-        con.execute("SET TimeZone = 'UTC'")
-        cols = ", ".join(_q(c) for c in cfg.column_names)
-        feed = None
-        if isinstance(cfg, UpsertSink):
-            feed = _upsert_commands(con, cfg, lower, upper, watermark)
-            updates, time = _upsert_correction(con, cfg, lower), "_time"
-        else:
-            want = _desired(con, cfg, lower, upper)
-            _decode(con, cfg, want)
-            updates = (
-                f"SELECT {cols}, _error, _time, _diff FROM desired_updates WHERE _time < {int(upper)} "
-                f"UNION ALL SELECT {cols}, _error, _time, -_diff FROM {UPDATES} WHERE _time < {int(upper)}"
-            )
-            time = want.advance
-        con.execute(
-            f"CREATE TEMP TABLE reconcile_correction AS SELECT {cols}, _error, CAST({time} AS BIGINT) AS _time, "
-            f"CAST(SUM(_diff) AS BIGINT) AS _diff FROM ({updates}) GROUP BY {cols}, _error, {time} "
-            "HAVING SUM(_diff) <> 0"
-        )
-        totals = con.execute(
-            "SELECT count(*), coalesce(sum(greatest(_diff, 0)), 0), coalesce(sum(greatest(-_diff, 0)), 0), "
-            "count(_error) FROM reconcile_correction"
-        ).fetchone()
-        assert totals is not None
-        n, ins, ret, err = totals
-        order = ", ".join(f"{_q(c)} ASC NULLS FIRST" for c in cfg.column_names)
-        cur = con.execute(
-            f"SELECT {cols}, _error, _time, _diff FROM reconcile_correction "
-            f"ORDER BY _error NULLS FIRST, _time, {order}, _diff LIMIT {int(limit)}"
-        )
-        names = [d[0] for d in cur.description]
-        rows = [dict(zip(names, r, strict=True)) for r in cur.fetchall()]
-        return Preview(rows, int(n), int(ins), int(ret), int(err), feed)
-    except duckdb.Error as exc:  # anything DuckDB refuses that the steps above did not foresee
-        raise _failed("compute the correction", exc) from None
-    finally:
-        con.close()
+def updates_sql(
+    con, cfg: SinkConfig, lower: int, upper: int, watermark: int | None, shard: str
+) -> tuple[str, str, dict | None]:
+    """What the batch ``(lower, upper)`` changes, as the sink's kind computes it, over the DuckDB
+    connection ``con`` whose table ``shard`` holds the shard's update log: (the SQL of the
+    updates to consolidate, with the sink's columns, ``_error``, ``_time`` and ``_diff``; the
+    time each is consolidated at, a SQL expression over ``_time``; an upsert feed's progress).
+    Registers the sources as views of ``con``. :class:`NotExact` where the result might not be
+    exactly Spark's."""
+    cols = ", ".join(_q(c) for c in cfg.column_names)
+    if isinstance(cfg, UpsertSink):
+        feed = _upsert_commands(con, cfg, lower, upper, watermark)
+        return _upsert_correction(con, cfg, lower, shard), "_time", feed
+    want = _desired(con, cfg, lower, upper)
+    _decode(con, cfg, want)
+    updates = (
+        f"SELECT {cols}, _error, _time, _diff FROM desired_updates WHERE _time < {int(upper)} "
+        f"UNION ALL SELECT {cols}, _error, _time, -_diff FROM {shard} WHERE _time < {int(upper)}"
+    )
+    return updates, want.advance, None
 
 
 # -- upsert sinks -------------------------------------------------------------------------------
@@ -513,12 +462,10 @@ def _upsert_commands(con, cfg: UpsertSink, lower: int, upper: int, watermark: in
     return {"commands": int(n), "late": int(n_late), "offset": max(offsets) if offsets else None}
 
 
-def _upsert_correction(con, cfg: UpsertSink, lower: int) -> str:
+def _upsert_correction(con, cfg: UpsertSink, lower: int, shard: str) -> str:
     """The SQL of :func:`reconcile.kinds.upsert.upsert_correction`'s updates (before they are
     consolidated; columns: keys, values, ``_error``, ``_time``, ``_diff``) over ``cmds`` and the
-    shard's ``updates``."""
-    from reconcile.storage.reads import UPDATES
-
+    shard's update log ``shard``."""
     keys = [_q(k) for k in cfg.key_columns]
     values = [_q(v) for v in cfg.value_columns]
     klist = ", ".join(keys)
@@ -562,7 +509,7 @@ def _upsert_correction(con, cfg: UpsertSink, lower: int) -> str:
             "FROM ordered WHERE _n = 0 AND NOT _del",
             branch(prev_values, "_prev_error", "CAST(-1 AS BIGINT)", "_n = 0 AND _has_prev AND NOT _prev_del"),
             branch(null_values, "_error", "_n", "_n <> 0"),
-            f"SELECT {both}, u._error, t._first, -sum(u._diff) FROM {UPDATES} u "
+            f"SELECT {both}, u._error, t._first, -sum(u._diff) FROM {shard} u "
             f"JOIN (SELECT {klist}, _first FROM ordered WHERE _n = 0 AND _time = _first) t ON {on} "
             f"WHERE u._time <= {int(lower) - 1} GROUP BY {both}, u._error, t._first HAVING sum(u._diff) <> 0",
         ]
