@@ -307,6 +307,7 @@ def test_a_query_s_duckdb_sql_is_kept_per_sql_and_sqlglot_version(tmp_path, monk
 
 def test_the_preview_refuses_what_it_could_get_wrong(tmp_path, warehouse, sqlite_store):
     write_json_rows(tmp_path / "src", [{"k": 1, "v": "a", "x": 1.5}])
+    write_json_rows(tmp_path / "mixed", [{"k": 1, "v": 1.50}, {"k": 2, "v": "b"}])  # Spark: v "1.50"
     (tmp_path / "csv").mkdir()
     (tmp_path / "csv" / "a.csv").write_text("k,v\n1,a\n")
     (tmp_path / "nested" / "p=1").mkdir(parents=True)
@@ -317,6 +318,7 @@ def test_the_preview_refuses_what_it_could_get_wrong(tmp_path, warehouse, sqlite
         },
         "reader options": {"sources": {"src": {"format": "json", "path": "src", "options": {"multiLine": True}}}},
         "sub-folders": {"sources": {"src": {"format": "json", "path": "nested"}}},
+        "field v is read as JSON": {"sources": {"src": {"format": "json", "path": "mixed"}}},
         "not one query": {"sql": "SELECT k, v FROM src; SELECT k, v FROM src"},
         "the sink's type is bigint": {"sql": "SELECT CAST(x AS DOUBLE) AS k, v FROM src"},
         "not the sink's": {"sql": "SELECT k, v, x FROM src"},

@@ -52,7 +52,7 @@ JSON_AS_SPARK = {
     "BOOLEAN": "BOOLEAN",
     "VARCHAR": "VARCHAR",
 }
-JSON_AS_STRING = ("DATE", "TIMESTAMP", "TIME", "UUID", "JSON", "NULL")  # Spark infers a string
+JSON_AS_STRING = ("DATE", "TIMESTAMP", "TIME", "UUID", "NULL")  # string tokens (or none): Spark infers a string
 TEXT_TYPES = ("string", "tinyint", "smallint", "int", "bigint", "boolean", "date")  # Spark's text known
 DECIMAL = re.compile(r"^decimal\((\d+),(\d+)\)$")
 
@@ -136,7 +136,7 @@ def register_source(con, src: Source, label: str | None = None) -> None:
             columns[name] = "VARCHAR"
         elif typ in JSON_AS_SPARK:
             columns[name] = JSON_AS_SPARK[typ]
-        else:
+        else:  # JSON: tokens of several types (Spark keeps a number's own text as a string)
             raise NotExact(f"{label}'s field {name} is read as {typ} (Spark infers its own type)")
     spec = "{" + ", ".join(f"{_lit(n)}: {_lit(t)}" for n, t in columns.items()) + "}"
     con.execute(f"CREATE TEMP VIEW {_q(src.name)} AS SELECT * FROM {read}, columns = {spec})")
