@@ -191,16 +191,23 @@ def _wait(what: str, probe, timeout: float = 240):
 
 
 def _finished(api: Api, dag_id: str, run_id: str) -> dict:
-    """The run once it ended. A task process that died unseen is failed by Airflow only after
-    its heartbeat timeout (300 s): wait past that; a timeout names each task's state."""
+    """The run once it ended, with its final note. A task process that died unseen is failed by
+    Airflow only after its heartbeat timeout (300 s): wait past that; a timeout names each task's
+    state. A failed task writes the run's note from its failure callback, which may land a moment
+    after the scheduler marked the run failed: the note of a run still waiting for an answer is
+    not final."""
+
+    def ended() -> dict | bool:
+        r = api.run(dag_id, run_id)
+        waiting = (r.get("note") or "").startswith("waiting for an approval")
+        return r["state"] in ("success", "failed") and not waiting and r
+
     try:
-        return _wait(
-            f"run {run_id} of {dag_id} to finish",
-            lambda: (r := api.run(dag_id, run_id))["state"] in ("success", "failed") and r,
-            timeout=420,
-        )
+        return _wait(f"run {run_id} of {dag_id} to finish", ended, timeout=420)
     except pytest.fail.Exception as exc:
-        raise AssertionError(f"{exc}; its tasks: {api.tis(dag_id, run_id)}") from None
+        raise AssertionError(
+            f"{exc}; the run: {api.run(dag_id, run_id)}; its tasks: {api.tis(dag_id, run_id)}"
+        ) from None
 
 
 def _awaiting(api: Api, dag_id: str, run_id: str) -> None:
