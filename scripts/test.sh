@@ -13,11 +13,10 @@ if [ -z "${RECONCILE_TEST_JVM_ARCHIVE+x}" ]; then
 fi
 # Test files run on two workers (pytest-xdist; a file stays on one worker: its fixtures, servers
 # and ports are its own). Most of the suite's time is spent waiting on JVMs and servers, so two
-# workers help even on 2 cores. The longest files start first (tests/durations.py).
-# RECONCILE_TEST_WORKERS=0 runs everything in this process.
+# workers help even on 2 cores. RECONCILE_TEST_WORKERS=0 runs everything in this process.
 workers="${RECONCILE_TEST_WORKERS:-2}"
 case " $* " in *" -n "*|*" --numprocesses"*|*" -p no:xdist "*) workers=0 ;; esac
 if [ "$workers" != "0" ]; then
-  set -- -n "$workers" --dist loadfile --no-loadscope-reorder "$@"
+  set -- -n "$workers" --dist loadfile "$@"
 fi
 exec .venv/bin/python -m pytest "$@"

@@ -126,14 +126,6 @@ def _stop_connect(home: Path) -> None:
         connect_server.stop(int((home / "port").read_text()), home=home)
 
 
-def pytest_collection_modifyitems(config, items):
-    """On xdist workers, the longest files first (tests/durations.py): a short tail."""
-    if hasattr(config, "workerinput"):
-        from durations import longest_first
-
-        longest_first(items)
-
-
 def pytest_unconfigure(config):
     """The run's controller stops the Connect server a worker started."""
     if hasattr(config, "workerinput") or not hasattr(config, "_tmp_path_factory"):
