@@ -78,7 +78,8 @@ def spark_type_of(duck: str) -> str | None:
     return f"decimal({m.group(1)},{m.group(2)})" if m else SPARK_TYPES.get(duck)
 
 
-def _q(name: str) -> str:
+def quoted(name: str) -> str:
+    """A name as a DuckDB identifier."""
     return '"' + name.replace('"', '""') + '"'
 
 
@@ -118,14 +119,14 @@ def register_source(con, src: Source, label: str | None = None) -> None:
         if "://" in src.path and not src.path.startswith("file://"):
             raise NotExact(f"{label} is not on a local disk ({src.path})")
         arrow = DeltaTable(src.path).to_pyarrow_table()  # noqa: F841 - DuckDB reads it by name
-        con.execute(f"CREATE TEMP TABLE {_q(src.name)} AS SELECT * FROM arrow")
+        con.execute(f"CREATE TEMP TABLE {quoted(src.name)} AS SELECT * FROM arrow")
         return
     if src.format not in ("parquet", "json"):
         raise NotExact(f"{label} is {src.format} (its parsing is Spark's)")
     listed = "[" + ", ".join(_lit(f) for f in source_files(src, label)) + "]"
     if src.format == "parquet":
         con.execute(
-            f"CREATE TEMP VIEW {_q(src.name)} AS SELECT * FROM read_parquet({listed}, hive_partitioning = false)"
+            f"CREATE TEMP VIEW {quoted(src.name)} AS SELECT * FROM read_parquet({listed}, hive_partitioning = false)"
         )
         return
     read = f"read_json({listed}, format = 'newline_delimited'"
@@ -139,7 +140,7 @@ def register_source(con, src: Source, label: str | None = None) -> None:
         else:  # JSON: tokens of several types (Spark keeps a number's own text as a string)
             raise NotExact(f"{label}'s field {name} is read as {typ} (Spark infers its own type)")
     spec = "{" + ", ".join(f"{_lit(n)}: {_lit(t)}" for n, t in columns.items()) + "}"
-    con.execute(f"CREATE TEMP VIEW {_q(src.name)} AS SELECT * FROM {read}, columns = {spec})")
+    con.execute(f"CREATE TEMP VIEW {quoted(src.name)} AS SELECT * FROM {read}, columns = {spec})")
 
 
 TRANSPILE = "strict-cast-1"  # what :func:`transpile` does beyond sqlglot (part of the cache key)
@@ -234,7 +235,14 @@ def _small_decimal(typ: str) -> bool:
     return m is not None and int(m.group(2)) <= 6
 
 
-def _failed(what: str, exc: Exception) -> NotExact:
+def _insert(con, table: str, rows: list[str]) -> None:
+    """Rows (each a SQL tuple of literals) into ``table``, a thousand a statement: literals, since
+    DuckDB's query parameters import pandas (a third of a second)."""
+    for start in range(0, len(rows), 1000):
+        con.execute(f"INSERT INTO {table} VALUES {', '.join(rows[start : start + 1000])}")
+
+
+def failed(what: str, exc: Exception) -> NotExact:
     return NotExact(f"DuckDB cannot {what} ({' '.join(str(exc).split())[:200]})")
 
 
@@ -269,7 +277,7 @@ def _columns(con, cfg: SinkConfig, want: _Desired) -> tuple[list[str], str, str]
         con.execute(f"CREATE TEMP VIEW reconcile_result AS SELECT * FROM {want.relation}")
         described = con.execute("DESCRIBE reconcile_result").fetchall()
     except Exception as exc:
-        raise _failed("run the query" if want.counters is None else "read the change log", exc) from None
+        raise failed("run the query" if want.counters is None else "read the change log", exc) from None
     have = {name.lower(): typ for name, typ, *_ in described}
     needed = {c.lower() for c in cfg.column_names} | {c.lower() for c in want.counters or ()}
     if len(have) != len(described) or not needed <= set(have):
@@ -280,9 +288,9 @@ def _columns(con, cfg: SinkConfig, want: _Desired) -> tuple[list[str], str, str]
     for c in cfg.columns:
         typ, target = have[c.name.lower()], sink_type(c.type)
         if spark_type_of(typ) == target:
-            picks.append(_q(c.name))
+            picks.append(quoted(c.name))
         elif typ == "HUGEINT" and target == "bigint":
-            picks.append(f"CAST({_q(c.name)} AS BIGINT) AS {_q(c.name)}")
+            picks.append(f"CAST({quoted(c.name)} AS BIGINT) AS {quoted(c.name)}")
         else:
             raise NotExact(f"column {c.name} is {typ} in DuckDB, the sink's type is {c.type} (Spark's cast decides)")
     if want.counters is None:  # a query's rows: the result as of upper - 1, each +1
@@ -291,7 +299,7 @@ def _columns(con, cfg: SinkConfig, want: _Desired) -> tuple[list[str], str, str]
     for name in want.counters:
         if have[name.lower()] not in ("TINYINT", "SMALLINT", "INTEGER", "BIGINT"):
             raise NotExact(f"column {name} is {have[name.lower()]} in DuckDB (Spark's cast to bigint decides)")
-        counters.append(f"CAST({_q(name)} AS BIGINT)")
+        counters.append(f"CAST({quoted(name)} AS BIGINT)")
     return picks, counters[0], counters[1]
 
 
@@ -299,9 +307,9 @@ def _decode(con, cfg: SinkConfig, want: _Desired) -> None:
     """The temp table ``desired_updates``: the kind's updates (the sink's columns, ``_error``,
     ``_time``, ``_diff``) as :func:`reconcile.kinds.decode.validate` makes them."""
     picks, time, diff = _columns(con, cfg, want)
-    cols = ", ".join(_q(c) for c in cfg.column_names)
+    cols = ", ".join(quoted(c) for c in cfg.column_names)
     bad_diff, bad_time = "(_d IS NULL OR _d = 0)", "(_t IS NULL)"
-    nulls = [f"{_q(c.name)} IS NULL" for c in cfg.columns if not c.nullable]
+    nulls = [f"{quoted(c.name)} IS NULL" for c in cfg.columns if not c.nullable]
     problem = " OR ".join([*nulls, *([bad_diff, bad_time] if want.counters else [])]) or "false"
     try:
         con.execute(
@@ -313,7 +321,7 @@ def _decode(con, cfg: SinkConfig, want: _Desired) -> None:
         )
         bad = con.execute(f"SELECT {cols}, _t, _d FROM desired WHERE {problem}").fetchall()
     except Exception as exc:
-        raise _failed("read the rows", exc) from None
+        raise failed("read the rows", exc) from None
     if bad and not all(sink_type(c.type) in TEXT_TYPES or _small_decimal(c.type) for c in cfg.columns):
         raise NotExact("error rows hold values whose text Spark writes its own way (floats, times or bytes)")
     values = []
@@ -330,9 +338,7 @@ def _decode(con, cfg: SinkConfig, want: _Desired) -> None:
         message = error_message(cfg, row, first) or ""
         values.append((message, 0 if t is None else int(t), 1 if first else int(d)))
     nulls_typed = ", ".join(f"CAST(NULL AS {duck_type(c.type)})" for c in cfg.columns)
-    for start in range(0, len(values), 1000):  # literals: DuckDB's parameters import pandas (0.3 s)
-        chunk = ", ".join(f"({nulls_typed}, {_lit(m)}, {t}, {d})" for m, t, d in values[start : start + 1000])
-        con.execute(f"INSERT INTO desired_updates VALUES {chunk}")
+    _insert(con, "desired_updates", [f"({nulls_typed}, {_lit(m)}, {t}, {d})" for m, t, d in values])
 
 
 def updates_sql(
@@ -344,7 +350,7 @@ def updates_sql(
     time each is consolidated at, a SQL expression over ``_time``; an upsert feed's progress).
     Registers the sources as views of ``con``. :class:`NotExact` where the result might not be
     exactly Spark's."""
-    cols = ", ".join(_q(c) for c in cfg.column_names)
+    cols = ", ".join(quoted(c) for c in cfg.column_names)
     if isinstance(cfg, UpsertSink):
         feed = _upsert_commands(con, cfg, lower, upper, watermark)
         return _upsert_correction(con, cfg, lower, shard), "_time", feed
@@ -409,17 +415,17 @@ def _upsert_commands(con, cfg: UpsertSink, lower: int, upper: int, watermark: in
         if described[cfg.delete_column.lower()][1] not in (*integral, "VARCHAR", "BOOLEAN"):
             raise NotExact(f"the delete column's text is Spark's ({described[cfg.delete_column.lower()][1]})")
         marks = ", ".join(_lit(v) for v in cfg.delete_values)
-        is_delete = f"coalesce(CAST({_q(cfg.delete_column)} AS VARCHAR) IN ({marks}), false)"
+        is_delete = f"coalesce(CAST({quoted(cfg.delete_column)} AS VARCHAR) IN ({marks}), false)"
     else:
-        is_delete = " AND ".join(f"{_q(v)} IS NULL" for v in cfg.value_columns) or "true"
-    t, o = f"CAST({_q(cfg.time_column)} AS BIGINT)", f"CAST({_q(cfg.offset_column)} AS BIGINT)"
+        is_delete = " AND ".join(f"{quoted(v)} IS NULL" for v in cfg.value_columns) or "true"
+    t, o = f"CAST({quoted(cfg.time_column)} AS BIGINT)", f"CAST({quoted(cfg.offset_column)} AS BIGINT)"
     if watermark is None:
         eligible, late = f"coalesce({t} < {upper}, true)", "false"
     else:
         new = f"coalesce({o} > {watermark}, false)"
         eligible = f"CASE WHEN {t} IS NULL THEN {new} ELSE ({t} < {upper}) AND ({t} >= {lower} OR {new}) END"
         late = f"coalesce({t} < {lower} AND {new}, false)"
-    cols = ", ".join(_q(c) for c in cfg.column_names)
+    cols = ", ".join(quoted(c) for c in cfg.column_names)
     n, n_late, top = con.execute(
         f"SELECT count(*) FILTER (WHERE {eligible}), count(*) FILTER (WHERE {eligible} AND {late}), max({o}) "
         "FROM reconcile_feed"
@@ -430,9 +436,9 @@ def _upsert_commands(con, cfg: UpsertSink, lower: int, upper: int, watermark: in
     )
     values = cfg.value_columns
     suspect = " OR ".join(
-        [f"{_q(k)} IS NULL" for k in cfg.key_columns]
+        [f"{quoted(k)} IS NULL" for k in cfg.key_columns]
         + ["_t IS NULL", "_off IS NULL"]
-        + [f"(NOT _isdel AND {_q(c.name)} IS NULL)" for c in cfg.columns if c.name in values and not c.nullable]
+        + [f"(NOT _isdel AND {quoted(c.name)} IS NULL)" for c in cfg.columns if c.name in values and not c.nullable]
     )
     bad = con.execute(f"SELECT _rid, {cols}, _t, _off, _isdel FROM commands WHERE {suspect}").fetchall()
     errors = []
@@ -443,15 +449,13 @@ def _upsert_commands(con, cfg: UpsertSink, lower: int, upper: int, watermark: in
     if errors and not all(sink_type(c.type) in TEXT_TYPES or _small_decimal(c.type) for c in cfg.columns):
         raise NotExact("error rows hold values whose text Spark writes its own way (floats, times or bytes)")
     con.execute("CREATE TEMP TABLE command_errors (_rid BIGINT, _error VARCHAR, _unkeyed BOOLEAN)")
-    for start in range(0, len(errors), 1000):
-        chunk = ", ".join(f"({rid}, {_lit(m or '')}, {str(u).lower()})" for rid, m, u in errors[start : start + 1000])
-        con.execute(f"INSERT INTO command_errors VALUES {chunk}")
-    keys = [_q(k) for k in cfg.key_columns]
+    _insert(con, "command_errors", [f"({rid}, {_lit(m or '')}, {str(u).lower()})" for rid, m, u in errors])
+    keys = [quoted(k) for k in cfg.key_columns]
     con.execute(
         "CREATE TEMP TABLE cmds AS SELECT "
         + ", ".join(f"CASE WHEN coalesce(e._unkeyed, false) THEN NULL ELSE c.{k} END AS {k}" for k in keys)
         + ", "
-        + ", ".join(f"CASE WHEN e._error IS NULL THEN c.{_q(v)} END AS {_q(v)}" for v in values)
+        + ", ".join(f"CASE WHEN e._error IS NULL THEN c.{quoted(v)} END AS {quoted(v)}" for v in values)
         + (", " if values else "")
         + "e._error AS _error, coalesce(e._unkeyed, false) AS _unkeyed, "
         "CASE WHEN e._error IS NULL THEN c._isdel ELSE false END AS _del, "
@@ -466,8 +470,8 @@ def _upsert_correction(con, cfg: UpsertSink, lower: int, shard: str) -> str:
     """The SQL of :func:`reconcile.kinds.upsert.upsert_correction`'s updates (before they are
     consolidated; columns: keys, values, ``_error``, ``_time``, ``_diff``) over ``cmds`` and the
     shard's update log ``shard``."""
-    keys = [_q(k) for k in cfg.key_columns]
-    values = [_q(v) for v in cfg.value_columns]
+    keys = [quoted(k) for k in cfg.key_columns]
+    values = [quoted(v) for v in cfg.value_columns]
     klist = ", ".join(keys)
     # Highest offset wins per (key, time): Spark's max of the struct (offset, delete, error,
     # values), nulls lowest. Commands of one key, time and offset that differ are ordered by

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from reconcile.config import SinkConfig
-from reconcile.kinds.preview import NotExact, duck_type, updates_sql
+from reconcile.kinds.preview import NotExact, duck_type, failed, quoted, updates_sql
 from reconcile.storage.delta import ShardTable
 
 __all__ = ["NotExact", "Preview", "correction"]
@@ -31,10 +31,6 @@ class Preview:
     feed: dict | None = None  # an upsert feed's progress: commands, late, offset
 
 
-def _q(name: str) -> str:
-    return '"' + name.replace('"', '""') + '"'
-
-
 def correction(
     cfg: SinkConfig, table: ShardTable, lower: int, upper: int, limit: int, watermark: int | None = None
 ) -> Preview:
@@ -46,10 +42,10 @@ def correction(
 
     reader = ShardReader(table) if table.exists() else None
     con = reader.con if reader is not None else duckdb.connect()
-    cols = ", ".join(_q(c) for c in cfg.column_names)
+    cols = ", ".join(quoted(c) for c in cfg.column_names)
     try:
         if reader is None:  # a shard without a table yet holds nothing
-            typed = ", ".join(f"CAST(NULL AS {duck_type(c.type)}) AS {_q(c.name)}" for c in cfg.columns)
+            typed = ", ".join(f"CAST(NULL AS {duck_type(c.type)}) AS {quoted(c.name)}" for c in cfg.columns)
             con.execute(
                 f"CREATE TEMP TABLE {UPDATES} AS SELECT {typed}, CAST(NULL AS VARCHAR) AS _error, "
                 "CAST(NULL AS BIGINT) AS _time, CAST(NULL AS BIGINT) AS _diff WHERE false"
@@ -67,7 +63,7 @@ def correction(
         ).fetchone()
         assert totals is not None
         n, ins, ret, err = totals
-        order = ", ".join(f"{_q(c)} ASC NULLS FIRST" for c in cfg.column_names)
+        order = ", ".join(f"{quoted(c)} ASC NULLS FIRST" for c in cfg.column_names)
         cur = con.execute(
             f"SELECT {cols}, _error, _time, _diff FROM reconcile_correction "
             f"ORDER BY _error NULLS FIRST, _time, {order}, _diff LIMIT {int(limit)}"
@@ -76,6 +72,6 @@ def correction(
         rows = [dict(zip(names, r, strict=True)) for r in cur.fetchall()]
         return Preview(rows, int(n), int(ins), int(ret), int(err), feed)
     except duckdb.Error as exc:  # anything DuckDB refuses that the kind did not foresee
-        raise NotExact(f"DuckDB cannot compute the correction ({' '.join(str(exc).split())[:200]})") from None
+        raise failed("compute the correction", exc) from None
     finally:
         con.close()
