@@ -61,6 +61,9 @@ class Manifest:
     read_version: int | None = None
     # a command feed's progress (upsert): eligible and late commands, the feed's highest offset
     feed: dict[str, int | None] = field(default_factory=dict)
+    # what the batch repaired of foreign writes (reconcile.sink.drift): the foreign versions, how
+    # (rows, keys, all keys), the keys an upsert feed cannot define
+    drift: dict[str, Any] | None = None
 
     # -- what it says ---------------------------------------------------------------------------
 
@@ -103,6 +106,7 @@ class Manifest:
             "read_version": self.read_version,
             "parts": {str(p): part.to_dict() for p, part in sorted(self.parts.items())},
             **self.feed,
+            "drift": self.drift,
         }
         return {k: v for k, v in out.items() if v is not None or k in ("stage_id", "read_version", *self.feed)}
 
@@ -115,6 +119,7 @@ class Manifest:
         version against, and the checksums ``check --verify`` recomputes."""
         keep = ("rows", "checksum", "files", "desired_checksum", "shard_checksum")
         return {
+            **({"drift": self.drift} if self.drift is not None else {}),
             "stage_id": self.stage_id,
             "layout": LAYOUT,
             "partitions": self.partitions,
@@ -136,6 +141,7 @@ class Manifest:
                 stage_id=raw.get("stage_id"),
                 read_version=raw.get("read_version"),
                 feed=feed,
+                drift=raw.get("drift") if isinstance(raw.get("drift"), dict) else None,
             )
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise ManifestUnreadable(str(exc)) from None

@@ -41,14 +41,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from reconcile.kinds.protocol import Bounds, Correction, FeedProgress, HistoryKeys, Kind
+from reconcile.kinds.protocol import Bounds, Correction, DriftRepair, FeedProgress, HistoryKeys, Kind
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
     from reconcile.config import SinkConfig
 
-__all__ = ["Bounds", "Correction", "FeedProgress", "HistoryKeys", "Kind", "desired", "of"]
+__all__ = ["Bounds", "Correction", "DriftRepair", "FeedProgress", "HistoryKeys", "Kind", "desired", "of"]
 
 
 def of(cfg: SinkConfig) -> Kind:

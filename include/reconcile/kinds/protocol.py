@@ -68,6 +68,23 @@ class Bounds:
     # The shard holds no update at the version read (its first batch): a kind may write its
     # desired collection as it comes, without consolidating it against nothing.
     empty_shard: bool = False
+    # Foreign writes to repair that the kind's own correction does not see (an upsert batch
+    # touches only its commands' keys): what a foreign writer changed since a batch last
+    # repaired the shard (:class:`DriftRepair`), or None.
+    repair: DriftRepair | None = None
+
+
+@dataclass(frozen=True)
+class DriftRepair:
+    """What a keyed kind must repair beyond its batch's own keys: the keys whose rows foreign
+    Delta versions changed (``keys``: a frame of the key columns; None: every key, when the
+    versions cannot be compared), the keys among them that held a value before those versions
+    (``held``; None: unknown), and the committed batches ``(lower, upper, source_offset)`` in
+    order, which say when each command of the feed was applied."""
+
+    keys: DataFrame | None
+    held: DataFrame | None
+    batches: tuple[tuple[int, int, int | None], ...]
 
 
 @dataclass
@@ -78,6 +95,9 @@ class Correction:
 
     updates: DataFrame
     read_progress: Callable[[], FeedProgress] | None = None
+    # what the batch repaired of foreign writes beyond its own keys (keyed kinds): ``keys``
+    # repaired, ``unrepairable`` (a sample of keys the feed holds no command for) and its count
+    repaired: dict[str, Any] | None = None
 
     @cached_property
     def progress(self) -> FeedProgress | None:

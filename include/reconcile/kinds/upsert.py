@@ -77,8 +77,31 @@ class UpsertKind:
         lower, upper, watermark = bounds.lower, bounds.upper, bounds.watermark
         feed, observation = unapplied(self.cfg, read_feed(spark, self.cfg), lower, upper, watermark)
         cmds = commands(self.cfg, feed, lower, upper, watermark)
-        updates = upsert_correction(self.cfg, cmds, persist, lower, bounds.checks)
-        return Correction(updates, lambda: progress(observation, watermark))
+        fix = prior = None
+        repaired = None
+        if bounds.repair is not None:
+            fix, prior, repaired = self._repair(spark, persist, bounds)
+        updates = upsert_correction(self.cfg, cmds, persist, lower, bounds.checks, prior=prior, fix=fix)
+        return Correction(updates, lambda: progress(observation, watermark), repaired)
+
+    def _repair(self, spark: SparkSession, persist: DataFrame, bounds: Bounds) -> tuple:
+        """(fix, prior, what the ledger records) of the foreign writes ``bounds.repair`` names
+        (:mod:`reconcile.kinds.upsert_drift`); one Spark job finds the keys it cannot repair."""
+        from reconcile.kinds import upsert_drift as drift
+
+        repair = bounds.repair
+        assert repair is not None
+        everything = decode(self.cfg, read_feed(spark, self.cfg), drift.LONG_MIN)
+        fix, prior, lost = drift.repair_frames(self.cfg, everything, persist, repair, bounds.lower, bounds.upper)
+        keys = list(self.cfg.key_columns)
+        rows = lost.limit(drift.CARRY + 1).collect()
+        lost.unpersist()
+        record = {
+            "mode": "keys" if repair.keys is not None else "all",
+            "unrepairable_count": len(rows),
+            "unrepairable": [{k: r[k] for k in keys} for r in rows[: drift.CARRY]],
+        }
+        return fix, prior, record
 
     def invariants(self, updates: DataFrame, t: int, keys: DataFrame | None = None) -> list[str]:
         return violations(self.cfg, updates, t, keys=keys)
@@ -192,8 +215,15 @@ def commands(cfg: UpsertSink, feed: DataFrame, lower: int, upper: int, watermark
     (a problem of the value, or of the command), ``_unkeyed`` (cannot be keyed or placed),
     ``_del``, ``_time`` (effective: at least ``lower``) and ``_off``."""
     have = _types(feed)
-    t, o = _raw_time(cfg, have)
     eligible, _ = eligibility(cfg, lower, upper, watermark, have)
+    return decode(cfg, feed.where(eligible), lower, have)
+
+
+def decode(cfg: UpsertSink, feed: DataFrame, lower: int, have: dict[str, str] | None = None) -> DataFrame:
+    """Commands of a raw feed, validated (see :func:`commands`, which selects the eligible ones
+    first); ``_time`` is the command's time advanced to ``lower`` (a null time: ``lower``)."""
+    have = have if have is not None else _types(feed)
+    t, o = _raw_time(cfg, have)
     types = {c.name: c for c in cfg.columns}
     keys, values = list(cfg.key_columns), cfg.value_columns
 
@@ -227,7 +257,7 @@ def commands(cfg: UpsertSink, feed: DataFrame, lower: int, upper: int, watermark
     error = F.when(
         unkeyed, F.concat(F.lit("upsert command cannot be applied: "), key_msg, F.lit(" in "), raw_json)
     ).when(value_msg != "", F.concat(value_msg, F.lit(" in "), raw_json))
-    out = feed.where(eligible).select(
+    out = feed.select(
         *[cast[n].alias(n) for n in keys],
         *[cast[n].alias(n) for n in values],
         error.alias("_error"),
@@ -249,13 +279,22 @@ def commands(cfg: UpsertSink, feed: DataFrame, lower: int, upper: int, watermark
 
 
 def upsert_correction(
-    cfg: UpsertSink, cmds: DataFrame, persist: DataFrame, lower: int, checks: BatchChecks | None = None
+    cfg: UpsertSink,
+    cmds: DataFrame,
+    persist: DataFrame,
+    lower: int,
+    checks: BatchChecks | None = None,
+    *,
+    prior: DataFrame | None = None,
+    fix: DataFrame | None = None,
 ) -> DataFrame:
     """The batch's updates (update frame plus ``_part``), consolidated per (row, time).
 
     ``checks`` observes, on the way, what the kind says the shard holds as of ``upper - 1``: the
     shard as read, each touched key's value as of ``lower - 1`` replaced by its last command's
-    value (the last insert, unless that command deletes), plus the unkeyed commands."""
+    value (the last insert, unless that command deletes), plus the unkeyed commands, plus the
+    repair of foreign writes. ``fix``: that repair's updates (:mod:`reconcile.kinds.upsert_drift`);
+    ``prior``: the shard the commands' keys take their previous values from (default persist)."""
     keys, values = list(cfg.key_columns), cfg.value_columns
     cols = cfg.column_names
     # One shuffle by key for every command: the commands that cannot be keyed (null keys) travel
@@ -328,8 +367,9 @@ def upsert_correction(
     # null-safe (no touched key is null) so that Spark infers no "key is not null" filter to
     # push into the touched keys' side: it stays the shuffle of the feed the other frames read.
     probe = touched.select(*[_c(k).alias(f"_k{i}") for i, k in enumerate(keys)], "_first")
-    on = [persist[f"`{k}`"].eqNullSafe(probe[f"_k{i}"]) for i, k in enumerate(keys)]
-    joined = persist.where(F.col("_time") <= lower - 1).join(probe, on=on, how="inner")
+    feedback = persist if prior is None else prior
+    on = [feedback[f"`{k}`"].eqNullSafe(probe[f"_k{i}"]) for i, k in enumerate(keys)]
+    joined = feedback.where(F.col("_time") <= lower - 1).join(probe, on=on, how="inner")
     history = joined.drop(*[f"_k{i}" for i in range(len(keys))])
     retracted = (
         history.groupBy(*[_c(c) for c in cols], "_error", "_first")
@@ -345,6 +385,8 @@ def upsert_correction(
 
     order = [*cols, "_error", "_time", "_diff"]
     branches = [generated, retracted]
+    if fix is not None:
+        branches.append(fix if checks is None else checks.observe(fix, "repair", {"desired": 1}))
     if checks is not None:
         branches[1] = checks.observe(retracted, "retracted", {"desired": 1})
         # The shard as read below upper, on both sides: carried from the previous batch, or

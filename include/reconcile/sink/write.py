@@ -41,21 +41,20 @@ import logging
 from dataclasses import dataclass, field
 
 from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql import functions as F
 
 from reconcile import checksums, kinds
 from reconcile.checksums import BatchChecks, SelfCheckFailed
 from reconcile.config import SinkConfig
-from reconcile.differential import consolidate, one_row
-from reconcile.errors import StagedBatchInvalid, brief
+from reconcile.errors import StagedBatchInvalid
 from reconcile.failpoints import failpoint
 from reconcile.log import event, iso
 from reconcile.manifest import Manifest, ManifestUnreadable, Part
 from reconcile.model import COMMITTED, OPEN_STATES, STAGED, BatchDescription, Staged
+from reconcile.sink import drift as drift_
 from reconcile.sink.sync import sync
 from reconcile.sink.verify import parse_manifest, staged_files
 from reconcile.storage import files, frames, layout
-from reconcile.storage.commits import MAINTENANCE, runs_of
+from reconcile.storage.commits import MAINTENANCE
 from reconcile.storage.delta import ShardTable
 from reconcile.storage.ledger import Ledger
 
@@ -73,33 +72,6 @@ class WriteResult:
     drift_rows: int | None = 0  # None: not measurable (the foreign versions were vacuumed)
     partitions: dict | None = None
     batch_id: str | None = None
-
-
-def drift_rows(spark: SparkSession, store: Ledger, table: ShardTable, read_version: int, upper: int) -> int | None:
-    """Sum of |diff| written behind the sink's back (below ``upper``) that this batch repairs:
-    the foreign Delta versions after the version the previous committed batch read, up to
-    ``read_version``. Each contiguous run of foreign versions costs two time-travel reads."""
-    cfg = table.cfg
-    seen = [b.read_version for b in store.batches(cfg.name, (COMMITTED,)) if b.read_version is not None]
-    base = max(seen) if seen else -1
-    total = 0
-    for first, last in runs_of([c.version for c in table.foreign_commits(base, read_version)]):
-        try:
-            after = frames.read_updates(spark, table, last).where(F.col("_time") < upper)
-            before = frames.read_updates(spark, table, first - 1).where(F.col("_time") < upper)
-            changed = consolidate(
-                cfg, after.unionByName(before.withColumn("_diff", -F.col("_diff"))), partitioned=False
-            )
-            total += int(one_row(changed.agg(F.sum(F.abs("_diff"))))[0] or 0)
-        except Exception as exc:  # those versions were vacuumed: the drift is repaired, not measured
-            event(
-                log,
-                f"cannot measure the drift of foreign Delta versions {first}..{last} (vacuumed?): {brief(exc, 200)}",
-                level=logging.WARNING,
-                sink=cfg.name,
-            )
-            return None
-    return total
 
 
 def carried_checksums(store: Ledger, table: ShardTable, lower: int, read_version: int) -> dict[int, int] | None:
@@ -142,12 +114,14 @@ def batch_correction(
     upper: int,
     checks: BatchChecks | None = None,
     empty_shard: bool = False,
+    repair: kinds.DriftRepair | None = None,
 ) -> kinds.Correction:
     """The correction of ``(lower, upper)`` against ``persist``, for any kind of sink (``checks``:
-    observe its checksums while it is computed; ``empty_shard``: persist holds no update)."""
+    observe its checksums while it is computed; ``empty_shard``: persist holds no update;
+    ``repair``: foreign writes a keyed kind must repair beyond its commands' keys)."""
     kind = kinds.of(cfg)
     wm = store.watermark(cfg.name) if kind.reads_feed else None
-    return kind.correction(spark, persist, kinds.Bounds(lower, upper, wm, checks, empty_shard))
+    return kind.correction(spark, persist, kinds.Bounds(lower, upper, wm, checks, empty_shard, repair))
 
 
 def self_check(cfg: SinkConfig, batch_id: str, lower: int, upper: int, sums: dict[str, dict[int, int | None]]) -> None:
@@ -214,6 +188,7 @@ class Attempt:
     table: ShardTable
     desc: BatchDescription
     replaces: str | None = None  # the damaged staged attempt this one replaces
+    drift: drift_.Drift = field(default_factory=drift_.Drift)  # what foreign writers changed: found by stage()
     stage_id: str = field(default_factory=layout.new_stage_id)
     # derived once: the sink, the batch, this attempt's directory, the fields of its log lines
     cfg: SinkConfig = field(init=False)
@@ -348,6 +323,7 @@ def stage(attempt: Attempt) -> StagedFiles | WriteResult:
         read_version = attempt.table.latest_version()
         persist = frames.read_updates(attempt.spark, attempt.table, read_version)
         empty = frames.holds_nothing(attempt.table, read_version)
+        attempt.drift = drift_.find(attempt.spark, attempt.store, attempt.table, read_version, attempt.desc.upper)
         carried = carried_checksums(attempt.store, attempt.table, attempt.desc.lower, read_version)
         try:
             corr, stats, sums = _stage_checked(attempt, persist, carried if checksums.ENABLED else None, empty)
@@ -397,7 +373,9 @@ def _stage_once(
     the self-check (:func:`self_check`). ``empty``: the shard as read holds no update."""
     cfg, desc = attempt.cfg, attempt.desc
     checks = BatchChecks(cfg, desc.lower, desc.upper, attempt.stage_id, carried, guarded) if checksums.ENABLED else None
-    corr = batch_correction(attempt.spark, attempt.store, cfg, persist, desc.lower, desc.upper, checks, empty)
+    corr = batch_correction(
+        attempt.spark, attempt.store, cfg, persist, desc.lower, desc.upper, checks, empty, attempt.drift.repair
+    )
     with checksums.observable(attempt.spark):  # the checksums and an upsert feed's progress
         _, stats = frames.write_staged(
             attempt.spark, attempt.table, desc.batch_id, attempt.stage_id, corr.updates, checks
@@ -438,6 +416,7 @@ def manifest_of(attempt: Attempt, staged: StagedFiles) -> Manifest:
         stage_id=attempt.stage_id,
         read_version=staged.read_version,
         feed=staged.corr.feed,
+        drift=attempt.drift.record(attempt.cfg, staged.corr),
     )
 
 
@@ -446,7 +425,16 @@ def record(attempt: Attempt, staged: StagedFiles) -> WriteResult:
     attempt's files are then the batch; if another attempt recorded first, they are deleted."""
     desc, state = attempt.desc, attempt.state
     manifest = manifest_of(attempt, staged)
-    drift = drift_rows(attempt.spark, attempt.store, attempt.table, staged.read_version, desc.upper)
+    drift = attempt.drift.rows
+    unrepairable = (manifest.drift or {}).get("unrepairable_count")
+    if unrepairable:
+        event(
+            log,
+            f"{unrepairable} key(s) that foreign writes touched have no command in the feed and held a value "
+            "before: not repaired (put each key's last command back in the feed; the next batch repairs them)",
+            level=logging.WARNING,
+            **state,
+        )
     corr = staged.corr
     if corr.late_commands:
         event(
