@@ -99,7 +99,7 @@ def status_data(store, name: str, limit: int = 10) -> dict:
             "commands": left.commands(name),
             "line": left.line(name),
         },
-        "foreign_unrepaired": None if unrepaired is None else [st.foreign_json(f) for f in unrepaired],
+        "foreign_unrepaired": None if unrepaired is None else [st.foreign_json(f, why=why) for f, why in unrepaired],
         "batches": out,
     }
 
@@ -125,9 +125,14 @@ def _foreign_of(store, name: str, shown: list) -> tuple[dict, list | None]:
         found = st.with_rows(table, table.foreign_commits(base, table.latest_version()))
     except Exception:  # noqa: BLE001 - a missing config or unreadable log leaves status to the ledger
         return {}, None
-    by_batch = st.foreign_by_batch(committed, found)
-    last_read = max((b.read_version for b in committed if b.read_version is not None), default=base)
-    return by_batch, [f for f in found if f.version > last_read]
+    from reconcile import kinds
+
+    everything = store.batches(name, (COMMITTED,))
+    fate = st.fates(everything, found, kinds.repairs_by_key(table.cfg))
+    by_batch = st.foreign_by_batch(fate, found)
+    shown_ids = {b.batch_id for b in committed}
+    by_batch = {k: v for k, v in by_batch.items() if k in shown_ids}
+    return by_batch, [(f, fate[f.version].why) for f in found if not fate[f.version].repaired]
 
 
 def print_status(store, name: str, limit: int = 10) -> None:
@@ -164,7 +169,7 @@ def print_status(store, name: str, limit: int = 10) -> None:
         if b["approved"]:
             print(f"      approved past the correction guard by {b['approved']}")
     for f in data["foreign_unrepaired"] or []:
-        print(f"  foreign Delta version {_foreign_text(f)}: not yet repaired (the next batch repairs it)")
+        print(f"  foreign Delta version {_foreign_text(f)}: {f.get('why') or 'not yet repaired'}")
     if data["behind"]:
         print(f"  BEHIND: {data['behind']['line']}")
 

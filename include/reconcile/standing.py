@@ -17,9 +17,10 @@ now, with a command that works on Airflow 3.3: ``airflow dags clear SINK --run-i
 (clears that run by id, manual or scheduled; its mint then describes the rest anew from the
 shard's upper), or without Airflow ``python -m reconcile run SINK --frontier UPPER``.
 
-**Drift**: the foreign Delta versions (:meth:`~reconcile.storage.delta.ShardTable.foreign_commits`)
-a committed batch repaired are those its write read (``read_version``) that the previous
-committed batch had not; a foreign version no committed batch read yet is not yet repaired.
+**Drift**: a foreign Delta version (:meth:`~reconcile.storage.delta.ShardTable.foreign_commits`) is
+repaired only once a committed batch did repair it (:func:`fates`): for query and change-log
+sinks the first batch whose write read it; for upsert sinks the first batch that repaired by key
+after it, and only once every key it touched is defined by the feed again.
 """
 
 from __future__ import annotations
@@ -126,22 +127,75 @@ def behind(batches: Iterable, shard_upper: int) -> Behind | None:
 # -- drift: the foreign Delta versions each batch repaired ---------------------------------------
 
 
-def repaired_by(committed: list[Batch], foreign: list[ForeignCommit]) -> dict[int, Batch | None]:
-    """{foreign version: the committed batch that repaired it, or None (not yet repaired)}:
-    the first committed batch (by lower) whose write read that version or a later one."""
+@dataclass(frozen=True)
+class Fate:
+    """How a foreign Delta version stands: repaired by ``batch`` (None: not yet), and ``why`` not."""
+
+    batch: Batch | None
+    why: str = "not yet repaired: the next batch of the sink repairs it"
+
+    @property
+    def repaired(self) -> bool:
+        return self.batch is not None
+
+
+def record_of(b: Batch) -> dict | None:
+    """What batch ``b``'s write recorded of the foreign writes it repaired (its manifest's
+    ``drift``: the versions, the mode, the keys an upsert feed cannot define); None: written
+    before batches recorded it."""
+    import json
+
+    try:
+        raw = json.loads(b.manifest or "")
+    except ValueError:
+        return None
+    rec = raw.get("drift") if isinstance(raw, dict) else None
+    return rec if isinstance(rec, dict) else None
+
+
+def fates(committed: list[Batch], foreign: list[ForeignCommit], by_key: bool) -> dict[int, Fate]:
+    """{foreign version: its fate}. A sink whose batches compare the whole collection (query,
+    change log): repaired by the first committed batch whose write read that version or a later
+    one. A sink repaired by key (upsert, ``by_key``): by the first batch after it that recorded a
+    repair by key, once the keys the feed cannot define are repaired too (a batch that recorded
+    none left); batches written before batches repaired by key repaired nothing."""
     ordered = sorted((b for b in committed if b.read_version is not None), key=lambda b: b.lower)
-    out: dict[int, Batch | None] = {}
+    out: dict[int, Fate] = {}
     for f in foreign:
-        out[f.version] = next((b for b in ordered if (b.read_version or 0) >= f.version), None)
+        after = [b for b in ordered if (b.read_version or 0) >= f.version]
+        if not by_key:
+            out[f.version] = Fate(after[0] if after else None)
+            continue
+        recorded = [(b, r) for b in after if (r := record_of(b)) is not None]
+        done = next((b for b, r in recorded if not r.get("unrepairable_count")), None)
+        if done is not None or not recorded:
+            out[f.version] = Fate(done)
+            continue
+        r = recorded[-1][1]
+        sample = ", ".join(json_key(k) for k in (r.get("unrepairable") or [])[:5])
+        out[f.version] = Fate(
+            None,
+            f"not repairable: {r.get('unrepairable_count')} key(s) foreign writes touched ({sample}) held a value "
+            "but have no command in the feed (its retention dropped them, or the writer added keys the feed never "
+            "had): put each key's last command back in the feed (for a key the feed never had, a delete command); "
+            "the next batch repairs them",
+        )
     return out
 
 
-def foreign_by_batch(committed: list[Batch], foreign: list[ForeignCommit]) -> dict[str, list[ForeignCommit]]:
-    """{batch id: the foreign versions it repaired} of the committed batches."""
+def json_key(k) -> str:
+    import json
+
+    return json.dumps(k, default=str, sort_keys=True)
+
+
+def foreign_by_batch(fate: dict[int, Fate], foreign: list[ForeignCommit]) -> dict[str, list[ForeignCommit]]:
+    """{batch id: the foreign versions it repaired}, from their :func:`fates`."""
     out: dict[str, list[ForeignCommit]] = {}
-    for f, b in repaired_by(committed, foreign).items():
+    for f in foreign:
+        b = fate[f.version].batch
         if b is not None:
-            out.setdefault(b.batch_id, []).append(next(x for x in foreign if x.version == f))
+            out.setdefault(b.batch_id, []).append(f)
     return out
 
 
@@ -180,7 +234,7 @@ def rows_text(f: ForeignCommit | dict) -> str:
     return f"+{n(added)} rows"
 
 
-def foreign_json(f: ForeignCommit, repaired_at=None) -> dict:
+def foreign_json(f: ForeignCommit, repaired_at=None, why: str | None = None) -> dict:
     out = {
         "version": f.version,
         "operation": f.operation,
@@ -193,4 +247,6 @@ def foreign_json(f: ForeignCommit, repaired_at=None) -> dict:
     }
     if repaired_at is not None:
         out["repaired_at"] = repaired_at
+    if why is not None:
+        out["why"] = why
     return out

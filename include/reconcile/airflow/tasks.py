@@ -164,6 +164,7 @@ def batch_line(sink: str, run_id: str, batch_id: str | None) -> tuple[int, str]:
             for name, value in (("rows_ok", b.rows_ok), ("rows_err", b.rows_err), ("drift_rows", b.drift_rows))
             if value is not None
         )
+        counts += drift_word(cfg, b)
         version = f" delta_version={b.delta_version}" if b.delta_version is not None else ""
         settled = how.note_tone in (DONE, OK)
         cause = f" ({how.note})" if how.note and settled else f" cause: {how.note}" if how.note else ""
@@ -171,6 +172,25 @@ def batch_line(sink: str, run_id: str, batch_id: str | None) -> tuple[int, str]:
         return level, (
             f"sink {sink}: batch {b.batch_id} [{iso(b.lower)}, {iso(b.upper)}) is {b.state}{version}{counts}{cause}"
         )
+
+
+def drift_word(cfg, b) -> str:
+    """`` (repaired)`` after a batch's drift when the batch repaired every foreign change it read,
+    else why not (an upsert feed that holds no command for keys a foreign writer touched)."""
+    from reconcile import kinds
+    from reconcile.standing import record_of
+
+    if not b.drift_rows:
+        return ""
+    rec = record_of(b)
+    if not kinds.repairs_by_key(cfg) or (rec is not None and not rec.get("unrepairable_count")):
+        return " (repaired)"
+    if rec is None:
+        return " (not repaired by this batch: written before upsert batches repaired foreign writes)"
+    return (
+        f" (not yet repaired: {rec['unrepairable_count']} key(s) foreign writes touched have no command in the "
+        "feed; `python -m reconcile check SINK` says what to do)".replace("SINK", cfg.name)
+    )
 
 
 def committed_extra(sink: str, run_id: str, batch_id: str | None) -> dict:

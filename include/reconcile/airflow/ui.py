@@ -415,6 +415,37 @@ def foreign_versions(cfg: SinkConfig, after: int, up_to: int) -> tuple[list[Fore
     return found[:FOREIGN_SHOWN], len(found)
 
 
+def _drift_cell(cfg: SinkConfig, b, previous, committed: list) -> str:
+    """A batch's drift: grey once every foreign version behind it is repaired (the shard holds
+    what the sink's source defines again), red while one is not, with why; then its causes."""
+    if not b.drift_rows:
+        return _drift(b)
+    from reconcile import kinds
+    from reconcile import standing as st
+
+    try:
+        writers, _ = foreign_versions(cfg, _drift_base(previous), b.read_version or -1)
+        fate = st.fates(committed, writers, kinds.repairs_by_key(cfg))
+    except Exception:  # noqa: BLE001 - an unreadable log: said by the causes below
+        fate = {}
+    open_ = [f for f in fate.values() if not f.repaired]
+    if fate and not open_:
+        at = max(f.batch.delta_version or 0 for f in fate.values() if f.batch is not None)
+        head = f"<span class=done>drift {b.drift_rows}</span> (rows repaired at version {at})"
+    else:
+        why = open_[0].why if open_ else "not known to be repaired"
+        head = f"<span class=bad>drift {b.drift_rows}</span> ({e(why)})"
+    return head + _drift_cause(cfg, b, previous)
+
+
+def _drift_base(previous) -> int:
+    """The Delta version the committed batch before a batch read (-1: none)."""
+    if previous is None:
+        return -1
+    seen = previous.read_version if previous.read_version is not None else previous.delta_version
+    return -1 if seen is None else seen
+
+
 def _drift_cause(cfg: SinkConfig, b, previous) -> str:
     """Which foreign Delta versions a batch's drift repaired: those after the version the
     previous committed batch read (its commit and anything since) up to this batch's read."""
@@ -491,6 +522,7 @@ def render_sink(name: str, before: tuple[int, str] | None = None, dag_url: str =
         page = store.batch_page(cfg.name, before=before, limit=PAGE)
         newest = store.batch_page(cfg.name, limit=CHART_BATCHES) if before is None else []
         previous = {b.batch_id: store.previous_committed(cfg.name, b.lower) for b in page if b.drift_rows}
+        committed_all = store.batches(cfg.name, (COMMITTED,)) if previous else []
         left = _behind(cfg.name, store.batches(cfg.name, (SUPERSEDED, *OPEN_STATES)), shard.upper)
     finally:
         store.dispose()
@@ -506,9 +538,7 @@ def render_sink(name: str, before: tuple[int, str] | None = None, dag_url: str =
             if b.run_id
             else "-"
         )
-        drift = (
-            _drift(b) + (" (rows repaired)" if b.drift_rows else "") + _drift_cause(cfg, b, previous.get(b.batch_id))
-        )
+        drift = _drift_cell(cfg, b, previous.get(b.batch_id), committed_all)
         rows.append(
             f"<tr><td>{_time(b.lower)}</td><td>{_time(b.upper)}</td><td>{_state(b, shard.upper)}</td>"
             f"<td>{_count(b.delta_version)}</td><td>{_count(b.rows_ok)}</td><td>{_count(b.rows_err)}</td>"

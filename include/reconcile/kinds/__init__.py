@@ -48,7 +48,17 @@ if TYPE_CHECKING:
 
     from reconcile.config import SinkConfig
 
-__all__ = ["Bounds", "Correction", "DriftRepair", "FeedProgress", "HistoryKeys", "Kind", "desired", "of"]
+__all__ = [
+    "Bounds",
+    "Correction",
+    "DriftRepair",
+    "FeedProgress",
+    "HistoryKeys",
+    "Kind",
+    "desired",
+    "of",
+    "repairs_by_key",
+]
 
 
 def of(cfg: SinkConfig) -> Kind:
@@ -67,6 +77,15 @@ def of(cfg: SinkConfig) -> Kind:
     from reconcile.kinds.upsert import UpsertKind
 
     return UpsertKind(cfg)
+
+
+def repairs_by_key(cfg: SinkConfig) -> bool:
+    """Whether the sink's batches touch only their commands' keys, so that a foreign write to
+    other keys is repaired by key (:mod:`reconcile.kinds.upsert_drift`), not by the comparison of
+    the whole collection every batch makes (no pyspark import: the reports ask it)."""
+    from reconcile.config import UpsertSink
+
+    return isinstance(cfg, UpsertSink)
 
 
 def desired(spark: SparkSession, cfg: SinkConfig) -> DataFrame:

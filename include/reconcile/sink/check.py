@@ -35,8 +35,10 @@ repaired is a finding unless ``--strict-history``.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 
+from reconcile import kinds
 from reconcile.config import SinkConfig
 from reconcile.log import iso
 from reconcile.manifest import Manifest
@@ -230,19 +232,19 @@ def foreign_findings(store: Ledger, cfg: SinkConfig, table: ShardTable | None = 
         return [], []
     found = st.with_rows(table, table.foreign_commits(-1, table.latest_version()))
     committed = store.batches(cfg.name, (COMMITTED,))
-    by = st.repaired_by(committed, found)
+    by = st.fates(committed, found, kinds.repairs_by_key(cfg))
     lines, open_ = [], []
     for f in found:
         who = f" by {f.engine}" + (f" (user {f.user})" if f.user else "")
         when = f" at {iso(f.timestamp)}" if f.timestamp is not None else ""
-        b = by[f.version]
+        b = by[f.version].batch
         if b is not None:
             fate = (
                 f"repaired at version {b.delta_version} (batch {b.batch_id}, whose write read version {b.read_version})"
             )
         else:
             open_.append(f.version)
-            fate = "not yet repaired: the next batch of the sink repairs it"
+            fate = by[f.version].why
         lines.append(f"foreign Delta version {f.version}: {f.operation}{who}{when}, {st.rows_text(f)}; {fate}")
     return lines, open_
 
@@ -296,7 +298,7 @@ def verify_report(
     foreign = [f for f in ShardTable(cfg).foreign_commits(-1, ShardTable(cfg).latest_version())]
     from reconcile import standing as st
 
-    by = st.repaired_by(committed, foreign)
+    by = st.fates(committed, foreign, kinds.repairs_by_key(cfg))
     for b in committed[:-1]:
         diff = [ln for ln in lines if ln.startswith(f"batch {b.batch_id} ")]
         if not diff:
@@ -306,7 +308,7 @@ def verify_report(
         if not after:
             rep.violations += diff
             continue
-        fixed = [by[f.version] for f in after]
+        fixed = [by[f.version].batch for f in after]
         names = ", ".join(str(f.version) for f in after[:5]) + (" ..." if len(after) > 5 else "")
         if any(x is None for x in fixed):
             rep.violations += [f"{ln} (foreign Delta versions {names}, not yet repaired)" for ln in diff]
@@ -319,3 +321,69 @@ def verify_report(
         )
         (rep.violations if strict_history else rep.findings).append(line)
     return rep, counts
+
+
+def verify_source(store: Ledger, cfg: SinkConfig, spark) -> tuple[list[str], list[str], str]:
+    """(violations, findings, one line): the shard as of the last committed ``upper - 1`` against
+    what the sink's source defines, where that can be computed. Upsert: every key's latest
+    command the committed batches applied (the whole feed read once, :mod:`reconcile.kinds.upsert_drift`);
+    a key whose value differs is a violation, a key the shard holds that the feed no longer has a
+    command for is a finding (its retention). Query and change log: the last batch's desired
+    collection, by the checksum it recorded (equal to the shard's when the current state verifies)."""
+    committed = sorted(store.batches(cfg.name, (COMMITTED,)), key=lambda b: b.lower)
+    if not committed:
+        return [], [], "against the source: nothing committed yet"
+    upper = committed[-1].upper
+    if not kinds.repairs_by_key(cfg):
+        return (
+            [],
+            [],
+            (
+                f"against the source: the shard as of {iso(upper - 1)} is the last batch's desired collection (what its "
+                "source held when it ran) if the current state verifies; `python -m reconcile dry-run SINK` compares it "
+                "with the source now".replace("SINK", cfg.name)
+            ),
+        )
+    from pyspark.sql import functions as F
+
+    from reconcile.kinds import upsert_drift as ud
+    from reconcile.kinds.upsert import decode, read_feed
+    from reconcile.storage import frames
+
+    keys = list(cfg.key_columns)  # type: ignore[attr-defined]
+    batches = tuple((b.lower, b.upper, b.source_offset) for b in committed)
+    done = ud.applied(decode(cfg, read_feed(spark, cfg), ud.LONG_MIN), batches)  # type: ignore[arg-type]
+    state, has = ud.feed_state(cfg, done)  # type: ignore[arg-type]
+    shard = frames.read_updates(spark, ShardTable(cfg)).where(F.col("_time") <= upper - 1)
+    diff = ud.consolidated(cfg, state.unionByName(shard.select(*state.columns).withColumn("_diff", -F.col("_diff"))))  # type: ignore[arg-type]
+    wrong = diff.select(*[F.col(f"`{k}`") for k in keys]).distinct()
+    retained = ud.semi(wrong, has, keys, "left_anti").limit(6).collect()
+    differ = ud.semi(wrong, has, keys).limit(6).collect()
+    n_keys = has.count()
+    out_v, out_f = [], []
+
+    def names(rows) -> str:
+        return ", ".join(json.dumps(r.asDict(), default=str, sort_keys=True) for r in rows[:5]) + (
+            " ..." if len(rows) > 5 else ""
+        )
+
+    if differ:
+        out_v.append(
+            f"the shard as of {iso(upper - 1)} differs from the feed's latest command for key(s) {names(differ)}: "
+            "not repaired (`python -m reconcile check SINK` names the foreign versions; a difference none explains "
+            "is a bug or a lost write: report it)".replace("SINK", cfg.name)
+        )
+    if retained:
+        out_f.append(
+            f"the shard holds key(s) {names(retained)} that the feed holds no command for any more (its retention): "
+            "not checkable against the source"
+        )
+    ok = "matches" if not differ else "does NOT match"
+    return (
+        out_v,
+        out_f,
+        (
+            f"against the source: the shard as of {iso(upper - 1)} {ok} the feed's latest command per key "
+            f"({n_keys} key(s) with a command)"
+        ),
+    )

@@ -8,7 +8,8 @@ the write finds the keys the foreign versions changed (Delta time travel around 
 foreign versions) and hands them to the kind (:class:`~reconcile.kinds.DriftRepair`), which
 recomputes them from the feed. Each batch records what it repaired in its manifest
 (``drift``: the foreign versions, the mode, the keys the feed cannot define), so that the reports
-call a foreign version repaired only once a batch did repair it (:func:`repaired_by`).
+call a foreign version repaired only once a batch did repair it
+(:func:`reconcile.standing.fates`).
 
 Cost: nothing beyond reading the log's commit files when no foreign version changed data;
 otherwise two time-travel reads of the table per run of foreign versions (the same the drift's
@@ -17,7 +18,6 @@ row count always took), and, for an upsert sink, one read of the whole feed.
 
 from __future__ import annotations
 
-import json
 import logging
 from dataclasses import dataclass, field
 
@@ -29,8 +29,9 @@ from reconcile.differential import consolidate, one_row
 from reconcile.errors import brief
 from reconcile.log import event
 from reconcile.model import COMMITTED
+from reconcile.standing import record_of
 from reconcile.storage import frames
-from reconcile.storage.commits import ForeignCommit, runs_of
+from reconcile.storage.commits import runs_of
 from reconcile.storage.delta import ShardTable
 from reconcile.storage.ledger import Ledger
 from reconcile.storage.tables import Batch
@@ -39,20 +40,9 @@ log = logging.getLogger("reconcile.sink.drift")
 KEYS_COLLECTED = 100_000  # more touched keys than this: the batch repairs every key
 
 
-def record_of(b: Batch) -> dict | None:
-    """What batch ``b``'s write recorded of the drift it repaired (None: written before batches
-    recorded it)."""
-    try:
-        raw = json.loads(b.manifest or "")
-    except ValueError:
-        return None
-    rec = raw.get("drift") if isinstance(raw, dict) else None
-    return rec if isinstance(rec, dict) else None
-
-
 def keyed(cfg) -> bool:
     """Does the sink's kind repair by key (its batches touch only their commands' keys)?"""
-    return bool(kinds.of(cfg).history_keys.keys) and kinds.of(cfg).reads_feed
+    return kinds.repairs_by_key(cfg)
 
 
 @dataclass
@@ -158,47 +148,3 @@ def _collected(spark: SparkSession, frames_: list[DataFrame], schema) -> DataFra
     if len(rows) > KEYS_COLLECTED:
         return None
     return spark.createDataFrame([tuple(r) for r in rows], schema)
-
-
-# -- what each batch repaired -------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Fate:
-    """How a foreign version stands: repaired by ``batch`` (None: not yet), or ``why`` not."""
-
-    batch: Batch | None
-    why: str | None = None
-
-
-def repaired_by(cfg, committed: list[Batch], foreign: list[ForeignCommit]) -> dict[int, Fate]:
-    """{foreign version: its fate}. Query and change-log sinks: repaired by the first committed
-    batch whose write read that version or a later one. Upsert sinks: by the first batch that
-    recorded a repair by key after it, once the keys it could not define are repaired (a later
-    batch that recorded none left)."""
-    ordered = sorted((b for b in committed if b.read_version is not None), key=lambda b: b.lower)
-    out: dict[int, Fate] = {}
-    for f in foreign:
-        after = [b for b in ordered if (b.read_version or 0) >= f.version]
-        if not keyed(cfg):
-            out[f.version] = Fate(after[0] if after else None)
-            continue
-        recorded = [(b, record_of(b)) for b in after]
-        recorded = [(b, r) for b, r in recorded if r is not None]
-        if not recorded:
-            out[f.version] = Fate(None, "no batch has repaired it by key yet: the next batch repairs it")
-            continue
-        done = next((b for b, r in recorded if not r.get("unrepairable_count")), None)
-        if done is not None:
-            out[f.version] = Fate(done)
-            continue
-        r = recorded[-1][1]
-        sample = ", ".join(json.dumps(k, default=str) for k in (r.get("unrepairable") or [])[:5])
-        out[f.version] = Fate(
-            None,
-            f"not repairable: {r.get('unrepairable_count')} key(s) it touched ({sample}) have no command in the feed "
-            "(its retention dropped them, or the writer added keys the feed never had) and held a value before; "
-            "remedy: put each key's last command back in the feed (a key the feed never had: a delete command for "
-            "it); the next batch repairs them",
-        )
-    return out
