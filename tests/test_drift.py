@@ -1,4 +1,4 @@
-"""Foreign writes to an upsert shard are repaired by the next run, whatever keys they touch, and
+"""Foreign writes are repaired by the next run, for every kind (an upsert shard: whatever keys they touch), and
 every report calls them repaired only once they are (real Spark, Delta, delta-rs as the foreign
 writer; the shard compared with the plain-Python model in tests/upsert_model.py)."""
 
@@ -45,8 +45,10 @@ def _foreign(cfg, *, delete: str | None = None, rows: list[tuple] = (), overwrit
         write_deltalake(path, DeltaTable(path).to_pyarrow_table(), mode="overwrite")
 
 
-@pytest.fixture
-def drilled(spark, warehouse, tmp_path, sqlite_store, monkeypatch):
+@pytest.fixture(params=["local"])
+def drilled(request, spark, tmp_path, sqlite_store, monkeypatch):
+    """Six batches of an upsert sink, in the warehouse the test asks for (``local`` or ``s3``)."""
+    request.getfixturevalue("warehouse" if request.param == "local" else "s3_warehouse")
     monkeypatch.setenv("RECONCILE_SINKS_DIR", str(tmp_path))
     cfg = upsert_sink(tmp_path, "ups_drift", upsert=DELETE)
     model = UpsertModel(delete_field="op", delete_values=("delete",))
@@ -85,6 +87,7 @@ def _report(capsys, *args) -> tuple[int, str]:
     return code, capsys.readouterr().out
 
 
+@pytest.mark.parametrize("drilled", ["local", "s3"], indirect=True)
 def test_the_next_run_repairs_every_shape_of_foreign_write_and_every_report_agrees(
     drilled, spark, sqlite_store, tmp_path, capsys
 ):
@@ -104,8 +107,13 @@ def test_the_next_run_repairs_every_shape_of_foreign_write_and_every_report_agre
     assert code == 0 and "not yet repaired" in out and "repaired at version" not in out, out
     code, out = _report(capsys, "status", cfg.name, "--json")
     assert len(json.loads(out)["foreign_unrepaired"]) == 5
+    code, out = _report(capsys, "check", cfg.name, "--verify")
+    assert code == 1 and "does NOT match the feed's latest command per key" in out, out
+    assert '{"k": 13}' in out and '{"k": 999}' in out, out
 
-    feed, frontier = _run(spark, sqlite_store, cfg, model, feed, frontier, tmp_path, [cmd(1, "after", frontier + 1, 999, op="set")])
+    feed, frontier = _run(
+        spark, sqlite_store, cfg, model, feed, frontier, tmp_path, [cmd(1, "after", frontier + 1, 999, op="set")]
+    )
     check_against(spark, cfg, model, [frontier - 1])
     code, out = _report(capsys, "check", cfg.name)
     assert code == 0 and out.count("repaired at version") == 5 and "not yet repaired" not in out, out
@@ -114,7 +122,41 @@ def test_the_next_run_repairs_every_shape_of_foreign_write_and_every_report_agre
     assert data["foreign_unrepaired"] == []
     code, out = _report(capsys, "check", cfg.name, "--verify")
     assert code == 0 and "VIOLATION" not in out, out
-    assert "the feed's latest command per key" in out, out
+    keys = len({c["k"] for c in feed})
+    assert f"matches the feed's latest command per key ({keys} key(s) with a command)" in out, out
+    assert "self-consistency" in out
+    # the run's line and the page call the drift repaired (grey), not red
+    from reconcile.airflow import tasks, ui
+
+    _, line = tasks.batch_line(cfg.name, f"run-{frontier - 100}", None)
+    assert "drift_rows=" in line and "(repaired)" in line, line
+    page = ui.render_sink(cfg.name)
+    assert "<span class=done>drift" in page and "<span class=bad>drift" not in page
+
+
+def test_a_foreign_write_an_older_batch_read_without_repairing_it_is_not_called_repaired_until_a_batch_does(
+    drilled, spark, sqlite_store, tmp_path, capsys, monkeypatch
+):
+    """A shard written before upsert batches repaired by key: its batch read the foreign version
+    but repaired nothing (no drift record); the reports say so, and the next batch repairs it."""
+    from reconcile.sink import drift
+
+    cfg, model, feed, frontier = drilled
+    _foreign(cfg, delete="k = 17")
+    with monkeypatch.context() as m:  # today's batch, as the code before it wrote it: no repair, no record
+        m.setattr(drift.Drift, "record", lambda self, cfg, corr: None)
+        m.setattr(drift, "find", lambda *a, **k: drift.Drift())
+        feed, frontier = _run(spark, sqlite_store, cfg, model, feed, frontier, tmp_path)
+    assert 17 not in {k for k, _v, _e in ok_rows(shard_as_of(cfg, frontier - 1))}  # left in place
+    code, out = _report(capsys, "check", cfg.name)
+    assert "repaired at version" not in out and "not yet repaired" in out, out
+    code, out = _report(capsys, "status", cfg.name, "--json")
+    assert len(json.loads(out)["foreign_unrepaired"]) == 1
+
+    feed, frontier = _run(spark, sqlite_store, cfg, model, feed, frontier, tmp_path)
+    check_against(spark, cfg, model, [frontier - 1])
+    code, out = _report(capsys, "check", cfg.name)
+    assert "repaired at version" in out and "not yet repaired" not in out, out
 
 
 def state_value(state, k):
@@ -145,3 +187,54 @@ def test_a_key_the_feed_no_longer_holds_is_not_repairable_and_said_so_until_its_
     assert (18, state_value(state, 18), None) in got
     code, out = _report(capsys, "check", cfg.name)
     assert "repaired at version" in out and "not repairable" not in out, out
+
+
+@pytest.mark.parametrize("kind", ["query", "changelog"])
+def test_query_and_changelog_sinks_repair_every_shape_of_foreign_write_and_reports_agree(
+    kind, spark, warehouse, tmp_path, sqlite_store, monkeypatch, capsys
+):
+    from helpers import CHANGELOG_NEW, change, changelog_model, make_sink, model_query, normalize_errors
+
+    monkeypatch.setenv("RECONCILE_SINKS_DIR", str(tmp_path))
+    cfg = make_sink(tmp_path, f"drift_{kind}", kind)
+    if kind == "query":
+        rows = [{"k": k, "v": f"v{k}"} for k in range(8)]
+        write_json_rows(tmp_path / "src", rows)
+
+        def model(t):
+            return model_query(rows, cfg)
+
+        runs = [(200, None), (300, None)]
+    else:
+        runs = CHANGELOG_NEW[:2]
+
+        def model(t):
+            return changelog_model(runs, t)
+
+    log: list[dict] = []
+    for frontier, new in runs:
+        if new is not None:
+            log += new
+            write_json_rows(tmp_path / "log", log)
+        run_stages(spark, sqlite_store, cfg, f"r{frontier}", frontier)
+    state = normalize_errors(shard_as_of(cfg, 299), cfg)
+    assert state == model(299)
+    some = sorted(k for k, _v, _e in state)
+    _foreign(cfg, delete=f"k = {some[0]}")
+    _foreign(cfg, rows=[(999, "zz_foreign", 150, 1), (some[-1], "tampered", 299, 1)])
+    _foreign(cfg, overwrite_same=True)
+    code, out = _report(capsys, "check", cfg.name)
+    assert code == 0 and out.count("not yet repaired") == 3, out
+
+    if kind == "changelog":
+        runs.append((400, [change(1, "a3", 350, 1)]))
+        log += runs[-1][1]
+        write_json_rows(tmp_path / "log", log)
+    run_stages(spark, sqlite_store, cfg, "r400", 400)
+    assert normalize_errors(shard_as_of(cfg, 399), cfg) == model(399)
+    code, out = _report(capsys, "check", cfg.name)
+    assert code == 0 and out.count("repaired at version") == 3 and "not yet repaired" not in out, out
+    code, out = _report(capsys, "status", cfg.name, "--json")
+    assert json.loads(out)["foreign_unrepaired"] == []
+    code, out = _report(capsys, "check", cfg.name, "--verify")
+    assert code == 0 and "the current state verifies" in out and "against the source" in out, out
