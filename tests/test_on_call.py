@@ -28,6 +28,12 @@ from reconcile.log import iso
 from reconcile.storage.delta import ShardTable
 
 
+def cli_out(capsys, argv: list[str]) -> str:
+    capsys.readouterr()
+    cli.main(argv)
+    return capsys.readouterr().out
+
+
 def _immutable(path, on: bool) -> bool:
     """chattr +i/-i (root on a file system with the attribute): a directory nothing may create files in."""
     done = subprocess.run(["chattr", "+i" if on else "-i", str(path)], capture_output=True)
@@ -59,9 +65,12 @@ def test_a_failure_is_red_until_resolved_and_its_cause_names_the_os_error(
     assert "Operation not permitted" in str(info.value), str(info.value)  # the OS's error, not only delta-rs's
     assert "\n" not in str(info.value)
 
-    assert cli.main(["status", cfg.name]) == 0
+    assert cli.main(["status", cfg.name]) == 1  # a batch needs action: status fails, as check does
     out = capsys.readouterr().out
     assert "FAILED, needs action: final:" in out and "Operation not permitted" in out, out
+    assert f"NEEDS ACTION: batch {desc.batch_id}" in out, out
+    assert cli.main(["status", cfg.name, "--json"]) == 1
+    assert json.loads(capsys.readouterr().out)["needs_action"][0].startswith(f"batch {desc.batch_id}")
     assert "class=bad" in ui.render_sink(cfg.name)
 
     assert "appended batch" in commit_for_run(cfg.name, "run-2", desc.batch_id)  # fixed, run again
@@ -73,6 +82,7 @@ def test_a_failure_is_red_until_resolved_and_its_cause_names_the_os_error(
     assert cli.main(["status", cfg.name, "--json"]) == 0
     last = json.loads(capsys.readouterr().out)["batches"][-1]
     assert last["state"] == "committed" and last["standing"]["tone"] == "ok"
+    assert json.loads(cli_out(capsys, ["status", cfg.name, "--json"]))["needs_action"] == []
     assert last["standing"]["note_tone"] == "done" and "Operation not permitted" in last["standing"]["note"]
     page = ui.render_sink(cfg.name)
     assert "class=bad" not in page and "class=done>resolved" in page, page
@@ -280,3 +290,20 @@ def test_a_killed_stage_leaves_a_line_of_what_the_sink_knows_and_a_finished_one_
         text=True,
     )
     assert "the run minted no batch; nothing was staged or committed" in unknown.stderr, unknown.stderr
+
+
+def test_status_json_into_a_pipe_closed_early_ends_without_a_traceback(spark, warehouse, tmp_path, sqlite_store):
+    """``status --json | head``: the reader may close the pipe before the command writes (here it
+    is closed at once, so every write fails); the command ends quietly (exit 0), as Unix tools do."""
+    import os
+    import sys
+
+    cfg = make_sink(tmp_path, "oncall_pipe", partitions=1)
+    write_json_rows(tmp_path / "src", [{"k": 1, "v": "a"}])
+    run_stages(spark, sqlite_store, cfg, "r1", 200)
+    env = {**os.environ, "RECONCILE_SINKS_DIR": str(tmp_path)}
+    for reader in ("true", "head -c 1"):
+        cmd = f"{sys.executable} -m reconcile status {cfg.name} --json | {reader}"
+        done = subprocess.run(["bash", "-o", "pipefail", "-c", cmd], env=env, capture_output=True, text=True)
+        assert done.returncode == 0, done
+        assert "Traceback" not in done.stderr and "BrokenPipe" not in done.stderr, done.stderr

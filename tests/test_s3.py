@@ -179,7 +179,7 @@ def test_credentials_from_an_airflow_connection_reach_every_stage_and_no_output(
         committed_run(spark, sqlite_store, cfg, "r1", 200)
         assert shard_as_of(cfg, 199) == Counter({(1, "a", None): 1})
         with contextlib.redirect_stdout(out):
-            report.print_status(sqlite_store, cfg.name)
+            report.print_status(report.status_data(sqlite_store, cfg.name))
         pages = ui.render_overview() + ui.render_sink(cfg.name)
     finally:
         for k in conf:

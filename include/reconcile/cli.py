@@ -104,13 +104,14 @@ def cmd_db(args) -> int:
 def cmd_status(args) -> int:
     from reconcile import report
 
+    data = report.status_data(_store(), args.sink, args.limit)
     if args.json:
         import json
 
-        print(json.dumps(report.status_data(_store(), args.sink, args.limit), indent=2))
-        return 0
-    report.print_status(_store(), args.sink, args.limit)
-    return 0
+        print(json.dumps(data, indent=2))
+    else:
+        report.print_status(data)
+    return 1 if data["needs_action"] else 0  # as `check` exits 1 on a violation
 
 
 def quiet_spark(command: str, app: str | None = None):
@@ -577,6 +578,12 @@ def main(argv: list[str] | None = None) -> int:
     except SinkError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # `status --json | head`: the reader has what it wanted
+        import os
+
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # the interpreter's final flush must not fail again
+        return 0
 
 
 if __name__ == "__main__":

@@ -65,7 +65,7 @@ def run_demo(intervals: int = 3, sink: str = "demo_orders") -> int:
     )
     start = datetime(2026, 1, 2, tzinfo=UTC)
     from reconcile.config import load_sink
-    from reconcile.report import print_status, show_shard
+    from reconcile.report import print_status, show_shard, status_data
     from reconcile.storage.ledger import Ledger
 
     for i in range(intervals):
@@ -87,7 +87,7 @@ def run_demo(intervals: int = 3, sink: str = "demo_orders") -> int:
     store = Ledger(settings.metadata_url())
     cfg = load_sink(sink)
     print()
-    print_status(store, sink)
+    print_status(status_data(store, sink))
     # read without a JVM (DuckDB over delta-rs)
     show_shard(None, store, cfg, None, log=False, errors=False, limit=20)
     show_shard(None, store, cfg, None, log=False, errors=True, limit=20)

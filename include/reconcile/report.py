@@ -84,6 +84,7 @@ def status_data(store, name: str, limit: int = 10) -> dict:
         )
     return {
         "sink": name,
+        "needs_action": needs_action(every, shard.upper, left, unrepaired, name),
         "upper": stamp(shard.upper),
         "since": stamp(shard.since),
         "as_of": stamp(shard.as_of),
@@ -102,6 +103,25 @@ def status_data(store, name: str, limit: int = 10) -> dict:
         "foreign_unrepaired": None if unrepaired is None else [st.foreign_json(f, why=why) for f, why in unrepaired],
         "batches": out,
     }
+
+
+def needs_action(every: list, shard_upper: int, left, unrepaired, name: str) -> list[str]:
+    """What someone must act on now (``status`` exits 1 while there is any): a batch's failure
+    that no retry resolves (:func:`reconcile.standing.standing`), a shard left behind by a
+    superseded run, a foreign write the feed cannot repair."""
+    from reconcile import standing as st
+
+    out = []
+    for b in every:
+        how = st.standing(b, shard_upper)
+        if how.unresolved:
+            out.append(f"batch {b.batch_id} [{iso(b.lower)}, {iso(b.upper)}): {how.note}")
+    if left is not None:
+        out.append(left.line(name))
+    for f, why in unrepaired or []:
+        if why.startswith("not repairable"):
+            out.append(f"foreign Delta version {f.version}: {why}")
+    return out
 
 
 def _foreign_of(store, name: str, shown: list) -> tuple[dict, list | None]:
@@ -135,8 +155,9 @@ def _foreign_of(store, name: str, shown: list) -> tuple[dict, list | None]:
     return by_batch, [(f, fate[f.version].why) for f in found if not fate[f.version].repaired]
 
 
-def print_status(store, name: str, limit: int = 10) -> None:
-    data = status_data(store, name, limit)
+def print_status(data: dict) -> None:
+    """``status``'s text of :func:`status_data`."""
+    name = data["sink"]
     print(
         f"shard {name}: upper={iso(data['upper']['ms'])} "
         f"since={iso(data['since']['ms']) if data['since']['ms'] else 'never compacted'} "
@@ -172,6 +193,9 @@ def print_status(store, name: str, limit: int = 10) -> None:
         print(f"  foreign Delta version {_foreign_text(f)}: {f.get('why') or 'not yet repaired'}")
     if data["behind"]:
         print(f"  BEHIND: {data['behind']['line']}")
+    for line in data["needs_action"]:
+        if not data["behind"] or line != data["behind"]["line"]:
+            print(f"  NEEDS ACTION: {line}")
 
 
 def _foreign_text(f: dict) -> str:
