@@ -319,7 +319,7 @@ def cmd_check(args) -> int:
         checked, verified = check.verify_report(store, cfg, spark, strict_history=args.strict_history)
         report.violations += checked.violations
         report.findings += checked.findings
-        bad, noted, against_source = check.verify_source(store, cfg, spark)
+        bad, noted, against_source = check.verify_source(store, cfg, spark, bool(verified.get("current", 1)))
         report.violations += bad
         report.findings += noted
     for p in report.violations:
@@ -329,10 +329,10 @@ def cmd_check(args) -> int:
     if (n := verified) is not None:
         now = "verifies" if n.get("current", 1) else "does NOT verify"
         print(
-            f"verify: the current state {now} (self-consistency: the shard's checksums against those its batches "
-            f"recorded); {n['verified']} batch(es) ({n['partitions']} partitions) checked "
+            f"verify: the current state {now}; {n['verified']} batch(es) ({n['partitions']} partitions) checked "
             f"against Delta version {n['version']}; {n['not_verifiable']} not verifiable (written before batches "
-            f"recorded checksums), {n['before_since']} before since (compacted)"
+            f"recorded checksums), {n['before_since']} before since (compacted) (self-consistency: the shard's "
+            "checksums against those its batches recorded)"
         )
         print(f"verify: {against_source}")
     print(f"{cfg.name}: {len(report.violations)} invariant violation(s), {len(report.findings)} finding(s)")

@@ -323,7 +323,9 @@ def verify_report(
     return rep, counts
 
 
-def verify_source(store: Ledger, cfg: SinkConfig, spark) -> tuple[list[str], list[str], str]:
+def verify_source(
+    store: Ledger, cfg: SinkConfig, spark, current_verifies: bool = True
+) -> tuple[list[str], list[str], str]:
     """(violations, findings, one line): the shard as of the last committed ``upper - 1`` against
     what the sink's source defines, where that can be computed. Upsert: every key's latest
     command the committed batches applied (the whole feed read once, :mod:`reconcile.kinds.upsert_drift`);
@@ -335,15 +337,13 @@ def verify_source(store: Ledger, cfg: SinkConfig, spark) -> tuple[list[str], lis
         return [], [], "against the source: nothing committed yet"
     upper = committed[-1].upper
     if not kinds.repairs_by_key(cfg):
-        return (
-            [],
-            [],
-            (
-                f"against the source: the shard as of {iso(upper - 1)} is the last batch's desired collection (what its "
-                "source held when it ran) if the current state verifies; `python -m reconcile dry-run SINK` compares it "
-                "with the source now".replace("SINK", cfg.name)
-            ),
+        is_ = "is" if current_verifies else "is NOT"
+        line = (
+            f"against the source: the shard as of {iso(upper - 1)} {is_} the last batch's desired collection (what "
+            "its source held when the batch ran: the checksum it recorded); `python -m reconcile dry-run SINK` "
+            "compares it with the source now"
         )
+        return [], [], line.replace("SINK", cfg.name)
     from pyspark.sql import functions as F
 
     from reconcile.kinds import upsert_drift as ud
