@@ -114,3 +114,23 @@ def test_the_guard_waits_for_min_rows(spark, warehouse, tmp_path, store):
     write_json_rows(tmp_path / "src", EMPTY)
     _, _, a = run_stages(spark, store, cfg, "run-2", 300)  # 3 rows < min_rows 10: not guarded
     assert a.outcome == "committed" and shard_as_of(cfg, 299) == Counter()
+
+
+def test_dry_run_says_whether_the_guard_would_stop_the_batch_it_shows(guarded, tmp_path, store, capsys):
+    """``dry-run`` (DuckDB, then with ``--spark``) ends its totals with the guard's verdict: the
+    share against ``max_share``, before anything runs."""
+    cfg = guarded
+    changed = rows(20)
+    changed[0]["v"] = "new"
+    write_json_rows(tmp_path / "src", changed)  # 1 of 20 rows: 5%
+    capsys.readouterr()
+    assert cli.main(["dry-run", cfg.name, "--frontier", "300"]) == 0
+    out = capsys.readouterr().out
+    assert "would let this batch through: it inserts 1 and retracts 1 of the shard's 20 rows (5.0%" in out, out
+
+    write_json_rows(tmp_path / "src", changed[:3])  # truncated: 18 of the shard's 20 rows retracted (row 0 changed)
+    for extra in ([], ["--spark"]):
+        assert cli.main(["dry-run", cfg.name, "--frontier", "300", *extra]) == 0
+        out = capsys.readouterr().out
+        assert "the correction guard would STOP this batch before its append" in out, out
+        assert "inserts 1 and retracts 18 of the shard's 20 rows (90.0%; correction_guard.max_share 20.0%" in out, out

@@ -192,7 +192,9 @@ def cmd_dry_run(args) -> int:
     )
     if not args.spark:
         try:
-            _print_preview(title, dry_run.correction(cfg, table, lower, upper, args.limit, store.watermark(cfg.name)))
+            _print_preview(
+                title, dry_run.correction(cfg, table, lower, upper, args.limit, store.watermark(cfg.name)), table
+            )
             return 0
         except dry_run.NotExact as why:
             print(f"dry run with Spark, as the run computes it: {why}")
@@ -206,12 +208,15 @@ def cmd_dry_run(args) -> int:
     result = batch_correction(spark, store, cfg, persist, lower, upper)
     corr = result.updates.cache()
     print(f"{title}:")
-    corr.groupBy("_part").agg(
+    per_part = corr.groupBy("_part").agg(
         F.count(F.lit(1)).alias("updates"),
         F.sum(F.when(F.col("_error").isNotNull(), 1).otherwise(0)).alias("errors"),
         F.sum(F.when(F.col("_diff") > 0, F.col("_diff")).otherwise(0)).alias("inserts"),
         F.sum(F.when(F.col("_diff") < 0, -F.col("_diff")).otherwise(0)).alias("retractions"),
-    ).orderBy("_part").show(cfg.partitions, truncate=False)
+    )
+    per_part.orderBy("_part").show(cfg.partitions, truncate=False)
+    totals = per_part.agg(F.sum("inserts"), F.sum("retractions")).collect()[0]
+    _guard_line(table, int(totals[0] or 0), int(totals[1] or 0))
     if result.commands is not None:  # observed by the action above
         print(
             f"upsert feed: {result.commands} command(s) eligible, {result.late_commands} late, "
@@ -222,7 +227,7 @@ def cmd_dry_run(args) -> int:
     return 0
 
 
-def _print_preview(title: str, p) -> None:
+def _print_preview(title: str, p, table) -> None:
     """``dry-run``'s report of a correction computed without a JVM (:mod:`reconcile.sink.dry_run`)."""
     from reconcile.report import print_rows
 
@@ -235,8 +240,17 @@ def _print_preview(title: str, p) -> None:
             f"upsert feed: {p.feed['commands']} command(s) eligible, {p.feed['late']} late, "
             f"feed read up to offset {p.feed['offset']}"
         )
+    _guard_line(table, p.inserts, p.retractions)
     print("sample:" if p.rows else "  (nothing to write)")
     print_rows(p.rows, p.updates)
+
+
+def _guard_line(table, inserted: int, retracted: int) -> None:
+    from reconcile.sink import guard
+
+    line = guard.preview(table, inserted, retracted)
+    if line:
+        print(f"  {line}")
 
 
 def cmd_run(args) -> int:

@@ -75,6 +75,26 @@ def describe(cfg, batch_id: str, lower: int, upper: int, change: Change) -> str:
     )
 
 
+def preview(table: ShardTable, inserted: int, retracted: int) -> str | None:
+    """What the guard would do with a batch that inserts and retracts these rows (``dry-run``'s
+    line; None when the sink sets no guard)."""
+    cfg = table.cfg
+    guard = cfg.correction_guard
+    if guard.max_share is None:
+        return None
+    change = Change(inserted, retracted, shard_rows(table))
+    numbers = (
+        f"it inserts {inserted:,} and retracts {retracted:,} of the shard's {change.shard_rows:,} rows "
+        f"({change.share:.1%}; correction_guard.max_share {guard.max_share:.1%}, min_rows {guard.min_rows:,})"
+    )
+    if stops(cfg, change):
+        return (
+            f"the correction guard would STOP this batch before its append: {numbers}; if intended, approve the "
+            f"run's batch (`python -m reconcile approve {cfg.name} BATCH`), else fix the source"
+        )
+    return f"the correction guard would let this batch through: {numbers}"
+
+
 def check(
     table: ShardTable, batch_id: str, lower: int, upper: int, manifest: Manifest, approved: str | None
 ) -> Change | None:
