@@ -712,6 +712,13 @@ def test_validate_plans_query_sql_against_the_sources_schemas(tmp_path):
     bad = {line.split("'")[1]: line for line in run.stdout.splitlines() if line.startswith("INVALID")}
     assert set(out) == {"good", "ledger"} and set(bad) == {"typo", "extra", "undeclared", "missing"}, run.stdout
     assert "SQL planned" in out["good"] and "SQL" not in out["ledger"]
+    lines = run.stdout.splitlines()  # it says, before it waits, that it starts a JVM, and then how long it took
+    assert lines[0] == (
+        "planning the SQL of 5 query sink(s) against their sources with a local Spark JVM (10-30 s to start; "
+        "--no-spark skips it)"
+    ), lines
+    planned = float(re.fullmatch(r"planned in (\d+\.\d) s", lines[1]).group(1))
+    assert 0 < planned <= took
     typo = bad["typo"]
     assert f"config {paths['typo']}: field 'query.sql': " in typo
     assert (

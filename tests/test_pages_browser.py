@@ -82,7 +82,10 @@ def _history(url: str, name: str) -> None:
                     rows_err=3 if i == ERRORS else 0,
                     drift_rows=1 if i == DRIFT else 0,
                     message=(
-                        "source src: path /data/orders does not exist"
+                        (  # a long path: the page wraps it (no sideways scrolling at 800 px)
+                            "source src: path /data/warehouse/landing/orders/region=emea/year=2026/month=01/day=01/"
+                            "part-00000-0f3c9a7e-5b1d-4c2a-9e8f-1a2b3c4d5e6f-c000.snappy.parquet does not exist"
+                        )
                         if failed
                         else "the api-server was restarted mid-commit"
                         if resolved
@@ -179,7 +182,7 @@ def test_a_browser_logs_in_and_reads_the_pages(pages):
         upper = T0 + (BATCHES - 1) * HOUR
         assert "2026-01-02T23:00:00.000Z" in text and f"({upper})" in text  # upper, with its ms
         assert "never compacted" in text
-        assert "final: source src: path /data/orders does not exist" in text  # the last batch's cause
+        assert "final: source src: path /data/warehouse/landing/orders/region=emea" in text  # the last batch's cause
         assert row.locator(".bad").count() >= 1  # lagging well past twice the hourly schedule
 
         row.get_by_role("link", name="orders").click()

@@ -34,6 +34,7 @@ dry-run computes the next correction with DuckDB where that is exact (else, or w
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from reconcile import remedy, settings
@@ -58,10 +59,20 @@ def cmd_validate(args) -> int:
     planned: dict = {}
     failed = False
     if queries and not args.no_spark:
+        import time
+
         from reconcile.preflight import plan_queries
 
+        how = "a Spark Connect server" if os.environ.get("RECONCILE_SPARK_REMOTE") else "a local Spark JVM"
+        print(
+            f"planning the SQL of {len(queries)} query sink(s) against their sources with {how} "
+            "(10-30 s to start; --no-spark skips it)",
+            flush=True,
+        )
+        t0 = time.monotonic()
         try:
             planned = plan_queries(queries)
+            print(f"planned in {time.monotonic() - t0:.1f} s", flush=True)
         except SinkError as exc:
             print(f"error: {exc}", file=sys.stderr)
             failed = True

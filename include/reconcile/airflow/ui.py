@@ -43,7 +43,7 @@ CHART_BATCHES = 200  # the charts show the newest batches
 
 STYLE = (
     "body{font-family:system-ui,sans-serif;margin:1.5em;color:#222}"
-    "td,th{border:1px solid #ccc;padding:4px 6px;vertical-align:top;text-align:left}"
+    "td,th{border:1px solid #ccc;padding:4px 6px;vertical-align:top;text-align:left;overflow-wrap:anywhere}"
     "table{border-collapse:collapse;margin:.5em 0}th{background:#f4f4f4}"
     ".bad{color:#b00020;font-weight:600}.warn{color:#a05a00}.ok{color:#1b6e20}.done{color:#777}"
     ".small{color:#666;font-size:85%}td.run{overflow-wrap:anywhere;min-width:7em}"
