@@ -155,6 +155,19 @@ def test_operating_recipes_run_verbatim(local_airflow, spark, monkeypatch):
         ),
         "three backfill runs and the scheduled run",
     )
+    # the run notes: the ui recipe's user and connection (the default auth manager's) set them
+    deadline = time.time() + 120
+    while True:
+        notes = _airflow_db(
+            env,
+            "SELECT r.run_id, n.content FROM dag_run r JOIN dag_run_note n ON n.dag_run_id = r.id "
+            "WHERE r.dag_id = 'demo_orders' AND n.content IS NOT NULL AND n.content != ''",
+        )
+        if {n["run_id"] for n in notes} >= {r["run_id"] for r in runs}:
+            break
+        assert time.time() < deadline, (notes, runs, (home.parent / "airflow.log").read_text()[-3000:])
+        time.sleep(3)
+    assert any("committed" in n["content"] for n in notes), notes
     monkeypatch.setenv("RECONCILE_HOME", str(home))
     monkeypatch.setenv("RECONCILE_WAREHOUSE", str(home / "warehouse"))
     cfg = load_file(ROOT / "include" / "sinks" / "demo_orders.yaml")
