@@ -84,7 +84,7 @@ def status_data(store, name: str, limit: int = 10) -> dict:
         )
     return {
         "sink": name,
-        "needs_action": needs_action(every, shard.upper, left, unrepaired, name),
+        "needs_action": needs_action(every, shard.upper, unrepaired),
         "upper": stamp(shard.upper),
         "since": stamp(shard.since),
         "as_of": stamp(shard.as_of),
@@ -105,10 +105,10 @@ def status_data(store, name: str, limit: int = 10) -> dict:
     }
 
 
-def needs_action(every: list, shard_upper: int, left, unrepaired, name: str) -> list[str]:
+def needs_action(every: list, shard_upper: int, unrepaired) -> list[str]:
     """What someone must act on now (``status`` exits 1 while there is any): a batch's failure
-    that no retry resolves (:func:`reconcile.standing.standing`), a shard left behind by a
-    superseded run, a foreign write the feed cannot repair."""
+    that no retry resolves (:func:`reconcile.standing.standing`), a foreign write the feed
+    cannot repair. (A shard a superseded run left behind is not: the next run appends the rest.)"""
     from reconcile import standing as st
 
     out = []
@@ -116,8 +116,6 @@ def needs_action(every: list, shard_upper: int, left, unrepaired, name: str) -> 
         how = st.standing(b, shard_upper)
         if how.unresolved:
             out.append(f"batch {b.batch_id} [{iso(b.lower)}, {iso(b.upper)}): {how.note}")
-    if left is not None:
-        out.append(left.line(name))
     for f, why in unrepaired or []:
         if why.startswith("not repairable"):
             out.append(f"foreign Delta version {f.version}: {why}")
@@ -194,8 +192,7 @@ def print_status(data: dict) -> None:
     if data["behind"]:
         print(f"  BEHIND: {data['behind']['line']}")
     for line in data["needs_action"]:
-        if not data["behind"] or line != data["behind"]["line"]:
-            print(f"  NEEDS ACTION: {line}")
+        print(f"  NEEDS ACTION: {line}")
 
 
 def _foreign_text(f: dict) -> str:
