@@ -4,7 +4,7 @@
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$root"
-[ -x .venv/bin/python ] && [ -d .jars ] || bash scripts/setup.sh
+bash scripts/setup.sh --test   # the test tools and servers too (idempotent: quick once installed)
 export RECONCILE_TEST_POSTGRES_URL="${RECONCILE_TEST_POSTGRES_URL:-postgresql+psycopg://postgres:postgres@127.0.0.1:5432/reconcile_test}"
 # The short-lived Spark JVMs of the tests start from a class-data-sharing archive (built once per
 # JDK and jars, ~25 s): tests/jvm_archive.py.

@@ -76,6 +76,8 @@ def test_the_dags_shape_deadline_and_approval_step(tmp_path):
     assert isinstance(approve, ApprovalOperator)
     assert approve.upstream_task_ids == {"correction_guard"}
     assert approve.defaults == ["Reject"] and approve.response_timeout.total_seconds() == 3600  # @hourly
+    # an answer is final: a retry would ask again, and a rejected run would wait instead of failing
+    assert approve.retries == 0 and asks.get_task("write").retries == 1
     assert asks.get_task("append").upstream_task_ids == {"correction_guard", "approve_correction"}
     assert asks.get_task("append").trigger_rule == "none_failed_min_one_success"
     assert asks.get_task("compaction_due").upstream_task_ids == {"append"}
@@ -205,8 +207,10 @@ def _finished(api: Api, dag_id: str, run_id: str) -> dict:
     try:
         return _wait(f"run {run_id} of {dag_id} to finish", ended, timeout=420)
     except pytest.fail.Exception as exc:
+        ask = api.client.get(f"/api/v2/dags/{dag_id}/dagRuns/{run_id}/taskInstances/approve_correction/-1/hitlDetails")
         raise AssertionError(
-            f"{exc}; the run: {api.run(dag_id, run_id)}; its tasks: {api.tis(dag_id, run_id)}"
+            f"{exc}; the run: {api.run(dag_id, run_id)}; its tasks: {api.tis(dag_id, run_id)}; "
+            f"the approval: {ask.status_code} {ask.text[:1500]}"
         ) from None
 
 

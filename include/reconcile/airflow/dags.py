@@ -291,6 +291,10 @@ class CorrectionApproval(ApprovalOperator):
     approved meanwhile (``python -m reconcile approve``) passes without asking."""
 
     def __init__(self, *, sink: str, timeout: timedelta, **kwargs):
+        # An answer is final: a retry would ask again (a new request in Required actions) after
+        # the operator already answered, and a rejected run would wait for another answer instead
+        # of failing. So the approval never retries; what fails after an answer ends the task.
+        kwargs["retries"] = 0
         super().__init__(
             subject=f"Sink {sink}: commit a correction the guard stopped?",
             defaults=ApprovalOperator.REJECT,
@@ -319,12 +323,29 @@ class CorrectionApproval(ApprovalOperator):
         return super().execute(context)
 
     def execute_complete(self, context, event):
-        from reconcile.airflow.tasks import approve_batch, refusal, reject_batch
-        from reconcile.errors import SinkError
-
         answer = HITLOperator.execute_complete(self, context, event)  # validated; Reject is ours to handle
         user = answer.get("responded_by_user") or {}
         who = user.get("name") or user.get("id")
+        try:
+            return self._answered(context, event, answer, who)
+        except AirflowFailException:
+            raise
+        except Exception as exc:  # noqa: BLE001 - the answer stands: end the task, never ask again
+            chose = "approved" if answer["chosen_options"] == [ApprovalOperator.APPROVE] else "rejected"
+            message = (
+                f"approve_correction: {chose} by {who or 'the timeout'}, but the sink could not record it "
+                f"({type(exc).__name__}: {str(exc)[:300]}); nothing was committed. If the change is intended, "
+                f"`python -m reconcile approve {self.sink} BATCH` and clear approve_correction; else fix the source."
+            )
+            self.log.error("%s", message)
+            raise AirflowFailException(message) from None
+
+    def _answered(self, context, event, answer: dict, who: str | None):
+        """Act on an answer: record an approval in the ledger (append commits), or a rejection
+        (the run fails with what to do)."""
+        from reconcile.airflow.tasks import approve_batch, refusal, reject_batch
+        from reconcile.errors import SinkError
+
         stop = self._stop(context)
         if answer["chosen_options"] == [ApprovalOperator.APPROVE]:
             if stop is None:
