@@ -307,3 +307,44 @@ def test_status_json_into_a_pipe_closed_early_ends_without_a_traceback(spark, wa
         done = subprocess.run(["bash", "-o", "pipefail", "-c", cmd], env=env, capture_output=True, text=True)
         assert done.returncode == 0, done
         assert "Traceback" not in done.stderr and "BrokenPipe" not in done.stderr, done.stderr
+
+
+@pytest.mark.parametrize("mode", ["spark-submit", "connect"])
+def test_a_write_the_warehouse_refuses_fails_final_in_one_line_naming_the_path_and_the_os_error(
+    mode, spark, warehouse, tmp_path, sqlite_store, monkeypatch, request
+):
+    """The warehouse cannot be written for an existing shard (here: its staging folder made
+    immutable). The job (spark-submit's form: its own JVM; or a client of the Connect server)
+    ends with one line naming the path and the OS's error, recorded as final: no retry can help."""
+    import sys
+    from pathlib import Path
+
+    from reconcile.sink import mint
+
+    monkeypatch.setenv("RECONCILE_SINKS_DIR", str(tmp_path))
+    cfg = make_sink(tmp_path, f"oncall_refused_{mode.replace('-', '_')}")
+    write_json_rows(tmp_path / "src", [{"k": 1, "v": "a"}])
+    run_stages(spark, sqlite_store, cfg, "run-1", 200)
+    write_json_rows(tmp_path / "src", [{"k": 1, "v": "a"}, {"k": 2, "v": "b"}])
+    desc = mint.run_mint(sqlite_store, cfg, "run-2", 1, 300).description
+    staging = Path(ShardTable(cfg).path) / "batches"
+    staging.mkdir(exist_ok=True)
+    env = {k: v for k, v in __import__("os").environ.items() if k != "PYSPARK_GATEWAY_PORT"}
+    if mode == "connect":
+        env["RECONCILE_SPARK_REMOTE"] = request.getfixturevalue("connect_url")
+    root = Path(__file__).resolve().parents[1]
+    job = [sys.executable, str(root / "jobs" / "write_correction.py"), "--sink", cfg.name, "--run-id", "run-2"]
+    if not _immutable(staging, True):
+        pytest.skip("chattr +i is not available here (needs root and a file system with the attribute)")
+    try:
+        done = subprocess.run(job, env=env, capture_output=True, text=True, timeout=600)
+    finally:
+        _immutable(staging, False)
+    assert done.returncode == 3, done.stderr[-3000:]  # final (75 would be retried)
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith("RECONCILE write FAILED: "), done.stderr[-3000:]
+    assert "the warehouse refused a write" in last and str(staging) in last, last
+    assert "Operation not permitted (os error 1)" in last, last
+    assert "Traceback" not in last and len(last) < 800, last
+    b = sqlite_store.get_batch(desc.batch_id, cfg.name)
+    assert b.failure_kind == "final" and "the warehouse refused a write" in b.message

@@ -191,3 +191,74 @@ class FailPointHit(Retryable):
 
 class CorrectionBlocked(SinkError):
     """A batch would change more of the shard than the sink's correction guard allows."""
+
+
+class StorageError(SinkError):
+    """The warehouse refused a write for a reason retrying does not change (permissions, a
+    read-only or full file system, an access-denied bucket): final, with the path and the OS's
+    error in one line."""
+
+
+# (pattern over an exception's whole text, what it says); the first group, if any, is the path
+_STORAGE = (
+    (re.compile(r"Mkdirs failed to create (\S+)"), "cannot create the directory"),
+    (re.compile(r"(?:java\.nio\.file\.)?AccessDeniedException: (\S+)"), "access denied"),
+    (re.compile(r"(\S+) \(Permission denied\)"), "permission denied"),
+    (re.compile(r"Permission denied(?: \(os error 13\))?"), "permission denied"),
+    (re.compile(r"Read-only file system"), "read-only file system"),
+    (re.compile(r"No space left on device"), "no space left on device"),
+    (re.compile(r"Operation not permitted"), "operation not permitted"),
+)
+
+
+def _os_reason(path: str) -> str:
+    """The OS's answer for writing under ``path`` (a local path or file: URI): the nearest
+    existing directory and why it cannot be written, or ""."""
+    import errno
+    import os
+    import tempfile
+
+    local = re.sub(r"^file:(//)?", "", path)
+    if "://" in local:
+        return ""
+    d = local
+    while d and not os.path.isdir(d):
+        d = os.path.dirname(d.rstrip("/")) if d != "/" else ""
+    if not d:
+        return ""
+    try:
+        tempfile.TemporaryFile(dir=d).close()
+    except OSError as exc:
+        return f"{d}: {exc.strerror or errno.errorcode.get(exc.errno or 0, '')} (os error {exc.errno})"
+    return ""
+
+
+def storage_failure(exc: BaseException, sink: str | None = None) -> StorageError | None:
+    """A :class:`StorageError` when ``exc`` (a Spark or delta-rs failure, whatever its chain) is
+    the warehouse refusing a write; None otherwise (retrying may help)."""
+    text = "\n".join(str(e) for e in _chain(exc))
+    for pattern, what in _STORAGE:
+        found = pattern.search(text)
+        if found is None:
+            continue
+        path = found.group(1).rstrip(".,;:)") if found.groups() else None
+        os_reason = _os_reason(path) if path else ""
+        where = f" {path}" if path else ""
+        why = f": {os_reason}" if os_reason else f" ({brief(exc, 200)})"
+        return StorageError(
+            f"the warehouse refused a write ({what}){where}{why}",
+            sink=sink,
+            remedy="make the warehouse writable for the user the Spark jobs run as (or free space), then rerun the "
+            "task; retrying without that fails the same way.",
+        )
+    return None
+
+
+def _chain(exc: BaseException) -> list[BaseException]:
+    out, seen = [], set()
+    e: BaseException | None = exc
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        out.append(e)
+        e = e.__cause__ or e.__context__
+    return out

@@ -203,9 +203,22 @@ def _note(context, text: str) -> None:
 def note_run_failure(context) -> None:
     """``on_failure_callback`` of every task: a task that failed for good (no retry left, or a
     final failure) says so in the run's note, with the cause and remedy it raised."""
-    task_id = context["ti"].task_id
-    cause = str(context.get("exception") or "no cause recorded")
-    _note(context, cause if cause.startswith(task_id) else f"{task_id} failed: {cause}")
+    _note(context, failure_note(context["ti"].task_id, context.get("exception"), context["dag"].dag_id))
+
+
+def failure_note(task_id: str, exception: BaseException | None, sink: str) -> str:
+    """The run's note for a task that failed for good: its cause (it starts with the task's id)."""
+    if exception is None and task_id == "approve_correction":
+        # Airflow ended the task without it acting on an answer (Airflow 3.3.2 kills a task resumed
+        # within about a second of parking as "running elsewhere"): the batch still waits.
+        return (
+            "approve_correction: Airflow ended the approval before it could act on an answer (see the task's "
+            f"log); nothing was committed. If the change is intended, approve it (`python -m reconcile approve {sink} "
+            f"BATCH`, BATCH in `python -m reconcile status {sink}`) and clear approve_correction; else fix the "
+            "source: the next run recomputes the batch."
+        )
+    cause = str(exception or "no cause recorded")
+    return cause if cause.startswith(task_id) else f"{task_id} failed: {cause}"
 
 
 def lag_deadline(cfg: SinkConfig) -> DeadlineAlert | None:

@@ -25,7 +25,7 @@ from datetime import datetime
 
 from reconcile import remedy, settings
 from reconcile.config import SinkConfig, load_sink
-from reconcile.errors import Retryable, SinkError
+from reconcile.errors import Retryable, SinkError, storage_failure
 from reconcile.log import iso
 from reconcile.model import COMMITTED, FINAL, RETRYABLE, STAGED, SUPERSEDED
 from reconcile.report import iso_text
@@ -110,6 +110,13 @@ def _run_stage(
             if batch is not None:
                 note_failure(store, batch.batch_id, exc)
             raise
+        except Exception as exc:
+            refused = storage_failure(exc, cfg.name)  # the warehouse refused: final, in one line
+            if refused is None:
+                raise
+            if batch is not None:
+                note_failure(store, batch.batch_id, refused)
+            raise refused from None
 
 
 def once_fixed(sink: str, run_id: str, stage: str, exc: SinkError, logical_date: datetime | None = None) -> str:
