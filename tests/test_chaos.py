@@ -33,3 +33,26 @@ def test_random_schedule_never_diverges_on_s3(spark, s3_warehouse):
     stats = run_schedules(spark, None, count=1, seed=S3_SEED, steps=5, warehouse=s3_warehouse)
     assert stats.zombies and stats.crashes and stats.tampers and stats.compactions
     assert stats.divergences == [], "\n".join(stats.divergences)
+
+
+# Upsert schedules (a command feed; foreign writes repaired by key). This seed's two schedules
+# (the first seed from SEED on whose schedules a tamper happens): a race, a foreign key appended
+# with delta-rs, a zombie, feed changes; then a crash, a rerun, a zombie, a duplicated row.
+UPSERT_SEED = 20261124
+
+
+def test_random_upsert_schedules_with_foreign_writes_never_diverge_sqlite(spark):
+    stats = run_schedules(spark, None, count=2, seed=UPSERT_SEED, steps=6, kind="upsert")
+    assert stats.tampers and stats.runs > 0
+    assert stats.divergences == [], "\n".join(stats.divergences)
+
+
+# On S3: crashes, then a key deleted by delta-rs behind the sink's back, repaired by the next
+# (recovering) run, then a crash, the settling run.
+UPSERT_S3_SEED = 20261125
+
+
+def test_random_upsert_schedule_never_diverges_on_s3(spark, s3_warehouse):
+    stats = run_schedules(spark, None, count=1, seed=UPSERT_S3_SEED, steps=5, warehouse=s3_warehouse, kind="upsert")
+    assert stats.tampers and stats.crashes
+    assert stats.divergences == [], "\n".join(stats.divergences)

@@ -106,6 +106,91 @@ def difference(
     return consolidate(cfg, both.repartition(cfg.partitions, "_part"))
 
 
+# Hash-first: the second, independent 64 bits of a row's 128-bit key (the first are the row hash
+# itself, seed 42), and how many bits of each half the key keeps: 64, unless a test narrows it to
+# force collisions (the batch's checksums, over the full row hash, then catch what a collision
+# hid, and the batch is computed again by the full comparison).
+KEY_SALT = 0x7265636F6E63696C
+KEY_BITS_ENV = "RECONCILE_TEST_HASH_KEY_BITS"
+BROADCAST_KEYS = 2_000_000  # changed keys up to this count are broadcast to the second pass
+
+
+def _key(h: SCol) -> SCol:
+    import os
+
+    bits = int(os.environ.get(KEY_BITS_ENV) or 64)
+    return h if bits >= 64 else h.bitwiseAND(F.lit((1 << bits) - 1))
+
+
+def hash_first(
+    cfg: SinkConfig, desired: DataFrame, persist: DataFrame, time: SCol, checks=None, *, spark=None
+) -> DataFrame:
+    """:func:`difference` for a correction whose updates all get one ``time`` (a query's), in two
+    passes that shuffle full rows only where the collection changed:
+
+    1. both sides as ``(128-bit key, diff)``: the row hash (``xxhash64``, seed 42: the checksum's
+       and the partition's) and a salted second hash; summed per key; the keys whose sum is not 0
+       are the changed rows (a job of its own, cached: 24 bytes a row shuffled, not the row);
+    2. the rows of those keys on both sides (a broadcast semi-join up to :data:`BROADCAST_KEYS`
+       keys), consolidated as :func:`difference` does.
+
+    The desired side is evaluated twice (once per pass). ``checks`` observes both sides' checksums
+    in pass 1, over the full row hash: a key collision (2^-128 per pair of rows) or a desired side
+    that changed between the passes makes the batch not add up, and the write computes it again
+    with :func:`difference`."""
+    from reconcile.checksums import observable
+
+    cols = row_columns(cfg)
+    keep = [F.col(_q(c)) for c in cols]
+    h = F.xxhash64(*keep)
+    part = F.pmod(h, F.lit(cfg.partitions)).cast("int")
+    k1, k2 = _key(h), _key(F.xxhash64(F.lit(KEY_SALT), *keep))
+
+    def narrow(df: DataFrame, diff: SCol) -> DataFrame:
+        return df.select(
+            h.alias(HASH_COLUMN),
+            part.alias("_part"),
+            k1.alias("_k1"),
+            k2.alias("_k2"),
+            diff.cast("bigint").alias("_diff"),
+        )
+
+    d, p = narrow(desired, F.col("_diff")), narrow(persist, -F.col("_diff"))
+    if checks is not None:
+        d = checks.observe_hashed(d, "desired", {"desired": 1})
+        if checks.carried is None:
+            p = checks.observe_hashed(p, "persist", {"shard": -1})  # negated on this side
+        else:
+            checks.carry({"shard": 1})
+    changed = (
+        d.unionByName(p)
+        .groupBy("_k1", "_k2")
+        .agg(F.sum("_diff").alias("_n"))
+        .where(F.col("_n") != 0)
+        .select("_k1", "_k2")
+        .cache()
+    )
+    session = spark or desired.sparkSession
+    with observable(session):
+        n = changed.count()
+    keys = F.broadcast(changed) if n <= BROADCAST_KEYS else changed
+
+    def full(df: DataFrame, diff: SCol) -> DataFrame:
+        rows = df.select(
+            *keep,
+            time.alias("_time"),
+            diff.cast("bigint").alias("_diff"),
+            h.alias(HASH_COLUMN),
+            part.alias("_part"),
+            k1.alias("_k1"),
+            k2.alias("_k2"),
+        )
+        return rows.join(keys, ["_k1", "_k2"], "left_semi").drop("_k1", "_k2")
+
+    both = full(desired, F.col("_diff")).unionByName(full(persist, -F.col("_diff")))
+    return consolidate(cfg, both.repartition(cfg.partitions, "_part"))
+
+
 def one_row(df: DataFrame) -> Row:
     """The single row of an aggregation without groups."""
     row = df.first()

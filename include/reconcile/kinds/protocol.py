@@ -72,6 +72,8 @@ class Bounds:
     # touches only its commands' keys): what a foreign writer changed since a batch last
     # repaired the shard (:class:`DriftRepair`), or None.
     repair: DriftRepair | None = None
+    # Compare every row in full (no hash-first pass): a batch computed again after it did not add up.
+    exact: bool = False
 
 
 @dataclass(frozen=True)
@@ -139,6 +141,11 @@ class Kind(Protocol):
         ...
 
     @property
+    def hashes_first(self) -> bool:
+        """Whether the correction compares 128-bit row keys before rows (``Bounds.exact``: not)."""
+        ...
+
+    @property
     def persist_sides(self) -> Mapping[str, int]:
         """How many times the shard as read counts into each side of the batch's checksums."""
         ...
@@ -184,6 +191,8 @@ class OwnCollection:
     # Whether a first batch (``Bounds.empty_shard``) writes the desired frame as it comes:
     # ``difference(..., bulk=True)`` (a kind whose desired updates are each +1).
     bulk_first = False
+    # Whether ``difference`` compares keys first (``exact=True``: every row in full instead).
+    hashes_first = False
     reads_feed = False
     persist_sides = {"shard": 1}  # the desired side is the kind's own frame
     history_keys = HistoryKeys()
@@ -193,10 +202,10 @@ class OwnCollection:
 
     def correction(self, spark: SparkSession, persist: DataFrame, bounds: Bounds) -> Correction:
         desired = self.desired(spark)
-        bulk = {"bulk": True} if bounds.empty_shard and self.bulk_first else {}
-        return Correction(
-            self.difference(self.cfg, desired, persist, bounds.lower, bounds.upper, bounds.checks, **bulk)
-        )
+        how: dict[str, bool] = {"bulk": True} if bounds.empty_shard and self.bulk_first else {}
+        if bounds.exact and self.hashes_first:
+            how["exact"] = True
+        return Correction(self.difference(self.cfg, desired, persist, bounds.lower, bounds.upper, bounds.checks, **how))
 
     def invariants(self, updates: DataFrame, t: int, keys: DataFrame | None = None) -> list[str]:
         return []  # any multiset of rows is a query's result or a change log's collection

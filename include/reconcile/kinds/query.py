@@ -16,7 +16,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from reconcile.config import QuerySink
-from reconcile.differential import difference
+from reconcile.differential import difference, hash_first
 from reconcile.errors import SourceError, brief
 from reconcile.kinds.decode import read_source, require_columns, validate
 from reconcile.kinds.protocol import OwnCollection
@@ -86,14 +86,26 @@ def desired(spark: SparkSession, cfg: QuerySink) -> DataFrame:
 
 
 def correction(
-    cfg: QuerySink, snapshot: DataFrame, persist: DataFrame, lower: int, upper: int, checks=None, bulk: bool = False
+    cfg: QuerySink,
+    snapshot: DataFrame,
+    persist: DataFrame,
+    lower: int,
+    upper: int,
+    checks=None,
+    bulk: bool = False,
+    exact: bool = False,
 ) -> DataFrame:
     """The snapshot's correction for ``(lower, upper)``: update frame plus ``_part`` (``checks``:
     :func:`reconcile.differential.difference`'s). ``bulk`` (the shard holds nothing yet): the
-    snapshot's rows as they come, each +1, without the shuffle that consolidates them."""
+    snapshot's rows as they come, each +1, without the shuffle that consolidates them. Otherwise
+    hash first (:func:`reconcile.differential.hash_first`: only the changed rows are shuffled in
+    full), or, with ``exact``, every row of both sides compared in full."""
     assert lower < upper, f"invalid description [{lower}, {upper})"
     below = persist.where(F.col("_time") < upper)
-    return difference(cfg, snapshot, below, F.lit(upper - 1).cast("bigint"), checks, consolidated=not bulk)
+    stamp = F.lit(upper - 1).cast("bigint")
+    if bulk or exact:
+        return difference(cfg, snapshot, below, stamp, checks, consolidated=not bulk)
+    return hash_first(cfg, snapshot, below, stamp, checks)
 
 
 @dataclass(frozen=True)
@@ -104,6 +116,7 @@ class QueryKind(OwnCollection):
     cfg: QuerySink
     plans_sql = True
     bulk_first = True
+    hashes_first = True
 
     frame = staticmethod(desired)
     difference = staticmethod(correction)

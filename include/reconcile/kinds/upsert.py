@@ -64,6 +64,7 @@ class UpsertKind:
     cfg: UpsertSink
     reads_feed = True
     plans_sql = False
+    hashes_first = False
     persist_sides = PERSIST_SIDES
 
     @property

@@ -115,13 +115,14 @@ def batch_correction(
     checks: BatchChecks | None = None,
     empty_shard: bool = False,
     repair: kinds.DriftRepair | None = None,
+    exact: bool = False,
 ) -> kinds.Correction:
     """The correction of ``(lower, upper)`` against ``persist``, for any kind of sink (``checks``:
     observe its checksums while it is computed; ``empty_shard``: persist holds no update;
     ``repair``: foreign writes a keyed kind must repair beyond its commands' keys)."""
     kind = kinds.of(cfg)
     wm = store.watermark(cfg.name) if kind.reads_feed else None
-    return kind.correction(spark, persist, kinds.Bounds(lower, upper, wm, checks, empty_shard, repair))
+    return kind.correction(spark, persist, kinds.Bounds(lower, upper, wm, checks, empty_shard, repair, exact))
 
 
 def self_check(cfg: SinkConfig, batch_id: str, lower: int, upper: int, sums: dict[str, dict[int, int | None]]) -> None:
@@ -325,23 +326,7 @@ def stage(attempt: Attempt) -> StagedFiles | WriteResult:
         empty = frames.holds_nothing(attempt.table, read_version)
         attempt.drift = drift_.find(attempt.spark, attempt.store, attempt.table, read_version, attempt.desc.upper)
         carried = carried_checksums(attempt.store, attempt.table, attempt.desc.lower, read_version)
-        try:
-            corr, stats, sums = _stage_checked(attempt, persist, carried if checksums.ENABLED else None, empty)
-        except SelfCheckFailed:
-            if carried is None or not checksums.ENABLED:
-                raise
-            # A bug fails this attempt too; otherwise the shard as read is not what the previous
-            # batch recorded.
-            files.delete_path(attempt.path)
-            corr, stats, sums = _stage_checked(attempt, persist, None, empty)
-            event(
-                log,
-                "the shard as read does not have the checksums the previous batch recorded: the table changed "
-                "behind the sink's back, or it or the record is damaged; this batch was computed again with the "
-                "shard observed in full and adds up (`python -m reconcile check SINK --verify` names the partitions)",
-                level=logging.WARNING,
-                **attempt.state,
-            )
+        corr, stats, sums = _stage_until_it_adds_up(attempt, persist, carried if checksums.ENABLED else None, empty)
         failpoint("write.after_partition_staged")
         sizes = files.list_files(attempt.path)
         digests = {rel: files.digest(f"{attempt.path}/{rel}") for rel in sizes}
@@ -354,27 +339,69 @@ def stage(attempt: Attempt) -> StagedFiles | WriteResult:
     return StagedFiles(corr, stats, sums, read_version, sizes, digests)
 
 
-def _stage_checked(attempt: Attempt, persist: DataFrame, carried: dict[int, int] | None, empty: bool) -> tuple:
+# Why a batch that did not add up is computed again, by what it changes (see _stage_until_it_adds_up).
+AGAIN = {
+    "exact": "this batch was computed again comparing every row in full (no hash-first pass) and adds up: a key "
+    "collision of the hash-first pass, or a desired collection that changed between its two reads (a "
+    "nondeterministic query)",
+    "observed": "the shard as read does not have the checksums the previous batch recorded: the table changed "
+    "behind the sink's back, or it or the record is damaged; this batch was computed again with the shard "
+    "observed in full and adds up (`python -m reconcile check SINK --verify` names the partitions)",
+}
+
+
+def _stage_until_it_adds_up(attempt: Attempt, persist: DataFrame, carried: dict[int, int] | None, empty: bool) -> tuple:
+    """Stage the correction; if it does not add up (:class:`SelfCheckFailed`), compute it again
+    comparing every row in full (a kind that hashes first), then with the shard observed in full
+    (when its checksums were carried). A batch that still does not add up fails: a bug."""
+    hashed = checksums.ENABLED and not empty and kinds.of(attempt.cfg).hashes_first
+    ways: list[tuple[dict[int, int] | None, bool, str | None]] = [(carried, False, None)]
+    if hashed:
+        ways.append((carried, True, "exact"))
+    if carried is not None:
+        ways.append((None, True, "observed"))
+    for i, (carry, exact, why) in enumerate(ways):
+        try:
+            staged = _stage_checked(attempt, persist, carry, empty, exact)
+        except SelfCheckFailed:
+            if i == len(ways) - 1:
+                raise
+            files.delete_path(attempt.path)
+            continue
+        if why is not None:
+            event(log, AGAIN[why], level=logging.WARNING, **attempt.state)
+        return staged
+    raise AssertionError("unreachable")
+
+
+def _stage_checked(
+    attempt: Attempt, persist: DataFrame, carried: dict[int, int] | None, empty: bool, exact: bool = False
+) -> tuple:
     """Stage the correction once with plain checksum sums; if a sum overflowed, once more with
     the guarded ones (the kind's own arithmetic overflowing fails again, as it should)."""
     try:
-        return _stage_once(attempt, persist, carried, empty, guarded=False)
+        return _stage_once(attempt, persist, carried, empty, guarded=False, exact=exact)
     except Exception as exc:
         if not (checksums.ENABLED and checksums.overflowed(exc)):
             raise
         files.delete_path(attempt.path)
-        return _stage_once(attempt, persist, carried, empty, guarded=True)
+        return _stage_once(attempt, persist, carried, empty, guarded=True, exact=exact)
 
 
 def _stage_once(
-    attempt: Attempt, persist: DataFrame, carried: dict[int, int] | None, empty: bool, guarded: bool
+    attempt: Attempt,
+    persist: DataFrame,
+    carried: dict[int, int] | None,
+    empty: bool,
+    guarded: bool,
+    exact: bool = False,
 ) -> tuple:
     """(correction, statistics per partition, checksums or None) of one staged correction, after
     the self-check (:func:`self_check`). ``empty``: the shard as read holds no update."""
     cfg, desc = attempt.cfg, attempt.desc
     checks = BatchChecks(cfg, desc.lower, desc.upper, attempt.stage_id, carried, guarded) if checksums.ENABLED else None
     corr = batch_correction(
-        attempt.spark, attempt.store, cfg, persist, desc.lower, desc.upper, checks, empty, attempt.drift.repair
+        attempt.spark, attempt.store, cfg, persist, desc.lower, desc.upper, checks, empty, attempt.drift.repair, exact
     )
     with checksums.observable(attempt.spark):  # the checksums and an upsert feed's progress
         _, stats = frames.write_staged(
