@@ -11,12 +11,16 @@ that cancel meet in one partition and each partition's correction is computed in
 
 from __future__ import annotations
 
+import logging
+from time import perf_counter
+
 from pyspark.sql import Column as SCol
 from pyspark.sql import DataFrame, Row
 from pyspark.sql import functions as F
 
 from reconcile.config import SinkConfig
 
+log = logging.getLogger("reconcile.differential")
 META = ("_error", "_time", "_diff")
 # The row hash ``xxhash64(row, _error)`` a correction computed with self-checks carries
 # (:mod:`reconcile.checksums`); never stored.
@@ -171,8 +175,10 @@ def hash_first(
         .cache()
     )
     session = spark or desired.sparkSession
+    started = perf_counter()
     with observable(session):
         n = changed.count()
+    log.info("hash-first pass 1: %d changed row key(s) in %.2f s", n, perf_counter() - started)
     keys = F.broadcast(changed) if n <= BROADCAST_KEYS else changed
 
     def full(df: DataFrame, diff: SCol) -> DataFrame:
