@@ -19,7 +19,6 @@ import os
 import re
 import shlex
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
@@ -225,6 +224,24 @@ def _awaiting(api: Api, dag_id: str, run_id: str) -> None:
         return state == "awaiting_input"
 
     _wait(f"{dag_id}'s approve_correction to wait for an answer", parked)
+    # Airflow 3.3.2 kills a HITL task resumed while the process that parked it is still alive ("TI
+    # is already running elsewhere": it still holds the task's pid) and the run fails without the
+    # answer acted on (the run's note then says so, and how to go on). On a loaded machine that
+    # process may take seconds to exit; an operator answers later than that, so the test waits
+    # for it to be gone.
+    ti = api.client.get(f"/api/v2/dags/{dag_id}/dagRuns/{run_id}/taskInstances/approve_correction").json()
+
+    def exited() -> bool:
+        pid = ti.get("pid")
+        if not pid:
+            return True
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        return False
+
+    _wait(f"{dag_id}'s parked approval process to exit", exited, timeout=120)
 
 
 @pytest.fixture(scope="module")
@@ -345,11 +362,6 @@ def test_approval_rejection_timeout_deadline_and_notes_in_a_running_airflow(airf
         assert api.run(name, run_id)["note"].startswith("waiting for an approval in Airflow (Required actions): ")
         assert ShardTable(cfg[name]).latest_version() == versions[name]  # nothing committed while it waits
 
-    # Airflow 3.3.2 kills a HITL task resumed within about a second of parking ("TI is already
-    # running elsewhere": the parked process had not yet exited) and the run fails without the
-    # answer acted on (the run's note then says so, and how to go on); an operator answers later
-    # than that, so the test does too.
-    time.sleep(5)
     api.answer("na_ok", second["na_ok"], "Approve")
     api.answer("na_no", second["na_no"], "Reject")
     # na_wait: nobody answers

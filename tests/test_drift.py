@@ -189,12 +189,14 @@ def test_a_key_the_feed_no_longer_holds_is_not_repairable_and_said_so_until_its_
     assert "repaired at version" in out and "not repairable" not in out, out
 
 
+@pytest.mark.parametrize("where", ["local", "s3"])
 @pytest.mark.parametrize("kind", ["query", "changelog"])
 def test_query_and_changelog_sinks_repair_every_shape_of_foreign_write_and_reports_agree(
-    kind, spark, warehouse, tmp_path, sqlite_store, monkeypatch, capsys
+    kind, where, request, spark, tmp_path, sqlite_store, monkeypatch, capsys
 ):
     from helpers import CHANGELOG_NEW, change, changelog_model, make_sink, model_query, normalize_errors
 
+    request.getfixturevalue("warehouse" if where == "local" else "s3_warehouse")
     monkeypatch.setenv("RECONCILE_SINKS_DIR", str(tmp_path))
     cfg = make_sink(tmp_path, f"drift_{kind}", kind)
     if kind == "query":
