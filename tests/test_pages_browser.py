@@ -84,7 +84,7 @@ def _history(url: str, name: str) -> None:
                     message=(
                         (  # a long path: the page wraps it (no sideways scrolling at 800 px)
                             "source src: path /data/warehouse/landing/orders/region=emea/year=2026/month=01/day=01/"
-                            "part-00000-0f3c9a7e-5b1d-4c2a-9e8f-1a2b3c4d5e6f-c000.snappy.parquet does not exist"
+                            "part-00000-cafdbdfa-abcd-4c2a-a0b1-c3d4f5a6b7c8-c000.snappy.parquet does not exist"
                         )
                         if failed
                         else "the api-server was restarted mid-commit"
