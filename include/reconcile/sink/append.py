@@ -53,7 +53,7 @@ from __future__ import annotations
 import logging
 import uuid
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from reconcile import remedy
 from reconcile.config import SinkConfig
@@ -68,7 +68,7 @@ from reconcile.sink.verify import log_differences, parse_manifest, staged_files
 from reconcile.storage import commits, footers, layout
 from reconcile.storage.delta import ShardTable
 from reconcile.storage.ledger import Ledger
-from reconcile.storage.tables import Shard
+from reconcile.storage.tables import Batch, Shard
 
 log = logging.getLogger("reconcile.append")
 
@@ -183,114 +183,186 @@ def _committed_meanwhile(store: Ledger, table: ShardTable, b, state: dict, when:
     return AppendResult("already_committed", msg, b.delta_version)
 
 
+@dataclass
+class Appending:
+    """One append attempt of a batch: what every step reads and moves forward. ``b`` and
+    ``shard`` are re-read by :meth:`reread` after each sync (a sync may absorb this batch)."""
+
+    store: Ledger
+    cfg: SinkConfig
+    batch_id: str
+    approve: str | None = None
+    table: ShardTable = field(init=False)
+    b: Batch = field(init=False)
+    desc: BatchDescription = field(init=False)
+    state: dict = field(init=False)
+    shard: Shard | None = None
+    manifest: Manifest | None = None
+    files: list[tuple[str, int, dict]] = field(default_factory=list)
+    commit_id: str = field(default_factory=lambda: uuid.uuid4().hex[:16])  # tells our commit from another's
+
+    def __post_init__(self) -> None:
+        self.table = ShardTable(self.cfg)
+        self.b = self.store.get_batch(self.batch_id, self.cfg.name)
+        self.desc = BatchDescription.of(self.b)
+        d = self.desc
+        self.state = dict(sink=self.cfg.name, batch=self.batch_id, lower=d.lower, upper=d.upper, run=d.run_id)
+
+    def reread(self) -> Batch:
+        """The batch as the ledger has it now (after a sync, which may have absorbed its commit)."""
+        self.b = self.store.get_batch(self.batch_id, self.cfg.name)
+        return self.b
+
+
 def run_append(store: Ledger, cfg: SinkConfig, batch_id: str, *, approve: str | None = None) -> AppendResult:
-    """Commit the staged batch (``approve``: who lets it past the correction guard, if anyone)."""
-    table = ShardTable(cfg)
-    b = store.get_batch(batch_id, cfg.name)
-    desc = BatchDescription.of(b)
-    state = dict(sink=cfg.name, batch=batch_id, lower=desc.lower, upper=desc.upper, run=desc.run_id)
-    if b.state == COMMITTED:
-        gc_staged(store, table)
-        msg = event(log, f"already committed in Delta version {b.delta_version}; nothing to do", **state)
-        return AppendResult("already_committed", msg, b.delta_version)
-    if not table.exists():  # no write created it yet: nothing can be committed
-        if b.state == SUPERSEDED:
-            return _outdated(store, table, desc, store.get_shard(cfg.name), state)
+    """Commit the staged batch (``approve``: who lets it past the correction guard, if anyone):
+    settle what is known, verify the staged files, pass the guard, advance a new shard, commit,
+    confirm (the module doc's protocol, one step each)."""
+    a = Appending(store, cfg, batch_id, approve)
+    for step in (settle, verify_staged, pass_guard, advance_new_shard):
+        done = step(a)
+        if done is not None:
+            return done
+    commit(a)
+    return confirm(a)
+
+
+def settle(a: Appending) -> AppendResult | None:
+    """Steps 1-2: a batch committed already (before or by the sync) or outdated has nothing to
+    append; a batch minted but never staged, or a table no write created, cannot be appended."""
+    if a.b.state == COMMITTED:
+        gc_staged(a.store, a.table)
+        msg = event(log, f"already committed in Delta version {a.b.delta_version}; nothing to do", **a.state)
+        return AppendResult("already_committed", msg, a.b.delta_version)
+    if not a.table.exists():  # no write created it yet: nothing can be committed
+        if a.b.state == SUPERSEDED:
+            return _outdated(a.store, a.table, a.desc, a.store.get_shard(a.cfg.name), a.state)
         raise StagedBatchInvalid(
-            f"batch {batch_id}: the shard's Delta table at {table.path} does not exist",
-            sink=cfg.name,
+            f"batch {a.batch_id}: the shard's Delta table at {a.table.path} does not exist",
+            sink=a.cfg.name,
             remedy="its write creates the table and stages the batch.",
         )
-    shard = sync(store, table)
-    b = store.get_batch(batch_id, cfg.name)  # re-read: the sync may have absorbed this batch's commit
-    if b.state == COMMITTED:  # an earlier attempt committed to Delta and died before the metadata
-        gc_staged(store, table)
+    a.shard = sync(a.store, a.table)
+    if a.reread().state == COMMITTED:  # an earlier attempt committed to Delta and died before the metadata
+        gc_staged(a.store, a.table)
         msg = event(
             log,
             "recovered: an earlier attempt had committed this batch to Delta; rolled the metadata forward",
-            delta_version=b.delta_version,
-            **state,
+            delta_version=a.b.delta_version,
+            **a.state,
         )
-        return AppendResult("recovered", msg, b.delta_version)
-    if b.state == SUPERSEDED or shard.upper > desc.lower:
-        return _outdated(store, table, desc, shard, state)
-    if b.state == MINTED:
+        return AppendResult("recovered", msg, a.b.delta_version)
+    if a.b.state == SUPERSEDED or a.shard.upper > a.desc.lower:
+        return _outdated(a.store, a.table, a.desc, a.shard, a.state)
+    if a.b.state == MINTED:
         raise StagedBatchInvalid(
-            f"batch {batch_id} was minted but never staged",
-            sink=cfg.name,
+            f"batch {a.batch_id} was minted but never staged",
+            sink=a.cfg.name,
             remedy="its write stages the batch.",
         )
-    table.check_schema()
-    manifest = parse_manifest(cfg, batch_id, b.manifest)
+    return None
+
+
+def verify_staged(a: Appending) -> AppendResult | None:
+    """Step 3: the table's schema, and exactly the staged files the manifest names (sizes,
+    digests, rows per partition). Damage while another attempt moved on is not damage."""
+    a.table.check_schema()
+    a.manifest = parse_manifest(a.cfg, a.batch_id, a.b.manifest)
     try:
-        files = inspect_staged(table, batch_id, manifest)
+        a.files = inspect_staged(a.table, a.batch_id, a.manifest)
     except StagedBatchInvalid:
-        sync(store, table)  # another attempt may have committed it and cleaned up meanwhile
-        now_b = store.get_batch(batch_id, cfg.name)
+        sync(a.store, a.table)  # another attempt may have committed it and cleaned up meanwhile
+        was = a.b
+        now_b = a.reread()
         if now_b.state == COMMITTED:
-            return _committed_meanwhile(store, table, now_b, state, "verified its staged files")
-        if now_b.state == b.state and now_b.stage_id == b.stage_id:
+            return _committed_meanwhile(a.store, a.table, now_b, a.state, "verified its staged files")
+        if now_b.state == was.state and now_b.stage_id == was.stage_id:
             raise
         raise Retryable(  # not damage: another attempt of the batch moved on meanwhile
-            f"batch {batch_id} changed while this append verified it (now {now_b.state}, staged by "
-            f"{now_b.stage_id}, was {b.stage_id}): another attempt of it is writing or appending",
-            sink=cfg.name,
+            f"batch {a.batch_id} changed while this append verified it (now {now_b.state}, staged by "
+            f"{now_b.stage_id}, was {was.stage_id}): another attempt of it is writing or appending",
+            sink=a.cfg.name,
             remedy="the task retries by itself and appends (or finds appended) what is staged now.",
         ) from None
-    if approve:
-        b = store.approve(cfg.name, batch_id, approve)
-    change = guard.check(table, batch_id, desc.lower, desc.upper, manifest, b.approved)
-    if change is not None and b.approved and change.share > (cfg.correction_guard.max_share or 1):
-        event(log, f"correction guard: {change.share:.1%} of the shard changes, approved by {b.approved}", **state)
-    if shard.upper < desc.lower:
-        if desc.lower != shard.as_of:
-            raise InconsistentState(
-                f"shard upper {iso(shard.upper)} is behind lower {iso(desc.lower)}, which is not the sink's as_of {iso(shard.as_of)}",
-                sink=cfg.name,
-            )
-        before = store.advance_to_as_of(cfg.name, desc.lower)
-        if before < desc.lower:
-            event(log, "advanced a new shard's upper to the sink's as_of", old_upper=before, **state)
-        failpoint("append.after_advance_as_of")
+    return None
 
+
+def pass_guard(a: Appending) -> AppendResult | None:
+    """The correction guard (:mod:`reconcile.sink.guard`), after recording who approved it."""
+    if a.approve:
+        a.b = a.store.approve(a.cfg.name, a.batch_id, a.approve)
+    assert a.manifest is not None
+    change = guard.check(a.table, a.batch_id, a.desc.lower, a.desc.upper, a.manifest, a.b.approved)
+    if change is not None and a.b.approved and change.share > (a.cfg.correction_guard.max_share or 1):
+        event(log, f"correction guard: {change.share:.1%} of the shard changes, approved by {a.b.approved}", **a.state)
+    return None
+
+
+def advance_new_shard(a: Appending) -> AppendResult | None:
+    """A new shard's upper is first advanced to the sink's ``as_of`` (idempotent: attempts racing
+    there all go on)."""
+    assert a.shard is not None
+    if a.shard.upper >= a.desc.lower:
+        return None
+    if a.desc.lower != a.shard.as_of:
+        raise InconsistentState(
+            f"shard upper {iso(a.shard.upper)} is behind lower {iso(a.desc.lower)}, which is not the sink's as_of "
+            f"{iso(a.shard.as_of)}",
+            sink=a.cfg.name,
+        )
+    before = a.store.advance_to_as_of(a.cfg.name, a.desc.lower)
+    if before < a.desc.lower:
+        event(log, "advanced a new shard's upper to the sink's as_of", old_upper=before, **a.state)
+    failpoint("append.after_advance_as_of")
+    return None
+
+
+def commit(a: Appending) -> None:
+    """Step 4: the staged files as one Delta version, under the commit guard and the shard's
+    commit lease, with the batch's description in the commit metadata."""
     failpoint("append.before_delta_commit")
-    commit_id = uuid.uuid4().hex[:16]  # this append attempt: tells our commit from another's
+    assert a.manifest is not None
     meta = {
-        "batch_id": batch_id,
-        "lower": desc.lower,
-        "upper": desc.upper,
-        "run_id": desc.run_id,
-        "rows_ok": b.rows_ok,
-        "rows_err": b.rows_err,
-        "commit_id": commit_id,
+        "batch_id": a.batch_id,
+        "lower": a.desc.lower,
+        "upper": a.desc.upper,
+        "run_id": a.desc.run_id,
+        "rows_ok": a.b.rows_ok,
+        "rows_err": a.b.rows_err,
+        "commit_id": a.commit_id,
         # the description the commit must match: `check` verifies the version against it and
         # its checksums as of upper - 1 (`check --verify`)
-        **manifest.commit_meta(),
+        **a.manifest.commit_meta(),
     }
-    if b.source_offset is not None or b.late_commands is not None:  # a feed's progress (the ledger's record)
-        meta.update(source_offset=b.source_offset, late_commands=b.late_commands)
+    if a.b.source_offset is not None or a.b.late_commands is not None:  # a feed's progress (the ledger's record)
+        meta.update(source_offset=a.b.source_offset, late_commands=a.b.late_commands)
     failpoint("append.inside_delta_commit")
-    with store.commit_lease(cfg.name, f"append of batch {batch_id} ({commit_id})") as lease:
+    with a.store.commit_lease(a.cfg.name, f"append of batch {a.batch_id} ({a.commit_id})") as lease:
         failpoint("append.inside_lease")
         meta["commit_epoch"] = lease.epoch
-        table.commit_files(files, meta, desc.lower, fence=lease.fence)
+        a.table.commit_files(a.files, meta, a.desc.lower, fence=lease.fence)
     failpoint("append.after_delta_commit")
 
-    shard = sync(store, table)
-    b = store.get_batch(batch_id, cfg.name)  # re-read: the sync absorbed whichever commit took this lower
+
+def confirm(a: Appending) -> AppendResult:
+    """Steps 5-6: sync; the commit that took this lower is ours (else another attempt's), and
+    its Delta version added exactly the manifest's files and rows; or the batch is outdated."""
+    a.shard = sync(a.store, a.table)
+    b = a.reread()  # the sync absorbed whichever commit took this lower
     if b.state == COMMITTED and b.delta_version is not None:
-        info = table.commit_info(b.delta_version)
-        if (commits.reconcile_meta(info) or {}).get("commit_id") != commit_id:
-            return _committed_meanwhile(store, table, b, state, "was appending")
-        wrong = log_differences(table, b.delta_version, manifest)
-        gc_staged(store, table)
+        info = a.table.commit_info(b.delta_version)
+        if (commits.reconcile_meta(info) or {}).get("commit_id") != a.commit_id:
+            return _committed_meanwhile(a.store, a.table, b, a.state, "was appending")
+        assert a.manifest is not None
+        wrong = log_differences(a.table, b.delta_version, a.manifest)
+        gc_staged(a.store, a.table)
         if wrong:
-            event(log, f"the committed batch does not match its manifest: {wrong[0]}", level=logging.ERROR, **state)
+            event(log, f"the committed batch does not match its manifest: {wrong[0]}", level=logging.ERROR, **a.state)
             raise InconsistentState(
-                f"Delta version {b.delta_version} of batch {batch_id} does not match the batch's manifest: "
+                f"Delta version {b.delta_version} of batch {a.batch_id} does not match the batch's manifest: "
                 f"{'; '.join(wrong)}",
-                sink=cfg.name,
-                remedy=f"the next batch repairs the shard's contents; run `python -m reconcile check {cfg.name}` "
+                sink=a.cfg.name,
+                remedy=f"the next batch repairs the shard's contents; run `python -m reconcile check {a.cfg.name}` "
                 "and report this (a bug, or a foreign process writing into the Delta log).",
             )
         extra = {"late_commands": b.late_commands} if b.late_commands is not None else {}
@@ -301,21 +373,21 @@ def run_append(store: Ledger, cfg: SinkConfig, batch_id: str, *, approve: str | 
             rows_ok=b.rows_ok,
             rows_err=b.rows_err,
             drift_rows=b.drift_rows,
-            shard_upper=shard.upper,
+            shard_upper=a.shard.upper,
             **extra,
-            **state,
+            **a.state,
         )
         return AppendResult("committed", msg, b.delta_version)
-    if shard.upper > desc.lower:
-        return _outdated(store, table, desc, shard, state)
+    if a.shard.upper > a.desc.lower:
+        return _outdated(a.store, a.table, a.desc, a.shard, a.state)
     raise InconsistentState(
-        f"Delta skipped the commit of batch {batch_id} (lower {iso(desc.lower)}): a Delta version under the "
-        f"sink's commit guard ({table.app_id}) already recorded a transaction at or above it, but "
+        f"Delta skipped the commit of batch {a.batch_id} (lower {iso(a.desc.lower)}): a Delta version under the "
+        f"sink's commit guard ({a.table.app_id}) already recorded a transaction at or above it, but "
         "no batch for it is in the log",
-        sink=cfg.name,
+        sink=a.cfg.name,
         remedy=(
-            f"find that version with `python -m reconcile check {cfg.name}` and restore the Delta table "
+            f"find that version with `python -m reconcile check {a.cfg.name}` and restore the Delta table "
             "to the version before it (RESTORE TABLE ... TO VERSION AS OF); then "
-            + (f"`{remedy.append_run(cfg.name, desc.run_id)}`." if desc.run_id else "rerun the batch's append.")
+            + (f"`{remedy.append_run(a.cfg.name, a.desc.run_id)}`." if a.desc.run_id else "rerun the batch's append.")
         ),
     )
