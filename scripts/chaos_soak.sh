@@ -4,6 +4,8 @@
 #   bash scripts/chaos_soak.sh --summary [SEED=1]
 #   RECONCILE_CHAOS_S3=1 bash scripts/chaos_soak.sh ...   # the warehouse on S3: each chunk starts
 #     its own S3 server (versitygw on 127.0.0.1, tests/s3_server.py); results in chaos-results/s3-seed<S>
+#   RECONCILE_CHAOS_KIND=upsert bash scripts/chaos_soak.sh ...   # upsert sinks (`--kind upsert`):
+#     results in chaos-results/upsert-seed<S> (with RECONCILE_CHAOS_S3=1: upsert-s3-seed<S>)
 # Each chunk of schedules runs as `python tests/chaos.py --first I --schedules CHUNK` and
 # keeps its output in chaos-results/seed<S>/first-<I>.txt; finished chunks are skipped, so a
 # stopped soak continues where it was. The summary adds up every finished chunk and lists
@@ -26,12 +28,17 @@ summary() {
       for (k in c) printf "commit %s: %d chunks\n", k, c[k]
     }' "${files[@]}"
 }
-store_args=() kind=""
-if [ -n "${RECONCILE_CHAOS_S3:-}" ]; then store_args=(--s3) kind="s3-"; fi
-if [ "${1:-}" = "--summary" ]; then summary "chaos-results/${kind}seed${2:-1}"; exit 0; fi
+chaos_args=() prefix=""
+case "${RECONCILE_CHAOS_KIND:-query}" in
+  query) ;;
+  upsert) chaos_args=(--kind upsert) prefix="upsert-" ;;
+  *) echo "RECONCILE_CHAOS_KIND must be query or upsert, not ${RECONCILE_CHAOS_KIND}" >&2; exit 2 ;;
+esac
+if [ -n "${RECONCILE_CHAOS_S3:-}" ]; then chaos_args+=(--s3) prefix="${prefix}s3-"; fi
+if [ "${1:-}" = "--summary" ]; then summary "chaos-results/${prefix}seed${2:-1}"; exit 0; fi
 . scripts/env.sh
 total="${1:-1000}" seed="${2:-1}" workers="${3:-2}" chunk="${4:-25}"
-dir="chaos-results/${kind}seed${seed}"
+dir="chaos-results/${prefix}seed${seed}"
 mkdir -p "$dir"
 worker() {
   local w="$1" first
@@ -39,7 +46,7 @@ worker() {
     f="$dir/first-$first.txt"
     grep -q '^chaos:' "$f" 2>/dev/null && continue
     echo "commit: $(git rev-parse --short HEAD 2>/dev/null || echo unknown)" >"$f.tmp"
-    python tests/chaos.py --seed "$seed" --first "$first" --schedules "$chunk" "${store_args[@]}" 2>"$dir/first-$first.log" \
+    python tests/chaos.py --seed "$seed" --first "$first" --schedules "$chunk" "${chaos_args[@]}" 2>"$dir/first-$first.log" \
       | grep -E '^(chaos:|DIVERGENCE)' >>"$f.tmp"
     mv "$f.tmp" "$f"
   done

@@ -22,8 +22,10 @@ order over those feeds, and the shard's valid rows as of each committed ``upper 
 its state (the same exceptions for tampering and compaction); each batch's recorded watermark
 (``source_offset``) and late commands must be the model's. Tampering is a foreign writer
 (delta-spark or delta-rs) deleting a key, adding a key the feed never had, changing a value or
-duplicating a row: the next batch repairs every key it touched, so the upsert invariants
-(:mod:`reconcile.check`, point 5) are waived only while no batch has committed since.
+duplicating a row: the first batch whose write read it repairs every key it touched, so the upsert
+invariants (:mod:`reconcile.check`, point 5) are waived only until such a batch commits. A batch
+staged before the tampering and committed after it (a crashed run's, rerun: its staged files are
+kept as they are) did not read it: its history is not compared, as for batches before it.
 
 Crashes here are in-process (fail points armed to raise) so that thousands of steps stay cheap;
 killed processes are covered by tests/test_crash.py. Races are 2-3 threads running different
