@@ -19,4 +19,5 @@ case " $* " in *" -n "*|*" --numprocesses"*|*" -p no:xdist "*) workers=0 ;; esac
 if [ "$workers" != "0" ]; then
   set -- -n "$workers" --dist loadfile "$@"
 fi
+# --quick: the quick tier (tests/conftest.py: no server, Airflow-stack or slow suite), for iteration.
 exec .venv/bin/python -m pytest "$@"

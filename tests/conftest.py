@@ -243,3 +243,41 @@ def s3_warehouse(s3_server_running, spark, monkeypatch):
     yield url
     for k in conf:
         spark.conf.unset(k)
+
+
+# The quick tier (`bash scripts/test.sh --quick`): every module's own tests, without the suites
+# that start servers, Airflow or many JVMs (crashes by killing processes, races, randomized
+# schedules, object stores, Spark Connect and cluster runs, the browser): a few minutes, for
+# iteration. The default run keeps everything.
+HEAVY_FILES = {
+    "test_adls.py",
+    "test_airflow_native.py",
+    "test_chaos.py",
+    "test_cluster.py",
+    "test_commit_lease.py",
+    "test_connect.py",
+    "test_crash.py",
+    "test_install.py",
+    "test_pages_browser.py",
+    "test_races.py",
+    "test_recipes.py",
+    "test_s3.py",
+    "test_s3_listing.py",
+    "test_s3_store.py",
+    "test_scheduler.py",
+}
+
+
+def pytest_addoption(parser):
+    parser.addoption("--quick", action="store_true", help="the quick tier: no server, Airflow-stack or slow suite")
+
+
+def pytest_collection_modifyitems(config, items):
+    if not config.getoption("--quick"):
+        return
+    keep, drop = [], []
+    for item in items:
+        heavy = item.path.name in HEAVY_FILES or item.get_closest_marker("slow") or item.get_closest_marker("airflow")
+        (drop if heavy else keep).append(item)
+    items[:] = keep
+    config.hook.pytest_deselected(items=drop)
