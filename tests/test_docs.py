@@ -21,7 +21,9 @@ DOCS = [ROOT / "README.md", ROOT / "BENCHMARKS.md", ROOT / "CHANGELOG.md", *sort
 _NOT_FIGURES = [
     re.compile(r"\S+://\S+"),  # URLs (hosts, ports)
     re.compile(r"\d{4}-\d\d-\d\d(?:T[\d:.]+Z?)?"),  # dates and date-times
-    re.compile(r"\b(?:Python|Java|Airflow|Spark|Delta Lake|Delta|pyspark|PostgreSQL|Go|Node.js)\s+\d+(?:\.\d+)*"),  # versions
+    re.compile(
+        r"\b(?:Python|Java|Airflow|Spark|Delta Lake|Delta|pyspark|PostgreSQL|Go|Node.js)\s+\d+(?:\.\d+)*"
+    ),  # versions
 ]
 _WITH_UNIT = re.compile(r"(?<![\w.])(\d+(?:\.\d+)?)(?:\s?(s|ms|min)|(x|%))(?!\w)")
 _DECIMAL = re.compile(r"(?<![\w.:/-])(\d+\.\d+)(?![\w.]\w)")

@@ -232,6 +232,11 @@ class BatchChecks:
         self.attach(observation, role, into)
         return hashed.observe(observation, *aggregates).drop(*tmp)
 
+    def observing(self, spark: SparkSession):
+        """:func:`observable` for an action of the correction's own (before the staged write's)
+        that makes some of these observations."""
+        return observable(spark)
+
     def totals(self) -> dict[str, dict[int, int | None]]:
         """Per side, per partition: the checksum (after the write's action ran); None where a
         frame held more than the limbs can sum exactly (not verifiable)."""

@@ -12,6 +12,7 @@ that cancel meet in one partition and each partition's correction is computed in
 from __future__ import annotations
 
 import logging
+from contextlib import nullcontext
 from time import perf_counter
 
 from pyspark.sql import Column as SCol
@@ -142,8 +143,6 @@ def hash_first(
     in pass 1, over the full row hash: a key collision (2^-128 per pair of rows) or a desired side
     that changed between the passes makes the batch not add up, and the write computes it again
     with :func:`difference`."""
-    from reconcile.checksums import observable
-
     cols = row_columns(cfg)
     keep = [F.col(_q(c)) for c in cols]
     h = F.xxhash64(*keep)
@@ -176,7 +175,7 @@ def hash_first(
     )
     session = spark or desired.sparkSession
     started = perf_counter()
-    with observable(session):
+    with checks.observing(session) if checks is not None else nullcontext():
         n = changed.count()
     log.info("hash-first pass 1: %d changed row key(s) in %.2f s", n, perf_counter() - started)
     keys = F.broadcast(changed) if n <= BROADCAST_KEYS else changed

@@ -103,10 +103,10 @@ def find(spark: SparkSession, store: Ledger, table: ShardTable, read_version: in
             total += int(one_row(changed.where(F.col("_time") < upper).agg(F.sum(F.abs("_diff"))))[0] or 0)
             if keyed(cfg):
                 changed_keys.append(changed.select(*[F.col(f"`{k}`") for k in key_cols]))
-                had = before.where(F.col("_time") < upper).groupBy(
+                grouped = before.where(F.col("_time") < upper).groupBy(
                     *[F.col(f"`{c}`") for c in cfg.column_names], "_error"
                 )
-                had = had.agg(F.sum("_diff").alias("_n")).where(F.col("_n") != 0)
+                had = grouped.agg(F.sum("_diff").alias("_n")).where(F.col("_n") != 0)
                 held.append(had.select(*[F.col(f"`{k}`") for k in key_cols]))
         except Exception as exc:  # noqa: BLE001 - those versions were vacuumed
             event(
