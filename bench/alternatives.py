@@ -62,7 +62,7 @@ rows as the correction.
 Report: medians; for the query cells the sink's seconds over the fastest of overwrite and every
 MERGE, for the upsert cells the sink's commands per second over the best MERGE's, the initial
 loads, key locality (the sink's 10k-command batch at 10M keys over the same at 1M), each
-against issue 31's targets (met / not met). Writes ``<out>/alternatives.json``,
+against the targets (met / not met). Writes ``<out>/alternatives.json``,
 ``<out>/alternatives.png`` and ``<out>/alternatives.md``.
 """
 
@@ -140,7 +140,7 @@ CELLS = [
     Cell("upsert-10m-10k-local", "upsert", 10_000_000, commands=10_000, local=True),
 ]
 
-# issue 31's targets: query sink / fastest alternative at most this much, per cell
+# the targets: query sink / fastest alternative at most this much, per cell
 QUERY_TARGETS = {"query-10m-0.1%": 0.8, "query-10m-1%": 0.8, "query-1m-1%": 1.0}
 UPSERT_TARGET = 1.5  # sink commands/s over the best MERGE's, at least
 LOAD_TARGET = 1.2  # sink's initial load over the faster of MERGE+DV and a plain write, at most
@@ -613,7 +613,7 @@ def verdict(ok: bool) -> str:
 
 
 def targets(result: dict) -> list[dict]:
-    """Issue 31's targets against this run (a target whose cells did not run is left out)."""
+    """The targets against this run (a target whose cells did not run is left out)."""
     out = []
     for c in result["query"]:
         if c["cell"] in QUERY_TARGETS:
@@ -711,7 +711,7 @@ def markdown(result: dict) -> str:
     )
     lines += section(
         "",
-        ["target (issue 31)", "this run", "", "detail"],
+        ["target", "this run", "", "detail"],
         [[t["target"], f"{t['value']:.2f}", verdict(t["met"]), t["detail"]] for t in result["targets"]],
     )
     return "\n".join([*lines, machine_line(result["machine"]), ""])

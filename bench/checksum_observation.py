@@ -1,4 +1,4 @@
-"""What one checksum observation costs per row, and which part of it (issue 18.3).
+"""What one checksum observation costs per row, and which part of it.
 
     python bench/checksum_observation.py [--rows 2000000] [--partitions 4] [--repeat 7]
 

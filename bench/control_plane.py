@@ -1,4 +1,4 @@
-"""What a run costs besides its data (issue 14): the append, a whole Airflow run, a run with
+"""What a run costs besides its data: the append, a whole Airflow run, a run with
 nothing to do. Run it alone on a quiet machine:
 
     python bench/control_plane.py [--rows 1000000] [--change 0.01] [--out bench/results/control_plane.json]

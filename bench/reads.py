@@ -1,4 +1,4 @@
-"""What reading a shard costs on the command line (issue 32): ``show``, ``history``, ``diff``,
+"""What reading a shard costs on the command line: ``show``, ``history``, ``diff``,
 ``status`` and ``dry-run`` timed as a user runs them, each in a new process (interpreter start
 and imports included), on the demo shard and on a 1M-row shard. Run it alone on a quiet machine:
 

@@ -1,4 +1,4 @@
-"""What the sink costs with its warehouse on S3 (issue 30, point 4), on the local S3 server the
+"""What the sink costs with its warehouse on S3, on the local S3 server the
 tests use (versitygw on 127.0.0.1, tests/s3_server.py). One command, run alone on a quiet machine:
 
     python bench/s3_costs.py [--rows 1000000] [--change 0.01] [--batches 200] [--out bench/results/s3_costs.json]
