@@ -214,8 +214,15 @@ def _finished(api: Api, dag_id: str, run_id: str) -> dict:
         ) from None
 
 
-def _awaiting(api: Api, dag_id: str, run_id: str) -> None:
-    """Wait until the run's approve_correction waits for an answer (fail at once if the run ends)."""
+def _awaiting(api: Api, dag_id: str, run_id: str, scheduler_log: Path) -> None:
+    """Wait until the run's approve_correction waits for an answer (fail at once if the run ends),
+    and until the scheduler has taken the executor's word that the process that parked it ended.
+
+    Airflow 3.3.2 fails a HITL task answered before that: the parked process's "success" reaches
+    the scheduler after the answer has queued the task again, and the scheduler marks the queued
+    task failed ("finished with state success, but the task instance's state attribute is
+    queued"). The run's note then says nothing was committed and how to go on; an operator answers
+    seconds later, so the test waits for that line of the scheduler's log."""
 
     def parked() -> bool:
         state = api.tis(dag_id, run_id).get("approve_correction")
@@ -224,24 +231,11 @@ def _awaiting(api: Api, dag_id: str, run_id: str) -> None:
         return state == "awaiting_input"
 
     _wait(f"{dag_id}'s approve_correction to wait for an answer", parked)
-    # Airflow 3.3.2 kills a HITL task resumed while the process that parked it is still alive ("TI
-    # is already running elsewhere": it still holds the task's pid) and the run fails without the
-    # answer acted on (the run's note then says so, and how to go on). On a loaded machine that
-    # process may take seconds to exit; an operator answers later than that, so the test waits
-    # for it to be gone.
-    ti = api.client.get(f"/api/v2/dags/{dag_id}/dagRuns/{run_id}/taskInstances/approve_correction").json()
-
-    def exited() -> bool:
-        pid = ti.get("pid")
-        if not pid:
-            return True
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return True
-        return False
-
-    _wait(f"{dag_id}'s parked approval process to exit", exited, timeout=120)
+    seen = (
+        "Received executor event with state success for task instance TaskInstanceKey("
+        f"dag_id='{dag_id}', task_id='approve_correction', run_id='{run_id}'"
+    )
+    _wait(f"the scheduler to see {dag_id}'s parked approval end", lambda: seen in scheduler_log.read_text())
 
 
 @pytest.fixture(scope="module")
@@ -352,7 +346,7 @@ def test_approval_rejection_timeout_deadline_and_notes_in_a_running_airflow(airf
         write_json_rows(home / f"src_{name.removeprefix('na_')}", FULL[:1])
     second = {n: api.trigger(n) for n in versions}
     for name, run_id in second.items():
-        _awaiting(api, name, run_id)
+        _awaiting(api, name, run_id, home / "scheduler.log")
         batch = store.batch_of_run(name, run_id)
         ask = api.hitl(name, run_id)
         assert ask["subject"] == f"Sink {name}: commit a correction of 90.0% of the shard?"

@@ -209,8 +209,10 @@ def note_run_failure(context) -> None:
 def failure_note(task_id: str, exception: BaseException | None, sink: str) -> str:
     """The run's note for a task that failed for good: its cause (it starts with the task's id)."""
     if exception is None and task_id == "approve_correction":
-        # Airflow ended the task without it acting on an answer (Airflow 3.3.2 kills a task resumed
-        # within about a second of parking as "running elsewhere"): the batch still waits.
+        # Airflow ended the task without it acting on an answer: Airflow 3.3.2 fails a HITL task
+        # answered within seconds of parking (the parked process's end reaches the scheduler after
+        # the answer queued the task again; or the resumed process is refused as running
+        # elsewhere). The batch still waits.
         return (
             "approve_correction: Airflow ended the approval before it could act on an answer (see the task's "
             f"log); nothing was committed. If the change is intended, approve it (`python -m reconcile approve {sink} "
