@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import shutil
 import statistics
 import sys
@@ -34,6 +35,7 @@ def main(rows: int, trials: int, out: Path) -> dict:
     from reconcile.sink.run import run_batch
 
     logging.basicConfig(level=logging.WARNING)
+    os.environ["RECONCILE_HASH_FIRST_MIN_ROWS"] = "1"  # hash first at every size: the method under test
     root, spark, store, started = W.start("bench-hash-first-", "bench-hash-first")
     W.generate(spark.range(rows), 1).write.parquet(str(root / "before"))
     before = spark.read.parquet(str(root / "before"))

@@ -342,22 +342,25 @@ def test_hash_first_batches_match_the_model_even_when_keys_collide(
     from reconcile.differential import KEY_BITS_ENV
 
     monkeypatch.setenv(KEY_BITS_ENV, str(bits))
+    monkeypatch.setenv("RECONCILE_HASH_FIRST_MIN_ROWS", "1")  # hash first on a shard of a few rows
     cfg = make_sink(tmp_path, f"hash_first_{bits}")
     rng = random.Random(bits)
     rows = [{"k": rng.randrange(30), "v": rng.choice("abc")} for _ in range(40)]
-    again = 0
+    again = passes = 0
     for i in range(5):
         write_json_rows(tmp_path / "src", rows)
-        with caplog.at_level(logging.WARNING, logger="reconcile.write"):
+        with caplog.at_level(logging.INFO, logger="reconcile"):
             caplog.clear()
             run_stages(spark, sqlite_store, cfg, f"r{i}", 200 + 100 * i)
         again += sum("comparing every row in full" in r.getMessage() for r in caplog.records)
+        passes += sum(r.getMessage().startswith("hash-first pass 1: ") for r in caplog.records)
         assert shard_as_of(cfg, 199 + 100 * i) == Counter((r["k"], r["v"], None) for r in rows), f"batch {i}"
         rows = [r for r in rows if rng.random() < 0.8] + [
             {"k": rng.randrange(30), "v": rng.choice("abc")} for _ in range(rng.randrange(1, 8))
         ]
         if rows:  # a changed value of a kept row
             rows[0] = {**rows[0], "v": rows[0]["v"] + "x"}
+    assert passes >= 4  # every batch after the first hashed first
     if bits == 64:
         assert again == 0
     else:

@@ -38,6 +38,7 @@ diffs that the foreign Delta versions changed below ``upper``, computed by Delta
 from __future__ import annotations
 
 import logging
+import os
 from dataclasses import dataclass, field
 
 from pyspark.sql import DataFrame, SparkSession
@@ -190,6 +191,7 @@ class Attempt:
     desc: BatchDescription
     replaces: str | None = None  # the damaged staged attempt this one replaces
     drift: drift_.Drift = field(default_factory=drift_.Drift)  # what foreign writers changed: found by stage()
+    read_version: int | None = None  # the Delta version persist is read at: set by stage()
     stage_id: str = field(default_factory=layout.new_stage_id)
     # derived once: the sink, the batch, this attempt's directory, the fields of its log lines
     cfg: SinkConfig = field(init=False)
@@ -321,7 +323,7 @@ def stage(attempt: Attempt) -> StagedFiles | WriteResult:
     """Compute the correction against persist as of the latest Delta version and stage it. If it
     fails while another attempt decided the batch, this attempt's files go and it says so."""
     try:
-        read_version = attempt.table.latest_version()
+        read_version = attempt.read_version = attempt.table.latest_version()
         persist = frames.read_updates(attempt.spark, attempt.table, read_version)
         empty = frames.holds_nothing(attempt.table, read_version)
         attempt.drift = drift_.find(attempt.spark, attempt.store, attempt.table, read_version, attempt.desc.upper)
@@ -354,8 +356,8 @@ def _stage_until_it_adds_up(attempt: Attempt, persist: DataFrame, carried: dict[
     """Stage the correction; if it does not add up (:class:`SelfCheckFailed`), compute it again
     comparing every row in full (a kind that hashes first), then with the shard observed in full
     (when its checksums were carried). A batch that still does not add up fails: a bug."""
-    hashed = checksums.ENABLED and not empty and kinds.of(attempt.cfg).hashes_first
-    ways: list[tuple[dict[int, int] | None, bool, str | None]] = [(carried, False, None)]
+    hashed = checksums.ENABLED and not empty and kinds.of(attempt.cfg).hashes_first and hash_first_pays(attempt)
+    ways: list[tuple[dict[int, int] | None, bool, str | None]] = [(carried, not hashed, None)]
     if hashed:
         ways.append((carried, True, "exact"))
     if carried is not None:
@@ -372,6 +374,20 @@ def _stage_until_it_adds_up(attempt: Attempt, persist: DataFrame, carried: dict[
             event(log, AGAIN[why], level=logging.WARNING, **attempt.state)
         return staged
     raise AssertionError("unreachable")
+
+
+# The shard's update rows from which a query batch compares row keys first: below it, reading and
+# hashing both sides twice costs more than shuffling every row once (bench/hash_first.py, 1% changed:
+# 1.10-1.23x the full comparison at 1M rows, 0.95x at 10M).
+# RECONCILE_HASH_FIRST_MIN_ROWS sets another (the tests and bench/hash_first.py: 0).
+HASH_FIRST_MIN_ROWS = 4_000_000
+
+
+def hash_first_pays(attempt: Attempt) -> bool:
+    """Does the shard as read hold enough update rows for the hash-first pass to pay?"""
+    least = int(os.environ.get("RECONCILE_HASH_FIRST_MIN_ROWS") or HASH_FIRST_MIN_ROWS)
+    rows = frames.update_rows(attempt.table, attempt.read_version) if attempt.read_version is not None else None
+    return rows is not None and rows >= least
 
 
 def _stage_checked(

@@ -38,6 +38,16 @@ def holds_nothing(table: ShardTable, version: int) -> bool:
         return False
 
 
+def update_rows(table: ShardTable, version: int) -> int | None:
+    """How many update rows the table's files hold at ``version`` (their ``numRecords``
+    statistics, from the log replayed in this process; None when a file has none)."""
+    try:
+        counts = table.snapshot(version).get_add_actions(flatten=True).column("num_records").to_pylist()
+    except Exception:  # noqa: BLE001 - no such version, or an unreadable log: not known
+        return None
+    return None if any(c is None for c in counts) else int(sum(counts))
+
+
 def read_updates(spark: SparkSession, table: ShardTable, version: int | None = None) -> DataFrame:
     """The shard's update log at Delta ``version`` (latest: None). The files the log names are read
     as plain Parquet when they can be (:meth:`ShardTable.plain_files`: the log is
