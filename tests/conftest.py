@@ -247,8 +247,9 @@ def s3_warehouse(s3_server_running, spark, monkeypatch):
 
 # The quick tier (`bash scripts/test.sh --quick`): every module's own tests, without the suites
 # that start servers, Airflow or many JVMs (crashes by killing processes, races, randomized
-# schedules, object stores, Spark Connect and cluster runs, the browser): a few minutes, for
-# iteration. The default run keeps everything.
+# schedules, object stores, Spark Connect and cluster runs, the browser) and without the
+# PostgreSQL twin of a test that also runs on SQLite: a few minutes, for iteration. The default
+# run keeps everything.
 HEAVY_FILES = {
     "test_adls.py",
     "test_airflow_native.py",
@@ -276,8 +277,12 @@ def pytest_collection_modifyitems(config, items):
     if not config.getoption("--quick"):
         return
     keep, drop = [], []
+    servers = {"s3_warehouse", "s3_server_running", "connect_url", "azurite"}  # a server of their own
     for item in items:
         heavy = item.path.name in HEAVY_FILES or item.get_closest_marker("slow") or item.get_closest_marker("airflow")
+        heavy = heavy or bool(servers & set(getattr(item, "fixturenames", ())))
+        params = set(getattr(getattr(item, "callspec", None), "id", "").split("-"))
+        heavy = heavy or bool(params & {"postgres", "postgresql", "s3", "connect"})  # the SQLite, local twin stays
         (drop if heavy else keep).append(item)
     items[:] = keep
     config.hook.pytest_deselected(items=drop)
