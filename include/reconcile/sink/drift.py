@@ -101,7 +101,9 @@ def find(spark: SparkSession, store: Ledger, table: ShardTable, read_version: in
                 cfg, after.unionByName(before.withColumn("_diff", -F.col("_diff"))), partitioned=False
             ).cache()
             total += int(one_row(changed.where(F.col("_time") < upper).agg(F.sum(F.abs("_diff"))))[0] or 0)
-            if keyed(cfg):
+            if not keyed(cfg):
+                changed.unpersist()
+            else:
                 changed_keys.append(changed.select(*[F.col(f"`{k}`") for k in key_cols]))
                 grouped = before.where(F.col("_time") < upper).groupBy(
                     *[F.col(f"`{c}`") for c in cfg.column_names], "_error"
