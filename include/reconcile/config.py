@@ -270,6 +270,31 @@ class CorrectionGuard(_Section):
     )
 
 
+class CurrentSpec(_Section):
+    path: StrictStr | None = Field(
+        default=None,
+        description="where the current-state Delta table lives (a path or URI; ${VAR} is expanded); default: "
+        "beside the shard, `<warehouse>/<sink>.current`",
+    )
+    database: Identifier = Field(
+        default="reconcile",
+        description="the catalog database both tables are registered in: `<database>.<sink>` (the current state) "
+        "and `<database>.<sink>_log` (the shard, the update log)",
+    )
+
+    @field_validator("path")
+    @classmethod
+    def _location(cls, raw: str | None, info: ValidationInfo) -> str | None:
+        if raw is None:
+            return None
+        raw = _expand(raw).rstrip("/")
+        if "\x00" in raw or not raw.strip():
+            raise ValueError("must be a non-empty path or URI")
+        if "://" in raw or raw.startswith("/"):
+            return raw
+        return str((Path((info.context or {}).get("base", ".")) / raw).resolve())
+
+
 DOTTED_PATH_RE = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)+$")
 
 
@@ -377,7 +402,21 @@ class SinkConfig(BaseModel):
     compaction: Compaction = Compaction()
     correction_guard: CorrectionGuard = CorrectionGuard()
     alert: Alert = Alert()
+    current: CurrentSpec | None = Field(
+        default=None,
+        description="keep a current-state table beside the shard: the collection as of the shard's upper - 1 as "
+        "plain rows (no _time/_diff), maintained from each batch's correction; `true` or {path, database}",
+    )
     _path: str = PrivateAttr("")
+
+    @field_validator("current", mode="before")
+    @classmethod
+    def _current_switch(cls, value: Any) -> Any:
+        if value is True:
+            return {}
+        if value is False:
+            return None
+        return value
 
     @model_validator(mode="before")
     @classmethod

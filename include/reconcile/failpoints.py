@@ -13,7 +13,8 @@ Armed through the environment, ``RECONCILE_FAILPOINTS="append.after_delta_commit
 
 Points (docs/design.md says what each proves): write.after_partition_staged, write.after_staged, append.after_advance_as_of,
 append.before_delta_commit, append.inside_delta_commit, append.inside_lease, append.after_delta_commit,
-metadata.inside_absorb, compact.after_since, compact.after_commit.
+metadata.inside_absorb, compact.after_since, compact.after_commit, current.before_commit,
+current.after_commit.
 """
 
 from __future__ import annotations
@@ -34,6 +35,8 @@ POINTS = (
     "metadata.inside_absorb",
     "compact.after_since",
     "compact.after_commit",
+    "current.before_commit",
+    "current.after_commit",
 )
 
 _armed: dict[str, str] = {}

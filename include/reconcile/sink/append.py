@@ -63,6 +63,7 @@ from reconcile.log import event, iso
 from reconcile.manifest import Manifest
 from reconcile.model import COMMITTED, MINTED, SUPERSEDED, BatchDescription
 from reconcile.sink import guard
+from reconcile.sink.current import CurrentOutcome, maintain
 from reconcile.sink.sync import gc_staged, sync
 from reconcile.sink.verify import log_differences, parse_manifest, staged_files
 from reconcile.storage import commits, footers, layout
@@ -78,6 +79,7 @@ class AppendResult:
     outcome: str  # committed | recovered | already_committed | covered
     message: str
     delta_version: int | None = None
+    current: CurrentOutcome | None = None  # the current-state table brought up to the shard
 
 
 def inspect_staged(table: ShardTable, batch_id: str, manifest: Manifest) -> list[tuple[str, int, dict]]:
@@ -217,8 +219,18 @@ class Appending:
 def run_append(store: Ledger, cfg: SinkConfig, batch_id: str, *, approve: str | None = None) -> AppendResult:
     """Commit the staged batch (``approve``: who lets it past the correction guard, if anyone):
     settle what is known, verify the staged files, pass the guard, advance a new shard, commit,
-    confirm (the module doc's protocol, one step each)."""
+    confirm (the module doc's protocol, one step each); then bring the sink's current-state
+    table, if it keeps one, up to the shard (whatever committed it: this attempt, an earlier
+    one that died before, or another run)."""
     a = Appending(store, cfg, batch_id, approve)
+    result = _append(a)
+    result.current = maintain(store, cfg, a.table)
+    if result.current is not None and result.current.message:
+        result.message = f"{result.message}\n{result.current.message}"
+    return result
+
+
+def _append(a: Appending) -> AppendResult:
     for step in (settle, verify_staged, pass_guard, advance_new_shard):
         done = step(a)
         if done is not None:

@@ -32,6 +32,7 @@ from reconcile.model import COMMITTED, CommitRecord
 from reconcile.sink.mint import next_lower
 from reconcile.sink.sync import compacted_since, rebuild_lost_ledger, sync
 from reconcile.storage.commits import batch_commits
+from reconcile.sink.current import maintain
 from reconcile.storage.delta import ShardTable
 from reconcile.storage.ledger import Ledger
 from reconcile.storage.tables import Shard
@@ -135,6 +136,9 @@ def run_recover(store: Ledger, cfg: SinkConfig, *, force: bool = False) -> Recov
             f"read_only={shard.read_only} (the sink config's: a switch set with `read-only on` lived only in the lost "
             f"database; set it again if the sink was read-only)"
         )
+    current = maintain(store, cfg, table) if state.latest >= 0 else None
+    if current is not None and current.action != "up_to_date":
+        notes.append(f"the current-state table {current.action} to shard version {current.shard_version}")
     line = event(
         log,
         f"{what}: {len(state.commits)} batch commit(s) in the log, {max(absorbed, 0)} absorbed now"

@@ -372,47 +372,9 @@ class ShardTable:
         return None if version is None else (version, removed)
 
     def _commit_at_next(self, dt, mode: str, files: list[tuple[str, int, dict]], meta: dict, txn: int, task: str):
-        """The one Delta commit the sink makes (delta-rs): ``files`` added (``overwrite``: and
-        every file of ``dt`` removed) as the version right after ``dt``'s, with ``meta`` as the
-        sink's commit metadata and ``(app id, txn)`` as its application transaction. Returns the
-        new version, or None when that version's commit file exists (put-if-absent lost).
-        ``task``: the stage committing, named in a refusal."""
-        from deltalake import CommitProperties, Transaction
-        from deltalake.exceptions import CommitFailedError
-        from deltalake.transaction import AddAction
-
-        now_ms = int(time.time() * 1000)
-        actions = [
-            AddAction(
-                path=path,
-                size=size,
-                partition_values={},
-                modification_time=now_ms,
-                data_change=True,
-                stats=json.dumps(stats, separators=(",", ":")),
-            )
-            for path, size, stats in files
-        ]
-        user_meta = json.dumps({META_KEY: {"sink": self.name, **meta}}, sort_keys=True)
-        read = dt.version()
+        """The one Delta commit the sink makes to its shard (:func:`commit_next`)."""
         self._pinned = None  # delta-rs may move ``dt`` to the version it commits
-        props = CommitProperties(
-            custom_metadata={"userMetadata": user_meta},
-            max_commit_retries=0,
-            app_transactions=[Transaction(app_id=self.app_id, version=txn, last_updated=now_ms)],
-        )
-        try:
-            dt.create_write_transaction(actions, mode=mode, schema=dt.schema(), commit_properties=props)
-        except CommitFailedError:  # version read + 1 is taken
-            return None
-        except Exception as exc:  # noqa: BLE001 - the table's protocol or storage refuses the writer
-            raise CommitRejected(
-                f"the Delta table at {self.path} refused the {task} commit: {brief(exc, 300)}",
-                sink=self.name,
-                remedy="check the table's protocol/features (`DESCRIBE DETAIL`) and the warehouse's "
-                f"permissions; nothing was committed, clear '{task}' once fixed.",
-            ) from None
-        return read + 1
+        return commit_next(dt, self.path, self.name, self.app_id, mode, files, meta, txn, task)
 
     # -- compactions' files and vacuum ----------------------------------------------------------
 
@@ -447,6 +409,65 @@ class ShardTable:
         dt = self.snapshot()
         found = dt.vacuum(retention_hours=retention_hours, enforce_retention_duration=False, dry_run=True, full=True)
         return dt.version(), sorted(unquote(p) for p in found)
+
+
+def commit_next(
+    dt,
+    path: str,
+    sink: str,
+    app_id: str,
+    mode: str,
+    files: list[tuple[str, int, dict]],
+    meta: dict,
+    txn: int,
+    task: str,
+    removed: list[tuple[str, int]] = (),
+) -> int | None:
+    """The one way the sink commits to a Delta table (delta-rs): ``files`` added (``overwrite``:
+    and every file of ``dt`` removed; ``removed``, ``(path, size)`` relative to the table: those
+    files removed) as the version right after ``dt``'s, with ``meta`` as the sink's commit
+    metadata and ``(app_id, txn)`` as its application transaction. Returns the new version, or
+    None when that version's commit file exists (put-if-absent lost). ``task``: the stage
+    committing, named in a refusal."""
+    from deltalake import CommitProperties, Transaction
+    from deltalake.exceptions import CommitFailedError
+    from deltalake.transaction import AddAction, RemoveAction
+
+    now_ms = int(time.time() * 1000)
+    actions: list = [
+        AddAction(
+            path=p,
+            size=size,
+            partition_values={},
+            modification_time=now_ms,
+            data_change=True,
+            stats=json.dumps(stats, separators=(",", ":")),
+        )
+        for p, size, stats in files
+    ]
+    actions += [
+        RemoveAction(path=p, data_change=True, deletion_timestamp=now_ms, size=size, partition_values={})
+        for p, size in removed
+    ]
+    user_meta = json.dumps({META_KEY: {"sink": sink, **meta}}, sort_keys=True)
+    read = dt.version()
+    props = CommitProperties(
+        custom_metadata={"userMetadata": user_meta},
+        max_commit_retries=0,
+        app_transactions=[Transaction(app_id=app_id, version=txn, last_updated=now_ms)],
+    )
+    try:
+        dt.create_write_transaction(actions, mode=mode, schema=dt.schema(), commit_properties=props)
+    except CommitFailedError:  # version read + 1 is taken
+        return None
+    except Exception as exc:  # noqa: BLE001 - the table's protocol or storage refuses the writer
+        raise CommitRejected(
+            f"the Delta table at {path} refused the {task} commit: {brief(exc, 300)}",
+            sink=sink,
+            remedy="check the table's protocol/features (`DESCRIBE DETAIL`) and the warehouse's "
+            f"permissions; nothing was committed, clear '{task}' once fixed.",
+        ) from None
+    return read + 1
 
 
 def _data_files(dt) -> list[str]:

@@ -1,0 +1,231 @@
+"""The current-state table kept in step with the shard (``current:`` in the sink file), in plain
+Python: DuckDB computes, pyarrow writes, delta-rs commits (no JVM).
+
+The shard is the update log; the current table holds its collection as of the shard's latest
+Delta version as plain rows (each row as many times as its count; error rows are left out: they
+are in the shard and in ``status``). :func:`maintain` brings it from the shard version it
+reflects (its last commit's application transaction) to the shard's latest:
+
+- **Apply** (the sink's own batch commits since; compactions change no collection and are
+  skipped): the batches' rows consolidated per row into a net count. Additions only: one new
+  file, nothing read. Retractions: the current table's files holding a retracted row are found
+  (upsert sinks: by the key columns only) and rewritten without those rows, with the additions,
+  in one commit that removes them (copy-on-write: the cost is the files the retractions touch,
+  and the narrow read to find them).
+- **Rebuild** (the first time, ``python -m reconcile rebuild-current``, a foreign commit in the
+  shard since, a shard file gone, the shard older than the table says, a foreign commit to the
+  current table, or a retraction the table cannot match): the whole collection from the shard's
+  snapshot, committed as an overwrite.
+
+Exactly once: each commit is the version right after the snapshot it was computed from
+(put-if-absent) and records the shard version it reflects; a retry, a second attempt or a zombie
+computes from what the table says it reflects, so nothing is applied twice or skipped. Commits
+are made under the shard's commit lease, fenced right before the put. Readers see the table as
+of one shard version or the next, never between. A crash between the shard's commit and this
+one leaves the table behind: the next append (a retry, the next run) or ``recover`` completes it.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from reconcile.config import SinkConfig
+from reconcile.errors import Retryable
+from reconcile.failpoints import failpoint
+from reconcile.kinds.preview import quoted
+from reconcile.log import event
+from reconcile.storage.commits import MAINTENANCE, added_files
+from reconcile.storage.current import CurrentTable
+from reconcile.storage.delta import ShardTable
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class CurrentOutcome:
+    """What :func:`maintain` did: ``up_to_date``, ``applied`` or ``rebuilt`` (``why``)."""
+
+    action: str
+    shard_version: int
+    rows_added: int = 0
+    rows_removed: int = 0
+    files_rewritten: int = 0
+    why: str = ""
+    message: str = ""
+
+
+def maintain(store, cfg: SinkConfig, table: ShardTable, *, rebuild: str | None = None) -> CurrentOutcome | None:
+    """Bring the sink's current table to the shard's latest version (``rebuild``: why to write it
+    whole). None when the sink keeps no current table or has no shard yet."""
+    if cfg.current is None or not table.exists():
+        return None
+    ct = CurrentTable(cfg)
+    for _ in range(10):
+        outcome = _attempt(store, cfg, table, ct, rebuild)
+        if outcome is not None:
+            return outcome
+    raise Retryable(
+        f"the current-state table at {ct.path} kept changing while it was brought up to date",
+        sink=cfg.name,
+        remedy="the task retries by itself; the shard is committed, only its current table waits.",
+    )
+
+
+def _attempt(store, cfg: SinkConfig, table: ShardTable, ct: CurrentTable, rebuild: str | None) -> CurrentOutcome | None:
+    if not ct.exists():
+        ct.create()
+        rebuild = rebuild or "created"
+    dt = ct.snapshot()
+    latest = table.latest_version()
+    reflected = ct.reflected(dt)
+    foreign = ct.foreign_versions(dt)
+    if rebuild is None:
+        if reflected is None:
+            rebuild = "it reflects no shard version yet"
+        elif foreign:
+            rebuild = f"foreign commits to it (versions {', '.join(map(str, foreign))}) are undone"
+        elif reflected > latest:
+            rebuild = f"it reflects shard version {reflected}, past the shard's latest {latest} (restored?)"
+    if rebuild is None and reflected == latest:
+        return CurrentOutcome("up_to_date", latest)
+    plan = None
+    if rebuild is None:
+        assert reflected is not None
+        plan = _incremental(cfg, table, ct, dt, reflected, latest)
+        if isinstance(plan, str):
+            rebuild = plan
+    if rebuild is not None:
+        plan = _rebuilt(cfg, table, ct, dt, latest, rebuild)
+    added, removed, n_add, n_del, why = plan
+    failpoint("current.before_commit")
+    meta = {"rows_added": n_add, "rows_removed": n_del, **({"rebuilt": why} if rebuild else {})}
+    with store.commit_lease(cfg.name, f"current-state table to shard version {latest}") as lease:
+        if ct.snapshot().version() != dt.version():
+            return None  # another writer moved it meanwhile: compute again
+        lease.fence()
+        if rebuild:  # an overwrite removes every file of the snapshot itself
+            version = ct.commit(dt, "overwrite", added, [], meta, latest)
+        else:
+            version = ct.commit(dt, "append", added, removed, meta, latest)
+    if version is None:
+        return None
+    failpoint("current.after_commit")
+    action = "rebuilt" if rebuild else "applied"
+    msg = event(
+        log,
+        f"current-state table {action}" + (f" ({rebuild})" if rebuild else ""),
+        sink=cfg.name,
+        shard_version=latest,
+        current_version=version,
+        rows_added=n_add,
+        rows_removed=n_del,
+        files_rewritten=len(removed),
+    )
+    return CurrentOutcome(action, latest, n_add, n_del, len(removed), rebuild or "", msg)
+
+
+def _cols(cfg: SinkConfig) -> str:
+    return ", ".join(quoted(c) for c in cfg.column_names)
+
+
+def _match(cfg: SinkConfig, columns: list[str], a: str, b: str) -> str:
+    return " AND ".join(f"{a}.{quoted(c)} IS NOT DISTINCT FROM {b}.{quoted(c)}" for c in columns)
+
+
+def _detect_columns(cfg: SinkConfig) -> list[str]:
+    """The columns that find a retracted row's file: an upsert sink's key (one row per key),
+    else every column."""
+    keys = getattr(cfg, "key_columns", None)
+    return list(keys) if keys else cfg.column_names
+
+
+def _incremental(cfg: SinkConfig, table: ShardTable, ct: CurrentTable, dt, reflected: int, latest: int):
+    """(added, removed, rows added, rows removed, "") for the sink's batches since ``reflected``,
+    or why the table must be rebuilt instead (a string)."""
+    import duckdb
+
+    from reconcile.storage.current import read_parquet
+
+    _, entries = table.history_since(reflected)
+    paths: list[str] = []
+    for v, meta in entries:
+        if meta is None:
+            return f"a foreign commit to the shard (version {v}) since shard version {reflected}"
+        if meta.get("op") in ("compact", MAINTENANCE):
+            continue
+        if meta.get("op") != "batch":
+            return f"shard version {v} is a {meta.get('op')!r} commit"
+        paths += [f"{table.path}/{a['path']}" for a in added_files(table.commit_actions(v))]
+    try:
+        changes = read_parquet(paths, cfg.column_names + ["_diff", "_error"])
+    except FileNotFoundError as exc:
+        return f"a shard file is gone ({exc})"
+    con = duckdb.connect()
+    cols = _cols(cfg)
+    if changes is None:
+        return [], [], 0, 0, ""
+    con.register("changes", changes)
+    con.execute(
+        f"CREATE TEMP TABLE net AS SELECT {cols}, sum(_diff)::BIGINT AS _n FROM changes WHERE _error IS NULL "
+        f"GROUP BY ALL HAVING sum(_diff) <> 0"
+    )
+    n_add, n_del = con.execute(
+        "SELECT coalesce(sum(_n) FILTER (_n > 0), 0), coalesce(-sum(_n) FILTER (_n < 0), 0) FROM net"
+    ).fetchone()
+    additions = f"SELECT {cols} FROM net, range(net._n) WHERE net._n > 0"
+    if n_del == 0:
+        rows = con.execute(additions + _order(cfg)).to_arrow_table()
+        return ct.write_rows(rows) if rows.num_rows else [], [], int(n_add), 0, ""
+    present = ct.data_files(dt)
+    detect = _detect_columns(cfg)
+    found = read_parquet([f"{ct.path}/{p}" for p, _ in present], detect) if present else None
+    if found is None:
+        return "a retraction and no row in the current table"
+    con.register("found", found)
+    touched = [
+        r[0]
+        for r in con.execute(
+            f"SELECT DISTINCT f._file FROM found f SEMI JOIN (SELECT * FROM net WHERE _n < 0) r ON "
+            f"{_match(cfg, detect, 'f', 'r')}"
+        ).fetchall()
+    ]
+    rewrite = [present[i] for i in sorted(touched)]
+    old = read_parquet([f"{ct.path}/{p}" for p, _ in rewrite], cfg.column_names)
+    if old is None:
+        return "a retracted row is not in the current table"
+    con.register("old", old)
+    con.execute(
+        f"CREATE TEMP TABLE kept AS SELECT {cols} FROM old EXCEPT ALL "
+        f"SELECT {cols} FROM net, range(-net._n) WHERE net._n < 0"
+    )
+    kept = con.execute("SELECT count(*) FROM kept").fetchone()[0]
+    if old.num_rows - kept != n_del:
+        return f"{n_del - (old.num_rows - kept)} retracted rows are not in the current table"
+    rows = con.execute(f"SELECT * FROM kept UNION ALL {additions}{_order(cfg)}").to_arrow_table()
+    return ct.write_rows(rows) if rows.num_rows else [], rewrite, int(n_add), int(n_del), ""
+
+
+def _rebuilt(cfg: SinkConfig, table: ShardTable, ct: CurrentTable, dt, latest: int, why: str):
+    """(added, removed, rows, rows removed, why): the whole collection as of shard version
+    ``latest`` (delta-rs reads the snapshot: deletion vectors and column mapping applied)."""
+    import duckdb
+    import pyarrow as pa
+
+    scan = table.snapshot(latest).scan(columns=cfg.column_names + ["_diff", "_error"])
+    updates = pa.RecordBatchReader.from_stream(scan).read_all()  # noqa: F841 - read by DuckDB by name
+    con = duckdb.connect()
+    cols = _cols(cfg)
+    con.execute(
+        f"CREATE TEMP TABLE net AS SELECT {cols}, sum(_diff)::BIGINT AS _n FROM updates WHERE _error IS NULL "
+        "GROUP BY ALL HAVING sum(_diff) > 0"
+    )
+    rows = con.execute(f"SELECT {cols} FROM net, range(net._n){_order(cfg)}").to_arrow_table()
+    removed = ct.data_files(dt)
+    return ct.write_rows(rows) if rows.num_rows else [], removed, rows.num_rows, 0, why
+
+
+def _order(cfg: SinkConfig) -> str:
+    """Upsert sinks' files are sorted by key (a local change rewrites few files)."""
+    keys = getattr(cfg, "key_columns", None)
+    return f" ORDER BY {', '.join(quoted(k) for k in keys)}" if keys else ""

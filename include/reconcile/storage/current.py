@@ -1,0 +1,207 @@
+"""A sink's current-state table, without a JVM: a plain Delta table of the sink's columns (no
+``_time``, ``_diff``, ``_error``) holding the shard's collection as of its latest version, one row
+per unit of count. Its files are written with pyarrow and committed by delta-rs the one way the
+sink commits (:func:`reconcile.storage.delta.commit_next`: put-if-absent of the version after
+the snapshot read, under the shard's commit lease). Each commit records, as its application
+transaction ``(reconcile-current:<sink>, v)``, the shard's Delta version ``v`` it reflects.
+:mod:`reconcile.sink.current` decides what to write.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from typing import Any
+
+from reconcile import settings
+from reconcile.config import SinkConfig
+from reconcile.errors import Retryable, brief
+from reconcile.storage import files, footers
+from reconcile.storage.commits import describe_commit, parse_actions, reconcile_meta
+from reconcile.storage.delta import commit_next, delta_type
+
+CURRENT_OP = "current"
+ROWS_PER_FILE = 1_000_000
+
+
+def current_path(cfg: SinkConfig, warehouse: str | None = None) -> str:
+    """Where the sink's current-state table lives: its ``current.path``, else beside the shard
+    (``<warehouse>/<sink>.current``: no sink name has a dot, so no shard is ever there)."""
+    if cfg.current is not None and cfg.current.path:
+        return cfg.current.path
+    return f"{warehouse or settings.warehouse()}/{cfg.name}.current"
+
+
+class CurrentTable:
+    """The current-state Delta table of one sink (``cfg.current`` set)."""
+
+    def __init__(self, cfg: SinkConfig, warehouse: str | None = None):
+        self.cfg = cfg
+        self.name = cfg.name
+        self.path = current_path(cfg, warehouse)
+        self.log_path = f"{self.path}/_delta_log"
+        self.app_id = f"reconcile-current:{cfg.name}"
+        self.storage_options = settings.delta_storage_options()
+
+    def __repr__(self) -> str:
+        return f"CurrentTable({self.path!r})"
+
+    def schema_json(self) -> str:
+        fields = [
+            {"name": c.name, "type": delta_type(c.type), "nullable": True, "metadata": {}} for c in self.cfg.columns
+        ]
+        return json.dumps({"type": "struct", "fields": fields})
+
+    def arrow_schema(self):
+        import pyarrow as pa
+        from deltalake import Schema
+
+        return pa.schema(Schema.from_json(self.schema_json()).to_arrow())
+
+    def exists(self) -> bool:
+        return any(n.endswith(".json") and n[:-5].isdigit() for n in files.list_names(self.log_path))
+
+    def snapshot(self):
+        from deltalake import DeltaTable
+
+        return DeltaTable(self.path, storage_options=self.storage_options)
+
+    def create(self) -> None:
+        """The empty table (a metadata-only version 0; a concurrent creator loses with an error
+        and then finds the table)."""
+        from deltalake import DeltaTable, Schema
+
+        try:
+            DeltaTable.create(
+                self.path,
+                schema=Schema.from_json(self.schema_json()),
+                mode="error",
+                name=self.name,
+                description=f"current state of sink {self.name} (maintained by the sink; do not write)",
+                storage_options=self.storage_options,
+                configuration={"delta.checkpointInterval": "10"},
+            )
+        except Exception as exc:  # noqa: BLE001 - lost the race to another creator, or storage refused
+            if not self.exists():
+                raise Retryable(
+                    f"cannot create the current-state table at {self.path}: {brief(exc, 300)}",
+                    sink=self.name,
+                    remedy="the task retries by itself; if it persists, check the path's permissions.",
+                ) from None
+
+    def reflected(self, dt) -> int | None:
+        """The shard version the snapshot ``dt`` reflects (its last application transaction)."""
+        return dt.transaction_version(self.app_id)
+
+    def foreign_versions(self, dt) -> list[int]:
+        """The versions of ``dt``'s log after the sink's last commit to it that another writer
+        made and that changed data (they are undone by the next maintenance: a rebuild)."""
+        versions = sorted(
+            int(n[:-5]) for n in files.list_names(self.log_path) if n.endswith(".json") and n[:-5].isdigit()
+        )
+        foreign: list[int] = []
+        for v in reversed([v for v in versions if v <= dt.version()]):
+            text = files.read_text(f"{self.log_path}/{v:020d}.json")
+            if text is None:
+                break
+            actions = parse_actions(text)
+            info = next((a["commitInfo"] for a in actions if "commitInfo" in a), {})
+            if (reconcile_meta(info) or {}).get("op") == CURRENT_OP:
+                break
+            if describe_commit(actions) is None:
+                foreign.append(v)
+        return sorted(foreign)
+
+    def data_files(self, dt) -> list[tuple[str, int]]:
+        """(path relative to the table, size) of every file of the snapshot."""
+        from urllib.parse import unquote
+
+        adds = dt.get_add_actions(flatten=True)
+        return list(
+            zip(
+                [unquote(p) for p in adds.column("path").to_pylist()],
+                adds.column("size_bytes").to_pylist(),
+                strict=True,
+            )
+        )
+
+    def read_files(self, rel_paths: list[str], columns: list[str] | None = None):
+        """The rows of those files (one Arrow table, a column ``_file`` giving each row's file's
+        index in ``rel_paths``)."""
+        return read_parquet([f"{self.path}/{p}" for p in rel_paths], columns)
+
+    def write_rows(self, table) -> list[tuple[str, int, dict]]:
+        """Write ``table`` (the sink's columns) as new Parquet files of at most
+        :data:`ROWS_PER_FILE` rows; returns (path relative to the table, size, Delta stats)."""
+        import pyarrow.parquet as pq
+
+        table = table.select(self.cfg.column_names).cast(self.arrow_schema())
+        fs, root = files.fs_of(self.path)
+        out = []
+        for start in range(0, table.num_rows, ROWS_PER_FILE):
+            rel = f"part-{uuid.uuid4().hex}.snappy.parquet"
+            with fs.open(f"{root}/{rel}", "wb") as f:
+                pq.write_table(table.slice(start, ROWS_PER_FILE), f, compression="snappy")
+            full = f"{self.path}/{rel}"
+            out.append((rel, fs.size(f"{root}/{rel}"), footers.file_stats(full)))
+        return out
+
+    def commit(
+        self,
+        dt,
+        mode: str,
+        added: list[tuple[str, int, dict]],
+        removed: list[tuple[str, int]],
+        meta: dict[str, Any],
+        shard_version: int,
+    ) -> int | None:
+        """One commit at the version after ``dt``'s (None: another commit took it)."""
+        return commit_next(
+            dt,
+            self.path,
+            self.name,
+            self.app_id,
+            mode,
+            added,
+            {"op": CURRENT_OP, "shard_version": shard_version, **meta},
+            shard_version,
+            "current",
+            removed=removed,
+        )
+
+    def vacuum(self, retention_hours: int) -> int:
+        """Delete the files the log removed more than ``retention_hours`` ago (no commit)."""
+        from urllib.parse import unquote
+
+        listed = self.snapshot().vacuum(
+            retention_hours=retention_hours, enforce_retention_duration=False, dry_run=True, full=False
+        )
+        files.delete_files([f"{self.path}/{unquote(p)}" for p in listed])
+        return len(listed)
+
+
+def read_parquet(paths: list[str], columns: list[str] | None = None):
+    """The rows of Parquet files (local or on an object store), concatenated, with ``_file``: the
+    index of each row's file in ``paths``. Read in parallel (a round trip each on a store)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    def read(item: tuple[int, str]):
+        i, path = item
+        fs, p = files.fs_of(path)
+        with fs.open(p, "rb") as f:
+            t = pq.read_table(f, columns=columns)
+        return t.append_column("_file", pa.array([i] * t.num_rows, pa.int32()))
+
+    if not paths:
+        return None
+    with ThreadPoolExecutor(max_workers=min(8, len(paths))) as pool:
+        tables = list(pool.map(read, enumerate(paths)))
+    return pa.concat_tables(tables, promote_options="permissive")
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)

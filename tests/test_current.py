@@ -1,0 +1,205 @@
+"""The current-state table (``current:`` in the sink file) equals the shard's collection after every
+batch, for every kind; is maintained from the correction only; survives a kill between the
+shard's commit and its own; undoes foreign writes to it; and is read by name and by every
+reader as a plain table (real Spark, Delta, delta-rs, DuckDB, Polars; the expected contents from
+plain-Python models)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from helpers import make_sink, model_kv, run_stages, shard_as_of, write_json_rows
+from reconcile import cli
+from reconcile.sink import current as current_sink
+from reconcile.storage.current import CurrentTable
+from reconcile.storage.delta import ShardTable
+from upsert_model import HINT, UpsertModel, cmd, upsert_sink
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def current_rows(cfg) -> Counter:
+    """The current table's rows as a multiset of tuples (delta-rs, not the sink's reader)."""
+    from deltalake import DeltaTable
+
+    from reconcile import settings
+
+    dt = DeltaTable(CurrentTable(cfg).path, storage_options=settings.delta_storage_options())
+    table = dt.to_pyarrow_table()
+    assert table.column_names == cfg.column_names, "a plain table: the sink's columns only"
+    return Counter(tuple(r[c] for c in cfg.column_names) for r in table.to_pylist())
+
+
+def as_rows(expected: Counter) -> Counter:
+    """A shard-as-of multiset ((row..., error) -> n) as the current table holds it: no error rows."""
+    return Counter({k[:-1]: n for k, n in expected.items() if k[-1] is None and n > 0})
+
+
+def reflected(cfg) -> int | None:
+    ct = CurrentTable(cfg)
+    return ct.reflected(ct.snapshot())
+
+
+QUERY_ROWS = [
+    [{"k": 1, "v": "a"}, {"k": 2, "v": "b"}, {"k": 2, "v": "b"}, {"k": 3, "v": None}],
+    [{"k": 1, "v": "a"}, {"k": 2, "v": "b"}, {"k": 3, "v": None}, {"k": 4, "v": "d"}],  # one copy retracted
+    [{"k": 1, "v": "A"}, {"k": 2, "v": "b"}, {"k": 4, "v": "d"}, {"k": 4, "v": "d"}, {"k": 5, "v": "e"}],
+    [{"k": 1, "v": "A"}, {"k": None, "v": "err"}, {"k": 6, "v": "f"}],  # an error row stays in the shard
+    [{"k": 0, "v": "skip"}],  # the query's result is empty
+    [{"k": 7, "v": "g"}],
+]
+SKIPPING = {"sources": {"src": {"format": "json", "path": "src"}}, "sql": "SELECT k, v FROM src WHERE v IS NULL OR v <> 'skip'"}
+
+
+def kept(rows: list[dict]) -> list[dict]:
+    """The rows the query keeps and the sink can store (a null key is an error row)."""
+    return [r for r in rows if r["k"] is not None and r["v"] != "skip"]
+
+
+@pytest.fixture(params=["local"])
+def where(request):
+    request.getfixturevalue("warehouse" if request.param == "local" else "s3_warehouse")
+    return request.param
+
+
+@pytest.mark.parametrize("where", ["local", "s3"], indirect=True)
+def test_query_sink_current_table_follows_every_batch(spark, where, tmp_path, sqlite_store):
+    cfg = make_sink(tmp_path, "cur_q", current=True, query=SKIPPING)
+    frontier = 100
+    for i, rows in enumerate(QUERY_ROWS):
+        write_json_rows(tmp_path / "src", rows)
+        frontier += 100
+        _, _, appended = run_stages(spark, sqlite_store, cfg, f"r{i}", frontier)
+        assert appended.current is not None
+        want = as_rows(model_kv(kept(rows)))
+        assert current_rows(cfg) == as_rows(shard_as_of(cfg, frontier - 1)) == want, f"batch {i}"
+        assert reflected(cfg) == ShardTable(cfg).latest_version()
+        if i == 0:
+            assert appended.current.action == "rebuilt"
+        elif i == 4:  # everything retracted
+            assert appended.current.action == "applied" and appended.current.rows_added == 0
+    # an unchanged source: an empty batch, nothing rewritten
+    _, _, appended = run_stages(spark, sqlite_store, cfg, "same", frontier + 100)
+    assert appended.current.files_rewritten == 0 and appended.current.rows_added == 0
+
+
+def test_upsert_sink_current_table_holds_one_row_per_key(spark, warehouse, tmp_path, sqlite_store, monkeypatch):
+    monkeypatch.setenv("RECONCILE_SINKS_DIR", str(tmp_path))
+    cfg = upsert_sink(tmp_path, "cur_u", upsert={"delete": {"column": "op", "values": ["delete"]}}, current=True)
+    model = UpsertModel(delete_field="op", delete_values=("delete",))
+    feed = [cmd(k, f"v{k}", 110 + k, k, op="set") for k in range(30)]
+    frontier = 100
+    for i in range(4):
+        lower, upper = frontier, frontier + 100
+        off = 100 + 10 * i
+        feed += [
+            cmd(i, f"u{i}", lower + 5, off + 1, op="set"),
+            cmd(i + 10, None, lower + 6, off + 2, op="delete"),
+            cmd(i + 40, f"new{i}", lower + 7, off + 3, op="set"),
+        ]
+        write_json_rows(tmp_path / "feed", feed + [{**HINT, "op": "set"}])
+        run_stages(spark, sqlite_store, cfg, f"r{i}", upper)
+        model.batch(feed, lower, upper)
+        frontier = upper
+        want = Counter({(k, v): n for (k, v, _), n in model.as_of(upper - 1).items()})
+        assert len(want) > 25 and current_rows(cfg) == want, f"batch {i}"
+
+
+def test_a_kill_between_the_shard_commit_and_the_current_commit_is_completed(
+    spark, warehouse, tmp_path, sqlite_store, monkeypatch
+):
+    monkeypatch.setenv("RECONCILE_SINKS_DIR", str(tmp_path))
+    cfg = make_sink(tmp_path, "cur_kill", current=True)
+    frontier = 100
+    for i, rows in enumerate(QUERY_ROWS[:3]):
+        write_json_rows(tmp_path / "src", rows)
+        frontier += 100
+        point = ["current.before_commit", "current.after_commit", None][i]
+        from reconcile.sink import mint, write
+
+        m = mint.run_mint(sqlite_store, cfg, f"k{i}", 1, frontier)
+        write.run_write(spark, sqlite_store, cfg, m.description.batch_id)
+        if point:
+            env = {**os.environ, "RECONCILE_FAILPOINTS": f"{point}=kill"}
+            proc = subprocess.run(
+                [sys.executable, "-m", "reconcile", "append", cfg.name, "--run-id", f"k{i}"],
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=300,
+            )
+            assert proc.returncode == 137, proc.stderr[-2000:]
+            shard_version = ShardTable(cfg).latest_version()
+            if point == "current.before_commit":  # the shard committed, its current table not yet
+                assert reflected(cfg) != shard_version
+            # the task's retry completes it (the batch is committed: only the current table moves)
+            again = cli.main(["append", cfg.name, "--run-id", f"k{i}"])
+            assert again == 0
+        else:
+            from reconcile.sink import append
+
+            append.run_append(sqlite_store, cfg, m.description.batch_id)
+        assert reflected(cfg) == ShardTable(cfg).latest_version()
+        assert current_rows(cfg) == as_rows(shard_as_of(cfg, frontier - 1))
+
+
+def test_foreign_writes_are_undone_and_a_lost_current_table_is_rebuilt(spark, warehouse, tmp_path, sqlite_store):
+    import pyarrow as pa
+    from deltalake import DeltaTable, write_deltalake
+
+    cfg = make_sink(tmp_path, "cur_foreign", current=True)
+    write_json_rows(tmp_path / "src", QUERY_ROWS[0])
+    run_stages(spark, sqlite_store, cfg, "r0", 200)
+    path = CurrentTable(cfg).path
+    # a consumer writes into the current table: deletes a row, adds one
+    DeltaTable(path).delete("k = 1")
+    write_deltalake(path, pa.table({"k": pa.array([99], pa.int64()), "v": ["zz"]}), mode="append")
+    assert current_rows(cfg) != as_rows(shard_as_of(cfg, 199))
+    write_json_rows(tmp_path / "src", QUERY_ROWS[1])
+    _, _, appended = run_stages(spark, sqlite_store, cfg, "r1", 300)
+    assert appended.current.action == "rebuilt" and "foreign" in appended.current.why
+    assert current_rows(cfg) == as_rows(shard_as_of(cfg, 299))
+    # a foreign write into the shard: the current table follows the shard, then the repair
+    DeltaTable(ShardTable(cfg).path).delete("k = 4")
+    out = current_sink.maintain(sqlite_store, cfg, ShardTable(cfg))
+    assert out.action == "rebuilt" and "foreign commit to the shard" in out.why
+    assert current_rows(cfg) == as_rows(shard_as_of(cfg, 299))
+    run_stages(spark, sqlite_store, cfg, "r2", 400)
+    assert current_rows(cfg) == as_rows(shard_as_of(cfg, 399)) == as_rows(model_kv(QUERY_ROWS[1]))
+    # rebuilt by hand, on request
+    assert cli.main(["rebuild-current", cfg.name]) == 0
+    assert current_rows(cfg) == as_rows(model_kv(QUERY_ROWS[1]))
+
+
+def test_readers_see_a_plain_table(spark, warehouse, tmp_path, sqlite_store):
+    import duckdb
+    import polars as pl
+
+    cfg = make_sink(tmp_path, "cur_read", current=True)
+    write_json_rows(tmp_path / "src", QUERY_ROWS[2])
+    run_stages(spark, sqlite_store, cfg, "r0", 200)
+    path = CurrentTable(cfg).path
+    want = sorted(model_kv(QUERY_ROWS[2]).elements())
+    want = sorted((k, v) for k, v, _ in want)
+    got_spark = sorted(tuple(r) for r in spark.read.format("delta").load(path).collect())
+    assert got_spark == want
+    got_polars = sorted(pl.read_delta(path).iter_rows())
+    assert got_polars == want
+    from duckdb_extensions import import_extension
+
+    con = duckdb.connect()
+    import_extension("delta", con=con)
+    con.sql("LOAD delta")
+    got_duck = sorted(con.execute(f"SELECT k, v FROM delta_scan('{path}')").fetchall())
+    assert got_duck == want
+    # a dbt-style downstream model over it
+    totals = con.execute(
+        f"SELECT v, count(*) AS n FROM delta_scan('{path}') GROUP BY v ORDER BY v"
+    ).fetchall()
+    assert totals == sorted(Counter(v for _, v in want).items())
