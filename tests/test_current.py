@@ -149,10 +149,13 @@ def test_a_kill_between_the_shard_commit_and_the_current_commit_is_completed(
         assert current_rows(cfg) == as_rows(shard_as_of(cfg, frontier - 1))
 
 
-def test_foreign_writes_are_undone_and_a_lost_current_table_is_rebuilt(spark, warehouse, tmp_path, sqlite_store):
+def test_foreign_writes_are_undone_and_a_lost_current_table_is_rebuilt(
+    spark, warehouse, tmp_path, sqlite_store, monkeypatch, capsys
+):
     import pyarrow as pa
     from deltalake import DeltaTable, write_deltalake
 
+    monkeypatch.setenv("RECONCILE_SINKS_DIR", str(tmp_path))
     cfg = make_sink(tmp_path, "cur_foreign", current=True)
     write_json_rows(tmp_path / "src", QUERY_ROWS[0])
     run_stages(spark, sqlite_store, cfg, "r0", 200)
@@ -173,8 +176,15 @@ def test_foreign_writes_are_undone_and_a_lost_current_table_is_rebuilt(spark, wa
     run_stages(spark, sqlite_store, cfg, "r2", 400)
     assert current_rows(cfg) == as_rows(shard_as_of(cfg, 399)) == as_rows(model_kv(QUERY_ROWS[1]))
     # rebuilt by hand, on request
+    capsys.readouterr()
     assert cli.main(["rebuild-current", cfg.name]) == 0
+    assert "rebuilt on request" in capsys.readouterr().out
     assert current_rows(cfg) == as_rows(model_kv(QUERY_ROWS[1]))
+    # a sink without one: one line saying how to keep one
+    plain = make_sink(tmp_path, "cur_none")
+    assert cli.main(["rebuild-current", plain.name]) != 0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "current: true" in err[0] and "Traceback" not in err[0]
 
 
 def test_readers_see_a_plain_table(spark, warehouse, tmp_path, sqlite_store):

@@ -18,6 +18,7 @@ Commands:
                            sync the metadata, then list invariant violations (ledger vs Delta log;
                            --verify: each batch's recorded checksum of the shard as of upper - 1)
   recover SINK [--force]   rebuild the shard's metadata from its Delta log (lost, restored or ahead)
+  rebuild-current SINK     write the sink's current-state table whole from the shard
   compact SINK [--since T] [--no-vacuum]
                            advance since, consolidate the history before it, vacuum old files
   history SINK [--as-of T] [--key K] [--errors] [--limit N] [--json] [--sql [--dialect D]] [--spark]
@@ -375,6 +376,28 @@ def cmd_recover(args) -> int:
     return 0
 
 
+def cmd_rebuild_current(args) -> int:
+    """Write the current-state table whole from the shard's latest version."""
+    from reconcile.config import load_sink
+    from reconcile.errors import SinkError
+    from reconcile.sink.current import maintain
+    from reconcile.storage.delta import ShardTable
+
+    cfg = load_sink(args.sink)
+    if cfg.current is None:
+        raise SinkError(
+            "keeps no current-state table",
+            sink=cfg.name,
+            remedy=f"add `current: true` to {cfg.path or 'its sink file'} (docs/configuration.md); the next append creates it.",
+        )
+    outcome = maintain(_store(), cfg, ShardTable(cfg), rebuild="rebuilt on request (rebuild-current)")
+    if outcome is None:
+        print(f"rebuild-current: {cfg.name} has no shard yet; its first append creates the current-state table")
+        return 0
+    print(f"rebuild-current: {outcome.message}")
+    return 0
+
+
 def cmd_compact(args) -> int:
     """Advance since and consolidate the history before it (also the DAG's compact task)."""
     from reconcile.config import load_sink
@@ -550,6 +573,9 @@ def main(argv: list[str] | None = None) -> int:
         "--force", action="store_true", help="reset it to the log even if that drops batches the log no longer holds"
     )
     rc.set_defaults(fn=cmd_recover)
+    rb = sub.add_parser("rebuild-current", help="write the sink's current-state table whole from the shard")
+    rb.add_argument("sink")
+    rb.set_defaults(fn=cmd_rebuild_current)
     cp = sub.add_parser("compact")
     cp.add_argument("sink")
     cp.add_argument("--since", default=None, help="new since (ms or ISO); default upper - retention.history_hours")
