@@ -6,6 +6,7 @@ plain-Python models)."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -54,7 +55,10 @@ QUERY_ROWS = [
     [{"k": 0, "v": "skip"}],  # the query's result is empty
     [{"k": 7, "v": "g"}],
 ]
-SKIPPING = {"sources": {"src": {"format": "json", "path": "src"}}, "sql": "SELECT k, v FROM src WHERE v IS NULL OR v <> 'skip'"}
+SKIPPING = {
+    "sources": {"src": {"format": "json", "path": "src"}},
+    "sql": "SELECT k, v FROM src WHERE v IS NULL OR v <> 'skip'",
+}
 
 
 def kept(rows: list[dict]) -> list[dict]:
@@ -164,6 +168,13 @@ def test_foreign_writes_are_undone_and_a_lost_current_table_is_rebuilt(
     DeltaTable(path).delete("k = 1")
     write_deltalake(path, pa.table({"k": pa.array([99], pa.int64()), "v": ["zz"]}), mode="append")
     assert current_rows(cfg) != as_rows(shard_as_of(cfg, 199))
+    capsys.readouterr()
+    assert cli.main(["check", cfg.name]) == 0
+    out = capsys.readouterr().out
+    assert "FINDING current-state table reconcile.cur_foreign" in out and "foreign commits (versions" in out
+    assert cli.main(["status", cfg.name, "--json"]) == 0
+    shown = json.loads(capsys.readouterr().out)["current"]
+    assert shown["name"] == "reconcile.cur_foreign" and shown["foreign_versions"] and shown["upper"]["ms"] == 200
     write_json_rows(tmp_path / "src", QUERY_ROWS[1])
     _, _, appended = run_stages(spark, sqlite_store, cfg, "r1", 300)
     assert appended.current.action == "rebuilt" and "foreign" in appended.current.why
@@ -175,6 +186,17 @@ def test_foreign_writes_are_undone_and_a_lost_current_table_is_rebuilt(
     assert current_rows(cfg) == as_rows(shard_as_of(cfg, 299))
     run_stages(spark, sqlite_store, cfg, "r2", 400)
     assert current_rows(cfg) == as_rows(shard_as_of(cfg, 399)) == as_rows(model_kv(QUERY_ROWS[1]))
+    capsys.readouterr()
+    assert cli.main(["check", cfg.name]) == 0 and "current-state table" not in capsys.readouterr().out
+    # a commit of the sink's own that claims the shard's version but holds other values (a bug)
+    ct = CurrentTable(cfg)
+    dt = ct.snapshot()
+    rows = dt.to_pyarrow_table()
+    wrong = rows.set_column(1, "v", pa.array(["wrong"] * rows.num_rows, pa.string()))
+    assert ct.commit(dt, "overwrite", ct.write_rows(wrong), [], {}, ct.reflected(dt)) is not None
+    assert cli.main(["check", cfg.name]) == 0  # the row count agrees
+    assert cli.main(["check", cfg.name, "--deep"]) == 1
+    assert "VIOLATION current-state table reconcile.cur_foreign" in capsys.readouterr().out
     # rebuilt by hand, on request
     capsys.readouterr()
     assert cli.main(["rebuild-current", cfg.name]) == 0
@@ -209,7 +231,5 @@ def test_readers_see_a_plain_table(spark, warehouse, tmp_path, sqlite_store):
     got_duck = sorted(con.execute(f"SELECT k, v FROM delta_scan('{path}')").fetchall())
     assert got_duck == want
     # a dbt-style downstream model over it
-    totals = con.execute(
-        f"SELECT v, count(*) AS n FROM delta_scan('{path}') GROUP BY v ORDER BY v"
-    ).fetchall()
+    totals = con.execute(f"SELECT v, count(*) AS n FROM delta_scan('{path}') GROUP BY v ORDER BY v").fetchall()
     assert totals == sorted(Counter(v for _, v in want).items())

@@ -101,8 +101,27 @@ def status_data(store, name: str, limit: int = 10) -> dict:
             "line": left.line(name),
         },
         "foreign_unrepaired": None if unrepaired is None else [st.foreign_json(f, why=why) for f, why in unrepaired],
+        "current": _current_of(store, name),
         "batches": out,
     }
+
+
+def _current_of(store, name: str) -> dict | None:
+    """How the sink's current-state table stands (:func:`reconcile.sink.current.describe`); None
+    when it keeps none, or its config or tables cannot be read (status answers from the ledger)."""
+    from reconcile.config import load_sink
+    from reconcile.model import COMMITTED
+    from reconcile.sink import current
+    from reconcile.storage.delta import ShardTable
+
+    try:
+        cfg = load_sink(name)
+        d = current.describe(cfg, ShardTable(cfg), store.batches(name, (COMMITTED,)))
+    except Exception:  # noqa: BLE001 - a missing config or unreadable table
+        return None
+    if d is not None and d.get("upper") is not None:
+        d["upper"] = stamp(d["upper"])
+    return d
 
 
 def needs_action(every: list, shard_upper: int, unrepaired) -> list[str]:
@@ -191,8 +210,23 @@ def print_status(data: dict) -> None:
         print(f"  foreign Delta version {_foreign_text(f)}: {f.get('why') or 'not yet repaired'}")
     if data["behind"]:
         print(f"  BEHIND: {data['behind']['line']}")
+    if (c := data.get("current")) is not None:
+        print(f"  {_current_text(name, c)}")
     for line in data["needs_action"]:
         print(f"  NEEDS ACTION: {line}")
+
+
+def _current_text(name: str, c: dict) -> str:
+    head = f"current table {c['name']} ({c['path']}): "
+    if not c["exists"]:
+        return head + "not created yet (the next append creates it)"
+    upper = iso(c["upper"]["ms"]) if c.get("upper") else "no batch"
+    text = head + f"reflects shard version {c['shard_version']} (upper {upper}), {c['rows']} rows"
+    if c["behind"]:
+        text += f"; behind the shard's version {c['shard_latest_version']}: the next append or `recover` completes it"
+    if c["foreign_versions"]:
+        text += f"; foreign commits {c['foreign_versions']}: the next append rebuilds it"
+    return text
 
 
 def _foreign_text(f: dict) -> str:

@@ -274,7 +274,10 @@ def run_check(store: Ledger, cfg: SinkConfig, *, spark=None, now: int | None = N
         else:
             found.append(f"pending cleanup: {line}; the next append deletes them (a violation after {_age(horizon)})")
     found += foreign_findings(store, cfg, table)[0]
-    return CheckReport(out, found)
+    from reconcile.sink import current
+
+    bad, noted = current.findings(cfg, table, store.batches(cfg.name, (COMMITTED,)), deep=spark is not None)
+    return CheckReport(out + bad, found + noted)
 
 
 def verify_report(

@@ -229,3 +229,121 @@ def _order(cfg: SinkConfig) -> str:
     """Upsert sinks' files are sorted by key (a local change rewrites few files)."""
     keys = getattr(cfg, "key_columns", None)
     return f" ORDER BY {', '.join(quoted(k) for k in keys)}" if keys else ""
+
+
+def describe(cfg: SinkConfig, table: ShardTable, committed: list) -> dict | None:
+    """How the current table stands (``status``): where and under which names, the shard version
+    and upper it reflects (``committed``: the ledger's committed batches), the shard's latest
+    version, and foreign commits to it not yet undone. None when the sink keeps none."""
+    if cfg.current is None:
+        return None
+    ct = CurrentTable(cfg)
+    out: dict = {"path": ct.path, "name": catalog_names(cfg)[0], "log_name": catalog_names(cfg)[1]}
+    if not ct.exists():
+        return {**out, "exists": False, "shard_version": None, "upper": None, "behind": table.exists()}
+    dt = ct.snapshot()
+    v = ct.reflected(dt)
+    latest = table.latest_version() if table.exists() else None
+    uppers = [b.upper for b in committed if b.delta_version is not None and v is not None and b.delta_version <= v]
+    return {
+        **out,
+        "exists": True,
+        "shard_version": v,
+        "upper": max(uppers) if uppers else None,
+        "shard_latest_version": latest,
+        "behind": v is None or (latest is not None and v < latest),
+        "foreign_versions": ct.foreign_versions(dt),
+        "rows": sum(int(n or 0) for n in dt.get_add_actions(flatten=True).column("num_records").to_pylist()),
+    }
+
+
+def catalog_names(cfg: SinkConfig) -> tuple[str, str]:
+    """The names SQL users reach the tables by: ``<database>.<sink>`` (the current state) and
+    ``<database>.<sink>_log`` (the shard's update log)."""
+    db = cfg.current.database if cfg.current is not None else "reconcile"
+    return f"{db}.{cfg.name}", f"{db}.{cfg.name}_log"
+
+
+def findings(cfg: SinkConfig, table: ShardTable, committed: list, *, deep: bool = False) -> tuple[list[str], list[str]]:
+    """(violations, findings) of ``check`` about the current table. Findings: it lags the shard
+    (the next append or ``recover`` completes it), a foreign commit to it (the next append
+    undoes it). A violation: while it claims to reflect shard version ``v``, its rows differ
+    from the shard's collection at ``v``: by row count (``deep``: by a checksum of every row,
+    DuckDB over both tables)."""
+    d = describe(cfg, table, committed)
+    if d is None:
+        return [], []
+    name = f"current-state table {d['name']} ({d['path']})"
+    if not d["exists"]:
+        return [], ([f"{name} does not exist yet; the next append creates it"] if d["behind"] else [])
+    found, bad = [], []
+    if d["foreign_versions"]:
+        found.append(
+            f"{name}: foreign commits (versions {', '.join(map(str, d['foreign_versions']))}) changed it; the next "
+            f"append rebuilds it from the shard (now: `python -m reconcile rebuild-current {cfg.name}`)"
+        )
+    if d["behind"]:
+        found.append(
+            f"{name} reflects shard version {d['shard_version']}, the shard is at {d['shard_latest_version']}: the "
+            f"next append or `python -m reconcile recover {cfg.name}` completes it"
+        )
+    if d["shard_version"] is None or d["foreign_versions"]:
+        return bad, found
+    want_rows, want_sum = _shard_totals(cfg, table, d["shard_version"], deep)
+    if want_rows != d["rows"]:
+        bad.append(
+            f"{name} holds {d['rows']} rows, the shard as of its version {d['shard_version']} holds {want_rows} "
+            f"(`python -m reconcile rebuild-current {cfg.name}` writes it anew)"
+        )
+    elif deep and _current_sum(cfg) != want_sum:
+        bad.append(
+            f"{name} differs from the shard as of version {d['shard_version']} (row checksums differ; "
+            f"`python -m reconcile rebuild-current {cfg.name}` writes it anew)"
+        )
+    return bad, found
+
+
+def _hash_sql(cfg: SinkConfig) -> str:
+    return f"hash({_cols(cfg)})"
+
+
+def _shard_totals(cfg: SinkConfig, table: ShardTable, version: int, deep: bool) -> tuple[int, int | None]:
+    """(rows of the collection, and with ``deep`` the sum of their row hashes mod 2^64) of the
+    shard at ``version``, error rows left out."""
+    import duckdb
+    import pyarrow as pa
+
+    columns = (cfg.column_names if deep else []) + ["_diff", "_error"]
+    scan = table.snapshot(version).scan(columns=columns)
+    updates = pa.RecordBatchReader.from_stream(scan).read_all()  # noqa: F841 - read by DuckDB by name
+    con = duckdb.connect()
+    rows = con.execute("SELECT coalesce(sum(_diff), 0) FROM updates WHERE _error IS NULL").fetchone()[0]
+    if not deep:
+        return int(rows), None
+    total = con.execute(
+        f"SELECT coalesce(sum(({_hash_sql(cfg)} % 4294967296)::HUGEINT * _diff), 0), "
+        f"coalesce(sum(({_hash_sql(cfg)} // 4294967296)::HUGEINT * _diff), 0) FROM updates WHERE _error IS NULL"
+    ).fetchone()
+    return int(rows), _combine(total)
+
+
+def _current_sum(cfg: SinkConfig) -> int:
+    import duckdb
+    import pyarrow as pa
+
+    scan = CurrentTable(cfg).snapshot().scan(columns=cfg.column_names)
+    rows = pa.RecordBatchReader.from_stream(scan).read_all()  # noqa: F841 - read by DuckDB by name
+    total = (
+        duckdb.connect()
+        .execute(
+            f"SELECT coalesce(sum(({_hash_sql(cfg)} % 4294967296)::HUGEINT), 0), "
+            f"coalesce(sum(({_hash_sql(cfg)} // 4294967296)::HUGEINT), 0) FROM rows"
+        )
+        .fetchone()
+    )
+    return _combine(total)
+
+
+def _combine(limbs) -> int:
+    lo, hi = (int(x) for x in limbs)
+    return (lo + (hi << 32)) % (1 << 64)

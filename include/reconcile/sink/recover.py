@@ -29,10 +29,10 @@ from reconcile.config import SinkConfig
 from reconcile.errors import SinkError
 from reconcile.log import event, iso
 from reconcile.model import COMMITTED, CommitRecord
+from reconcile.sink.current import maintain
 from reconcile.sink.mint import next_lower
 from reconcile.sink.sync import compacted_since, rebuild_lost_ledger, sync
 from reconcile.storage.commits import batch_commits
-from reconcile.sink.current import maintain
 from reconcile.storage.delta import ShardTable
 from reconcile.storage.ledger import Ledger
 from reconcile.storage.tables import Shard
