@@ -74,7 +74,7 @@ def where(request):
 
 @pytest.mark.parametrize("where", ["local", "s3"], indirect=True)
 def test_query_sink_current_table_follows_every_batch(spark, where, tmp_path, sqlite_store):
-    cfg = make_sink(tmp_path, "cur_q", current=True, query=SKIPPING)
+    cfg = make_sink(tmp_path, "cur_q", current=True, query=SKIPPING, retention={"vacuum_hours": 0})
     frontier = 100
     for i, rows in enumerate(QUERY_ROWS):
         write_json_rows(tmp_path / "src", rows)
@@ -91,6 +91,16 @@ def test_query_sink_current_table_follows_every_batch(spark, where, tmp_path, sq
     # an unchanged source: an empty batch, nothing rewritten
     _, _, appended = run_stages(spark, sqlite_store, cfg, "same", frontier + 100)
     assert appended.current.files_rewritten == 0 and appended.current.rows_added == 0
+    # the vacuum deletes the files the current table's log removed, and nothing it names
+    from reconcile.sink import compact
+    from reconcile.storage import files
+
+    ct = CurrentTable(cfg)
+    named = {p for p, _ in ct.data_files(ct.snapshot())}
+    assert set(files.list_files(ct.path)) - named - {p for p in files.list_files(ct.path) if p.startswith("_delta_log")}
+    compact.vacuum(sqlite_store, ShardTable(cfg))
+    assert {p for p in files.list_files(ct.path) if not p.startswith("_delta_log")} == named
+    assert current_rows(cfg) == as_rows(model_kv(kept(QUERY_ROWS[-1])))
 
 
 def test_upsert_sink_current_table_holds_one_row_per_key(spark, warehouse, tmp_path, sqlite_store, monkeypatch):

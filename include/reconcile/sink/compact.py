@@ -54,6 +54,7 @@ from reconcile.log import event, iso
 from reconcile.model import COMMITTED
 from reconcile.sink.sync import gc_compactions, sync
 from reconcile.storage import files, footers, frames, layout
+from reconcile.storage.current import CurrentTable
 from reconcile.storage.delta import ShardTable
 from reconcile.storage.ledger import Ledger
 
@@ -115,8 +116,11 @@ def vacuum(store: Ledger, table: ShardTable) -> list[str]:
     ledger has it committed at a version ``<= s`` (Spark's VACUUM deleted any staged file past the
     retention, even one an append was about to commit), a compaction's when it read a version
     below ``s``. Directories left without a data file go too. Returns the deleted paths,
-    relative to the table."""
+    relative to the table. The sink's current-state table, if it keeps one, is vacuumed alike
+    (its files no snapshot names, older than the retention)."""
     hours = table.cfg.vacuum_retention_hours
+    if table.cfg.current is not None:
+        CurrentTable(table.cfg).vacuum(hours)
     removed = table.vacuum_removed(hours)
     version, listed = table.unreferenced_files(hours)
     committed = {b.batch_id: b.delta_version for b in store.batches(table.name, (COMMITTED,))}

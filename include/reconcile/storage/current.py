@@ -170,15 +170,20 @@ class CurrentTable:
             removed=removed,
         )
 
-    def vacuum(self, retention_hours: int) -> int:
-        """Delete the files the log removed more than ``retention_hours`` ago (no commit)."""
+    def vacuum(self, retention_hours: int) -> list[str]:
+        """Delete the files the latest snapshot does not name (removed by the log, or written by
+        an attempt that died before its commit) last changed more than ``retention_hours`` ago;
+        nothing is committed. Returns them, relative to the table."""
         from urllib.parse import unquote
 
+        if not self.exists():
+            return []
         listed = self.snapshot().vacuum(
-            retention_hours=retention_hours, enforce_retention_duration=False, dry_run=True, full=False
+            retention_hours=retention_hours, enforce_retention_duration=False, dry_run=True, full=True
         )
-        files.delete_files([f"{self.path}/{unquote(p)}" for p in listed])
-        return len(listed)
+        deleted = sorted(unquote(p) for p in listed)
+        files.delete_files([f"{self.path}/{p}" for p in deleted])
+        return deleted
 
 
 def read_parquet(paths: list[str], columns: list[str] | None = None):
