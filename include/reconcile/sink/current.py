@@ -28,7 +28,8 @@ one leaves the table behind: the next append (a retry, the next run) or ``recove
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, replace
 
 from reconcile.config import SinkConfig
 from reconcile.errors import Retryable
@@ -53,6 +54,7 @@ class CurrentOutcome:
     files_rewritten: int = 0
     why: str = ""
     message: str = ""
+    seconds: float = 0.0
 
 
 def maintain(store, cfg: SinkConfig, table: ShardTable, *, rebuild: str | None = None) -> CurrentOutcome | None:
@@ -61,10 +63,11 @@ def maintain(store, cfg: SinkConfig, table: ShardTable, *, rebuild: str | None =
     if cfg.current is None or not table.exists():
         return None
     ct = CurrentTable(cfg)
+    started = time.perf_counter()
     for _ in range(10):
         outcome = _attempt(store, cfg, table, ct, rebuild)
         if outcome is not None:
-            return outcome
+            return replace(outcome, seconds=round(time.perf_counter() - started, 3))
     raise Retryable(
         f"the current-state table at {ct.path} kept changing while it was brought up to date",
         sink=cfg.name,

@@ -1,0 +1,181 @@
+"""What keeping a current-state table (``current: true``) adds to a batch, side by side.
+
+    python bench/current_table.py [--rows 10000000] [--keys 1000000] [--commands 10000] [--trials 2]
+
+One Spark session (sized for the machine, as every benchmark here). Two cells, each with a sink
+without and a sink with a current table, alternating which goes first from trial to trial:
+
+- **query**: ``--rows`` rows of :mod:`workload`'s table, then the same with 0.1% changed; the
+  first batch (untimed) loads it, the second (timed: mint + write + append, the append including
+  the current table's maintenance) writes the change.
+- **upsert**: ``--keys`` keys loaded by the first batch (untimed), then one batch of
+  ``--commands`` commands (10% deletes) over all keys (timed).
+
+Reports per cell the median batch seconds of each sink, their ratio (target: <= 1.25), the
+seconds the maintenance itself took and its rows; and reading the current state: the current
+table read whole vs the GROUP BY over the shard (DuckDB, Spark; target >= 10x). Writes
+``<out>/current_table.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import shutil
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import workload as W  # noqa: E402
+
+
+def _with_current(cfg, root: Path):
+    import yaml
+
+    path = Path(cfg.path)
+    data = yaml.safe_load(path.read_text())
+    data["current"] = True
+    data["name"] = cfg.name + "_cur"
+    out = root / f"{data['name']}.yaml"
+    out.write_text(yaml.safe_dump(data, sort_keys=False))
+    from reconcile.config import load_file
+
+    return load_file(out)
+
+
+def _timed_batch(spark, store, cfg, batch: int) -> tuple[float, float | None]:
+    from reconcile.sink.run import run_batch
+
+    t0 = time.perf_counter()
+    r = run_batch(spark, store, cfg, f"b{batch}", W.upper_of(batch))
+    total = time.perf_counter() - t0
+    if r.append is None or r.append.outcome != "committed":
+        raise RuntimeError(f"{cfg.name}: {r.message}")
+    cur = r.append.current
+    return round(total, 2), (round(cur.seconds, 2) if cur is not None else None)
+
+
+def _reads(spark, cfg_cur) -> dict:
+    """The current state read: the current table whole vs the GROUP BY over the shard."""
+    import duckdb
+    from duckdb_extensions import import_extension
+
+    from reconcile.storage.current import CurrentTable
+    from reconcile.storage.delta import ShardTable
+
+    con = duckdb.connect()
+    import_extension("delta", con=con)
+    con.sql("LOAD delta")
+    cols = ", ".join(f'"{c}"' for c in cfg_cur.column_names)
+    shard, current = ShardTable(cfg_cur).path, CurrentTable(cfg_cur).path
+    out: dict = {}
+    for engine, run in (
+        (
+            "duckdb_current",
+            lambda: con.sql(f"SELECT count(*), sum(hash({cols})) FROM delta_scan('{current}')").fetchall(),
+        ),
+        (
+            "duckdb_group_by",
+            lambda: con.sql(
+                f"SELECT count(*), sum(hash({cols})) FROM (SELECT {cols} FROM delta_scan('{shard}') WHERE _error IS NULL "
+                f"GROUP BY ALL HAVING sum(_diff) > 0)"
+            ).fetchall(),
+        ),
+        (
+            "spark_current",
+            lambda: spark.read.format("delta").load(current).selectExpr("count(*)", f"sum(hash({cols}))").collect(),
+        ),
+        (
+            "spark_group_by",
+            lambda: (
+                spark.read.format("delta")
+                .load(shard)
+                .where("_error IS NULL")
+                .groupBy(*cfg_cur.column_names)
+                .agg({"_diff": "sum"})
+                .where("`sum(_diff)` > 0")
+                .selectExpr("count(*)", f"sum(hash({cols}))")
+                .collect()
+            ),
+        ),
+    ):
+        times = []
+        for _ in range(3):
+            t0 = time.perf_counter()
+            run()
+            times.append(time.perf_counter() - t0)
+        out[engine] = round(min(times), 3)
+    out["duckdb_speedup"] = round(out["duckdb_group_by"] / out["duckdb_current"], 1)
+    out["spark_speedup"] = round(out["spark_group_by"] / out["spark_current"], 1)
+    return out
+
+
+def main(rows: int, keys: int, commands: int, trials: int, out: Path) -> dict:
+    logging.basicConfig(level=logging.WARNING)
+    root, spark, store, started = W.start("bench-current-", "bench-current")
+    partitions = int(spark.conf.get("spark.sql.shuffle.partitions"))
+    W.generate(spark.range(rows), 1).write.parquet(str(root / "before"))
+    before = spark.read.parquet(str(root / "before"))
+    W.change(spark, before, 1, "x", rows // 1000, rows).write.parquet(str(root / "after"))
+    result: dict = {"rows": rows, "keys": keys, "commands": commands, "trials": trials}
+
+    q: dict = {"plain": [], "current": [], "maintain": []}
+    for trial in range(trials):
+        order = ["plain", "current"] if trial % 2 == 0 else ["current", "plain"]
+        for which in order:
+            desired = root / f"desired_{which}_{trial}"
+            shutil.copytree(root / "before", desired)
+            cfg = W.query_sink(root, f"q_{trial}", str(desired), partitions)
+            if which == "current":
+                cfg = _with_current(cfg, root)
+            _timed_batch(spark, store, cfg, 1)
+            shutil.rmtree(desired)
+            shutil.copytree(root / "after", desired)
+            s, m = _timed_batch(spark, store, cfg, 2)
+            q[which].append(s)
+            if m is not None:
+                q["maintain"].append(m)
+            print(f"query trial {trial} {which}: {s} s (maintenance {m})", flush=True)
+            if which == "current" and trial == trials - 1:
+                result["query_reads"] = _reads(spark, cfg)
+    result["query"] = {**q, "ratio": round(statistics.median(q["current"]) / statistics.median(q["plain"]), 3)}
+
+    u: dict = {"plain": [], "current": [], "maintain": []}
+    for trial in range(trials):
+        order = ["plain", "current"] if trial % 2 == 0 else ["current", "plain"]
+        for which in order:
+            feed = str(root / f"feed_{which}_{trial}")
+            W.commands(spark, keys, 0, keys, 7).write.parquet(feed)
+            cfg = W.upsert_sink(root, f"u_{trial}", feed, partitions)
+            if which == "current":
+                cfg = _with_current(cfg, root)
+            _timed_batch(spark, store, cfg, 0)
+            W.commands(spark, keys, 1, commands, 7).write.mode("append").parquet(feed)
+            s, m = _timed_batch(spark, store, cfg, 1)
+            u[which].append(s)
+            if m is not None:
+                u["maintain"].append(m)
+            print(f"upsert trial {trial} {which}: {s} s (maintenance {m})", flush=True)
+    result["upsert"] = {**u, "ratio": round(statistics.median(u["current"]) / statistics.median(u["plain"]), 3)}
+    result["session_start_s"] = round(started, 1)
+    result["machine"] = W.machine(spark)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "current_table.json").write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps(result))
+    shutil.rmtree(root, ignore_errors=True)
+    return result
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rows", type=int, default=10_000_000)
+    ap.add_argument("--keys", type=int, default=1_000_000)
+    ap.add_argument("--commands", type=int, default=10_000)
+    ap.add_argument("--trials", type=int, default=2)
+    ap.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results")
+    a = ap.parse_args()
+    main(a.rows, a.keys, a.commands, a.trials, a.out)
