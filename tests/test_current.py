@@ -243,3 +243,21 @@ def test_readers_see_a_plain_table(spark, warehouse, tmp_path, sqlite_store):
     # a dbt-style downstream model over it
     totals = con.execute(f"SELECT v, count(*) AS n FROM delta_scan('{path}') GROUP BY v ORDER BY v").fetchall()
     assert totals == sorted(Counter(v for _, v in want).items())
+
+
+def test_a_bad_current_section_is_one_line_naming_the_field(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("RECONCILE_SINKS_DIR", str(tmp_path))
+    make_sink(tmp_path, "cur_ok", current={"path": "marts/orders", "database": "marts"})
+    from reconcile.config import load_file
+
+    ok = load_file(tmp_path / "cur_ok.yaml")
+    assert ok.current.path == str((tmp_path / "marts" / "orders").resolve())
+    assert CurrentTable(ok).path == ok.current.path
+    assert current_sink.catalog_names(ok) == ("marts.cur_ok", "marts.cur_ok_log")
+    with pytest.raises(Exception):  # noqa: B017 - the loader's own error type, checked by its line below
+        make_sink(tmp_path, "cur_bad", current={"paht": "x"})
+    capsys.readouterr()
+    assert cli.main(["validate"]) != 0
+    said = capsys.readouterr()
+    lines = [ln for ln in (said.out + said.err).splitlines() if "cur_bad" in ln]
+    assert len(lines) == 1 and "current.paht" in lines[0] and "path" in lines[0]
