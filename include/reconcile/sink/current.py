@@ -100,6 +100,7 @@ def _attempt(store, cfg: SinkConfig, table: ShardTable, ct: CurrentTable, rebuil
             rebuild = plan
     if rebuild is not None:
         plan = _rebuilt(cfg, table, ct, dt, latest, rebuild)
+    assert plan is not None and not isinstance(plan, str)
     added, removed, n_add, n_del, why = plan
     failpoint("current.before_commit")
     meta = {"rows_added": n_add, "rows_removed": n_del, **({"rebuilt": why} if rebuild else {})}
@@ -173,9 +174,9 @@ def _incremental(cfg: SinkConfig, table: ShardTable, ct: CurrentTable, dt, refle
         f"CREATE TEMP TABLE net AS SELECT {cols}, sum(_diff)::BIGINT AS _n FROM changes WHERE _error IS NULL "
         f"GROUP BY ALL HAVING sum(_diff) <> 0"
     )
-    n_add, n_del = con.execute(
-        "SELECT coalesce(sum(_n) FILTER (_n > 0), 0), coalesce(-sum(_n) FILTER (_n < 0), 0) FROM net"
-    ).fetchone()
+    n_add, n_del = _one(
+        con, "SELECT coalesce(sum(_n) FILTER (_n > 0), 0), coalesce(-sum(_n) FILTER (_n < 0), 0) FROM net"
+    )
     additions = f"SELECT {cols} FROM net, range(net._n) WHERE net._n > 0"
     if n_del == 0:
         rows = con.execute(additions + _order(cfg)).to_arrow_table()
@@ -202,7 +203,7 @@ def _incremental(cfg: SinkConfig, table: ShardTable, ct: CurrentTable, dt, refle
         f"CREATE TEMP TABLE kept AS SELECT {cols} FROM old EXCEPT ALL "
         f"SELECT {cols} FROM net, range(-net._n) WHERE net._n < 0"
     )
-    kept = con.execute("SELECT count(*) FROM kept").fetchone()[0]
+    kept = _one(con, "SELECT count(*) FROM kept")[0]
     if old.num_rows - kept != n_del:
         return f"{n_del - (old.num_rows - kept)} retracted rows are not in the current table"
     rows = con.execute(f"SELECT * FROM kept UNION ALL {additions}{_order(cfg)}").to_arrow_table()
@@ -216,8 +217,8 @@ def _rebuilt(cfg: SinkConfig, table: ShardTable, ct: CurrentTable, dt, latest: i
     import pyarrow as pa
 
     scan = table.snapshot(latest).scan(columns=cfg.column_names + ["_diff", "_error"])
-    updates = pa.RecordBatchReader.from_stream(scan).read_all()  # noqa: F841 - read by DuckDB by name
     con = duckdb.connect()
+    con.register("updates", pa.RecordBatchReader.from_stream(scan).read_all())
     cols = _cols(cfg)
     con.execute(
         f"CREATE TEMP TABLE net AS SELECT {cols}, sum(_diff)::BIGINT AS _n FROM updates WHERE _error IS NULL "
@@ -226,6 +227,13 @@ def _rebuilt(cfg: SinkConfig, table: ShardTable, ct: CurrentTable, dt, latest: i
     rows = con.execute(f"SELECT {cols} FROM net, range(net._n){_order(cfg)}").to_arrow_table()
     removed = ct.data_files(dt)
     return ct.write_rows(rows) if rows.num_rows else [], removed, rows.num_rows, 0, why
+
+
+def _one(con, sql: str) -> tuple:
+    """The one row of an aggregate query."""
+    row = con.execute(sql).fetchone()
+    assert row is not None
+    return tuple(row)
 
 
 def _order(cfg: SinkConfig) -> str:
@@ -279,7 +287,8 @@ def findings(cfg: SinkConfig, table: ShardTable, committed: list, *, deep: bool 
     name = f"current-state table {d['name']} ({d['path']})"
     if not d["exists"]:
         return [], ([f"{name} does not exist yet; the next append creates it"] if d["behind"] else [])
-    found, bad = [], []
+    found: list[str] = []
+    bad: list[str] = []
     if d["foreign_versions"]:
         found.append(
             f"{name}: foreign commits (versions {', '.join(map(str, d['foreign_versions']))}) changed it; the next "
@@ -318,9 +327,9 @@ def _shard_totals(cfg: SinkConfig, table: ShardTable, version: int, deep: bool) 
 
     columns = (cfg.column_names if deep else []) + ["_diff", "_error"]
     scan = table.snapshot(version).scan(columns=columns)
-    updates = pa.RecordBatchReader.from_stream(scan).read_all()  # noqa: F841 - read by DuckDB by name
     con = duckdb.connect()
-    rows = con.execute("SELECT coalesce(sum(_diff), 0) FROM updates WHERE _error IS NULL").fetchone()[0]
+    con.register("updates", pa.RecordBatchReader.from_stream(scan).read_all())
+    rows = _one(con, "SELECT coalesce(sum(_diff), 0) FROM updates WHERE _error IS NULL")[0]
     if not deep:
         return int(rows), None
     total = con.execute(
@@ -335,16 +344,15 @@ def _current_sum(cfg: SinkConfig) -> int:
     import pyarrow as pa
 
     scan = CurrentTable(cfg).snapshot().scan(columns=cfg.column_names)
-    rows = pa.RecordBatchReader.from_stream(scan).read_all()  # noqa: F841 - read by DuckDB by name
-    total = (
-        duckdb.connect()
-        .execute(
+    con = duckdb.connect()
+    con.register("current_rows", pa.RecordBatchReader.from_stream(scan).read_all())
+    return _combine(
+        _one(
+            con,
             f"SELECT coalesce(sum(({_hash_sql(cfg)} % 4294967296)::HUGEINT), 0), "
-            f"coalesce(sum(({_hash_sql(cfg)} // 4294967296)::HUGEINT), 0) FROM rows"
+            f"coalesce(sum(({_hash_sql(cfg)} // 4294967296)::HUGEINT), 0) FROM current_rows",
         )
-        .fetchone()
     )
-    return _combine(total)
 
 
 def _combine(limbs) -> int:

@@ -106,7 +106,7 @@ class CurrentTable:
             if text is None:
                 break
             actions = parse_actions(text)
-            info = next((a["commitInfo"] for a in actions if "commitInfo" in a), {})
+            info: dict = next((a["commitInfo"] for a in actions if "commitInfo" in a), {})
             if (reconcile_meta(info) or {}).get("op") == CURRENT_OP:
                 break
             if describe_commit(actions) is None:

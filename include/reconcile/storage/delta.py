@@ -421,7 +421,7 @@ def commit_next(
     meta: dict,
     txn: int,
     task: str,
-    removed: list[tuple[str, int]] = (),
+    removed: tuple[tuple[str, int], ...] | list[tuple[str, int]] = (),
 ) -> int | None:
     """The one way the sink commits to a Delta table (delta-rs): ``files`` added (``overwrite``:
     and every file of ``dt`` removed; ``removed``, ``(path, size)`` relative to the table: those

@@ -210,23 +210,30 @@ def path_exists(path: str) -> bool:
 
 
 def delete_files(paths: list[str], chunk: int = 500) -> None:
-    """Delete files (not directories), many per request where the store allows (S3's
-    DeleteObjects); a file already gone is not an error."""
+    """Delete files (not directories): a list per call where the file system takes one, one by
+    one through Arrow's object-store clients (S3, ADLS, GCS); a file already gone is not an
+    error."""
     by_fs: dict[int, tuple[Any, list[str]]] = {}
     for path in paths:
         fs, p = fs_of(path)
         by_fs.setdefault(id(fs), (fs, []))[1].append(p)
+    from fsspec.implementations.arrow import ArrowFSWrapper
+
     for fs, ps in by_fs.values():
+        bulk = not isinstance(fs, ArrowFSWrapper)  # Arrow's stores take one path per call
         for i in range(0, len(ps), chunk):
             part = ps[i : i + chunk]
-            try:
-                fs.rm(part)
-            except FileNotFoundError:  # one of them went meanwhile: the rest one by one
-                for p in part:
-                    try:
-                        fs.rm_file(p)
-                    except FileNotFoundError:
-                        pass
+            if bulk:
+                try:
+                    fs.rm(part)
+                    continue
+                except FileNotFoundError:  # one of them went meanwhile: the rest one by one
+                    pass
+            for p in part:
+                try:
+                    fs.rm_file(p)
+                except FileNotFoundError:
+                    pass
 
 
 def delete_path(path: str, attempts: int = 3) -> bool:
