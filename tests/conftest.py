@@ -20,6 +20,9 @@ _SESSION_TMP = Path(tempfile.mkdtemp(prefix="reconcile-tests-"))
 os.environ.setdefault("RECONCILE_HOME", str(_SESSION_TMP / "home"))
 os.environ["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+# The suite's many Spark processes share no metastore (the embedded one serves one process at a
+# time); tests/test_current.py turns the catalog on where it is the subject.
+os.environ.setdefault("RECONCILE_METASTORE", "none")
 # The embedded default sizes a driver for the machine (reconcile.spark): the suite's many
 # short-lived JVMs stay at 2 GiB each (tests/test_spark_conf.py checks the sizing itself).
 os.environ.setdefault("SPARK_DRIVER_MEMORY", "2g")

@@ -261,3 +261,59 @@ def test_a_bad_current_section_is_one_line_naming_the_field(tmp_path, monkeypatc
     said = capsys.readouterr()
     lines = [ln for ln in (said.out + said.err).splitlines() if "cur_bad" in ln]
     assert len(lines) == 1 and "current.paht" in lines[0] and "path" in lines[0]
+
+
+READ_BY_NAME = """
+import json, sys
+from reconcile.spark import get_session
+spark = get_session("catalog-reader")
+spark.sql("CREATE DATABASE IF NOT EXISTS marts")
+# a dbt-style model materialized as a table over the sink's current table, found by name
+spark.sql("CREATE OR REPLACE TABLE marts.by_v USING DELTA AS SELECT v, count(*) AS n FROM reconcile.cur_cat GROUP BY v")
+out = {
+    "current": sorted(([r.k, r.v] for r in spark.sql("SELECT k, v FROM reconcile.cur_cat").collect()), key=json.dumps),
+    "log_rows": spark.sql("SELECT count(*) FROM reconcile.cur_cat_log WHERE _diff <> 0").collect()[0][0],
+    "model": sorted(([r.v, r.n] for r in spark.table("marts.by_v").collect()), key=json.dumps),
+    "tables": sorted(t.name for t in spark.catalog.listTables("reconcile")),
+}
+print("RESULT " + json.dumps(out))
+"""
+
+
+def test_both_tables_are_found_by_name_in_the_embedded_metastore(tmp_path):
+    """Two processes, one at a time (the embedded Derby metastore's rule): ``reconcile run``
+    registers the tables as it writes; a Spark SQL session finds them by name and builds a
+    downstream model on the current table."""
+    home = tmp_path / "home"
+    env = {
+        **os.environ,
+        "RECONCILE_HOME": str(home),
+        "RECONCILE_WAREHOUSE": str(tmp_path / "warehouse"),
+        "RECONCILE_METADATA_URL": f"sqlite:///{tmp_path / 'ledger.db'}",
+        "RECONCILE_SINKS_DIR": str(tmp_path),
+        "RECONCILE_METASTORE": "embedded",
+    }
+    env.pop("PYSPARK_GATEWAY_PORT", None)
+    env.pop("RECONCILE_SPARK_REMOTE", None)
+    make_sink(tmp_path, "cur_cat", current=True)
+    for i, rows in enumerate(QUERY_ROWS[:2]):
+        write_json_rows(tmp_path / "src", rows)
+        run = subprocess.run(
+            [sys.executable, "-m", "reconcile", "run", "cur_cat", "--frontier", str(200 + 100 * i)],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+        assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
+    assert json.loads((home / "catalog" / "cur_cat.json").read_text())["metastore"] == "embedded"
+    read = subprocess.run(
+        [sys.executable, "-c", READ_BY_NAME], env=env, capture_output=True, text=True, timeout=600, cwd=tmp_path
+    )
+    assert read.returncode == 0, read.stderr[-3000:]
+    got = json.loads(next(ln for ln in read.stdout.splitlines() if ln.startswith("RESULT "))[7:])
+    want = sorted(([k, v] for k, v, _ in model_kv(QUERY_ROWS[1]).elements()), key=json.dumps)
+    assert got["current"] == want
+    assert got["model"] == sorted(([v, n] for v, n in Counter(v for _, v in want).items()), key=json.dumps)
+    assert got["tables"] == ["cur_cat", "cur_cat_log"]
+    assert got["log_rows"] >= len(want)

@@ -45,7 +45,7 @@ def url(port: int, host: str = "127.0.0.1") -> str:
 def command(port: int, master: str) -> list[str]:
     """spark-submit of a Connect server on ``port``: Delta, the sink's conf, sized like the
     embedded default when ``master`` is local."""
-    conf = {**SINK_CONF, "spark.connect.grpc.binding.port": str(port)}
+    conf = {**SINK_CONF, **settings.metastore_conf(), "spark.connect.grpc.binding.port": str(port)}
     jars = settings.spark_jars()
     conf["spark.jars" if jars else "spark.jars.packages"] = ",".join(jars) if jars else settings.DELTA_PACKAGES
     if master.startswith("local"):

@@ -89,6 +89,53 @@ def azure_endpoint() -> str | None:
     return os.environ.get("AZURE_STORAGE_ENDPOINT") or None
 
 
+def metastore() -> str:
+    """The Hive metastore the sink registers its tables in (``RECONCILE_METASTORE``):
+    ``embedded`` (the default: Derby in RECONCILE_HOME, one Spark process at a time),
+    ``thrift://host:9083`` (a metastore service), ``jdbc:postgresql://...`` (a metastore
+    database; user and password from ``RECONCILE_METASTORE_USER``/``_PASSWORD``), or ``none``."""
+    return os.environ.get("RECONCILE_METASTORE", "embedded").strip() or "embedded"
+
+
+def metastore_conf() -> dict[str, str]:
+    """Spark conf that backs the session catalog with :func:`metastore` (static: set when the
+    session starts); empty for ``none``. Names no secret: a JDBC password is a
+    ``${env.NAME}`` reference Hadoop resolves in the JVM."""
+    where = metastore()
+    if where == "none":
+        return {}
+    conf = {"spark.sql.catalogImplementation": "hive"}
+    if where == "embedded":
+        db = home() / "metastore_db"
+        conf.update(
+            {
+                "spark.hadoop.javax.jdo.option.ConnectionURL": f"jdbc:derby:;databaseName={db};create=true",
+                "spark.sql.warehouse.dir": str(home() / "spark-warehouse"),
+                "spark.hadoop.derby.system.home": str(home()),
+            }
+        )
+    elif where.startswith("thrift://"):
+        conf["spark.hadoop.hive.metastore.uris"] = where
+    elif where.startswith("jdbc:"):
+        conf.update(
+            {
+                "spark.hadoop.javax.jdo.option.ConnectionURL": where,
+                "spark.hadoop.javax.jdo.option.ConnectionUserName": os.environ.get("RECONCILE_METASTORE_USER", ""),
+                "spark.hadoop.javax.jdo.option.ConnectionPassword": "${env.RECONCILE_METASTORE_PASSWORD}",
+                "spark.hadoop.datanucleus.schema.autoCreateAll": "true",
+                "spark.hadoop.hive.metastore.schema.verification": "false",
+            }
+        )
+    else:
+        from reconcile.errors import SinkError
+
+        raise SinkError(
+            f"RECONCILE_METASTORE={where!r} is not a metastore",
+            remedy="set it to embedded, none, thrift://host:port or a jdbc: URL (docs/configuration.md).",
+        )
+    return conf
+
+
 def delta_storage_options() -> dict[str, str]:
     """What delta-rs needs beyond the standard environment variables it reads itself (AWS_*,
     AZURE_*, GOOGLE_*): plain HTTP allowed to an endpoint that speaks it. The credentials stay in

@@ -103,6 +103,7 @@ def submit_conf() -> dict[str, str]:
     """Spark conf for spark-submit of the jobs/ scripts (the DAG's operators): what the sink
     needs, Delta's jars and the driver's interpreter; nothing tuned for one machine."""
     conf = {**SINK_CONF, **{f"spark.hadoop.{k}": v for k, v in settings.spark_store_conf().items()}}
+    conf.update(settings.metastore_conf())
     jars = settings.spark_jars()
     if jars:
         conf["spark.jars"] = ",".join(jars)
@@ -183,7 +184,7 @@ def get_session(app_name: str = "reconcile", extra: dict[str, str] | None = None
         for k, v in local_conf().items():
             builder = builder.config(k, v)
     store = {f"spark.hadoop.{k}": v for k, v in settings.spark_store_conf().items()}
-    for k, v in {**SINK_CONF, **store, **(extra or {})}.items():
+    for k, v in {**SINK_CONF, **store, **settings.metastore_conf(), **(extra or {})}.items():
         builder = builder.config(k, v)
     spark = builder.getOrCreate()
     _store_conf(spark)

@@ -51,6 +51,7 @@ from reconcile.failpoints import failpoint
 from reconcile.log import event, iso
 from reconcile.manifest import Manifest, ManifestUnreadable, Part
 from reconcile.model import COMMITTED, OPEN_STATES, STAGED, BatchDescription, Staged
+from reconcile.sink import catalog
 from reconcile.sink import drift as drift_
 from reconcile.sink.sync import sync
 from reconcile.sink.verify import parse_manifest, staged_files
@@ -228,6 +229,7 @@ def run_write(spark: SparkSession, store: Ledger, cfg: SinkConfig, batch_id: str
         msg = event(log, f"skipping write: batch is {b.state} ({b.message or 'no message'})", **attempt.state)
         return WriteResult("skipped", msg)
     table.ensure(lambda: store.commit_lease(cfg.name, f"creation of the shard's table (batch {batch_id})"))
+    catalog.register(spark, cfg)
     shard = sync(store, table)
     if shard.upper > attempt.desc.lower:
         return absorb_outdated(attempt, shard.upper)
