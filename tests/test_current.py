@@ -281,17 +281,18 @@ print("RESULT " + json.dumps(out))
 
 
 def test_both_tables_are_found_by_name_in_the_embedded_metastore(tmp_path):
-    """Two processes, one at a time (the embedded Derby metastore's rule): ``reconcile run``
-    registers the tables as it writes; a Spark SQL session finds them by name and builds a
-    downstream model on the current table."""
+    """``reconcile run`` registers the tables as it writes; then another Spark process (one at a
+    time: the embedded Derby metastore's rule) finds them by name and builds a downstream model
+    on the current table."""
     home = tmp_path / "home"
+    where = "embedded"
     env = {
         **os.environ,
         "RECONCILE_HOME": str(home),
         "RECONCILE_WAREHOUSE": str(tmp_path / "warehouse"),
         "RECONCILE_METADATA_URL": f"sqlite:///{tmp_path / 'ledger.db'}",
         "RECONCILE_SINKS_DIR": str(tmp_path),
-        "RECONCILE_METASTORE": "embedded",
+        "RECONCILE_METASTORE": where,
     }
     env.pop("PYSPARK_GATEWAY_PORT", None)
     env.pop("RECONCILE_SPARK_REMOTE", None)
@@ -306,7 +307,10 @@ def test_both_tables_are_found_by_name_in_the_embedded_metastore(tmp_path):
             timeout=600,
         )
         assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
-    assert json.loads((home / "catalog" / "cur_cat.json").read_text())["metastore"] == "embedded"
+    marker = home / "catalog" / "cur_cat.json"
+    causes = sorted({ln for ln in (run.stdout + run.stderr).splitlines() if "Caused by" in ln or "register" in ln})
+    assert marker.exists(), "\n".join(causes)[-4000:]
+    assert json.loads(marker.read_text())["metastore"] == where
     read = subprocess.run(
         [sys.executable, "-c", READ_BY_NAME], env=env, capture_output=True, text=True, timeout=600, cwd=tmp_path
     )

@@ -92,15 +92,13 @@ def azure_endpoint() -> str | None:
 def metastore() -> str:
     """The Hive metastore the sink registers its tables in (``RECONCILE_METASTORE``):
     ``embedded`` (the default: Derby in RECONCILE_HOME, one Spark process at a time),
-    ``thrift://host:9083`` (a metastore service), ``jdbc:postgresql://...`` (a metastore
-    database; user and password from ``RECONCILE_METASTORE_USER``/``_PASSWORD``), or ``none``."""
+    ``thrift://host:9083`` (a metastore service, over its own database), or ``none``."""
     return os.environ.get("RECONCILE_METASTORE", "embedded").strip() or "embedded"
 
 
 def metastore_conf() -> dict[str, str]:
     """Spark conf that backs the session catalog with :func:`metastore` (static: set when the
-    session starts); empty for ``none``. Names no secret: a JDBC password is a
-    ``${env.NAME}`` reference Hadoop resolves in the JVM."""
+    session starts); empty for ``none``."""
     where = metastore()
     if where == "none":
         return {}
@@ -116,22 +114,12 @@ def metastore_conf() -> dict[str, str]:
         )
     elif where.startswith("thrift://"):
         conf["spark.hadoop.hive.metastore.uris"] = where
-    elif where.startswith("jdbc:"):
-        conf.update(
-            {
-                "spark.hadoop.javax.jdo.option.ConnectionURL": where,
-                "spark.hadoop.javax.jdo.option.ConnectionUserName": os.environ.get("RECONCILE_METASTORE_USER", ""),
-                "spark.hadoop.javax.jdo.option.ConnectionPassword": "${env.RECONCILE_METASTORE_PASSWORD}",
-                "spark.hadoop.datanucleus.schema.autoCreateAll": "true",
-                "spark.hadoop.hive.metastore.schema.verification": "false",
-            }
-        )
     else:
         from reconcile.errors import SinkError
 
         raise SinkError(
             f"RECONCILE_METASTORE={where!r} is not a metastore",
-            remedy="set it to embedded, none, thrift://host:port or a jdbc: URL (docs/configuration.md).",
+            remedy="set it to embedded, none or thrift://host:port (docs/configuration.md).",
         )
     return conf
 
