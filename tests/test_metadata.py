@@ -20,7 +20,7 @@ from reconcile import errors
 from reconcile.model import COMMITTED, MINTED, OPEN_STATES, SUPERSEDED, CommitRecord
 from reconcile.sink.mint import maybe_mint
 from reconcile.storage.ledger import Ledger, current_revision, downgrade, head, make_engine, now, upgrade
-from reconcile.storage.tables import Base, Batch, Shard
+from reconcile.storage.ledger_rows import Base, Batch, Shard
 
 TABLES = {"reconcile_shards", "reconcile_batches"}
 AS_OF = 100

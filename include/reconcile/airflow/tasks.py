@@ -32,7 +32,7 @@ from reconcile.report import iso_text
 from reconcile.schedule import desired_frontier
 from reconcile.sink.mint import MintResult, run_mint
 from reconcile.storage.ledger import Ledger
-from reconcile.storage.tables import Batch
+from reconcile.storage.ledger_rows import Batch
 
 log = logging.getLogger("reconcile.tasks")
 

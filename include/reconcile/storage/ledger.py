@@ -64,7 +64,7 @@ from reconcile.failpoints import failpoint
 from reconcile.log import event as log_event
 from reconcile.log import iso
 from reconcile.model import COMMITTED, MINTED, OPEN_STATES, STAGED, SUPERSEDED, BatchDescription, CommitRecord, Staged
-from reconcile.storage.tables import Batch, Shard
+from reconcile.storage.ledger_rows import Batch, Shard
 
 log = logging.getLogger("reconcile.metadata")
 MIGRATIONS = Path(__file__).parent / "migrations"
