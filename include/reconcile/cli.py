@@ -101,7 +101,7 @@ def cmd_schema(args) -> int:
 
 
 def cmd_db(args) -> int:
-    from reconcile.storage.ledger import current_revision, downgrade, make_engine, upgrade
+    from reconcile.storage.engine import current_revision, downgrade, make_engine, upgrade
 
     engine = make_engine(settings.metadata_url())
     if args.action == "upgrade":
