@@ -52,6 +52,8 @@ def test_the_layout_exists():
         "reconcile.sink.sync",
         "reconcile.sink.run",
         "reconcile.airflow.dags",
+        "reconcile.airflow.operators",
+        "reconcile.airflow.callbacks",
         "reconcile.kinds",
     ):
         assert name in MODULES, name
