@@ -54,6 +54,8 @@ def test_the_layout_exists():
         "reconcile.airflow.dags",
         "reconcile.airflow.operators",
         "reconcile.airflow.callbacks",
+        "reconcile.airflow.ui",
+        "reconcile.airflow.charts",
         "reconcile.kinds",
     ):
         assert name in MODULES, name
