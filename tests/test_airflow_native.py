@@ -4,7 +4,7 @@ the lag alert as an Airflow deadline, and each run's outcome as its DAG run's no
 What runs where:
 
 - the DAG-shape tests parse the sinks' DAGs in this process (no Spark, no database);
-- the end-to-end test runs Airflow's real services (tests/airflow_stack.py: api-server,
+- the end-to-end test runs Airflow's real services (harness/airflow_stack.py: api-server,
   scheduler with the LocalExecutor, dag-processor; Airflow's database on PostgreSQL) with the
   writes on the session's Spark Connect server, and acts as the operator does: it triggers runs
   and answers the approval through Airflow's REST API (what the UI's Required actions page
@@ -247,7 +247,7 @@ def airflow_up(tmp_path_factory, connect_url):
     """Airflow's services with four sinks (schedule none: runs only when triggered): three ask
     for the guard's approval in Airflow (approved, rejected, unanswered within 0.25 min); one has
     a deadline of 0 minutes after queueing (every run misses it) and the test's alert callback."""
-    from airflow_stack import AirflowStack, sink_env
+    from harness.airflow_stack import AirflowStack, sink_env
 
     postgres = os.environ.get("RECONCILE_TEST_POSTGRES_URL")
     if not postgres:
