@@ -76,7 +76,7 @@ from reconcile.storage.ledger import Ledger
 from tiny_spark import TINY_DATA_CONF
 from upsert_model import HINT, UPSERT, UpsertModel
 
-log = logging.getLogger("reconcile.chaos")
+log = logging.getLogger(__name__)
 KEYS = range(6)
 COMPACT_POINTS = tuple(p for p in failpoints.POINTS if p.startswith("compact."))
 BATCH_POINTS = tuple(p for p in failpoints.POINTS if p not in COMPACT_POINTS)

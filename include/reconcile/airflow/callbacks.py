@@ -6,6 +6,8 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+log = logging.getLogger(__name__)
+
 
 def run_note(context, text: str) -> None:
     """Set the run's note to ``text`` (best effort: see :func:`reconcile.airflow.tasks.set_run_note`)."""
@@ -51,7 +53,7 @@ def lag_deadline_missed(
     from reconcile.airflow.tasks import lag_alert_line
 
     line = lag_alert_line(sink, lag_minutes, context)
-    logging.getLogger("reconcile.alert").warning("deadline missed: %s", line)
+    log.warning("deadline missed: %s", line)
     if notify:
         target: Any = import_string(notify)
         if inspect.isclass(target):  # a notifier: built, then called with the context

@@ -55,6 +55,8 @@ from reconcile.config import SinkConfig, load_dir
 from reconcile.errors import ConfigError
 from reconcile.schedule import schedule_period_ms
 
+log = logging.getLogger(__name__)
+
 
 def _doc(cfg: SinkConfig) -> str:
     cols = "\n".join(f"| `{c.name}` | {c.type} | {'yes' if c.nullable else 'no'} |" for c in cfg.columns)
@@ -167,7 +169,7 @@ def build_dag(cfg: SinkConfig) -> DAG:
                 read_only=bool(context["params"].get("read_only")),
             )
             if result.description is None:  # the rest of the run is skipped at once
-                logging.getLogger("reconcile.tasks").warning("mint: %s", result.message)
+                log.warning("mint: %s", result.message)
                 run_note(context, f"nothing to do: {result.message}")
                 return False
             d = result.description
@@ -196,7 +198,7 @@ def build_dag(cfg: SinkConfig) -> DAG:
             from reconcile.airflow.tasks import compaction_check
 
             due, why = compaction_check(sink)
-            logging.getLogger("reconcile.tasks").info("compaction %s: %s", "due" if due else "not due", why)
+            log.info("compaction %s: %s", "due" if due else "not due", why)
             return why if due else False
 
         compact = ReconcileSparkSubmitOperator(task_id="compact", sink=cfg.name, stage="compact")
@@ -207,7 +209,6 @@ def build_dag(cfg: SinkConfig) -> DAG:
             def correction_guard(sink: str = cfg.name, **context) -> list[str]:
                 from reconcile.airflow.tasks import guard_stop
 
-                log = logging.getLogger("reconcile.tasks")
                 if context["params"].get("approve_correction"):
                     log.info("correction_guard: run approved up front (param approve_correction): on to append")
                     return ["append"]

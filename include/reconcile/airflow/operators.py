@@ -17,6 +17,8 @@ from reconcile import settings
 from reconcile.airflow.callbacks import run_note
 from reconcile.spark import submit_conf
 
+log = logging.getLogger(__name__)
+
 # The batch the run's mint minted, handed forward: the batch written and appended is that one.
 BATCH_ID = "{{ (ti.xcom_pull(task_ids='mint') or {}).get('batch_id') }}"
 
@@ -231,7 +233,6 @@ def append_task(shard: Asset, sink: str, scheduled: bool, context) -> str:
     )
     from reconcile.errors import DescriptionOutdated, Retryable, SinkError
 
-    log = logging.getLogger("reconcile.tasks")
     run_id = context["run_id"]
     batch_id = (context["ti"].xcom_pull(task_ids="mint") or {}).get("batch_id")
     approve = f"run {run_id} (param approve_correction)" if context["params"].get("approve_correction") else None

@@ -34,7 +34,7 @@ from reconcile.sink.mint import MintResult, run_mint
 from reconcile.storage.ledger import Ledger
 from reconcile.storage.ledger_rows import Batch
 
-log = logging.getLogger("reconcile.tasks")
+log = logging.getLogger(__name__)
 
 
 def open_store() -> Ledger:

@@ -70,7 +70,7 @@ from reconcile.storage.delta import ShardTable
 from reconcile.storage.ledger import Ledger
 from reconcile.storage.ledger_rows import Batch, Shard
 
-log = logging.getLogger("reconcile.append")
+log = logging.getLogger(__name__)
 
 
 @dataclass

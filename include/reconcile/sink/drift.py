@@ -36,7 +36,7 @@ from reconcile.storage.delta import ShardTable
 from reconcile.storage.ledger import Ledger
 from reconcile.storage.ledger_rows import Batch
 
-log = logging.getLogger("reconcile.sink.drift")
+log = logging.getLogger(__name__)
 KEYS_COLLECTED = 100_000  # more touched keys than this: the batch repairs every key
 
 

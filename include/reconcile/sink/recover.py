@@ -36,7 +36,7 @@ from reconcile.storage.delta import ShardTable
 from reconcile.storage.ledger import Ledger
 from reconcile.storage.ledger_rows import Shard
 
-log = logging.getLogger("reconcile.recover")
+log = logging.getLogger(__name__)
 
 
 @dataclass

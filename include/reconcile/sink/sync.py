@@ -36,7 +36,7 @@ from reconcile.storage.layout import COMPACTIONS_DIR, parse_compaction_dir
 from reconcile.storage.ledger import Ledger
 from reconcile.storage.ledger_rows import Batch, Shard
 
-log = logging.getLogger("reconcile.sync")
+log = logging.getLogger(__name__)
 
 
 def sync(store: Ledger, table: ShardTable) -> Shard:

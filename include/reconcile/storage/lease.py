@@ -23,7 +23,7 @@ from reconcile.errors import Retryable, ShardNotFound, SinkError
 from reconcile.log import event as log_event
 from reconcile.storage.ledger_rows import Shard
 
-log = logging.getLogger("reconcile.metadata")
+log = logging.getLogger(__name__)
 
 
 class CommitLeaseBusy(Retryable):

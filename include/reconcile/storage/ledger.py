@@ -45,7 +45,7 @@ from reconcile.storage.engine import current_revision, current_revision_safe, he
 from reconcile.storage.lease import CommitLeases
 from reconcile.storage.ledger_rows import Batch, Shard
 
-log = logging.getLogger("reconcile.metadata")
+log = logging.getLogger(__name__)
 _CHECKED: set[str] = set()  # database URLs whose schema this process found at head
 
 
