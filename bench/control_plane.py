@@ -38,7 +38,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT))  # harness/
 
 
 def free_port() -> int:
@@ -213,7 +213,7 @@ def bench_dags_test(work: Path, connect: str | None) -> dict:
 
 
 def bench_scheduler(work: Path, postgres_url: str, connect: str | None) -> dict:
-    """Runs in a long-lived Airflow (:class:`airflow_stack.AirflowStack`: api-server, scheduler
+    """Runs in a long-lived Airflow (:class:`harness.airflow_stack.AirflowStack`: api-server, scheduler
     with the LocalExecutor, dag-processor; Airflow's database on PostgreSQL), as production runs
     them. The demo sink (daily, no catch-up) gets its scheduled run as soon as the scheduler
     starts: it writes 3 rows into a new shard up to today. Then runs of intervals the shard
@@ -222,7 +222,7 @@ def bench_scheduler(work: Path, postgres_url: str, connect: str | None) -> dict:
     (the DagRun's own duration), and each task's queued/started/ended seconds after the run's start."""
     import yaml
 
-    from airflow_stack import AirflowStack
+    from harness.airflow_stack import AirflowStack
     from reconcile.demo import embedded_env, write_orders
 
     home = work / "home"

@@ -1,5 +1,5 @@
 """What the sink costs with its warehouse on S3, on the local S3 server the
-tests use (versitygw on 127.0.0.1, tests/s3_server.py). One command, run alone on a quiet machine:
+tests use (versitygw on 127.0.0.1, harness/s3_server.py). One command, run alone on a quiet machine:
 
     python bench/s3_costs.py [--rows 1000000] [--change 0.01] [--batches 200] [--out bench/results/s3_costs.json]
 
@@ -40,7 +40,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT))  # harness/
 sys.path.insert(0, str(ROOT / "bench"))
 
 APPEND_TARGET_S, READ_TARGET_S, DAGS_TEST_TARGET_S = 0.5, 2.0, 15.0
@@ -340,7 +340,7 @@ def main() -> int:
     args = p.parse_args()
     parts = args.only or ["append", "reads", "airflow"]
 
-    import s3_server
+    from harness import s3_server
 
     work = Path(tempfile.mkdtemp(prefix="s3-costs-"))
     access = work / "s3-access.log"
@@ -361,7 +361,7 @@ def main() -> int:
         "commit": commit.stdout.strip(),
         "cores": os.cpu_count(),
         "load_at_start": load(),
-        "store": "versitygw 1.8.0 on 127.0.0.1 (tests/s3_server.py)",
+        "store": "versitygw 1.8.0 on 127.0.0.1 (harness/s3_server.py)",
         "parts": parts,
     }
     try:

@@ -3,7 +3,7 @@
 #   bash scripts/chaos_soak.sh [SCHEDULES=1000] [SEED=1] [WORKERS=2] [CHUNK=25]
 #   bash scripts/chaos_soak.sh --summary [SEED=1]
 #   RECONCILE_CHAOS_S3=1 bash scripts/chaos_soak.sh ...   # the warehouse on S3: each chunk starts
-#     its own S3 server (versitygw on 127.0.0.1, tests/s3_server.py); results in chaos-results/s3-seed<S>
+#     its own S3 server (versitygw on 127.0.0.1, harness/s3_server.py); results in chaos-results/s3-seed<S>
 #   RECONCILE_CHAOS_KIND=upsert bash scripts/chaos_soak.sh ...   # upsert sinks (`--kind upsert`):
 #     results in chaos-results/upsert-seed<S> (with RECONCILE_CHAOS_S3=1: upsert-s3-seed<S>)
 # Each chunk of schedules runs as `python tests/chaos.py --first I --schedules CHUNK` and

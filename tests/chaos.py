@@ -34,7 +34,7 @@ threads running attempts of the *same* run (the same batch) at once.
 
     python tests/chaos.py --schedules 1000 --seed 1        # prints counts and divergences
     python tests/chaos.py --schedules 1 --seed 1 --first 417  # reproduce schedule 417
-    python tests/chaos.py --schedules 10 --s3               # the warehouse on S3 (tests/s3_server.py)
+    python tests/chaos.py --schedules 10 --s3               # the warehouse on S3 (harness/s3_server.py)
     python tests/chaos.py --schedules 100 --kind upsert     # an upsert sink and its command feed
 
 With ``--s3`` the script starts its own S3 server (versitygw on 127.0.0.1) and puts the
@@ -52,6 +52,7 @@ import json
 import logging
 import random
 import shutil
+import sys
 import tempfile
 import threading
 import time
@@ -75,7 +76,7 @@ from reconcile.storage.ledger import Ledger
 from tiny_spark import TINY_DATA_CONF
 from upsert_model import HINT, UPSERT, UpsertModel
 
-log = logging.getLogger("reconcile.chaos")
+log = logging.getLogger(__name__)
 KEYS = range(6)
 COMPACT_POINTS = tuple(p for p in failpoints.POINTS if p.startswith("compact."))
 BATCH_POINTS = tuple(p for p in failpoints.POINTS if p not in COMPACT_POINTS)
@@ -585,7 +586,8 @@ def main(
     server = None
     warehouse = None
     if s3:  # before the JVM starts: it reads the AWS environment as a deployment's does
-        import s3_server
+        sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script: harness/
+        from harness import s3_server
 
         server = s3_server.start(Path(tempfile.mkdtemp(prefix="reconcile-chaos-s3-")))
         os.environ.update(server.storage_options())

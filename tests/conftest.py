@@ -27,6 +27,7 @@ os.environ.setdefault("RECONCILE_METASTORE", "none")
 # short-lived JVMs stay at 2 GiB each (tests/test_spark_conf.py checks the sizing itself).
 os.environ.setdefault("SPARK_DRIVER_MEMORY", "2g")
 sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT))  # the servers tests and benchmarks share: harness/
 # Airflow reads its configuration at import: point it at a private home before any import.
 os.environ["AIRFLOW_HOME"] = str(_SESSION_TMP / "airflow")
 os.environ["AIRFLOW__CORE__DAGS_FOLDER"] = str(ROOT / "dags")
@@ -219,8 +220,8 @@ def sqlite_store(sqlite_url, monkeypatch):
 
 @pytest.fixture(scope="session")
 def s3_server_running(tmp_path_factory):
-    """One S3 server (versitygw, tests/s3_server.py) per test process, on 127.0.0.1."""
-    import s3_server
+    """One S3 server (versitygw, harness/s3_server.py) per test process, on 127.0.0.1."""
+    from harness import s3_server
     from object_store_harness import serve
 
     yield from serve(s3_server.start, tmp_path_factory.mktemp("s3"))

@@ -156,10 +156,10 @@ def run_dag_test(
 def _dag_test(dag_id: str, logical_date: datetime, run_conf: dict | None, failpoints) -> dict:
     from reconcile import failpoints as fp
     from reconcile import settings
-    from reconcile.airflow import dags as dag_module
+    from reconcile.airflow import operators
 
-    # dags.py reads RECONCILE_JOBS_DIR when first imported: a run with another folder re-reads it
-    dag_module.JOBS = Path(os.environ.get("RECONCILE_JOBS_DIR", settings.PROJECT_ROOT / "jobs"))
+    # operators.py reads RECONCILE_JOBS_DIR when first imported: a run with another folder re-reads it
+    operators.JOBS = Path(os.environ.get("RECONCILE_JOBS_DIR", settings.PROJECT_ROOT / "jobs"))
     from airflow.dag_processing.dagbag import DagBag
 
     bag = DagBag(dag_folder=str(ROOT / "dags"))
@@ -167,7 +167,7 @@ def _dag_test(dag_id: str, logical_date: datetime, run_conf: dict | None, failpo
     if dag is None:
         raise LookupError(f"no DAG {dag_id!r} in {ROOT / 'dags'}: {bag.import_errors}")
     applications = {
-        t.task_id: t.application for t in dag.tasks if isinstance(t, dag_module.ReconcileSparkSubmitOperator)
+        t.task_id: t.application for t in dag.tasks if isinstance(t, operators.ReconcileSparkSubmitOperator)
     }
     spec = failpoints if isinstance(failpoints, Mapping) else _parse(failpoints or "")
     try:

@@ -20,7 +20,7 @@ from typing import TypeVar
 import pyarrow as pa
 import pytest
 
-from emulator_server import Emulator, EmulatorMissing, SignedClient, running
+from harness.emulator_server import Emulator, EmulatorMissing, SignedClient, running
 
 E = TypeVar("E", bound=Emulator)
 

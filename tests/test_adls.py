@@ -1,5 +1,5 @@
 """The warehouse on Azure (``RECONCILE_WAREHOUSE=abfss://container@account.dfs.core.windows.net/...``)
-on Azurite (tests/azurite_server.py), as far as an emulator of the Blob API can show it:
+on Azurite (harness/azurite_server.py), as far as an emulator of the Blob API can show it:
 
 - its put-if-absent (``If-None-Match: *`` on Put Blob) has exactly one winner among racing puts;
 - delta-rs creates and appends with the sink's settings and never overwrites a commit; of
@@ -24,8 +24,8 @@ from collections import Counter
 import pyarrow.parquet as pq
 import pytest
 
-import azurite_server
 import object_store_harness as harness
+from harness import azurite_server
 from helpers import arrow_updates, make_sink, shard_as_of
 from reconcile import settings
 from reconcile.storage import files

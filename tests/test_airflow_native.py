@@ -4,7 +4,7 @@ the lag alert as an Airflow deadline, and each run's outcome as its DAG run's no
 What runs where:
 
 - the DAG-shape tests parse the sinks' DAGs in this process (no Spark, no database);
-- the end-to-end test runs Airflow's real services (tests/airflow_stack.py: api-server,
+- the end-to-end test runs Airflow's real services (harness/airflow_stack.py: api-server,
   scheduler with the LocalExecutor, dag-processor; Airflow's database on PostgreSQL) with the
   writes on the session's Spark Connect server, and acts as the operator does: it triggers runs
   and answers the approval through Airflow's REST API (what the UI's Required actions page
@@ -84,7 +84,7 @@ def test_the_dags_shape_deadline_and_approval_step(tmp_path):
     (deadline,) = asks.deadline
     assert type(deadline.reference).__name__ == "DagRunQueuedAtDeadline"
     assert deadline.interval.total_seconds() == 30 * 60
-    assert deadline.callback.path == "reconcile.airflow.dags.lag_deadline_missed"
+    assert deadline.callback.path == "reconcile.airflow.callbacks.lag_deadline_missed"
     assert deadline.callback.kwargs == {
         "sink": "asks",
         "lag_minutes": 30,
@@ -106,7 +106,7 @@ def test_a_missed_deadline_logs_and_hands_the_line_to_the_teams_notifier(tmp_pat
     and calls the sink's callback: a notifier class sees the line as {{ message }}."""
     from airflow.sdk.bases.notifier import BaseNotifier
 
-    from reconcile.airflow import dags
+    from reconcile.airflow import callbacks
     from reconcile.storage.ledger import Ledger
 
     monkeypatch.setenv("RECONCILE_SINKS_DIR", str(tmp_path / "sinks"))
@@ -117,7 +117,7 @@ def test_a_missed_deadline_logs_and_hands_the_line_to_the_teams_notifier(tmp_pat
     store.dispose()
     context = {"dag_run": {"dag_run_id": "scheduled__x", "state": "running"}, "deadline": {"deadline_time": "T"}}
 
-    line = dags.lag_deadline_missed(
+    line = callbacks.lag_deadline_missed(
         context, "late", 90, notify=f"{__name__}.record_alert", notify_kwargs={"path": str(tmp_path / "a.jsonl")}
     )
     assert line.startswith("sink late: run scheduled__x (running) has not finished 90 min after it was queued")
@@ -137,9 +137,13 @@ def test_a_missed_deadline_logs_and_hands_the_line_to_the_teams_notifier(tmp_pat
         def notify(self, context):
             sent.append(self.text)
 
-    monkeypatch.setattr(dags, "_test_pager", Pager, raising=False)
-    dags.lag_deadline_missed(
-        context, "late", 90, notify="reconcile.airflow.dags._test_pager", notify_kwargs={"text": "ALERT {{ message }}"}
+    monkeypatch.setattr(callbacks, "_test_pager", Pager, raising=False)
+    callbacks.lag_deadline_missed(
+        context,
+        "late",
+        90,
+        notify="reconcile.airflow.callbacks._test_pager",
+        notify_kwargs={"text": "ALERT {{ message }}"},
     )
     assert sent == [f"ALERT {line}"]
 
@@ -243,7 +247,7 @@ def airflow_up(tmp_path_factory, connect_url):
     """Airflow's services with four sinks (schedule none: runs only when triggered): three ask
     for the guard's approval in Airflow (approved, rejected, unanswered within 0.25 min); one has
     a deadline of 0 minutes after queueing (every run misses it) and the test's alert callback."""
-    from airflow_stack import AirflowStack, sink_env
+    from harness.airflow_stack import AirflowStack, sink_env
 
     postgres = os.environ.get("RECONCILE_TEST_POSTGRES_URL")
     if not postgres:
@@ -421,7 +425,7 @@ def test_an_approval_airflow_ends_without_an_answer_acted_on_says_so_and_how_to_
     """Airflow 3.3.2 may kill a resumed approval before it acts on the answer (no exception reaches
     the failure callback): the run's note says nothing was committed and how to go on, not "no
     cause recorded"."""
-    from reconcile.airflow.dags import failure_note
+    from reconcile.airflow.callbacks import failure_note
 
     note = failure_note("approve_correction", None, "na_no")
     assert note.startswith("approve_correction: Airflow ended the approval before it could act on an answer")

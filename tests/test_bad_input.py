@@ -60,7 +60,7 @@ from reconcile.storage import files, frames
 from reconcile.storage.commits import batch_commits
 from reconcile.storage.delta import ShardTable
 from reconcile.storage.ledger import Ledger
-from reconcile.storage.tables import Batch
+from reconcile.storage.ledger_rows import Batch
 
 ROWS = [{"k": 1, "v": "a"}, {"k": 2, "v": "b"}, {"k": 3, "v": "c"}, {"k": 4, "v": "d"}]
 BAD_PG_URL = "postgresql+psycopg://nobody:secret@127.0.0.1:1/none"

@@ -26,8 +26,9 @@ from reconcile.model import COMMITTED
 from reconcile.sink import mint, write
 from reconcile.storage import commits
 from reconcile.storage.delta import ShardTable
-from reconcile.storage.ledger import CommitLeaseBusy, CommitLeaseLost, downgrade, make_engine, upgrade
-from reconcile.storage.tables import Shard
+from reconcile.storage.engine import downgrade, make_engine, upgrade
+from reconcile.storage.lease import CommitLeaseBusy, CommitLeaseLost
+from reconcile.storage.ledger_rows import Shard
 
 AS_OF = 100
 

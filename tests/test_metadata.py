@@ -19,8 +19,9 @@ from sqlalchemy.orm import Session
 from reconcile import errors
 from reconcile.model import COMMITTED, MINTED, OPEN_STATES, SUPERSEDED, CommitRecord
 from reconcile.sink.mint import maybe_mint
-from reconcile.storage.ledger import Ledger, current_revision, downgrade, head, make_engine, now, upgrade
-from reconcile.storage.tables import Base, Batch, Shard
+from reconcile.storage.engine import current_revision, downgrade, head, make_engine, upgrade
+from reconcile.storage.ledger import Ledger, now
+from reconcile.storage.ledger_rows import Base, Batch, Shard
 
 TABLES = {"reconcile_shards", "reconcile_batches"}
 AS_OF = 100
@@ -82,7 +83,7 @@ def test_the_head_the_ledger_checks_is_alembic_s():
     number, its down revision the one before, and the newest is the head Alembic finds."""
     from alembic.script import ScriptDirectory
 
-    from reconcile.storage.ledger import MIGRATIONS
+    from reconcile.storage.engine import MIGRATIONS
 
     script = ScriptDirectory(str(MIGRATIONS))
     revisions = sorted(script.walk_revisions(), key=lambda r: r.revision)

@@ -58,7 +58,7 @@ def _history(url: str, name: str) -> None:
     EMPTY changed nothing, HUGE wrote a million rows, DRIFT repaired one row of drift, RESOLVED
     committed after a failed attempt, ERRORS holds error rows; and a superseded catch-up run."""
     from reconcile.storage.ledger import Ledger
-    from reconcile.storage.tables import Batch, Shard
+    from reconcile.storage.ledger_rows import Batch, Shard
 
     store = Ledger(url)
     at = datetime(2026, 1, 1, tzinfo=UTC)

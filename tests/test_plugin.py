@@ -205,7 +205,7 @@ def test_the_ledger_pages_fast_with_10000_batches(tmp_path, sqlite_store, monkey
     from sqlalchemy.engine import Engine
 
     from reconcile.airflow.ui import PAGE, render_sink
-    from reconcile.storage.tables import Batch, Shard
+    from reconcile.storage.ledger_rows import Batch, Shard
 
     monkeypatch.setenv("RECONCILE_SINKS_DIR", str(tmp_path))
     monkeypatch.setenv("RECONCILE_WAREHOUSE", str(tmp_path / "wh"))
@@ -262,7 +262,7 @@ def test_the_ledger_pages_fast_with_10000_batches(tmp_path, sqlite_store, monkey
 def test_batch_page_and_previous_committed_on_both_databases(store):
     """Keyset pages newest first (several batches may share a lower) and the committed batch
     below a lower, on SQLite and PostgreSQL."""
-    from reconcile.storage.tables import Batch, Shard
+    from reconcile.storage.ledger_rows import Batch, Shard
 
     t = datetime(2026, 1, 1, tzinfo=UTC)
     states = {"a": "superseded", "b": "committed", "c": "committed", "d": "minted", "e": "committed"}

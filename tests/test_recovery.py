@@ -36,7 +36,7 @@ from reconcile.storage import files
 from reconcile.storage.commits import batch_commits
 from reconcile.storage.delta import ShardTable
 from reconcile.storage.ledger import Ledger
-from reconcile.storage.tables import Batch, Shard
+from reconcile.storage.ledger_rows import Batch, Shard
 
 
 def _rows(version: int) -> list[dict]:

@@ -1,5 +1,5 @@
 """The warehouse on S3 (``RECONCILE_WAREHOUSE=s3://bucket/prefix``) on a real S3 server
-(versitygw on 127.0.0.1, tests/s3_server.py): every kind end to end, drift written by a foreign
+(versitygw on 127.0.0.1, harness/s3_server.py): every kind end to end, drift written by a foreign
 delta-rs writer repaired, compaction, the checks, the files the stages list and delete; each
 checked against an independent model in plain Python (the shard read back with delta-rs).
 """

@@ -26,7 +26,7 @@ TREE = {
 
 @pytest.fixture(scope="module")
 def s3(tmp_path_factory, monkeypatch_module):
-    import s3_server
+    from harness import s3_server
 
     base = tmp_path_factory.mktemp("s3-listing")
     try:

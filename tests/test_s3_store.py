@@ -1,4 +1,4 @@
-"""The S3 pieces under the warehouse, on a real S3 server (versitygw, tests/s3_server.py):
+"""The S3 pieces under the warehouse, on a real S3 server (versitygw, harness/s3_server.py):
 
 - the server's put-if-absent is atomic: of many conditional puts of one key racing, exactly one
   wins and the rest get 412, round after round (what every Delta commit on S3 relies on);
@@ -16,7 +16,7 @@ import pyarrow as pa
 import pytest
 
 import object_store_harness as harness
-import s3_server
+from harness import s3_server
 
 
 @pytest.fixture(scope="module")

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from airflow_stack import AIRFLOW, AirflowStack, sink_env
+from harness.airflow_stack import AIRFLOW, AirflowStack, sink_env
 from helpers import cli_json, daily_sink, json_query, model_kv, shard_as_of, until, write_json_rows
 
 pytestmark = [pytest.mark.airflow, pytest.mark.slow]

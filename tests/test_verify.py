@@ -213,7 +213,7 @@ def test_checksums_that_cannot_be_summed_exactly_are_left_unrecorded_not_wrong(
     for i, (frontier, new) in enumerate(runs):
         source += new
         write_json_rows(tmp_path / "log", source)
-        with caplog.at_level("WARNING", logger="reconcile.write"):
+        with caplog.at_level("WARNING", logger="reconcile.sink.write"):
             _, w, a = run_stages(spark, store, cfg, f"run-{i}", frontier)
         assert a.outcome == "committed", a.message
         assert "cannot be summed exactly" in caplog.text

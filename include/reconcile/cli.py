@@ -40,7 +40,7 @@ import sys
 
 from reconcile import remedy, settings
 from reconcile.errors import SinkError, brief
-from reconcile.log import iso
+from reconcile.log import iso, parse_time
 
 
 def _store():
@@ -102,7 +102,7 @@ def cmd_schema(args) -> int:
 
 
 def cmd_db(args) -> int:
-    from reconcile.storage.ledger import current_revision, downgrade, make_engine, upgrade
+    from reconcile.storage.engine import current_revision, downgrade, make_engine, upgrade
 
     engine = make_engine(settings.metadata_url())
     if args.action == "upgrade":
@@ -150,7 +150,6 @@ def quiet_spark(command: str, app: str | None = None):
 def cmd_show(args) -> int:
     from reconcile.config import load_sink
     from reconcile.report import show_shard
-    from reconcile.sink.history import parse_time
 
     cfg = load_sink(args.sink)
     as_of = None if args.as_of is None else parse_time(args.as_of, "--as-of")
@@ -176,7 +175,6 @@ def cmd_dry_run(args) -> int:
     from reconcile.config import load_sink
     from reconcile.schedule import next_scheduled_frontier, now_ms
     from reconcile.sink import dry_run
-    from reconcile.sink.history import parse_time
     from reconcile.sink.mint import next_lower
     from reconcile.storage.delta import ShardTable
 
@@ -270,7 +268,6 @@ def cmd_run(args) -> int:
     from reconcile.config import load_sink
     from reconcile.errors import DescriptionOutdated
     from reconcile.schedule import now_ms
-    from reconcile.sink.history import parse_time
     from reconcile.sink.run import run_batch
 
     cfg = load_sink(args.sink)
@@ -402,7 +399,6 @@ def cmd_compact(args) -> int:
     """Advance since and consolidate the history before it (also the DAG's compact task)."""
     from reconcile.config import load_sink
     from reconcile.sink.compact import run_compact
-    from reconcile.sink.history import parse_time
 
     cfg = load_sink(args.sink)
     since = None if args.since is None else parse_time(args.since, "--since")
@@ -416,7 +412,7 @@ def cmd_compact(args) -> int:
 def cmd_history(args) -> int:
     """The shard's type-2 history, or (``--sql``) the view that computes it in any engine."""
     from reconcile.config import load_sink
-    from reconcile.sink import history
+    from reconcile.sink import history, history_print
 
     cfg = load_sink(args.sink)
     if args.sql:
@@ -425,7 +421,7 @@ def cmd_history(args) -> int:
     store = _store()
     as_of = None
     if args.as_of is not None:
-        as_of = history.parse_time(args.as_of, "--as-of")
+        as_of = parse_time(args.as_of, "--as-of")
         shard = store.get_shard(cfg.name)
         history.check_time(cfg, shard.since, shard.upper, as_of)  # before starting Spark
     report = history.history_report(
@@ -438,19 +434,19 @@ def cmd_history(args) -> int:
         limit=args.limit,
     )
     if args.json:
-        print(history.to_json(report))
+        print(history_print.to_json(report))
     else:
-        history.print_history(cfg, report)
+        history_print.print_history(cfg, report)
     return 0
 
 
 def cmd_diff(args) -> int:
     """The consolidated changes between two times."""
     from reconcile.config import load_sink
-    from reconcile.sink import history
+    from reconcile.sink import history, history_print
 
     cfg = load_sink(args.sink)
-    t1, t2 = history.parse_time(args.from_, "--from"), history.parse_time(args.to, "--to")
+    t1, t2 = parse_time(args.from_, "--from"), parse_time(args.to, "--to")
     store = _store()
     shard = store.get_shard(cfg.name)
     history.check_range(cfg, shard.since, shard.upper, t1, t2)  # before starting Spark
@@ -464,9 +460,9 @@ def cmd_diff(args) -> int:
         limit=args.limit,
     )
     if args.json:
-        print(history.to_json(report))
+        print(history_print.to_json(report))
     else:
-        history.print_diff(cfg, report)
+        history_print.print_diff(cfg, report)
     return 0
 
 

@@ -26,7 +26,7 @@ from pathlib import Path
 from reconcile import settings
 from reconcile.spark import LOCAL_CONF, LOCAL_SQL_CONF, SINK_CONF
 
-log = logging.getLogger("reconcile.connect_server")
+log = logging.getLogger(__name__)
 SERVER_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
 DEFAULT_PORT = 15002
 

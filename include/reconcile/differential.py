@@ -21,7 +21,7 @@ from pyspark.sql import functions as F
 
 from reconcile.config import SinkConfig
 
-log = logging.getLogger("reconcile.differential")
+log = logging.getLogger(__name__)
 META = ("_error", "_time", "_diff")
 # The row hash ``xxhash64(row, _error)`` a correction computed with self-checks carries
 # (:mod:`reconcile.checksums`); never stored.

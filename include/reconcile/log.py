@@ -1,4 +1,5 @@
-"""One-line structured log events: every line carries the whole state (sink, frontiers, batch).
+"""One-line structured log events: every line carries the whole state (sink, frontiers, batch);
+and the times they and every output show (:func:`iso`), read back from a command line (:func:`parse_time`).
 
 ``event(log, "appended batch", sink=..., lower=..., upper=...)`` logs
 ``appended batch | sink=orders lower=10 upper=20``: an on-call engineer reads one line and knows
@@ -8,9 +9,13 @@ where the shard stands; the same fields go to ``extra`` for structured handlers.
 from __future__ import annotations
 
 import logging
-from datetime import UTC, datetime
+import re
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from reconcile.errors import SinkError
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 # Fields that hold times (epoch ms): printed as ISO UTC with the ms value beside it.
 TIME_FIELDS = frozenset({"lower", "upper", "since", "as_of", "shard_upper", "old_upper", "frontier", "new_since"})
 
@@ -24,6 +29,22 @@ def iso(ms: int | None) -> str:
     except (OverflowError, OSError, ValueError):
         return str(ms)
     return f"{text} ({ms})"
+
+
+def parse_time(text: str | int, what: str = "time") -> int:
+    """Epoch milliseconds from an integer or an ISO-8601 timestamp (naive: UTC)."""
+    if isinstance(text, int):
+        return text
+    s = text.strip()
+    if re.fullmatch(r"-?\d+", s):
+        return int(s)
+    try:
+        dt = datetime.fromisoformat(s.replace("Z", "+00:00").replace("z", "+00:00"))
+    except ValueError:
+        raise SinkError(f"{what} {text!r} is neither epoch milliseconds nor an ISO-8601 timestamp") from None
+    if dt.tzinfo is None:
+        dt = dt.replace(tzinfo=UTC)
+    return (dt - _EPOCH) // timedelta(milliseconds=1)
 
 
 def _field(key: str, value: Any) -> str:

@@ -32,7 +32,7 @@ from reconcile import remedy
 from reconcile.log import iso
 from reconcile.model import COMMITTED, FINAL, OPEN_STATES, RETRYABLE, SUPERSEDED
 from reconcile.storage.commits import ForeignCommit
-from reconcile.storage.tables import Batch
+from reconcile.storage.ledger_rows import Batch
 
 OK, BAD, WARN, DONE = "ok", "bad", "warn", "done"
 

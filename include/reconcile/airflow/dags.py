@@ -1,6 +1,8 @@
 """One Airflow DAG per sink config: ``mint >> write >> append >> compaction_due >> compact``.
 
-Built at DAG-parse time from the YAML files only: no Spark, no database, no network here.
+Built at DAG-parse time from the YAML files only: no Spark, no database, no network here. This
+module is the DAG factory; the operators and task bodies are :mod:`reconcile.airflow.operators`'s,
+the callbacks (the run's note, the lag alert) :mod:`reconcile.airflow.callbacks`'s.
 
 - ``mint`` (Python, metadata only) describes the run's batch ``(lower, upper)``; when there is
   nothing to do (interval covered, read-only) it says why (a warning) and skips the rest of the
@@ -25,7 +27,7 @@ Built at DAG-parse time from the YAML files only: no Spark, no database, no netw
   (:func:`reconcile.airflow.tasks.set_run_note`, through Airflow's REST API).
 - A sink with ``alert.lag_minutes`` has an Airflow deadline: a run not finished that long after
   it was queued calls
-  :func:`lag_deadline_missed`, which logs the alert and calls ``alert.callback`` (a function or a
+  :func:`reconcile.airflow.callbacks.lag_deadline_missed`, which logs the alert and calls ``alert.callback`` (a function or a
   notifier class: the team's notifier).
 - ``compaction_due`` (Python, metadata only, a short circuit) skips ``compact`` until ``compaction.every_batches``
   batches wait to be folded into ``since``; ``compact`` (jobs/compact_shard.py) then advances
@@ -41,134 +43,19 @@ import logging
 import os
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
 
-from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
-from airflow.providers.standard.operators.hitl import ApprovalOperator, HITLOperator
 from airflow.sdk import DAG, Asset, Param, TriggerRule, task
 from airflow.sdk.definitions.callback import SyncCallback
 from airflow.sdk.definitions.deadline import DeadlineAlert, DeadlineReference
-from airflow.sdk.exceptions import AirflowException, AirflowFailException, AirflowSkipException
+from airflow.sdk.exceptions import AirflowFailException
 
-from reconcile import settings
+from reconcile.airflow.callbacks import lag_deadline_missed, note_run_failure, run_note
+from reconcile.airflow.operators import CorrectionApproval, ReconcileSparkSubmitOperator, append_task
 from reconcile.config import SinkConfig, load_dir
 from reconcile.errors import ConfigError
 from reconcile.schedule import schedule_period_ms
-from reconcile.spark import submit_conf
 
-# The batch the run's mint minted, handed forward: the batch written and appended is that one.
-BATCH_ID = "{{ (ti.xcom_pull(task_ids='mint') or {}).get('batch_id') }}"
-JOBS = Path(os.environ.get("RECONCILE_JOBS_DIR", settings.PROJECT_ROOT / "jobs"))
-
-
-def spark_connect_url(conn_id: str) -> str | None:
-    """The Spark Connect URL of ``conn_id`` if it is a ``spark_connect`` connection, else None."""
-    from airflow.providers.apache.spark.hooks.spark_connect import SparkConnectHook
-    from airflow.sdk import BaseHook
-
-    if BaseHook.get_connection(conn_id).conn_type != SparkConnectHook.conn_type:
-        return None
-    return SparkConnectHook(conn_id).get_connection_url()
-
-
-def run_on_connect(stage: str, sink: str, run_id: str, batch_id: str | None, remote: str) -> str:
-    """One stage as a client of a Spark Connect server, in this process: a failure the stage
-    recorded as final fails the task at once; a retryable one lets Airflow retry."""
-    from reconcile.airflow.tasks import compact_for_run, stage_for_run
-    from reconcile.errors import Retryable, SinkError
-    from reconcile.spark import get_session
-
-    fn = {"write": stage_for_run, "compact": compact_for_run}[stage]
-    try:
-        return fn(sink, run_id, batch_id, get_session(remote=remote))
-    except Retryable as exc:
-        raise AirflowException(f"{stage} failed: {exc}") from None
-    except SinkError as exc:
-        raise AirflowFailException(f"{stage} failed (not retried): {exc}") from None
-
-
-class ReconcileSparkSubmitOperator(SparkSubmitOperator):
-    """One stage job on the sink's Spark connection: spark-submit of jobs/<stage>.py, or, on a
-    ``spark_connect`` connection, the stage run here as a Connect client. Turns a failure the
-    job recorded as final into a non-retried task failure with the job's one-line message."""
-
-    def __init__(self, *, sink: str, stage: str, **kwargs):
-        script = {"write": "write_correction.py", "compact": "compact_shard.py"}[stage]
-        super().__init__(
-            application=str(JOBS / script),
-            application_args=["--sink", sink, "--run-id", "{{ run_id }}", "--batch-id", BATCH_ID],
-            conf=submit_conf(),
-            name=f"reconcile-{sink}-{stage}",
-            conn_id=os.environ.get("RECONCILE_SPARK_CONN_ID", "spark_default"),
-            **kwargs,
-        )
-        self.sink = sink
-        self.stage = stage
-
-    def execute(self, context):
-        from reconcile.airflow.watchdog import watched
-
-        with watched(self.sink, context["run_id"], self.stage, context["ti"].try_number):
-            return self._execute(context)
-
-    def _execute(self, context):
-        from reconcile.airflow.aws import export_connection
-        from reconcile.airflow.tasks import batch_line, failure_verdict, nothing_left, out_of_retries
-
-        export_connection()  # the job (spark-submit's child, or this process) reads the environment
-        run_id = context["run_id"]
-        batch_id = (context["ti"].xcom_pull(task_ids="mint") or {}).get("batch_id")
-        if self.stage == "write":
-            why = nothing_left(self.sink, run_id, batch_id)
-            if why is not None:  # superseded before it was written: no Spark job at all
-                self.log.warning("write: nothing to do: %s", why)
-                _note(context, f"nothing to do: {why}")
-                raise AirflowSkipException(f"write: nothing to do: {why}")
-            self.log.info("write: %s", batch_line(self.sink, run_id, batch_id)[1])
-        remote = spark_connect_url(self._conn_id)
-        result: str | None
-        try:
-            if remote:
-                result = run_on_connect(self.stage, self.sink, run_id, batch_id, remote)
-                self.log.info("%s on Spark Connect %s: %s", self.stage, remote, result)
-            else:
-                result = super().execute(context)
-        except AirflowFailException as exc:
-            self.log.error("%s", exc)
-            raise
-        except AirflowException as exc:
-            final, message = failure_verdict(self.sink, run_id, batch_id)
-            if final:
-                self.log.error("%s failed (not retried): %s", self.stage, message)
-                raise AirflowFailException(f"{self.stage} failed (not retried): {message}") from None
-            cause = f"{self.stage} failed: {message or exc}"
-            if _last_try(context):
-                cause = out_of_retries(self.sink, run_id, self.stage, cause, _day(context))
-            self.log.error("%s", cause)
-            raise AirflowException(cause) from None
-        if self.stage == "compact":
-            self.log.info("compact: %s", result or "done")
-            return result
-        why = nothing_left(self.sink, run_id, batch_id)
-        if why is not None:  # outdated or covered: the rest of the run has nothing to do
-            self.log.warning("%s: nothing to do: %s", self.stage, why)
-            _note(context, f"nothing to do: {why}")
-            raise AirflowSkipException(f"{self.stage}: nothing to do: {why}")
-        level, line = batch_line(self.sink, run_id, batch_id)
-        self.log.log(level, "%s: %s", self.stage, line)
-        return result
-
-
-def _last_try(context) -> bool:
-    """Will Airflow not retry this task if it fails now?"""
-    ti = context["ti"]
-    return ti.try_number > (ti.max_tries or 0)
-
-
-def _day(context):
-    """The run's logical date, which ``airflow tasks clear -s/-e`` select it by (None for a
-    manual run without one: those select it by its failed state)."""
-    return context["dag_run"].logical_date
+log = logging.getLogger(__name__)
 
 
 def _doc(cfg: SinkConfig) -> str:
@@ -193,36 +80,6 @@ def shard_asset(cfg: SinkConfig) -> Asset:
     return Asset(uri=uri, name=f"reconcile_shard_{cfg.name}", group="reconcile")
 
 
-def _note(context, text: str) -> None:
-    """Set the run's note to ``text`` (best effort: see :func:`reconcile.airflow.tasks.set_run_note`)."""
-    from reconcile.airflow.tasks import set_run_note
-
-    set_run_note(context["dag"].dag_id, context["run_id"], text)
-
-
-def note_run_failure(context) -> None:
-    """``on_failure_callback`` of every task: a task that failed for good (no retry left, or a
-    final failure) says so in the run's note, with the cause and remedy it raised."""
-    _note(context, failure_note(context["ti"].task_id, context.get("exception"), context["dag"].dag_id))
-
-
-def failure_note(task_id: str, exception: BaseException | None, sink: str) -> str:
-    """The run's note for a task that failed for good: its cause (it starts with the task's id)."""
-    if exception is None and task_id == "approve_correction":
-        # Airflow ended the task without it acting on an answer: Airflow 3.3.2 fails a HITL task
-        # answered within seconds of parking (the parked process's end reaches the scheduler after
-        # the answer queued the task again; or the resumed process is refused as running
-        # elsewhere). The batch still waits.
-        return (
-            "approve_correction: Airflow ended the approval before it could act on an answer (see the task's "
-            f"log); nothing was committed. If the change is intended, approve it (`python -m reconcile approve {sink} "
-            f"BATCH`, BATCH in `python -m reconcile status {sink}`) and clear approve_correction; else fix the "
-            "source: the next run recomputes the batch."
-        )
-    cause = str(exception or "no cause recorded")
-    return cause if cause.startswith(task_id) else f"{task_id} failed: {cause}"
-
-
 def lag_deadline(cfg: SinkConfig) -> DeadlineAlert | None:
     """The DAG's deadline, for a sink with ``alert.lag_minutes``: a run not finished that long
     after it was queued calls :func:`lag_deadline_missed` (on the scheduler's executor).
@@ -240,34 +97,9 @@ def lag_deadline(cfg: SinkConfig) -> DeadlineAlert | None:
     return DeadlineAlert(
         reference=DeadlineReference.DAGRUN_QUEUED_AT,
         interval=timedelta(minutes=minutes),
-        callback=SyncCallback(f"{__name__}.lag_deadline_missed", kwargs=kwargs),
+        callback=SyncCallback(f"{lag_deadline_missed.__module__}.{lag_deadline_missed.__name__}", kwargs=kwargs),
         name=f"reconcile_lag_{cfg.name}",
     )
-
-
-def lag_deadline_missed(
-    context: dict, sink: str, lag_minutes: float, notify: str | None = None, notify_kwargs: dict | None = None
-) -> str:
-    """A run of ``sink`` missed its deadline: log one line saying which run and where the shard
-    stands, then hand it to the sink's ``alert.callback``: a notifier class is built with
-    ``notify_kwargs`` and called with the context (``{{ message }}`` in its templates is the
-    line); a function is called with ``message=``, ``context=`` and ``notify_kwargs``."""
-    import inspect
-
-    from airflow.sdk._shared.module_loading import import_string
-
-    from reconcile.airflow.tasks import lag_alert_line
-
-    line = lag_alert_line(sink, lag_minutes, context)
-    logging.getLogger("reconcile.alert").warning("deadline missed: %s", line)
-    if notify:
-        target: Any = import_string(notify)
-        if inspect.isclass(target):  # a notifier: built, then called with the context
-            notifier: Any = target(**(notify_kwargs or {}))
-            notifier({**context, "message": line})
-        else:
-            target(message=line, context=context, **(notify_kwargs or {}))
-    return line
 
 
 def callback_problem(cfg: SinkConfig) -> ConfigError | None:
@@ -296,143 +128,6 @@ def approval_timeout(cfg: SinkConfig) -> timedelta:
         return timedelta(minutes=cfg.correction_guard.approval_timeout_minutes)
     period = schedule_period_ms(cfg.schedule)
     return timedelta(milliseconds=period) if period else timedelta(days=1)
-
-
-class CorrectionApproval(ApprovalOperator):
-    """The run's batch waits for an operator's answer in Airflow's UI (Required actions), showing
-    what it changes. Approve: the approval is recorded in the ledger under the responding
-    user's name, and ``append`` commits. Reject, or no answer within the timeout (its default
-    answer is Reject): the run fails, nothing committed, saying how to approve it later. A batch
-    approved meanwhile (``python -m reconcile approve``) passes without asking."""
-
-    def __init__(self, *, sink: str, timeout: timedelta, **kwargs):
-        # An answer is final: a retry would ask again (a new request in Required actions) after
-        # the operator already answered, and a rejected run would wait for another answer instead
-        # of failing. So the approval never retries; what fails after an answer ends the task.
-        kwargs["retries"] = 0
-        super().__init__(
-            subject=f"Sink {sink}: commit a correction the guard stopped?",
-            defaults=ApprovalOperator.REJECT,
-            response_timeout=timeout,
-            **kwargs,
-        )
-        self.sink = sink
-        self.timeout_minutes = timeout.total_seconds() / 60
-
-    def _stop(self, context):
-        from reconcile.airflow.tasks import guard_stop
-
-        batch_id = (context["ti"].xcom_pull(task_ids="mint") or {}).get("batch_id")
-        return guard_stop(self.sink, context["run_id"], batch_id)
-
-    def execute(self, context):
-        from reconcile.airflow.tasks import approval_request
-
-        stop = self._stop(context)
-        if stop is None:  # approved meanwhile (CLI), or no longer staged: append decides
-            self.log.info("approve_correction: nothing to approve for run %s: the append decides", context["run_id"])
-            return None
-        self.subject, self.body = approval_request(stop, self.timeout_minutes)
-        self.log.warning("%s; waiting for an answer in Airflow (Required actions)", stop.line)
-        _note(context, f"waiting for an approval in Airflow (Required actions): {stop.line}")
-        return super().execute(context)
-
-    def execute_complete(self, context, event):
-        answer = HITLOperator.execute_complete(self, context, event)  # validated; Reject is ours to handle
-        user = answer.get("responded_by_user") or {}
-        who = user.get("name") or user.get("id")
-        try:
-            return self._answered(context, event, answer, who)
-        except AirflowFailException:
-            raise
-        except Exception as exc:  # noqa: BLE001 - the answer stands: end the task, never ask again
-            chose = "approved" if answer["chosen_options"] == [ApprovalOperator.APPROVE] else "rejected"
-            message = (
-                f"approve_correction: {chose} by {who or 'the timeout'}, but the sink could not record it "
-                f"({type(exc).__name__}: {str(exc)[:300]}); nothing was committed. If the change is intended, "
-                f"`python -m reconcile approve {self.sink} BATCH` and clear approve_correction; else fix the source."
-            )
-            self.log.error("%s", message)
-            raise AirflowFailException(message) from None
-
-    def _answered(self, context, event, answer: dict, who: str | None):
-        """Act on an answer: record an approval in the ledger (append commits), or a rejection
-        (the run fails with what to do)."""
-        from reconcile.airflow.tasks import approve_batch, refusal, reject_batch
-        from reconcile.errors import SinkError
-
-        stop = self._stop(context)
-        if answer["chosen_options"] == [ApprovalOperator.APPROVE]:
-            if stop is None:
-                self.log.info("approve_correction: approved by %s; nothing left to approve: the append decides", who)
-                return answer
-            try:
-                line = approve_batch(self.sink, stop.batch_id, f"{who} in Airflow (run {context['run_id']})")
-            except SinkError as exc:  # superseded meanwhile: the append says so
-                self.log.warning("approve_correction: approved by %s, not recorded: %s", who, exc)
-                return answer
-            self.log.info("approve_correction: %s", line)
-            return answer
-        if stop is None:
-            message = f"approve_correction: rejected by {who or 'the timeout'}; run {context['run_id']}'s batch is no longer waiting"
-            self.log.warning("%s", message)
-            raise AirflowFailException(message)
-        message = refusal(stop, None if event.get("timedout") else who, self.timeout_minutes, _day(context))
-        reject_batch(stop, message)
-        self.log.error("%s", message)
-        raise AirflowFailException(message)
-
-
-def _append(shard: Asset, sink: str, scheduled: bool, context) -> str:
-    """The append task: commit the run's staged batch (see :func:`build_dag`)."""
-    from reconcile.airflow.tasks import (
-        batch_line,
-        commit_for_run,
-        committed_extra,
-        nothing_left,
-        out_of_retries,
-        outcome_note,
-    )
-    from reconcile.errors import DescriptionOutdated, Retryable, SinkError
-
-    log = logging.getLogger("reconcile.tasks")
-    run_id = context["run_id"]
-    batch_id = (context["ti"].xcom_pull(task_ids="mint") or {}).get("batch_id")
-    approve = f"run {run_id} (param approve_correction)" if context["params"].get("approve_correction") else None
-    why = nothing_left(sink, run_id, batch_id, unminted_only=True)
-    if why is not None:  # cleared after a mint that minted nothing
-        log.warning("append: nothing to do: %s", why)
-        _note(context, f"nothing to do: {why}")
-        raise AirflowSkipException(f"append: nothing to do: {why}")
-    log.info("append: %s", batch_line(sink, run_id, batch_id)[1])
-    try:
-        message = commit_for_run(sink, run_id, batch_id, approve, _day(context))
-    except DescriptionOutdated as exc:  # another batch won; the remedy says who appends the rest
-        if scheduled:
-            log.warning("append: nothing left for this run: %s", exc)
-            _note(context, f"nothing left for this run: {exc}")
-            raise AirflowSkipException(f"append: nothing left for this run: {exc}") from None
-        log.error("append: %s", exc)
-        raise AirflowFailException(f"append: {exc}") from None
-    except Retryable as exc:
-        cause = f"append failed: {exc}"
-        if _last_try(context):
-            cause = out_of_retries(sink, run_id, "append", cause, _day(context))
-        log.error("%s", cause)
-        raise AirflowException(cause) from None
-    except SinkError as exc:
-        log.error("append failed (not retried): %s", exc)
-        raise AirflowFailException(f"append failed (not retried): {exc}") from None
-    why = nothing_left(sink, run_id, batch_id)
-    if why is not None:  # outdated or covered: the rest of the run has nothing to do
-        log.warning("append: nothing to do: %s", why)
-        _note(context, f"nothing to do: {why}")
-        raise AirflowSkipException(f"append: nothing to do: {why}")
-    level, line = batch_line(sink, run_id, batch_id)
-    log.log(level, "append: %s", line)
-    context["outlet_events"][shard].extra = committed_extra(sink, run_id, batch_id)
-    _note(context, outcome_note(sink, run_id, batch_id))
-    return message
 
 
 def build_dag(cfg: SinkConfig) -> DAG:
@@ -474,8 +169,8 @@ def build_dag(cfg: SinkConfig) -> DAG:
                 read_only=bool(context["params"].get("read_only")),
             )
             if result.description is None:  # the rest of the run is skipped at once
-                logging.getLogger("reconcile.tasks").warning("mint: %s", result.message)
-                _note(context, f"nothing to do: {result.message}")
+                log.warning("mint: %s", result.message)
+                run_note(context, f"nothing to do: {result.message}")
                 return False
             d = result.description
             return {"batch_id": d.batch_id, "lower": d.lower, "upper": d.upper}
@@ -496,14 +191,14 @@ def build_dag(cfg: SinkConfig) -> DAG:
             from reconcile.airflow.watchdog import watched
 
             with watched(sink, context["run_id"], "append", context["ti"].try_number):
-                return _append(shard, sink, scheduled, context)
+                return append_task(shard, sink, scheduled, context)
 
         @task.short_circuit(task_id="compaction_due")
         def compaction_due(sink: str = cfg.name) -> str | bool:
             from reconcile.airflow.tasks import compaction_check
 
             due, why = compaction_check(sink)
-            logging.getLogger("reconcile.tasks").info("compaction %s: %s", "due" if due else "not due", why)
+            log.info("compaction %s: %s", "due" if due else "not due", why)
             return why if due else False
 
         compact = ReconcileSparkSubmitOperator(task_id="compact", sink=cfg.name, stage="compact")
@@ -514,7 +209,6 @@ def build_dag(cfg: SinkConfig) -> DAG:
             def correction_guard(sink: str = cfg.name, **context) -> list[str]:
                 from reconcile.airflow.tasks import guard_stop
 
-                log = logging.getLogger("reconcile.tasks")
                 if context["params"].get("approve_correction"):
                     log.info("correction_guard: run approved up front (param approve_correction): on to append")
                     return ["append"]

@@ -32,9 +32,9 @@ from reconcile.report import iso_text
 from reconcile.schedule import desired_frontier
 from reconcile.sink.mint import MintResult, run_mint
 from reconcile.storage.ledger import Ledger
-from reconcile.storage.tables import Batch
+from reconcile.storage.ledger_rows import Batch
 
-log = logging.getLogger("reconcile.tasks")
+log = logging.getLogger(__name__)
 
 
 def open_store() -> Ledger:

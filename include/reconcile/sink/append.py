@@ -69,9 +69,9 @@ from reconcile.sink.verify import log_differences, parse_manifest, staged_files
 from reconcile.storage import commits, footers, layout
 from reconcile.storage.delta import ShardTable
 from reconcile.storage.ledger import Ledger
-from reconcile.storage.tables import Batch, Shard
+from reconcile.storage.ledger_rows import Batch, Shard
 
-log = logging.getLogger("reconcile.append")
+log = logging.getLogger(__name__)
 
 
 @dataclass

@@ -58,7 +58,7 @@ from reconcile.storage.current import CurrentTable
 from reconcile.storage.delta import ShardTable
 from reconcile.storage.ledger import Ledger
 
-log = logging.getLogger("reconcile.compact")
+log = logging.getLogger(__name__)
 HOUR_MS = 3_600_000
 
 

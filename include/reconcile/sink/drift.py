@@ -34,9 +34,9 @@ from reconcile.storage import frames
 from reconcile.storage.commits import runs_of
 from reconcile.storage.delta import ShardTable
 from reconcile.storage.ledger import Ledger
-from reconcile.storage.tables import Batch
+from reconcile.storage.ledger_rows import Batch
 
-log = logging.getLogger("reconcile.sink.drift")
+log = logging.getLogger(__name__)
 KEYS_COLLECTED = 100_000  # more touched keys than this: the batch repairs every key
 
 

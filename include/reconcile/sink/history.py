@@ -1,5 +1,6 @@
-"""A shard's history as type-2 versions, and the changes between two times: plain SQL over the
-Delta table (``python -m reconcile history`` and ``diff``).
+"""The queries of a shard's history as type-2 versions, and of the changes between two times: plain
+SQL over the Delta table (``python -m reconcile history`` and ``diff``; their reports are printed by
+:mod:`reconcile.sink.history_print`).
 
 The shard is an update log; the collection as of ``t`` sums, per row, the ``_diff`` of the
 updates with ``_time <= t``. Read as a slowly changing dimension of type 2:
@@ -38,12 +39,9 @@ at ``upper - 1``, the report says so and names the time that includes the batch
 
 from __future__ import annotations
 
-import json
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from reconcile import kinds
 from reconcile.config import SinkConfig
@@ -59,7 +57,6 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
 DIALECTS = ("spark", "duckdb", "trino")
-_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
 # -- names -----------------------------------------------------------------------------------------
@@ -182,23 +179,7 @@ def view_sql(cfg: SinkConfig, dialect: str = "spark", location: str | None = Non
     return "\n".join([*head, create, body + ";"])
 
 
-# -- times and ranges --------------------------------------------------------------------------------
-
-
-def parse_time(text: str | int, what: str = "time") -> int:
-    """Epoch milliseconds from an integer or an ISO-8601 timestamp (naive: UTC)."""
-    if isinstance(text, int):
-        return text
-    s = text.strip()
-    if re.fullmatch(r"-?\d+", s):
-        return int(s)
-    try:
-        dt = datetime.fromisoformat(s.replace("Z", "+00:00").replace("z", "+00:00"))
-    except ValueError:
-        raise SinkError(f"{what} {text!r} is neither epoch milliseconds nor an ISO-8601 timestamp") from None
-    if dt.tzinfo is None:
-        dt = dt.replace(tzinfo=UTC)
-    return (dt - _EPOCH) // timedelta(milliseconds=1)
+# -- ranges --------------------------------------------------------------------------------
 
 
 def check_time(cfg: SinkConfig, since: int, upper: int, t: int) -> None:
@@ -510,79 +491,3 @@ def diff_report(
         "changes": rows[:limit],
         "truncated": len(rows) > limit,
     }
-
-
-# -- printing --------------------------------------------------------------------------------------
-
-
-def _cell(v: Any) -> str:
-    if v is None:
-        return "null"
-    if isinstance(v, dict) and "ms" in v:
-        return iso(v["ms"])
-    return str(v)
-
-
-def _table(header: list[str], rows: list[list[str]]) -> list[str]:
-    widths = [max([len(h)] + [len(r[i]) for r in rows]) for i, h in enumerate(header)]
-    return [
-        "  " + "  ".join(c.ljust(w) for c, w in zip(line, widths, strict=True)).rstrip() for line in [header, *rows]
-    ]
-
-
-def to_json(report: dict) -> str:
-    return json.dumps(report, indent=2, default=str)
-
-
-def print_history(cfg: SinkConfig, report: dict) -> None:
-    n = output_names(cfg)
-    at = f", the versions valid as of {iso(report['as_of']['ms'])}" if report["as_of"] else ""
-    what = "error rows' history" if report["per"] == "error row" else f"type-2 history per {report['per']}"
-    print(
-        f"{cfg.name} ({cfg.kind}): {what}{at}; valid_from inclusive, valid_to exclusive ('current': still valid "
-        f"at upper - 1, upper {iso(report['upper']['ms'])}); error rows {'only' if report['per'] == 'error row' else 'left out (--errors)'}"
-    )
-    for note in [report["note"], *report["notes"]]:
-        if note:
-            print(f"note: {note}")
-    versions = report["versions"]
-    if not versions:
-        print("  (no versions)")
-        return
-    cols = [c for c in versions[0] if c not in (n["valid_from"], n["valid_to"])]
-    header = [*cols, n["valid_from"], n["valid_to"]]
-    body = [
-        [
-            *(_cell(v[c]) for c in cols),
-            _cell(v[n["valid_from"]]),
-            _cell(v[n["valid_to"]]) if v[n["valid_to"]] else "current",
-        ]
-        for v in versions
-    ]
-    for line in _table(header, body):
-        print(line)
-    if report["truncated"]:
-        print(f"  (first {len(versions)} versions; --limit shows more)")
-
-
-def print_diff(cfg: SinkConfig, report: dict) -> None:
-    name = output_names(cfg)["diff"]
-    kind = "error row(s)" if report["errors"] else "row(s)"
-    a, r = report["added"], report["removed"]
-    print(
-        f"{cfg.name}: changes from {iso(report['from']['ms'])} (exclusive) to {iso(report['to']['ms'])} (inclusive): "
-        f"{a['rows']} {kind} added (count {a['count']}), {r['rows']} removed (count {r['count']})"
-    )
-    if not report["errors"] and report["error_rows_changed"]:
-        print(f"  and {report['error_rows_changed']} error row(s) changed (--errors lists them)")
-    for note in report["notes"]:
-        print(f"note: {note}")
-    changes = report["changes"]
-    if not changes:
-        return
-    cols = [c for c in changes[0] if c != name]
-    body = [[f"{'+' if c[name] > 0 else ''}{c[name]}", *(_cell(c[k]) for k in cols)] for c in changes]
-    for line in _table([name, *cols], body):
-        print(line)
-    if report["truncated"]:
-        print(f"  (first {len(changes)} changes; --limit shows more)")

@@ -42,9 +42,9 @@ from reconcile.model import BatchDescription
 from reconcile.sink.sync import rebuild_lost_ledger
 from reconcile.storage.delta import ShardTable
 from reconcile.storage.ledger import Ledger
-from reconcile.storage.tables import Batch, Shard
+from reconcile.storage.ledger_rows import Batch, Shard
 
-log = logging.getLogger("reconcile.mint")
+log = logging.getLogger(__name__)
 
 
 @dataclass

@@ -35,9 +35,9 @@ from reconcile.sink.sync import compacted_since, rebuild_lost_ledger, sync
 from reconcile.storage.commits import batch_commits
 from reconcile.storage.delta import ShardTable
 from reconcile.storage.ledger import Ledger
-from reconcile.storage.tables import Shard
+from reconcile.storage.ledger_rows import Shard
 
-log = logging.getLogger("reconcile.recover")
+log = logging.getLogger(__name__)
 
 
 @dataclass

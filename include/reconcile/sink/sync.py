@@ -34,9 +34,9 @@ from reconcile.storage.commits import batch_commits
 from reconcile.storage.delta import ShardTable
 from reconcile.storage.layout import COMPACTIONS_DIR, parse_compaction_dir
 from reconcile.storage.ledger import Ledger
-from reconcile.storage.tables import Batch, Shard
+from reconcile.storage.ledger_rows import Batch, Shard
 
-log = logging.getLogger("reconcile.sync")
+log = logging.getLogger(__name__)
 
 
 def sync(store: Ledger, table: ShardTable) -> Shard:

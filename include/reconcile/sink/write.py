@@ -60,7 +60,7 @@ from reconcile.storage.commits import MAINTENANCE
 from reconcile.storage.delta import ShardTable
 from reconcile.storage.ledger import Ledger
 
-log = logging.getLogger("reconcile.write")
+log = logging.getLogger(__name__)
 
 
 @dataclass

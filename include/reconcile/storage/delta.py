@@ -268,7 +268,7 @@ class ShardTable:
         changes no data (a "maintenance" commit to ``describe_commit``).
 
         ``lease``: a context manager factory for the shard's commit lease
-        (:meth:`reconcile.storage.ledger.Ledger.commit_lease`), held around the creation and
+        (:meth:`reconcile.storage.lease.CommitLeases.commit_lease`), held around the creation and
         fenced right before its put, as around every other commit of the sink."""
         from contextlib import nullcontext
 
@@ -328,7 +328,7 @@ class ShardTable:
         that snapshot (put-if-absent; a concurrent commit makes this re-check on the newer
         snapshot).
 
-        ``fence`` (the writer's commit lease, :meth:`reconcile.storage.ledger.CommitLease.fence`)
+        ``fence`` (the writer's commit lease, :meth:`reconcile.storage.lease.CommitLease.fence`)
         is called right before each put of the commit file; whatever it raises (the lease was
         lost) ends the commit with nothing committed.
 

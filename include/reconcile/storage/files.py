@@ -10,7 +10,7 @@ import os
 import time
 from typing import Any
 
-log = logging.getLogger("reconcile.shard")
+log = logging.getLogger(__name__)
 
 
 def fs_of(path: str):

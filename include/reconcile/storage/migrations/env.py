@@ -1,4 +1,4 @@
-"""Alembic environment for the sink's ledger (run through reconcile.metadata.store.upgrade)."""
+"""Alembic environment for the sink's ledger (run through reconcile.storage.engine.upgrade)."""
 
 from alembic import context
 

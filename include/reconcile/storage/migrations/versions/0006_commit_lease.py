@@ -3,7 +3,7 @@
 ``commit_epoch`` is a fencing token that only ever increases (each taking of the lease adds
 one); ``commit_holder`` names the writer holding the lease (NULL: free); ``commit_until`` is
 when the lease lapses, in milliseconds since the Unix epoch by the database's clock (NULL:
-free). See :meth:`reconcile.storage.ledger.Ledger.commit_lease`.
+free). See :meth:`reconcile.storage.lease.CommitLeases.commit_lease`.
 
 Revision ID: 0006
 Revises: 0005

@@ -1,5 +1,5 @@
-"""What the tests' object-store emulators share (tests/s3_server.py: versitygw, S3's API;
-tests/azurite_server.py: Azurite, Azure Blob's API): a server process on a free port of
+"""What the tests' object-store emulators share (harness/s3_server.py: versitygw, S3's API;
+harness/azurite_server.py: Azurite, Azure Blob's API): a server process on a free port of
 127.0.0.1 that ends with the process that started it, started and waited for until it answers,
 and a minimal signing HTTP client for the tests' own requests, independent of the sink's code.
 

@@ -29,8 +29,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
 
-from emulator_server import ROOT, Emulator, EmulatorMissing, Request, SignedClient, data_dir
-from emulator_server import running as running_server
+from harness.emulator_server import ROOT, Emulator, EmulatorMissing, Request, SignedClient, data_dir
+from harness.emulator_server import running as running_server
 
 BINARY = ROOT / ".tools" / "azurite" / "node_modules" / ".bin" / "azurite-blob"
 API_VERSION = "2021-08-06"
