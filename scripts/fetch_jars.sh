@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Fetch Spark's extra JVM artifacts from Maven Central into .jars/: Delta Lake's (delta-spark,
-# delta-storage; the pip package delta-spark holds no jars) and S3A's for s3a:// (hadoop-aws and
+# delta-storage; the pip package delta-spark holds no jars), PostgreSQL's JDBC driver (for
+# docker-compose.yaml's Hive metastore service) and S3A's for s3a:// (hadoop-aws and
 # the AWS SDK v2 modules it uses, listed in scripts/s3a-jars.pom.xml). Spark gets them through
 # spark.jars. Idempotent: a second run starts no Maven.
 set -euo pipefail
@@ -9,8 +10,11 @@ DELTA_VERSION="${DELTA_VERSION:-4.4.0}"
 mkdir -p "$root/.jars"
 # Spark loads every jar in .jars: drop Delta jars of any other version (left by an older setup).
 find "$root/.jars" -maxdepth 1 -name 'delta-*.jar' ! -name "*-$DELTA_VERSION.jar" -delete
-for artifact in "io.delta:delta-spark_2.13:$DELTA_VERSION" "io.delta:delta-storage:$DELTA_VERSION"; do
-  name="$(echo "$artifact" | cut -d: -f2)-$DELTA_VERSION.jar"
+PGJDBC_VERSION="${PGJDBC_VERSION:-42.7.14}"  # docker-compose.yaml's Hive metastore service, over PostgreSQL
+find "$root/.jars" -maxdepth 1 -name 'postgresql-*.jar' ! -name "postgresql-$PGJDBC_VERSION.jar" -delete
+for artifact in "io.delta:delta-spark_2.13:$DELTA_VERSION" "io.delta:delta-storage:$DELTA_VERSION" \
+  "org.postgresql:postgresql:$PGJDBC_VERSION"; do
+  name="$(echo "$artifact" | cut -d: -f2)-$(echo "$artifact" | cut -d: -f3).jar"
   if [ ! -s "$root/.jars/$name" ]; then
     mvn -q -B dependency:copy -Dartifact="$artifact" -DoutputDirectory="$root/.jars"
   fi

@@ -3,3 +3,5 @@
 -- metadata database, owned by the same role; RECONCILE_METADATA_URL in docker-compose.yaml points
 -- at it and the sink applies its Alembic migrations itself on first use.
 CREATE DATABASE reconcile;
+-- The Hive metastore service's database (docker-compose.yaml's hive-metastore initializes it).
+CREATE DATABASE metastore;
