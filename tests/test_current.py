@@ -185,6 +185,10 @@ def test_foreign_writes_are_undone_and_a_lost_current_table_is_rebuilt(
     assert cli.main(["status", cfg.name, "--json"]) == 0
     shown = json.loads(capsys.readouterr().out)["current"]
     assert shown["name"] == "reconcile.cur_foreign" and shown["foreign_versions"] and shown["upper"]["ms"] == 200
+    from reconcile.airflow import ui
+
+    page = ui.render_sink(cfg.name)
+    assert "current table reconcile.cur_foreign" in page and "<span class=bad>foreign commits" in page
     write_json_rows(tmp_path / "src", QUERY_ROWS[1])
     _, _, appended = run_stages(spark, sqlite_store, cfg, "r1", 300)
     assert appended.current.action == "rebuilt" and "foreign" in appended.current.why

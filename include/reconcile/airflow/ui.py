@@ -240,6 +240,33 @@ def _count(value: int | None) -> str:
     return "-" if value is None else str(value)
 
 
+def _current_line(cfg: SinkConfig, store) -> str:
+    """The current-state table's line: its name, the upper it reflects; red while it lags the
+    shard or holds a foreign commit (the next append mends both)."""
+    from reconcile.model import COMMITTED
+    from reconcile.sink.current import describe
+    from reconcile.storage.delta import ShardTable
+
+    try:
+        d = describe(cfg, ShardTable(cfg), store.batches(cfg.name, (COMMITTED,)))
+    except Exception as exc:  # noqa: BLE001 - the page still shows the ledger
+        return f"<p class=bad>current table: unreadable ({e(str(exc)[:200])})</p>"
+    if d is None:
+        return ""
+    head = f"current table {e(d['name'])} <span class=small>({e(d['path'])})</span>: "
+    if not d["exists"]:
+        return f"<p>{head}not created yet (the next append creates it)</p>"
+    text = f"reflects shard version {d['shard_version']} (upper {_time(d['upper'])}), {d['rows']} rows"
+    late = []
+    if d["behind"]:
+        late.append(f"behind the shard's version {d['shard_latest_version']}: the next append completes it")
+    if d["foreign_versions"]:
+        late.append(f"foreign commits {d['foreign_versions']}: the next append rebuilds it")
+    if late:
+        return f"<p>{head}{text}; <span class=bad>{e('; '.join(late))}</span></p>"
+    return f"<p>{head}{text}</p>"
+
+
 def render_sink(name: str, before: tuple[int, str] | None = None, dag_url: str = "/dags") -> str:
     """One sink's page: charts (first page only), then ``PAGE`` ledger rows newest first,
     older than the (lower, batch id) key ``before``."""
@@ -264,6 +291,7 @@ def render_sink(name: str, before: tuple[int, str] | None = None, dag_url: str =
         previous = {b.batch_id: store.previous_committed(cfg.name, b.lower) for b in page if b.drift_rows}
         committed_all = store.batches(cfg.name, (COMMITTED,)) if previous else []
         left = _behind(cfg.name, store.batches(cfg.name, (SUPERSEDED, *OPEN_STATES)), shard.upper)
+        current = _current_line(cfg, store) if cfg.current is not None else ""
     finally:
         store.dispose()
     committed = sorted((b for b in newest if b.state == COMMITTED), key=lambda b: b.lower)
@@ -292,7 +320,7 @@ def render_sink(name: str, before: tuple[int, str] | None = None, dag_url: str =
     head = (
         f"<p><a href='../'>all shards</a></p><h1>{e(cfg.name)} <span class=small>({e(cfg.kind)})</span></h1>"
         f"<p>upper {_time(shard.upper)} · since {_time(shard.since) if shard.since else 'never compacted'} · "
-        f"read-only {'yes' if shard.read_only else 'no'} · Delta version {shard.delta_version}</p>{left}"
+        f"read-only {'yes' if shard.read_only else 'no'} · Delta version {shard.delta_version}</p>{left}{current}"
     )
     older = f"<p class=small>batches before lower {_time(before[0])}</p>" if before else ""
     return _page(
