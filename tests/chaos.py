@@ -79,7 +79,8 @@ from upsert_model import HINT, UPSERT, UpsertModel
 log = logging.getLogger(__name__)
 KEYS = range(6)
 COMPACT_POINTS = tuple(p for p in failpoints.POINTS if p.startswith("compact."))
-BATCH_POINTS = tuple(p for p in failpoints.POINTS if p not in COMPACT_POINTS)
+# The current-state table's points fire only for a sink that keeps one (tests/test_current.py).
+BATCH_POINTS = tuple(p for p in failpoints.POINTS if p not in COMPACT_POINTS and not p.startswith("current."))
 VALUES = "abc"
 KINDS = ("query", "upsert")
 
