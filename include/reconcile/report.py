@@ -109,7 +109,7 @@ def status_data(store, name: str, limit: int = 10) -> dict:
 def _current_of(store, name: str) -> dict | None:
     """How the sink's current-state table stands (:func:`reconcile.sink.current.describe`); None
     when it keeps none, or its config or tables cannot be read (status answers from the ledger)."""
-    from reconcile.config import load_sink
+    from reconcile.config_loading import load_sink
     from reconcile.model import COMMITTED
     from reconcile.sink import current
     from reconcile.storage.delta import ShardTable
@@ -147,7 +147,7 @@ def _foreign_of(store, name: str, shown: list) -> tuple[dict, list | None]:
     commit files after the version the committed batch before ``shown`` read. ({}, None) when
     the sink's config or its Delta table cannot be read (status still answers from the ledger)."""
     from reconcile import standing as st
-    from reconcile.config import load_sink
+    from reconcile.config_loading import load_sink
     from reconcile.model import COMMITTED
     from reconcile.storage.delta import ShardTable
 
