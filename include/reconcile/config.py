@@ -36,6 +36,8 @@ from pydantic import (
 )
 from pydantic.dataclasses import dataclass
 
+from reconcile.sql_names import spark_name
+
 NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
 SINK_NAME_RE = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
 TYPE_RE = re.compile(
@@ -451,7 +453,7 @@ class SinkConfig(BaseModel):
     @property
     def ddl(self) -> str:
         """Spark DDL of the shard's Delta table."""
-        cols = [f"`{c.name}` {c.type}" for c in self.columns]
+        cols = [f"{spark_name(c.name)} {c.type}" for c in self.columns]
         return ", ".join(cols + ["`_time` BIGINT", "`_diff` BIGINT", "`_error` STRING"])
 
     @property

@@ -13,6 +13,7 @@ import json
 
 from reconcile.errors import SinkError
 from reconcile.log import iso
+from reconcile.sql_names import duckdb_name
 
 # -- times ----------------------------------------------------------------------------------------
 
@@ -247,17 +248,13 @@ def _name_beside(cfg, base: str) -> str:
     return base
 
 
-def _dq(name: str) -> str:
-    return '"' + name.replace('"', '""') + '"'
-
-
 def _contents_duckdb(reader, cfg, t: int | None, *, log: bool, errors: bool, limit: int) -> list[dict]:
     """The rows ``show`` prints (the first ``limit + 1``), by DuckDB over the update log (no JVM)."""
     from reconcile.storage.reads import UPDATES
 
-    cols = ", ".join(_dq(c) for c in cfg.column_names)
-    order = ", ".join(f"{_dq(c)} ASC NULLS FIRST" for c in cfg.column_names)
-    count = _dq(_name_beside(cfg, "count"))
+    cols = ", ".join(duckdb_name(c) for c in cfg.column_names)
+    order = ", ".join(f"{duckdb_name(c)} ASC NULLS FIRST" for c in cfg.column_names)
+    count = duckdb_name(_name_beside(cfg, "count"))
     if log:
         sql = f'SELECT {cols}, "_error", "_time", "_diff" FROM {UPDATES} ORDER BY "_time" ASC NULLS FIRST, {order}'
     else:
