@@ -83,7 +83,7 @@ def bench_append(work: Path, rows: int, change: float) -> dict:
     import yaml
     from pyspark.sql import functions as F
 
-    from reconcile.config import load_file
+    from reconcile.config_loading import load_file
     from reconcile.sink import append, mint, write
     from reconcile.spark import get_session
     from reconcile.storage import frames

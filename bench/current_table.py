@@ -42,7 +42,7 @@ def _with_current(cfg, root: Path):
     data["name"] = cfg.name + "_cur"
     out = root / f"{data['name']}.yaml"
     out.write_text(yaml.safe_dump(data, sort_keys=False))
-    from reconcile.config import load_file
+    from reconcile.config_loading import load_file
 
     return load_file(out)
 

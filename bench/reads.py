@@ -63,7 +63,7 @@ def build(work: Path, rows: int) -> dict[str, str]:
 
     from control_plane import kv_query_spec, write_kv_sources
     from reconcile import demo
-    from reconcile.config import load_sink
+    from reconcile.config_loading import load_sink
     from reconcile.schedule import to_millis
     from reconcile.sink.run import run_batch
     from reconcile.spark import get_session

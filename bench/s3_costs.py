@@ -126,7 +126,7 @@ def sink_spec(name: str, src: str, fmt: str, partitions: int) -> dict:
 def write_sink(spec: dict):
     import yaml
 
-    from reconcile.config import load_file
+    from reconcile.config_loading import load_file
 
     path = Path(os.environ["RECONCILE_SINKS_DIR"]) / f"{spec['name']}.yaml"
     path.write_text(yaml.safe_dump(spec))

@@ -209,7 +209,7 @@ def schema_yaml(schema) -> list[dict]:
 
 def write_sink(root: Path, data: dict, partitions: int, retention: dict | None = None):
     """(Re)write a sink's YAML (``data`` + the benchmark's fixed fields) and load it."""
-    from reconcile.config import load_file
+    from reconcile.config_loading import load_file
 
     data = {**data, "partitions": partitions, "start_date": "1970-01-01", "as_of": AS_OF, "schedule": "none"}
     if retention is not None:

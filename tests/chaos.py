@@ -63,7 +63,8 @@ from pathlib import Path
 import yaml
 
 from reconcile import failpoints, kinds, settings
-from reconcile.config import SinkConfig, load_file
+from reconcile.config import SinkConfig
+from reconcile.config_loading import load_file
 from reconcile.errors import SinkError
 from reconcile.model import COMMITTED
 from reconcile.sink import check, compact

@@ -16,7 +16,8 @@ from pathlib import Path
 
 import yaml
 
-from reconcile.config import SinkConfig, load_file
+from reconcile.config import SinkConfig
+from reconcile.config_loading import load_file
 from reconcile.errors import ShardNotFound
 from reconcile.model import COMMITTED
 from reconcile.sink import run as pipeline

@@ -13,7 +13,7 @@ from __future__ import annotations
 import sys
 
 from reconcile import settings
-from reconcile.config import load_sink
+from reconcile.config_loading import load_sink
 from reconcile.errors import SinkError
 from reconcile.sink.run import run_batch
 from reconcile.spark import get_session

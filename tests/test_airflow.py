@@ -90,7 +90,7 @@ def _sink_of(tmp_path: Path, monkeypatch, prefix: str, **extra):
     """A daily query sink over ``tmp_path/src`` with its own warehouse and SQLite ledger, made
     this process's environment: (name, that environment, its config, the ledger's URL, the
     source folder)."""
-    from reconcile.config import load_sink
+    from reconcile.config_loading import load_sink
 
     name = f"{prefix}_{tmp_path.name[-8:].replace('-', '_').lower()}"
     sinks, data = tmp_path / "sinks", tmp_path / "src"
@@ -140,7 +140,7 @@ def test_dag_test_three_intervals_then_rerun_is_noop(airflow_db, dag_child, spar
     from airflow.dag_processing.dagbag import DagBag
     from airflow.utils.state import DagRunState
 
-    from reconcile.config import load_sink
+    from reconcile.config_loading import load_sink
     from reconcile.sink import check
     from reconcile.storage.delta import ShardTable
     from reconcile.storage.ledger import Ledger
@@ -232,7 +232,7 @@ def test_dag_test_three_intervals_then_rerun_is_noop(airflow_db, dag_child, spar
 def test_dag_test_runs_an_upsert_sink(airflow_db, dag_child, tmp_path, monkeypatch):
     from airflow.utils.state import DagRunState
 
-    from reconcile.config import load_sink
+    from reconcile.config_loading import load_sink
     from reconcile.storage.ledger import Ledger
     from upsert_model import UpsertModel, feed_rows, ok_rows
 

@@ -301,7 +301,7 @@ def airflow_up(tmp_path_factory, connect_url):
 
 @pytest.mark.slow
 def test_approval_rejection_timeout_deadline_and_notes_in_a_running_airflow(airflow_up, monkeypatch):
-    from reconcile.config import load_file
+    from reconcile.config_loading import load_file
     from reconcile.storage.delta import ShardTable
     from reconcile.storage.ledger import Ledger
 

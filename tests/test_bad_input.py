@@ -38,7 +38,7 @@ from helpers import (
     write_json_rows,
 )
 from reconcile.airflow import tasks
-from reconcile.config import load_file
+from reconcile.config_loading import load_file
 from reconcile.errors import (
     BatchNotFound,
     ConfigError,

@@ -96,7 +96,7 @@ def test_airflow_submits_query_and_upsert_batches_to_the_cluster(
     from airflow.dag_processing.dagbag import DagBag
     from airflow.utils.state import DagRunState
 
-    from reconcile.config import load_sink
+    from reconcile.config_loading import load_sink
     from upsert_model import UpsertModel, feed_rows, ok_rows
 
     master, ui = spark_cluster

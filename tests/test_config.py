@@ -10,17 +10,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from reconcile.config import (
-    TYPES,
-    ChangelogSink,
-    Column,
-    QuerySink,
-    Source,
-    UpsertSink,
-    load_dir,
-    load_file,
-    problems_of,
-)
+from reconcile.config import TYPES, ChangelogSink, Column, QuerySink, Source, UpsertSink
+from reconcile.config_loading import load_dir, load_file
+from reconcile.config_messages import problems_of
 from reconcile.errors import ConfigError
 
 QUERY = {

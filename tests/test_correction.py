@@ -12,7 +12,7 @@ from collections import Counter
 import pytest
 
 from helpers import make_sink, write_json_rows
-from reconcile.config import parse
+from reconcile.config_loading import parse
 from reconcile.differential import as_of, partition_of
 from reconcile.kinds import changelog, desired, query
 

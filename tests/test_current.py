@@ -252,7 +252,7 @@ def test_readers_see_a_plain_table(spark, warehouse, tmp_path, sqlite_store):
 def test_a_bad_current_section_is_one_line_naming_the_field(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("RECONCILE_SINKS_DIR", str(tmp_path))
     make_sink(tmp_path, "cur_ok", current={"path": "marts/orders", "database": "marts"})
-    from reconcile.config import load_file
+    from reconcile.config_loading import load_file
 
     ok = load_file(tmp_path / "cur_ok.yaml")
     assert ok.current.path == str((tmp_path / "marts" / "orders").resolve())

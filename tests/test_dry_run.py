@@ -262,7 +262,7 @@ def test_an_upsert_sink_s_preview_equals_spark_s_correction(spark, warehouse, tm
 def test_the_demo_sink_s_preview_equals_spark_s_correction(spark, warehouse, tmp_path, sqlite_store, monkeypatch):
     """Every example sink in include/sinks (the demo's), over the demo's three days of orders."""
     from reconcile import demo
-    from reconcile.config import load_file
+    from reconcile.config_loading import load_file
 
     monkeypatch.setenv("RECONCILE_HOME", str(tmp_path / "home"))
     examples = sorted((ROOT / "include" / "sinks").glob("*.yaml"))

@@ -135,12 +135,13 @@ def kind_checks(path: Path, models: set[str], kinds: set[str]) -> list[str]:
 
 def test_only_the_kinds_ask_which_kind_a_sink_is():
     """The stages, the history, the CLI and the DAGs ask the sink's kind (``reconcile.kinds.of``)
-    what to do; only ``reconcile.kinds`` and ``reconcile.config`` tell the kinds apart."""
+    what to do; only ``reconcile.kinds`` and the config modules (``reconcile.config*``) tell the kinds
+    apart."""
     models = _sink_models()
     assert models == {"QuerySink", "ChangelogSink", "UpsertSink"}, models
     kinds = {"query", "changelog", "upsert"}
     root = PKG.parents[1]
-    files = [p for n, p in MODULES.items() if not (n.startswith("reconcile.kinds") or n == "reconcile.config")]
+    files = [p for n, p in MODULES.items() if not n.startswith(("reconcile.kinds", "reconcile.config"))]
     files += [p for d in ("dags", "jobs", "plugins") for p in (root / d).rglob("*.py")]
     found = [line for path in files for line in kind_checks(path, models, kinds)]
     assert not found, "kind checks outside reconcile.kinds (ask kinds.of(cfg) instead):\n" + "\n".join(found)

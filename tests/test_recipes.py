@@ -131,7 +131,7 @@ def local_airflow(tmp_path):
 
 
 def test_operating_recipes_run_verbatim(local_airflow, spark, monkeypatch):
-    from reconcile.config import load_file
+    from reconcile.config_loading import load_file
     from reconcile.sink import check
     from reconcile.storage.ledger import Ledger
 

@@ -89,7 +89,7 @@ def airflow_services(tmp_path_factory, connect_url):
 def _immutable_log(sinks: Path, name: str, warehouse: str) -> Path:
     """Make the sink's appends fail for real: its table exists (its first write would create
     it) with an immutable Delta log (chattr +i, as root), so the OS refuses each commit."""
-    from reconcile.config import load_file
+    from reconcile.config_loading import load_file
     from reconcile.storage.delta import ShardTable
 
     os.environ["RECONCILE_WAREHOUSE"], before = warehouse, os.environ.get("RECONCILE_WAREHOUSE")
@@ -161,7 +161,7 @@ def _done(runs, prefix: str, n: int) -> bool:
 
 
 def test_scheduler_runs_and_backfills_in_order(services):
-    from reconcile.config import load_file
+    from reconcile.config_loading import load_file
     from reconcile.storage.delta import ShardTable
     from reconcile.storage.ledger import Ledger
 
@@ -257,7 +257,7 @@ def _committed_in_delta_log(cfg, batch_id: str) -> int:
 def _failed_append(services, name: str, prefix: str) -> tuple[str, list[str], object]:
     """The run of ``name`` whose append failed for real (its Delta log immutable), once Airflow
     gave up on it; then the cause is fixed. Returns (run id, the remedies it printed, cfg)."""
-    from reconcile.config import load_file
+    from reconcile.config_loading import load_file
     from reconcile.storage.delta import ShardTable
 
     cfg = load_file(services.sinks / f"{name}.yaml")
@@ -367,7 +367,7 @@ def test_a_killed_write_task_s_log_says_what_the_sink_knows(services):
     # What the store held when the line was written: nothing, or the dead attempt's directory
     # once its Spark job (on the Connect server, which goes on after the client dies) began
     # writing files; an attempt the line names is there.
-    from reconcile.config import load_file
+    from reconcile.config_loading import load_file
     from reconcile.storage.delta import ShardTable
 
     assert f"batch {batch.batch_id}" in ours[0] and "nothing committed" in ours[0], ours[0]

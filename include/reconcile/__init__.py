@@ -3,7 +3,9 @@ batch per Airflow run (mint -> write -> append), its history an update log reada
 
 Layout (each layer imports only the ones above it; tests/test_layout.py checks it):
 
-- ``model``, ``config``, ``errors``, ``settings``, ``log``, ``failpoints``: the vocabulary;
+- ``model``, ``config`` (a sink file's models; ``config_messages``: its problems as one line
+  each; ``config_loading``: reading the files), ``errors``, ``settings``, ``log``, ``failpoints``:
+  the vocabulary;
   ``schedule``: a run's times (epoch ms, desired frontier, the schedule's ticks);
 - ``differential``: update frames: consolidate, as_of, partitioning (pure DataFrame transforms);
 - ``kinds``: what a sink desires (query, changelog, upsert) and its correction, behind one seam;

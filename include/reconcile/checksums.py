@@ -60,6 +60,7 @@ from pyspark.sql import functions as F
 from reconcile.config import SinkConfig
 from reconcile.differential import HASH_COLUMN, row_columns
 from reconcile.errors import SinkError
+from reconcile.sql_names import spark_name
 
 # Batches observe, record and compare their checksums; bench/reconcile_bench.py --checksum-cost
 # switches this off to measure what that costs. Batches written without them are not verifiable.
@@ -92,7 +93,7 @@ class SelfCheckFailed(SinkError):
 
 def row_hash(cfg: SinkConfig) -> Column:
     """``xxhash64(row columns, _error)``: the hash :func:`reconcile.differential.partition_of` uses."""
-    return F.xxhash64(*[F.col(f"`{c}`") for c in row_columns(cfg)])
+    return F.xxhash64(*[F.col(spark_name(c)) for c in row_columns(cfg)])
 
 
 def raw_limbs(h: Column, spec: Sequence[tuple[int, int]] = LIMBS) -> list[Column]:

@@ -53,7 +53,8 @@ def cmd_validate(args) -> int:
     """Every config of the folder: ``ok`` or one ``INVALID`` line per problem (all of a file's);
     each query sink's SQL planned against its sources' schemas in Spark, unless --no-spark."""
     from reconcile import kinds
-    from reconcile.config import load_dir, problems_of
+    from reconcile.config_loading import load_dir
+    from reconcile.config_messages import problems_of
 
     configs, errors = load_dir(args.dir)
     queries = [cfg for cfg in configs if kinds.of(cfg).plans_sql]
@@ -148,7 +149,7 @@ def quiet_spark(command: str, app: str | None = None):
 
 
 def cmd_show(args) -> int:
-    from reconcile.config import load_sink
+    from reconcile.config_loading import load_sink
     from reconcile.report import show_shard
 
     cfg = load_sink(args.sink)
@@ -161,7 +162,7 @@ def cmd_show(args) -> int:
 
 
 def cmd_read_only(args) -> int:
-    from reconcile.config import load_sink
+    from reconcile.config_loading import load_sink
 
     cfg = load_sink(args.sink)
     store = _store()
@@ -172,7 +173,7 @@ def cmd_read_only(args) -> int:
 
 
 def cmd_dry_run(args) -> int:
-    from reconcile.config import load_sink
+    from reconcile.config_loading import load_sink
     from reconcile.schedule import next_scheduled_frontier, now_ms
     from reconcile.sink import dry_run
     from reconcile.sink.mint import next_lower
@@ -265,7 +266,7 @@ def _guard_line(table, inserted: int, retracted: int) -> None:
 
 def cmd_run(args) -> int:
     """One batch without Airflow: mint, write and append in this process."""
-    from reconcile.config import load_sink
+    from reconcile.config_loading import load_sink
     from reconcile.errors import DescriptionOutdated
     from reconcile.schedule import now_ms
     from reconcile.sink.run import run_batch
@@ -311,7 +312,7 @@ def cmd_approve(args) -> int:
     """Let a batch that the correction guard stopped be appended (by its append task's rerun)."""
     import getpass
 
-    from reconcile.config import load_sink
+    from reconcile.config_loading import load_sink
 
     cfg = load_sink(args.sink)
     b = _store().approve(cfg.name, args.batch, args.by or f"{getpass.getuser()} (reconcile approve)")
@@ -323,7 +324,7 @@ def cmd_approve(args) -> int:
 
 
 def cmd_check(args) -> int:
-    from reconcile.config import load_sink
+    from reconcile.config_loading import load_sink
     from reconcile.sink import check
     from reconcile.sink.sync import rebuild_lost_ledger, sync
     from reconcile.storage.delta import ShardTable
@@ -364,7 +365,7 @@ def cmd_check(args) -> int:
 
 def cmd_recover(args) -> int:
     """Make the shard's metadata agree with its Delta log (a lost, restored or ahead ledger)."""
-    from reconcile.config import load_sink
+    from reconcile.config_loading import load_sink
     from reconcile.sink.recover import run_recover
 
     cfg = load_sink(args.sink)
@@ -375,7 +376,7 @@ def cmd_recover(args) -> int:
 
 def cmd_rebuild_current(args) -> int:
     """Write the current-state table whole from the shard's latest version."""
-    from reconcile.config import load_sink
+    from reconcile.config_loading import load_sink
     from reconcile.errors import SinkError
     from reconcile.sink.current import maintain
     from reconcile.storage.delta import ShardTable
@@ -397,7 +398,7 @@ def cmd_rebuild_current(args) -> int:
 
 def cmd_compact(args) -> int:
     """Advance since and consolidate the history before it (also the DAG's compact task)."""
-    from reconcile.config import load_sink
+    from reconcile.config_loading import load_sink
     from reconcile.sink.compact import run_compact
 
     cfg = load_sink(args.sink)
@@ -411,7 +412,7 @@ def cmd_compact(args) -> int:
 
 def cmd_history(args) -> int:
     """The shard's type-2 history, or (``--sql``) the view that computes it in any engine."""
-    from reconcile.config import load_sink
+    from reconcile.config_loading import load_sink
     from reconcile.sink import history, history_print
 
     cfg = load_sink(args.sink)
@@ -442,7 +443,7 @@ def cmd_history(args) -> int:
 
 def cmd_diff(args) -> int:
     """The consolidated changes between two times."""
-    from reconcile.config import load_sink
+    from reconcile.config_loading import load_sink
     from reconcile.sink import history, history_print
 
     cfg = load_sink(args.sink)

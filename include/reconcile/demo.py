@@ -64,7 +64,7 @@ def run_demo(intervals: int = 3, sink: str = "demo_orders") -> int:
         ["airflow", "db", "migrate"], env=env, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
     )
     start = datetime(2026, 1, 2, tzinfo=UTC)
-    from reconcile.config import load_sink
+    from reconcile.config_loading import load_sink
     from reconcile.report import print_status, show_shard, status_data
     from reconcile.storage.ledger import Ledger
 

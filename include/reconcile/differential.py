@@ -20,16 +20,13 @@ from pyspark.sql import DataFrame, Row
 from pyspark.sql import functions as F
 
 from reconcile.config import SinkConfig
+from reconcile.sql_names import spark_name
 
 log = logging.getLogger(__name__)
 META = ("_error", "_time", "_diff")
 # The row hash ``xxhash64(row, _error)`` a correction computed with self-checks carries
 # (:mod:`reconcile.checksums`); never stored.
 HASH_COLUMN = "_ck_h"
-
-
-def _q(name: str) -> str:
-    return f"`{name}`"
 
 
 def row_columns(cfg: SinkConfig) -> list[str]:
@@ -40,7 +37,7 @@ def partition_of(cfg: SinkConfig, partitions: int | SCol | None = None) -> SCol:
     """The hash partition of each row: ``pmod(xxhash64(row, _error), P)``; P defaults to the
     sink's ``partitions`` (a column when rows of batches with different P are mixed)."""
     p = partitions if isinstance(partitions, SCol) else F.lit(partitions or cfg.partitions)
-    return F.pmod(F.xxhash64(*[F.col(_q(c)) for c in row_columns(cfg)]), p).cast("int")
+    return F.pmod(F.xxhash64(*[F.col(spark_name(c)) for c in row_columns(cfg)]), p).cast("int")
 
 
 def consolidate(cfg: SinkConfig, updates: DataFrame, *, partitioned: bool = True) -> DataFrame:
@@ -49,7 +46,7 @@ def consolidate(cfg: SinkConfig, updates: DataFrame, *, partitioned: bool = True
     keys = row_columns(cfg) + ["_time"] + (["_part"] if partitioned else [])
     keys += [HASH_COLUMN] if HASH_COLUMN in updates.columns else []
     return (
-        updates.groupBy(*[F.col(_q(k)) for k in keys])
+        updates.groupBy(*[F.col(spark_name(k)) for k in keys])
         .agg(F.sum("_diff").cast("bigint").alias("_diff"))
         .where(F.col("_diff") != 0)
     )
@@ -60,7 +57,7 @@ def as_of(cfg: SinkConfig, updates: DataFrame, t: int) -> DataFrame:
     cols = row_columns(cfg)
     return (
         updates.where(F.col("_time") <= t)
-        .groupBy(*[F.col(_q(c)) for c in cols])
+        .groupBy(*[F.col(spark_name(c)) for c in cols])
         .agg(F.sum("_diff").cast("bigint").alias("_diff"))
         .where(F.col("_diff") != 0)
     )
@@ -80,7 +77,7 @@ def difference(
     each +1): the updates as they come, identical rows as separate updates, no shuffle; the same
     collection at every time, consolidated later by compaction."""
     cols = row_columns(cfg)
-    keep = [F.col(_q(c)) for c in cols]
+    keep = [F.col(spark_name(c)) for c in cols]
     if checks is None:
         d = desired.select(*keep, time.alias("_time"), F.col("_diff").cast("bigint"))
         p = persist.select(*keep, time.alias("_time"), (-F.col("_diff")).cast("bigint").alias("_diff"))
@@ -144,7 +141,7 @@ def hash_first(
     that changed between the passes makes the batch not add up, and the write computes it again
     with :func:`difference`."""
     cols = row_columns(cfg)
-    keep = [F.col(_q(c)) for c in cols]
+    keep = [F.col(spark_name(c)) for c in cols]
     h = F.xxhash64(*keep)
     part = F.pmod(h, F.lit(cfg.partitions)).cast("int")
     k1, k2 = _key(h), _key(F.xxhash64(F.lit(KEY_SALT), *keep))

@@ -13,6 +13,7 @@ import json
 
 from reconcile.errors import SinkError
 from reconcile.log import iso
+from reconcile.sql_names import duckdb_name
 
 # -- times ----------------------------------------------------------------------------------------
 
@@ -109,7 +110,7 @@ def status_data(store, name: str, limit: int = 10) -> dict:
 def _current_of(store, name: str) -> dict | None:
     """How the sink's current-state table stands (:func:`reconcile.sink.current.describe`); None
     when it keeps none, or its config or tables cannot be read (status answers from the ledger)."""
-    from reconcile.config import load_sink
+    from reconcile.config_loading import load_sink
     from reconcile.model import COMMITTED
     from reconcile.sink import current
     from reconcile.storage.delta import ShardTable
@@ -147,7 +148,7 @@ def _foreign_of(store, name: str, shown: list) -> tuple[dict, list | None]:
     commit files after the version the committed batch before ``shown`` read. ({}, None) when
     the sink's config or its Delta table cannot be read (status still answers from the ledger)."""
     from reconcile import standing as st
-    from reconcile.config import load_sink
+    from reconcile.config_loading import load_sink
     from reconcile.model import COMMITTED
     from reconcile.storage.delta import ShardTable
 
@@ -247,17 +248,13 @@ def _name_beside(cfg, base: str) -> str:
     return base
 
 
-def _dq(name: str) -> str:
-    return '"' + name.replace('"', '""') + '"'
-
-
 def _contents_duckdb(reader, cfg, t: int | None, *, log: bool, errors: bool, limit: int) -> list[dict]:
     """The rows ``show`` prints (the first ``limit + 1``), by DuckDB over the update log (no JVM)."""
     from reconcile.storage.reads import UPDATES
 
-    cols = ", ".join(_dq(c) for c in cfg.column_names)
-    order = ", ".join(f"{_dq(c)} ASC NULLS FIRST" for c in cfg.column_names)
-    count = _dq(_name_beside(cfg, "count"))
+    cols = ", ".join(duckdb_name(c) for c in cfg.column_names)
+    order = ", ".join(f"{duckdb_name(c)} ASC NULLS FIRST" for c in cfg.column_names)
+    count = duckdb_name(_name_beside(cfg, "count"))
     if log:
         sql = f'SELECT {cols}, "_error", "_time", "_diff" FROM {UPDATES} ORDER BY "_time" ASC NULLS FIRST, {order}'
     else:

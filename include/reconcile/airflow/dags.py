@@ -51,7 +51,8 @@ from airflow.sdk.exceptions import AirflowFailException
 
 from reconcile.airflow.callbacks import lag_deadline_missed, note_run_failure, run_note
 from reconcile.airflow.operators import CorrectionApproval, ReconcileSparkSubmitOperator, append_task
-from reconcile.config import SinkConfig, load_dir
+from reconcile.config import SinkConfig
+from reconcile.config_loading import load_dir
 from reconcile.errors import ConfigError
 from reconcile.schedule import schedule_period_ms
 

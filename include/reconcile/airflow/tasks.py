@@ -24,7 +24,8 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from reconcile import remedy, settings
-from reconcile.config import SinkConfig, load_sink
+from reconcile.config import SinkConfig
+from reconcile.config_loading import load_sink
 from reconcile.errors import Retryable, SinkError, storage_failure
 from reconcile.log import iso
 from reconcile.model import COMMITTED, FINAL, RETRYABLE, STAGED, SUPERSEDED

@@ -92,7 +92,7 @@ def _drift(b) -> str:
 
 def render_overview(can_read: Callable[[str], bool] = lambda name: True) -> str:
     from reconcile import settings
-    from reconcile.config import load_dir
+    from reconcile.config_loading import load_dir
     from reconcile.errors import SinkError
     from reconcile.model import OPEN_STATES, SUPERSEDED
     from reconcile.storage.ledger import Ledger
@@ -271,7 +271,7 @@ def render_sink(name: str, before: tuple[int, str] | None = None, dag_url: str =
     """One sink's page: charts (first page only), then ``PAGE`` ledger rows newest first,
     older than the (lower, batch id) key ``before``."""
     from reconcile import settings
-    from reconcile.config import load_sink
+    from reconcile.config_loading import load_sink
     from reconcile.errors import SinkError
     from reconcile.model import COMMITTED, OPEN_STATES, SUPERSEDED
     from reconcile.storage.ledger import Ledger

@@ -22,6 +22,7 @@ from reconcile.config import ChangelogSink
 from reconcile.differential import difference
 from reconcile.kinds.decode import lossy, read_source, require_columns, validate
 from reconcile.kinds.protocol import OwnCollection
+from reconcile.sql_names import spark_name
 
 
 def desired(spark: SparkSession, cfg: ChangelogSink) -> DataFrame:
@@ -34,7 +35,7 @@ def desired(spark: SparkSession, cfg: ChangelogSink) -> DataFrame:
 def decode(cfg: ChangelogSink, df: DataFrame) -> DataFrame:
     """Changelog rows: a null/zero/non-integer diff or a null time makes an error row (diff 1);
     a time or diff column of a type that is no number (a date, a struct) is refused up front."""
-    traw, draw = F.col(f"`{cfg.time_column}`"), F.col(f"`{cfg.diff_column}`")
+    traw, draw = F.col(spark_name(cfg.time_column)), F.col(spark_name(cfg.diff_column))
     types = {f.name.lower(): f.dataType.simpleString() for f in df.schema.fields}
     t, d = traw.try_cast("bigint"), draw.try_cast("bigint")
     bad_diff = d.isNull() | (d == 0) | lossy(draw, d, "bigint", types.get(cfg.diff_column.lower()))

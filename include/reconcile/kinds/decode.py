@@ -19,10 +19,7 @@ from pyspark.sql.types import ArrayType, DataType, MapType, StructType
 
 from reconcile.config import ChangelogSink, QuerySink, SinkConfig, Source
 from reconcile.errors import SourceError, brief
-
-
-def _q(name: str) -> str:
-    return f"`{name}`"
+from reconcile.sql_names import spark_name
 
 
 def read_source(spark: SparkSession, cfg: SinkConfig, src: Source, field: str) -> DataFrame:
@@ -199,8 +196,8 @@ def require_castable(
         elif name in counters and have in DATETIME:
             checks.append((name, dt, typ, "a date or timestamp is not a number of epoch milliseconds"))
         else:
-            val, bad = fit(F.col(_q(name)), have, typ)
-            checks.append((name, dt, typ, [val, bad, raw_text(F.col(_q(name)), have)]))
+            val, bad = fit(F.col(spark_name(name)), have, typ)
+            checks.append((name, dt, typ, [val, bad, raw_text(F.col(spark_name(name)), have)]))
     reason = "no single column is refused"
     with _quiet_analysis():
         if all(not isinstance(c[3], str) for c in checks):
@@ -244,7 +241,7 @@ def validate(
     problems = [] if extra_problem is None else [extra_problem]
     casted = []
     for c in cfg.columns:
-        src = F.col(_q(c.name))
+        src = F.col(spark_name(c.name))
         have = source_types.get(c.name.lower())
         val, bad_cast = fit(src, have, c.type)
         casted.append(val.alias(c.name))
@@ -261,7 +258,7 @@ def validate(
         )
     message = F.concat_ws("; ", *problems)
     raw_json = F.to_json(
-        F.struct(*[raw_text(F.col(_q(c)), source_types.get(c.lower())).alias(c) for c in cfg.column_names])
+        F.struct(*[raw_text(F.col(spark_name(c)), source_types.get(c.lower())).alias(c) for c in cfg.column_names])
     )
     error = F.when(message != "", F.concat(message, F.lit(" in row "), raw_json))
     out = raw.select(
@@ -272,7 +269,7 @@ def validate(
     )
     # Error rows keep only the message: their column values live in the message.
     return out.select(
-        *[F.when(F.col("_error").isNull(), F.col(_q(c.name))).cast(c.type).alias(c.name) for c in cfg.columns],
+        *[F.when(F.col("_error").isNull(), F.col(spark_name(c.name))).cast(c.type).alias(c.name) for c in cfg.columns],
         "_error",
         "_time",
         "_diff",

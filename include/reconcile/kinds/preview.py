@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from reconcile.config import ChangelogSink, QuerySink, SinkConfig, Source, UpsertSink
+from reconcile.sql_names import duckdb_name
 
 # the sink's type -> DuckDB's; DuckDB's type names back to the sink's
 DUCK_TYPES = {
@@ -78,11 +79,6 @@ def spark_type_of(duck: str) -> str | None:
     return f"decimal({m.group(1)},{m.group(2)})" if m else SPARK_TYPES.get(duck)
 
 
-def quoted(name: str) -> str:
-    """A name as a DuckDB identifier."""
-    return '"' + name.replace('"', '""') + '"'
-
-
 def _lit(text: str) -> str:
     return "'" + text.replace("'", "''") + "'"
 
@@ -119,14 +115,14 @@ def register_source(con, src: Source, label: str | None = None) -> None:
         if "://" in src.path and not src.path.startswith("file://"):
             raise NotExact(f"{label} is not on a local disk ({src.path})")
         arrow = DeltaTable(src.path).to_pyarrow_table()  # noqa: F841 - DuckDB reads it by name
-        con.execute(f"CREATE TEMP TABLE {quoted(src.name)} AS SELECT * FROM arrow")
+        con.execute(f"CREATE TEMP TABLE {duckdb_name(src.name)} AS SELECT * FROM arrow")
         return
     if src.format not in ("parquet", "json"):
         raise NotExact(f"{label} is {src.format} (its parsing is Spark's)")
     listed = "[" + ", ".join(_lit(f) for f in source_files(src, label)) + "]"
     if src.format == "parquet":
         con.execute(
-            f"CREATE TEMP VIEW {quoted(src.name)} AS SELECT * FROM read_parquet({listed}, hive_partitioning = false)"
+            f"CREATE TEMP VIEW {duckdb_name(src.name)} AS SELECT * FROM read_parquet({listed}, hive_partitioning = false)"
         )
         return
     read = f"read_json({listed}, format = 'newline_delimited'"
@@ -140,7 +136,7 @@ def register_source(con, src: Source, label: str | None = None) -> None:
         else:  # JSON: tokens of several types (Spark keeps a number's own text as a string)
             raise NotExact(f"{label}'s field {name} is read as {typ} (Spark infers its own type)")
     spec = "{" + ", ".join(f"{_lit(n)}: {_lit(t)}" for n, t in columns.items()) + "}"
-    con.execute(f"CREATE TEMP VIEW {quoted(src.name)} AS SELECT * FROM {read}, columns = {spec})")
+    con.execute(f"CREATE TEMP VIEW {duckdb_name(src.name)} AS SELECT * FROM {read}, columns = {spec})")
 
 
 TRANSPILE = "strict-cast-1"  # what :func:`transpile` does beyond sqlglot (part of the cache key)
@@ -288,9 +284,9 @@ def _columns(con, cfg: SinkConfig, want: _Desired) -> tuple[list[str], str, str]
     for c in cfg.columns:
         typ, target = have[c.name.lower()], sink_type(c.type)
         if spark_type_of(typ) == target:
-            picks.append(quoted(c.name))
+            picks.append(duckdb_name(c.name))
         elif typ == "HUGEINT" and target == "bigint":
-            picks.append(f"CAST({quoted(c.name)} AS BIGINT) AS {quoted(c.name)}")
+            picks.append(f"CAST({duckdb_name(c.name)} AS BIGINT) AS {duckdb_name(c.name)}")
         else:
             raise NotExact(f"column {c.name} is {typ} in DuckDB, the sink's type is {c.type} (Spark's cast decides)")
     if want.counters is None:  # a query's rows: the result as of upper - 1, each +1
@@ -299,7 +295,7 @@ def _columns(con, cfg: SinkConfig, want: _Desired) -> tuple[list[str], str, str]
     for name in want.counters:
         if have[name.lower()] not in ("TINYINT", "SMALLINT", "INTEGER", "BIGINT"):
             raise NotExact(f"column {name} is {have[name.lower()]} in DuckDB (Spark's cast to bigint decides)")
-        counters.append(f"CAST({quoted(name)} AS BIGINT)")
+        counters.append(f"CAST({duckdb_name(name)} AS BIGINT)")
     return picks, counters[0], counters[1]
 
 
@@ -307,9 +303,9 @@ def _decode(con, cfg: SinkConfig, want: _Desired) -> None:
     """The temp table ``desired_updates``: the kind's updates (the sink's columns, ``_error``,
     ``_time``, ``_diff``) as :func:`reconcile.kinds.decode.validate` makes them."""
     picks, time, diff = _columns(con, cfg, want)
-    cols = ", ".join(quoted(c) for c in cfg.column_names)
+    cols = ", ".join(duckdb_name(c) for c in cfg.column_names)
     bad_diff, bad_time = "(_d IS NULL OR _d = 0)", "(_t IS NULL)"
-    nulls = [f"{quoted(c.name)} IS NULL" for c in cfg.columns if not c.nullable]
+    nulls = [f"{duckdb_name(c.name)} IS NULL" for c in cfg.columns if not c.nullable]
     problem = " OR ".join([*nulls, *([bad_diff, bad_time] if want.counters else [])]) or "false"
     try:
         con.execute(
@@ -350,7 +346,7 @@ def updates_sql(
     time each is consolidated at, a SQL expression over ``_time``; an upsert feed's progress).
     Registers the sources as views of ``con``. :class:`NotExact` where the result might not be
     exactly Spark's."""
-    cols = ", ".join(quoted(c) for c in cfg.column_names)
+    cols = ", ".join(duckdb_name(c) for c in cfg.column_names)
     if isinstance(cfg, UpsertSink):
         feed = _upsert_commands(con, cfg, lower, upper, watermark)
         return _upsert_correction(con, cfg, lower, shard), "_time", feed
@@ -415,17 +411,17 @@ def _upsert_commands(con, cfg: UpsertSink, lower: int, upper: int, watermark: in
         if described[cfg.delete_column.lower()][1] not in (*integral, "VARCHAR", "BOOLEAN"):
             raise NotExact(f"the delete column's text is Spark's ({described[cfg.delete_column.lower()][1]})")
         marks = ", ".join(_lit(v) for v in cfg.delete_values)
-        is_delete = f"coalesce(CAST({quoted(cfg.delete_column)} AS VARCHAR) IN ({marks}), false)"
+        is_delete = f"coalesce(CAST({duckdb_name(cfg.delete_column)} AS VARCHAR) IN ({marks}), false)"
     else:
-        is_delete = " AND ".join(f"{quoted(v)} IS NULL" for v in cfg.value_columns) or "true"
-    t, o = f"CAST({quoted(cfg.time_column)} AS BIGINT)", f"CAST({quoted(cfg.offset_column)} AS BIGINT)"
+        is_delete = " AND ".join(f"{duckdb_name(v)} IS NULL" for v in cfg.value_columns) or "true"
+    t, o = f"CAST({duckdb_name(cfg.time_column)} AS BIGINT)", f"CAST({duckdb_name(cfg.offset_column)} AS BIGINT)"
     if watermark is None:
         eligible, late = f"coalesce({t} < {upper}, true)", "false"
     else:
         new = f"coalesce({o} > {watermark}, false)"
         eligible = f"CASE WHEN {t} IS NULL THEN {new} ELSE ({t} < {upper}) AND ({t} >= {lower} OR {new}) END"
         late = f"coalesce({t} < {lower} AND {new}, false)"
-    cols = ", ".join(quoted(c) for c in cfg.column_names)
+    cols = ", ".join(duckdb_name(c) for c in cfg.column_names)
     n, n_late, top = con.execute(
         f"SELECT count(*) FILTER (WHERE {eligible}), count(*) FILTER (WHERE {eligible} AND {late}), max({o}) "
         "FROM reconcile_feed"
@@ -436,9 +432,13 @@ def _upsert_commands(con, cfg: UpsertSink, lower: int, upper: int, watermark: in
     )
     values = cfg.value_columns
     suspect = " OR ".join(
-        [f"{quoted(k)} IS NULL" for k in cfg.key_columns]
+        [f"{duckdb_name(k)} IS NULL" for k in cfg.key_columns]
         + ["_t IS NULL", "_off IS NULL"]
-        + [f"(NOT _isdel AND {quoted(c.name)} IS NULL)" for c in cfg.columns if c.name in values and not c.nullable]
+        + [
+            f"(NOT _isdel AND {duckdb_name(c.name)} IS NULL)"
+            for c in cfg.columns
+            if c.name in values and not c.nullable
+        ]
     )
     bad = con.execute(f"SELECT _rid, {cols}, _t, _off, _isdel FROM commands WHERE {suspect}").fetchall()
     errors = []
@@ -450,12 +450,12 @@ def _upsert_commands(con, cfg: UpsertSink, lower: int, upper: int, watermark: in
         raise NotExact("error rows hold values whose text Spark writes its own way (floats, times or bytes)")
     con.execute("CREATE TEMP TABLE command_errors (_rid BIGINT, _error VARCHAR, _unkeyed BOOLEAN)")
     _insert(con, "command_errors", [f"({rid}, {_lit(m or '')}, {str(u).lower()})" for rid, m, u in errors])
-    keys = [quoted(k) for k in cfg.key_columns]
+    keys = [duckdb_name(k) for k in cfg.key_columns]
     con.execute(
         "CREATE TEMP TABLE cmds AS SELECT "
         + ", ".join(f"CASE WHEN coalesce(e._unkeyed, false) THEN NULL ELSE c.{k} END AS {k}" for k in keys)
         + ", "
-        + ", ".join(f"CASE WHEN e._error IS NULL THEN c.{quoted(v)} END AS {quoted(v)}" for v in values)
+        + ", ".join(f"CASE WHEN e._error IS NULL THEN c.{duckdb_name(v)} END AS {duckdb_name(v)}" for v in values)
         + (", " if values else "")
         + "e._error AS _error, coalesce(e._unkeyed, false) AS _unkeyed, "
         "CASE WHEN e._error IS NULL THEN c._isdel ELSE false END AS _del, "
@@ -470,8 +470,8 @@ def _upsert_correction(con, cfg: UpsertSink, lower: int, shard: str) -> str:
     """The SQL of :func:`reconcile.kinds.upsert.upsert_correction`'s updates (before they are
     consolidated; columns: keys, values, ``_error``, ``_time``, ``_diff``) over ``cmds`` and the
     shard's update log ``shard``."""
-    keys = [quoted(k) for k in cfg.key_columns]
-    values = [quoted(v) for v in cfg.value_columns]
+    keys = [duckdb_name(k) for k in cfg.key_columns]
+    values = [duckdb_name(v) for v in cfg.value_columns]
     klist = ", ".join(keys)
     # Highest offset wins per (key, time): Spark's max of the struct (offset, delete, error,
     # values), nulls lowest. Commands of one key, time and offset that differ are ordered by

@@ -50,6 +50,7 @@ from reconcile.differential import as_of, consolidate, partition_of
 from reconcile.errors import SourceError
 from reconcile.kinds.decode import INTEGRAL, fit, lossy, raw_text, read_source, require_castable, require_columns
 from reconcile.kinds.protocol import Bounds, Correction, FeedProgress, HistoryKeys
+from reconcile.sql_names import spark_name
 
 INT = "bigint"
 # The shard as read counts into both checksums: the desired collection is the shard with the
@@ -112,7 +113,7 @@ class UpsertKind:
 
 
 def _c(name: str) -> SCol:
-    return F.col(f"`{name}`")
+    return F.col(spark_name(name))
 
 
 def _feed_columns(cfg: UpsertSink) -> list[str]:
@@ -330,7 +331,7 @@ def upsert_correction(
 
     def update(source: str | None, diff: SCol, desired: SCol) -> SCol:
         return F.struct(
-            *[(F.col(f"{source}.`{v}`") if source else F.lit(None).cast(types[v])).alias(v) for v in values],
+            *[(F.col(f"{source}.{spark_name(v)}") if source else F.lit(None).cast(types[v])).alias(v) for v in values],
             F.col(f"{'c' if source is None else source}._error").alias("_error"),
             diff.cast(INT).alias("_diff"),
             desired.alias("_desired"),
@@ -347,7 +348,7 @@ def upsert_correction(
         .where(F.col("u").isNotNull())
         .select(
             *[_c(k) for k in keys],
-            *[F.col(f"u.`{v}`").alias(v) for v in values],
+            *[F.col(f"u.{spark_name(v)}").alias(v) for v in values],
             "u._error",
             "_time",
             "u._diff",
@@ -369,7 +370,7 @@ def upsert_correction(
     # push into the touched keys' side: it stays the shuffle of the feed the other frames read.
     probe = touched.select(*[_c(k).alias(f"_k{i}") for i, k in enumerate(keys)], "_first")
     feedback = persist if prior is None else prior
-    on = [feedback[f"`{k}`"].eqNullSafe(probe[f"_k{i}"]) for i, k in enumerate(keys)]
+    on = [feedback[spark_name(k)].eqNullSafe(probe[f"_k{i}"]) for i, k in enumerate(keys)]
     joined = feedback.where(F.col("_time") <= lower - 1).join(probe, on=on, how="inner")
     history = joined.drop(*[f"_k{i}" for i in range(len(keys))])
     retracted = (

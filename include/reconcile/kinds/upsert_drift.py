@@ -37,6 +37,7 @@ from pyspark.sql import functions as F
 
 from reconcile.config import UpsertSink
 from reconcile.kinds.protocol import DriftRepair
+from reconcile.sql_names import spark_name
 
 INT = "bigint"
 LONG_MIN = -(1 << 63)
@@ -45,12 +46,14 @@ CARRY = 1000  # unrepairable keys carried to the next batch (more: it repairs ev
 
 
 def _c(name: str) -> SCol:
-    return F.col(f"`{name}`")
+    return F.col(spark_name(name))
 
 
 def _on(left: DataFrame, right: DataFrame, keys: list[str], prefix: str) -> SCol:
     """A null-safe equality of ``left``'s key columns with ``right``'s (renamed with ``prefix``)."""
-    return reduce(lambda a, b: a & b, [left[f"`{k}`"].eqNullSafe(right[f"{prefix}{i}"]) for i, k in enumerate(keys)])
+    return reduce(
+        lambda a, b: a & b, [left[spark_name(k)].eqNullSafe(right[f"{prefix}{i}"]) for i, k in enumerate(keys)]
+    )
 
 
 def _renamed(keys_df: DataFrame, keys: list[str], prefix: str) -> DataFrame:
@@ -99,7 +102,7 @@ def feed_state(cfg: UpsertSink, done: DataFrame) -> tuple[DataFrame, DataFrame]:
     )
     state = last.where(~F.col("c._del")).select(
         *[_c(k) for k in keys],
-        *[F.col(f"c.`{v}`").alias(v) for v in values],
+        *[F.col(f"c.{spark_name(v)}").alias(v) for v in values],
         F.col("c._error").alias("_error"),
         F.lit(1).cast(INT).alias("_diff"),
     )

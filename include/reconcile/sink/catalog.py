@@ -24,14 +24,11 @@ from reconcile.config import SinkConfig
 from reconcile.errors import brief
 from reconcile.log import event
 from reconcile.sink.current import catalog_names
+from reconcile.sql_names import spark_dotted, spark_name
 from reconcile.storage.current import CurrentTable
 from reconcile.storage.delta import ShardTable
 
 log = logging.getLogger(__name__)
-
-
-def _backtick(name: str) -> str:
-    return ".".join(f"`{part}`" for part in name.split("."))
 
 
 def _spark_path(path: str) -> str:
@@ -77,15 +74,15 @@ def register(spark, cfg: SinkConfig, *, force: bool = False) -> str | None:
         if not CurrentTable(cfg).exists():
             CurrentTable(cfg).create()
         db = cfg.current.database
-        spark.sql(f"CREATE DATABASE IF NOT EXISTS `{db}`")
+        spark.sql(f"CREATE DATABASE IF NOT EXISTS {spark_name(db)}")
         for name, path in want["tables"].items():
             if spark.catalog.tableExists(name):
-                at = spark.sql(f"DESCRIBE DETAIL {_backtick(name)}").collect()[0]["location"]
+                at = spark.sql(f"DESCRIBE DETAIL {spark_dotted(name)}").collect()[0]["location"]
                 if at.rstrip("/") in (path.rstrip("/"), _spark_path(path).rstrip("/")):
                     continue
-                spark.sql(f"DROP TABLE {_backtick(name)}")  # external: the files stay
+                spark.sql(f"DROP TABLE {spark_dotted(name)}")  # external: the files stay
             location = _spark_path(path).replace("'", "\\'")
-            spark.sql(f"CREATE TABLE IF NOT EXISTS {_backtick(name)} USING DELTA LOCATION '{location}'")
+            spark.sql(f"CREATE TABLE IF NOT EXISTS {spark_dotted(name)} USING DELTA LOCATION '{location}'")
     except Exception as exc:  # noqa: BLE001 - the catalog is a convenience: the batch goes on
         event(
             log,

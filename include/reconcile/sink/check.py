@@ -44,6 +44,7 @@ from reconcile.log import iso
 from reconcile.manifest import Manifest
 from reconcile.model import COMMITTED
 from reconcile.sink.sync import stale_staged
+from reconcile.sql_names import spark_name
 from reconcile.storage.commits import batch_commits
 from reconcile.storage.delta import ShardTable
 from reconcile.storage.ledger import Ledger
@@ -359,7 +360,7 @@ def verify_source(
     state, has = ud.feed_state(cfg, done)  # type: ignore[arg-type]
     shard = frames.read_updates(spark, ShardTable(cfg)).where(F.col("_time") <= upper - 1)
     diff = ud.consolidated(cfg, state.unionByName(shard.select(*state.columns).withColumn("_diff", -F.col("_diff"))))  # type: ignore[arg-type]
-    wrong = diff.select(*[F.col(f"`{k}`") for k in keys]).distinct()
+    wrong = diff.select(*[F.col(spark_name(k)) for k in keys]).distinct()
     retained = ud.semi(wrong, has, keys, "left_anti").limit(6).collect()
     differ = ud.semi(wrong, has, keys).limit(6).collect()
     n_keys = has.count()

@@ -53,6 +53,7 @@ from reconcile.failpoints import failpoint
 from reconcile.log import event, iso
 from reconcile.model import COMMITTED
 from reconcile.sink.sync import gc_compactions, sync
+from reconcile.sql_names import spark_name
 from reconcile.storage import files, footers, frames, layout
 from reconcile.storage.current import CurrentTable
 from reconcile.storage.delta import ShardTable
@@ -159,7 +160,7 @@ def _owner_dir(path: str) -> str | None:
 
 def _write_rewrite(table: ShardTable, rewrite, name: str) -> None:
     """Spark writes the rewrite as plain Parquet files into the compaction's directory ``name``."""
-    cols = [f"`{c}`" for c in table.cfg.column_names] + ["_error", "_time", "_diff"]
+    cols = [spark_name(c) for c in table.cfg.column_names] + ["_error", "_time", "_diff"]
     rewrite.select(*cols).write.mode("error").parquet(table.compaction_path(name))
 
 

@@ -34,8 +34,8 @@ from dataclasses import dataclass, replace
 from reconcile.config import SinkConfig
 from reconcile.errors import Retryable
 from reconcile.failpoints import failpoint
-from reconcile.kinds.preview import quoted
 from reconcile.log import event
+from reconcile.sql_names import duckdb_name
 from reconcile.storage.commits import MAINTENANCE, added_files
 from reconcile.storage.current import CurrentTable
 from reconcile.storage.delta import ShardTable
@@ -130,11 +130,11 @@ def _attempt(store, cfg: SinkConfig, table: ShardTable, ct: CurrentTable, rebuil
 
 
 def _cols(cfg: SinkConfig) -> str:
-    return ", ".join(quoted(c) for c in cfg.column_names)
+    return ", ".join(duckdb_name(c) for c in cfg.column_names)
 
 
 def _match(cfg: SinkConfig, columns: list[str], a: str, b: str) -> str:
-    return " AND ".join(f"{a}.{quoted(c)} IS NOT DISTINCT FROM {b}.{quoted(c)}" for c in columns)
+    return " AND ".join(f"{a}.{duckdb_name(c)} IS NOT DISTINCT FROM {b}.{duckdb_name(c)}" for c in columns)
 
 
 def _detect_columns(cfg: SinkConfig) -> list[str]:
@@ -239,7 +239,7 @@ def _one(con, sql: str) -> tuple:
 def _order(cfg: SinkConfig) -> str:
     """Upsert sinks' files are sorted by key (a local change rewrites few files)."""
     keys = getattr(cfg, "key_columns", None)
-    return f" ORDER BY {', '.join(quoted(k) for k in keys)}" if keys else ""
+    return f" ORDER BY {', '.join(duckdb_name(k) for k in keys)}" if keys else ""
 
 
 def describe(cfg: SinkConfig, table: ShardTable, committed: list) -> dict | None:

@@ -29,6 +29,7 @@ from reconcile.differential import consolidate, one_row
 from reconcile.errors import brief
 from reconcile.log import event
 from reconcile.model import COMMITTED
+from reconcile.sql_names import spark_name
 from reconcile.standing import record_of
 from reconcile.storage import frames
 from reconcile.storage.commits import runs_of
@@ -104,12 +105,12 @@ def find(spark: SparkSession, store: Ledger, table: ShardTable, read_version: in
             if not keyed(cfg):
                 changed.unpersist()
             else:
-                changed_keys.append(changed.select(*[F.col(f"`{k}`") for k in key_cols]))
+                changed_keys.append(changed.select(*[F.col(spark_name(k)) for k in key_cols]))
                 grouped = before.where(F.col("_time") < upper).groupBy(
-                    *[F.col(f"`{c}`") for c in cfg.column_names], "_error"
+                    *[F.col(spark_name(c)) for c in cfg.column_names], "_error"
                 )
                 had = grouped.agg(F.sum("_diff").alias("_n")).where(F.col("_n") != 0)
-                held.append(had.select(*[F.col(f"`{k}`") for k in key_cols]))
+                held.append(had.select(*[F.col(spark_name(k)) for k in key_cols]))
         except Exception as exc:  # noqa: BLE001 - those versions were vacuumed
             event(
                 log,

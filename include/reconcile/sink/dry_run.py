@@ -12,7 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from reconcile.config import SinkConfig
-from reconcile.kinds.preview import NotExact, duck_type, failed, quoted, updates_sql
+from reconcile.kinds.preview import NotExact, duck_type, failed, updates_sql
+from reconcile.sql_names import duckdb_name
 from reconcile.storage.delta import ShardTable
 
 __all__ = ["NotExact", "Preview", "correction"]
@@ -42,10 +43,10 @@ def correction(
 
     reader = ShardReader(table) if table.exists() else None
     con = reader.con if reader is not None else duckdb.connect()
-    cols = ", ".join(quoted(c) for c in cfg.column_names)
+    cols = ", ".join(duckdb_name(c) for c in cfg.column_names)
     try:
         if reader is None:  # a shard without a table yet holds nothing
-            typed = ", ".join(f"CAST(NULL AS {duck_type(c.type)}) AS {quoted(c.name)}" for c in cfg.columns)
+            typed = ", ".join(f"CAST(NULL AS {duck_type(c.type)}) AS {duckdb_name(c.name)}" for c in cfg.columns)
             con.execute(
                 f"CREATE TEMP TABLE {UPDATES} AS SELECT {typed}, CAST(NULL AS VARCHAR) AS _error, "
                 "CAST(NULL AS BIGINT) AS _time, CAST(NULL AS BIGINT) AS _diff WHERE false"
@@ -63,7 +64,7 @@ def correction(
         ).fetchone()
         assert totals is not None
         n, ins, ret, err = totals
-        order = ", ".join(f"{quoted(c)} ASC NULLS FIRST" for c in cfg.column_names)
+        order = ", ".join(f"{duckdb_name(c)} ASC NULLS FIRST" for c in cfg.column_names)
         cur = con.execute(
             f"SELECT {cols}, _error, _time, _diff FROM reconcile_correction "
             f"ORDER BY _error NULLS FIRST, _time, {order}, _diff LIMIT {int(limit)}"

@@ -50,6 +50,7 @@ from reconcile.kinds import HistoryKeys
 from reconcile.log import iso
 from reconcile.model import COMMITTED
 from reconcile.report import stamp
+from reconcile.sql_names import duckdb_name, quoter, spark_name, trino_name
 from reconcile.storage.delta import ShardTable
 from reconcile.storage.reads import UPDATES, ShardReader, stamp_note
 
@@ -60,12 +61,6 @@ DIALECTS = ("spark", "duckdb", "trino")
 
 
 # -- names -----------------------------------------------------------------------------------------
-
-
-def _q(name: str, dialect: str) -> str:
-    if dialect == "spark":
-        return "`" + name.replace("`", "``") + "`"
-    return '"' + name.replace('"', '""') + '"'
 
 
 def output_names(cfg: SinkConfig) -> dict[str, str]:
@@ -92,11 +87,11 @@ def table_ref(cfg: SinkConfig, dialect: str = "spark", location: str | None = No
     """How ``dialect`` names the shard's Delta table at ``location`` (default: the sink's)."""
     loc = location or ShardTable(cfg).path
     if dialect == "spark":
-        return "delta.`" + loc.replace("`", "``") + "`"
+        return "delta." + spark_name(loc)
     if dialect == "duckdb":
         return "delta_scan('" + loc.replace("'", "''") + "')"
     if dialect == "trino":  # Trino reads a Delta table registered in its catalog (see view_sql)
-        return f'"delta"."reconcile"."{cfg.name}"'
+        return '"delta"."reconcile".' + trino_name(cfg.name)
     raise SinkError(f"unknown SQL dialect {dialect!r}: one of {', '.join(DIALECTS)}", sink=cfg.name)
 
 
@@ -107,17 +102,18 @@ def history_sql(cfg: SinkConfig, table: str, dialect: str = "spark", *, errors: 
     """The SELECT of the shard's type-2 history over ``table`` (see :func:`table_ref`): per key
     for upsert sinks, per distinct row otherwise; ok rows only, or (``errors``) the error rows'
     history per distinct ``(row, _error)``."""
+    q = quoter(dialect)
     n = output_names(cfg)
     cols = cfg.column_names + (["_error"] if errors else [])
-    row = ", ".join(_q(c, dialect) for c in cols)
-    t, d = _q("_time", dialect), _q("_diff", dialect)
-    cnt, vf, vt = _q(n["count"], dialect), _q(n["valid_from"], dialect), _q(n["valid_to"], dialect)
+    row = ", ".join(q(c) for c in cols)
+    t, d = q("_time"), q("_diff")
+    cnt, vf, vt = q(n["count"]), q(n["valid_from"]), q(n["valid_to"])
     by_row = f"PARTITION BY {row} ORDER BY {t}"
     sql = (
         "WITH updates AS (\n"
         f"  SELECT {row}, {t}, CAST(SUM({d}) AS BIGINT) AS {d}\n"
         f"  FROM {table}\n"
-        f"  WHERE {_q('_error', dialect)} IS {'NOT ' if errors else ''}NULL\n"
+        f"  WHERE {q('_error')} IS {'NOT ' if errors else ''}NULL\n"
         f"  GROUP BY {row}, {t}\n"
         f"  HAVING SUM({d}) <> 0\n"
         "), counts AS (\n"
@@ -131,12 +127,12 @@ def history_sql(cfg: SinkConfig, table: str, dialect: str = "spark", *, errors: 
     per = grouping(cfg, errors)
     if not per.keys:
         return sql + f"\nSELECT {row}, {cnt}, {vf}, {vt}\nFROM counts\nWHERE {cnt} <> 0"
-    keys = ", ".join(_q(k, dialect) for k in per.keys)
-    ties = "".join(f", {_q(v, dialect)} NULLS FIRST" for v in per.ties)
+    keys = ", ".join(q(k) for k in per.keys)
+    ties = "".join(f", {q(v)} NULLS FIRST" for v in per.ties)
     return (
         sql
         + f", versions AS (\n  SELECT {row}, {cnt}, {vf}, {vt}\n  FROM counts\n  WHERE {cnt} <> 0\n)\n"
-        + f"SELECT {row},\n  ROW_NUMBER() OVER (PARTITION BY {keys} ORDER BY {vf}{ties}) AS {_q(n['version'], dialect)},\n"
+        + f"SELECT {row},\n  ROW_NUMBER() OVER (PARTITION BY {keys} ORDER BY {vf}{ties}) AS {q(n['version'])},\n"
         + f"  {cnt}, {vf}, {vt}\nFROM versions"
     )
 
@@ -144,10 +140,11 @@ def history_sql(cfg: SinkConfig, table: str, dialect: str = "spark", *, errors: 
 def diff_sql(cfg: SinkConfig, table: str, t1: int, t2: int, dialect: str = "spark") -> str:
     """The consolidated changes from ``t1`` (exclusive) to ``t2`` (inclusive): per distinct
     ``(row, _error)`` the sum of the diffs of its updates with ``t1 < _time <= t2``, non-zero."""
-    row = ", ".join(_q(c, dialect) for c in [*cfg.column_names, "_error"])
-    t, d = _q("_time", dialect), _q("_diff", dialect)
+    q = quoter(dialect)
+    row = ", ".join(q(c) for c in [*cfg.column_names, "_error"])
+    t, d = q("_time"), q("_diff")
     return (
-        f"SELECT {row}, CAST(SUM({d}) AS BIGINT) AS {_q(output_names(cfg)['diff'], dialect)}\n"
+        f"SELECT {row}, CAST(SUM({d}) AS BIGINT) AS {q(output_names(cfg)['diff'])}\n"
         f"FROM {table}\n"
         f"WHERE {t} > {int(t1)} AND {t} <= {int(t2)}\n"
         f"GROUP BY {row}\n"
@@ -170,11 +167,11 @@ def view_sql(cfg: SinkConfig, dialect: str = "spark", location: str | None = Non
             "-- register the table first: CALL delta.system.register_table(schema_name => 'reconcile', "
             f"table_name => '{cfg.name}', table_location => '{loc}')"
         )
-        create = f'CREATE OR REPLACE VIEW "delta"."reconcile"."{name}" AS'
+        create = f'CREATE OR REPLACE VIEW "delta"."reconcile".{trino_name(name)} AS'
     elif dialect == "spark":
-        create = f"CREATE OR REPLACE TEMPORARY VIEW {_q(name, dialect)} AS"
+        create = f"CREATE OR REPLACE TEMPORARY VIEW {spark_name(name)} AS"
     else:
-        create = f"CREATE OR REPLACE VIEW {_q(name, dialect)} AS"
+        create = f"CREATE OR REPLACE VIEW {duckdb_name(name)} AS"
     body = history_sql(cfg, table_ref(cfg, dialect, loc), dialect, errors=errors)
     return "\n".join([*head, create, body + ";"])
 
@@ -251,7 +248,7 @@ def history(
     n = output_names(cfg)
     df = spark.sql(history_sql(cfg, table_ref(cfg, "spark"), "spark", errors=errors))
     for col, value in (key or {}).items():
-        df = df.where(F.col(_q(col, "spark")).cast("string") == F.lit(value))
+        df = df.where(F.col(spark_name(col)).cast("string") == F.lit(value))
     if as_of is not None:
         vf, vt = F.col(n["valid_from"]), F.col(n["valid_to"])
         df = df.where((vf <= as_of) & (vt.isNull() | (vt > as_of)))
@@ -279,7 +276,7 @@ def _duckdb_key_filter(cfg: SinkConfig, key: Mapping[str, str]) -> tuple[list[st
     conds: list[str] = []
     params: list = []
     for col, value in key.items():
-        q, typ = _q(col, "duckdb"), types[col]
+        q, typ = duckdb_name(col), types[col]
         parsed = {"float": "REAL", "double": "DOUBLE", "timestamp": "TIMESTAMPTZ", "timestamp_ntz": "TIMESTAMP"}
         if typ in parsed:
             conds.append(f"{q} = TRY_CAST(? AS {parsed[typ]})")
@@ -309,14 +306,14 @@ class _Versions:
 def _duckdb_versions(reader: ShardReader, cfg: SinkConfig, ask: _Versions) -> tuple[list[dict], bool]:
     """(the versions, whether any starts at or before ``since``) by DuckDB."""
     n = output_names(cfg)
-    vf, vt = _q(n["valid_from"], "duckdb"), _q(n["valid_to"], "duckdb")
+    vf, vt = duckdb_name(n["valid_from"]), duckdb_name(n["valid_to"])
     conds, params = _duckdb_key_filter(cfg, ask.key)
     if ask.as_of is not None:
         conds.append(f"{vf} <= {int(ask.as_of)} AND ({vt} IS NULL OR {vt} > {int(ask.as_of)})")
     where = f"\nWHERE {' AND '.join(conds)}" if conds else ""
     body = history_sql(cfg, UPDATES, "duckdb", errors=ask.errors)
     reader.execute(f"CREATE OR REPLACE TEMP TABLE shard_versions AS SELECT * FROM (\n{body}\n) AS h{where}", params)
-    order = ", ".join(f"{_q(c, 'duckdb')} ASC NULLS FIRST" for c in _order(cfg, ask.errors))
+    order = ", ".join(f"{duckdb_name(c)} ASC NULLS FIRST" for c in _order(cfg, ask.errors))
     rows = reader.rows(f"SELECT * FROM shard_versions ORDER BY {order} LIMIT {int(ask.limit) + 1}")
     first = f"SELECT 1 AS one FROM shard_versions WHERE {vf} <= {int(ask.since)} LIMIT 1"
     return rows, ask.since > 0 and bool(reader.rows(first))
@@ -326,7 +323,7 @@ def _duckdb_changes(
     reader: ShardReader, cfg: SinkConfig, t1: int, t2: int, *, errors: bool, limit: int
 ) -> tuple[dict[tuple[bool, bool], tuple[int, int]], list[dict]]:
     """(rows and total |diff| per (error row?, added?), the first ``limit + 1`` changes) by DuckDB."""
-    name = _q(output_names(cfg)["diff"], "duckdb")
+    name = duckdb_name(output_names(cfg)["diff"])
     reader.execute(f"CREATE OR REPLACE TEMP TABLE shard_changes AS {diff_sql(cfg, UPDATES, t1, t2, 'duckdb')}")
     totals = {
         (r["err"], r["up"]): (int(r["n"]), int(r["weight"]))
@@ -336,8 +333,8 @@ def _duckdb_changes(
         )
     }
     cols = [*cfg.column_names, *(["_error"] if errors else [])]
-    select = ", ".join(_q(c, "duckdb") for c in cols)
-    order = ", ".join(f"{_q(c, 'duckdb')} ASC NULLS FIRST" for c in cols)
+    select = ", ".join(duckdb_name(c) for c in cols)
+    order = ", ".join(f"{duckdb_name(c)} ASC NULLS FIRST" for c in cols)
     rows = reader.rows(
         f'SELECT {select}, {name} FROM shard_changes WHERE "_error" IS {"NOT " if errors else ""}NULL '
         f"ORDER BY {order}, {name} LIMIT {int(limit) + 1}"
@@ -354,7 +351,7 @@ def _spark_versions(spark: SparkSession, cfg: SinkConfig, ask: _Versions) -> tup
 
     n = output_names(cfg)
     df = history(spark, cfg, errors=ask.errors, key=ask.key, as_of=ask.as_of)
-    order = [F.col(_q(c, "spark")).asc_nulls_first() for c in _order(cfg, ask.errors)]
+    order = [F.col(spark_name(c)).asc_nulls_first() for c in _order(cfg, ask.errors)]
     rows = [r.asDict() for r in df.orderBy(*order).limit(ask.limit + 1).collect()]
     cut = ask.since > 0 and bool(df.where(F.col(n["valid_from"]) <= ask.since).limit(1).count())
     return rows, cut
@@ -377,7 +374,7 @@ def _spark_changes(
         mine = df.where(F.col("_error").isNotNull() if errors else F.col("_error").isNull())
         if not errors:
             mine = mine.drop("_error")
-        order = [F.col(_q(c, "spark")).asc_nulls_first() for c in [*cfg.column_names] + (["_error"] if errors else [])]
+        order = [F.col(spark_name(c)).asc_nulls_first() for c in [*cfg.column_names] + (["_error"] if errors else [])]
         rows = [r.asDict() for r in mine.orderBy(*order, F.col(name)).limit(limit + 1).collect()]
     finally:
         df.unpersist()

@@ -13,6 +13,7 @@ from pyspark.sql.types import StructType
 
 from reconcile.config import SinkConfig
 from reconcile.differential import HASH_COLUMN
+from reconcile.sql_names import spark_name
 from reconcile.storage.commits import added_files
 from reconcile.storage.delta import ShardTable
 from reconcile.storage.layout import PART_COLUMN
@@ -118,7 +119,7 @@ def read_staged(spark: SparkSession, cfg: SinkConfig, path: str, files: list[str
     it, as the manifest names them): no other file is ever read."""
     if files is not None and not files:
         return spark.createDataFrame([], schema(cfg, with_part=True))
-    reader = spark.read.schema(_parse_ddl(f"{cfg.ddl}, `{PART_COLUMN}` INT")).option("basePath", path)
+    reader = spark.read.schema(_parse_ddl(f"{cfg.ddl}, {spark_name(PART_COLUMN)} INT")).option("basePath", path)
     found = reader.parquet(path) if files is None else reader.parquet(*[f"{path}/{f}" for f in sorted(files)])
     return found.withColumnRenamed(PART_COLUMN, "_part")
 
@@ -133,7 +134,7 @@ def _stats_aggregates(cfg: SinkConfig, where=None) -> list:
     two 32-bit limbs: order-independent) and net (sum of diff) of the rows, or of those matching
     ``where`` (:func:`_stats_of` reads them). BIGINT sums throughout: a limb's sum is exact below
     2^31 rows (Spark fails the job past that)."""
-    h = F.xxhash64(*[F.col(f"`{c}`") for c in cfg.column_names], "_error", "_time", "_diff")
+    h = F.xxhash64(*[F.col(spark_name(c)) for c in cfg.column_names], "_error", "_time", "_diff")
     keep = F.lit(True) if where is None else where
     return [
         F.sum(F.when(keep, 1).otherwise(0)).alias("rows"),
