@@ -284,6 +284,7 @@ print("RESULT " + json.dumps(out))
 """
 
 
+@pytest.mark.slow  # two Spark processes of its own, one after the other
 def test_both_tables_are_found_by_name_in_the_embedded_metastore(tmp_path):
     """``reconcile run`` registers the tables as it writes; then another Spark process (one at a
     time: the embedded Derby metastore's rule) finds them by name and builds a downstream model
