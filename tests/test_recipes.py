@@ -190,7 +190,16 @@ def test_operating_recipes_run_verbatim(local_airflow, spark, monkeypatch):
             again = 0
         assert time.time() < deadline, (
             f"the recipe cleared nothing: {cleared.stdout[-1000:]} {cleared.stderr[-1000:]}; "
-            f"the runs: {_runs(env)}; "
+            f"the runs: {_runs(env)}; the target's task instances: "
+            + str(
+                _airflow_db(
+                    env,
+                    "SELECT r.logical_date, r.state AS run_state, r.clear_number, t.task_id, t.state, t.try_number "
+                    f"FROM dag_run r JOIN task_instance t ON t.run_id = r.run_id AND t.dag_id = r.dag_id "
+                    f"WHERE r.dag_id = 'demo_orders' AND r.run_id = '{target}'",
+                )
+            )
+            + "; "
             f"Airflow's log: {(home.parent / 'airflow.log').read_text()[-3000:]}"
         )
         time.sleep(3)
