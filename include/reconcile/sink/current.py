@@ -195,17 +195,22 @@ def _incremental(cfg: SinkConfig, table: ShardTable, ct: CurrentTable, dt, refle
         ).fetchall()
     ]
     rewrite = [present[i] for i in sorted(touched)]
-    old = read_parquet([f"{ct.path}/{p}" for p, _ in rewrite], cfg.column_names)
-    if old is None:
-        return "a retracted row is not in the current table"
-    con.register("old", old)
+    if detect == cfg.column_names:  # the rows are read already: the touched files' among them
+        picked = ", ".join(str(i) for i in touched) or "NULL"
+        con.execute(f"CREATE TEMP VIEW old AS SELECT {cols} FROM found WHERE _file IN ({picked})")
+    else:
+        old_rows = read_parquet([f"{ct.path}/{p}" for p, _ in rewrite], cfg.column_names)
+        if old_rows is None:
+            return "a retracted row is not in the current table"
+        con.register("old", old_rows)
+    n_old = _one(con, "SELECT count(*) FROM old")[0]
     con.execute(
         f"CREATE TEMP TABLE kept AS SELECT {cols} FROM old EXCEPT ALL "
         f"SELECT {cols} FROM net, range(-net._n) WHERE net._n < 0"
     )
     kept = _one(con, "SELECT count(*) FROM kept")[0]
-    if old.num_rows - kept != n_del:
-        return f"{n_del - (old.num_rows - kept)} retracted rows are not in the current table"
+    if n_old - kept != n_del:
+        return f"{n_del - (n_old - kept)} retracted rows are not in the current table"
     rows = con.execute(f"SELECT * FROM kept UNION ALL {additions}{_order(cfg)}").to_arrow_table()
     return ct.write_rows(rows) if rows.num_rows else [], rewrite, int(n_add), int(n_del), ""
 
@@ -315,8 +320,15 @@ def findings(cfg: SinkConfig, table: ShardTable, committed: list, *, deep: bool 
     return bad, found
 
 
-def _hash_sql(cfg: SinkConfig) -> str:
-    return f"hash({_cols(cfg)})"
+def _hash_total(con, cfg: SinkConfig, table: str, weight: str = "1", where: str = "TRUE") -> int:
+    """The sum of the rows' hashes times ``weight`` modulo 2^64 (two 32-bit limbs, exact)."""
+    h = f"hash({_cols(cfg)})"
+    lo, hi = _one(
+        con,
+        f"SELECT coalesce(sum(({h} % 4294967296)::HUGEINT * {weight}), 0), "
+        f"coalesce(sum(({h} // 4294967296)::HUGEINT * {weight}), 0) FROM {table} WHERE {where}",
+    )
+    return (int(lo) + (int(hi) << 32)) % (1 << 64)
 
 
 def _shard_totals(cfg: SinkConfig, table: ShardTable, version: int, deep: bool) -> tuple[int, int | None]:
@@ -332,11 +344,7 @@ def _shard_totals(cfg: SinkConfig, table: ShardTable, version: int, deep: bool) 
     rows = _one(con, "SELECT coalesce(sum(_diff), 0) FROM updates WHERE _error IS NULL")[0]
     if not deep:
         return int(rows), None
-    total = con.execute(
-        f"SELECT coalesce(sum(({_hash_sql(cfg)} % 4294967296)::HUGEINT * _diff), 0), "
-        f"coalesce(sum(({_hash_sql(cfg)} // 4294967296)::HUGEINT * _diff), 0) FROM updates WHERE _error IS NULL"
-    ).fetchone()
-    return int(rows), _combine(total)
+    return int(rows), _hash_total(con, cfg, "updates", "_diff", "_error IS NULL")
 
 
 def _current_sum(cfg: SinkConfig) -> int:
@@ -346,15 +354,4 @@ def _current_sum(cfg: SinkConfig) -> int:
     scan = CurrentTable(cfg).snapshot().scan(columns=cfg.column_names)
     con = duckdb.connect()
     con.register("current_rows", pa.RecordBatchReader.from_stream(scan).read_all())
-    return _combine(
-        _one(
-            con,
-            f"SELECT coalesce(sum(({_hash_sql(cfg)} % 4294967296)::HUGEINT), 0), "
-            f"coalesce(sum(({_hash_sql(cfg)} // 4294967296)::HUGEINT), 0) FROM current_rows",
-        )
-    )
-
-
-def _combine(limbs) -> int:
-    lo, hi = (int(x) for x in limbs)
-    return (lo + (hi << 32)) % (1 << 64)
+    return _hash_total(con, cfg, "current_rows")

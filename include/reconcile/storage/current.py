@@ -18,7 +18,7 @@ from reconcile import settings
 from reconcile.config import SinkConfig
 from reconcile.errors import Retryable, brief
 from reconcile.storage import files, footers
-from reconcile.storage.commits import describe_commit, parse_actions, reconcile_meta
+from reconcile.storage.commits import describe_commit, info_of, parse_actions, reconcile_meta
 from reconcile.storage.delta import commit_next, delta_type
 
 CURRENT_OP = "current"
@@ -106,8 +106,7 @@ class CurrentTable:
             if text is None:
                 break
             actions = parse_actions(text)
-            info: dict = next((a["commitInfo"] for a in actions if "commitInfo" in a), {})
-            if (reconcile_meta(info) or {}).get("op") == CURRENT_OP:
+            if (reconcile_meta(info_of(actions)) or {}).get("op") == CURRENT_OP:
                 break
             if describe_commit(actions) is None:
                 foreign.append(v)
