@@ -13,12 +13,15 @@ import sys
 from collections import Counter
 from pathlib import Path
 
+import pyarrow as pa
 import pytest
 
 from helpers import make_sink, model_kv, run_stages, shard_as_of, write_json_rows
 from reconcile import cli
+from reconcile.model import COMMITTED
 from reconcile.sink import current as current_sink
 from reconcile.storage.current import CurrentTable
+from reconcile.storage.deletion_vectors import file_name
 from reconcile.storage.delta import ShardTable
 from upsert_model import HINT, UpsertModel, cmd, upsert_sink
 
@@ -32,7 +35,7 @@ def current_rows(cfg) -> Counter:
     from reconcile import settings
 
     dt = DeltaTable(CurrentTable(cfg).path, storage_options=settings.delta_storage_options())
-    table = dt.to_pyarrow_table()
+    table = pa.RecordBatchReader.from_stream(dt.scan()).read_all()  # deletion vectors applied
     assert table.column_names == cfg.column_names, "a plain table: the sink's columns only"
     return Counter(tuple(r[c] for c in cfg.column_names) for r in table.to_pylist())
 
@@ -72,10 +75,18 @@ def where(request):
     return request.param
 
 
-@pytest.mark.parametrize("where", ["local", "s3"], indirect=True)
-def test_query_sink_current_table_follows_every_batch(spark, where, tmp_path, sqlite_store):
-    cfg = make_sink(tmp_path, "cur_q", current=True, query=SKIPPING, retention={"vacuum_hours": 0})
+@pytest.mark.parametrize(
+    "where, vectors",
+    [("local", True), ("local", False), ("s3", True)],
+    indirect=["where"],
+    ids=["local", "local-cow", "s3"],
+)
+def test_query_sink_current_table_follows_every_batch(spark, where, vectors, tmp_path, sqlite_store):
+    cfg = make_sink(
+        tmp_path, "cur_q", current={"deletion_vectors": vectors}, query=SKIPPING, retention={"vacuum_hours": 0}
+    )
     frontier = 100
+    marked = rewritten = 0
     for i, rows in enumerate(QUERY_ROWS):
         write_json_rows(tmp_path / "src", rows)
         frontier += 100
@@ -84,10 +95,14 @@ def test_query_sink_current_table_follows_every_batch(spark, where, tmp_path, sq
         want = as_rows(model_kv(kept(rows)))
         assert current_rows(cfg) == as_rows(shard_as_of(cfg, frontier - 1)) == want, f"batch {i}"
         assert reflected(cfg) == ShardTable(cfg).latest_version()
+        marked += appended.current.files_marked
+        rewritten += appended.current.files_rewritten if i else 0
         if i == 0:
             assert appended.current.action == "rebuilt"
         elif i == 4:  # everything retracted
             assert appended.current.action == "applied" and appended.current.rows_added == 0
+    # retractions mark rows (deletion vectors) or rewrite the files they fall in (copy-on-write)
+    assert marked > 0 if vectors else (marked == 0 and rewritten > 0)
     # an unchanged source: an empty batch, nothing rewritten
     _, _, appended = run_stages(spark, sqlite_store, cfg, "same", frontier + 100)
     assert appended.current.files_rewritten == 0 and appended.current.rows_added == 0
@@ -96,7 +111,8 @@ def test_query_sink_current_table_follows_every_batch(spark, where, tmp_path, sq
     from reconcile.storage import files
 
     ct = CurrentTable(cfg)
-    named = {p for p, _ in ct.data_files(ct.snapshot())}
+    dt = ct.snapshot()
+    named = {p for p, _ in ct.data_files(dt)} | {file_name(d) for d in ct.vectors(dt).values()}
     assert set(files.list_files(ct.path)) - named - {p for p in files.list_files(ct.path) if p.startswith("_delta_log")}
     compact.vacuum(sqlite_store, ShardTable(cfg))
     assert {p for p in files.list_files(ct.path) if not p.startswith("_delta_log")} == named
@@ -166,7 +182,6 @@ def test_a_kill_between_the_shard_commit_and_the_current_commit_is_completed(
 def test_foreign_writes_are_undone_and_a_lost_current_table_is_rebuilt(
     spark, warehouse, tmp_path, sqlite_store, monkeypatch, capsys
 ):
-    import pyarrow as pa
     from deltalake import DeltaTable, write_deltalake
 
     monkeypatch.setenv("RECONCILE_SINKS_DIR", str(tmp_path))
@@ -205,7 +220,7 @@ def test_foreign_writes_are_undone_and_a_lost_current_table_is_rebuilt(
     # a commit of the sink's own that claims the shard's version but holds other values (a bug)
     ct = CurrentTable(cfg)
     dt = ct.snapshot()
-    rows = dt.to_pyarrow_table()
+    rows = pa.RecordBatchReader.from_stream(dt.scan()).read_all()
     wrong = rows.set_column(1, "v", pa.array(["wrong"] * rows.num_rows, pa.string()))
     assert ct.commit(dt, "overwrite", ct.write_rows(wrong), [], {}, ct.reflected(dt)) is not None
     assert cli.main(["check", cfg.name]) == 0  # the row count agrees
@@ -224,19 +239,37 @@ def test_foreign_writes_are_undone_and_a_lost_current_table_is_rebuilt(
 
 
 def test_readers_see_a_plain_table(spark, warehouse, tmp_path, sqlite_store):
+    """Spark, Polars, DuckDB and delta-rs read the current table as plain rows, after batches that
+    marked rows with deletion vectors, past a checkpoint, and after a vacuum at zero retention."""
     import duckdb
     import polars as pl
+    from deltalake import DeltaTable, QueryBuilder
 
-    cfg = make_sink(tmp_path, "cur_read", current=True)
-    write_json_rows(tmp_path / "src", QUERY_ROWS[2])
-    run_stages(spark, sqlite_store, cfg, "r0", 200)
-    path = CurrentTable(cfg).path
-    want = sorted(model_kv(QUERY_ROWS[2]).elements())
-    want = sorted((k, v) for k, v, _ in want)
+    from reconcile.sink import compact
+    from reconcile.storage import files
+
+    cfg = make_sink(tmp_path, "cur_read", current=True, retention={"vacuum_hours": 0})
+    rows = [{"k": k, "v": f"v{k % 3}"} for k in range(40)]
+    marked = 0
+    for i in range(12):  # each batch retracts one row and adds one: a vector per batch
+        if i:
+            rows = [r for r in rows if r["k"] != i] + [{"k": 100 + i, "v": "new"}]
+        write_json_rows(tmp_path / "src", rows)
+        _, _, appended = run_stages(spark, sqlite_store, cfg, f"r{i}", 100 * (i + 2))
+        marked += appended.current.files_marked
+    ct = CurrentTable(cfg)
+    path = ct.path
+    compact.vacuum(sqlite_store, ShardTable(cfg))
+    dt = ct.snapshot()
+    assert marked >= 10 and ct.vectors(dt), "retractions were marked with deletion vectors"
+    assert any(".checkpoint." in n for n in files.list_names(f"{path}/_delta_log")), "past a checkpoint"
+    want = sorted((r["k"], r["v"]) for r in rows)
     got_spark = sorted(tuple(r) for r in spark.read.format("delta").load(path).collect())
     assert got_spark == want
     got_polars = sorted(pl.read_delta(path).iter_rows())
     assert got_polars == want
+    got_delta_rs = QueryBuilder().register("cur", DeltaTable(path)).execute("SELECT k, v FROM cur").read_all()
+    assert sorted(zip(*pa.table(got_delta_rs).to_pydict().values(), strict=True)) == want
     from duckdb_extensions import import_extension
 
     con = duckdb.connect()
@@ -247,6 +280,8 @@ def test_readers_see_a_plain_table(spark, warehouse, tmp_path, sqlite_store):
     # a dbt-style downstream model over it
     totals = con.execute(f"SELECT v, count(*) AS n FROM delta_scan('{path}') GROUP BY v ORDER BY v").fetchall()
     assert totals == sorted(Counter(v for _, v in want).items())
+    bad, found = current_sink.findings(cfg, ShardTable(cfg), sqlite_store.batches(cfg.name, (COMMITTED,)), deep=True)
+    assert bad == [] and found == []
 
 
 def test_a_bad_current_section_is_one_line_naming_the_field(tmp_path, monkeypatch, capsys):

@@ -275,6 +275,13 @@ class CurrentSpec(_Section):
         description="the catalog database both tables are registered in: `<database>.<sink>` (the current state) "
         "and `<database>.<sink>_log` (the shard, the update log)",
     )
+    deletion_vectors: StrictBool = Field(
+        default=True,
+        description="mark retracted rows with Delta deletion vectors (a batch costs its retractions; read by Spark, "
+        "DuckDB, Polars, Trino and delta-rs's scan/QueryBuilder, not by delta-rs's to_pyarrow_dataset); false: "
+        "rewrite the files they fall in (copy-on-write). Set when the table is created (on a local disk or S3; "
+        "elsewhere always false); `rebuild-current` after deleting the table applies a change",
+    )
 
     @field_validator("path")
     @classmethod

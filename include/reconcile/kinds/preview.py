@@ -114,7 +114,10 @@ def register_source(con, src: Source, label: str | None = None) -> None:
 
         if "://" in src.path and not src.path.startswith("file://"):
             raise NotExact(f"{label} is not on a local disk ({src.path})")
-        arrow = DeltaTable(src.path).to_pyarrow_table()  # noqa: F841 - DuckDB reads it by name
+        import pyarrow as pa
+
+        # delta-rs's scan applies deletion vectors (a current-state table, a Spark DELETE)
+        arrow = pa.RecordBatchReader.from_stream(DeltaTable(src.path).scan()).read_all()  # noqa: F841 - DuckDB reads it by name
         con.execute(f"CREATE TEMP TABLE {duckdb_name(src.name)} AS SELECT * FROM arrow")
         return
     if src.format not in ("parquet", "json"):

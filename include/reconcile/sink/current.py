@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from reconcile.config import SinkConfig
 from reconcile.errors import Retryable
@@ -55,6 +55,21 @@ class CurrentOutcome:
     why: str = ""
     message: str = ""
     seconds: float = 0.0
+    files_marked: int = 0
+
+
+@dataclass
+class _Plan:
+    """What one commit to the current table does: files ``added``; files ``removed`` (path,
+    size); files ``marked`` with a new deletion vector (path -> size, stats, descriptor); the
+    rows it adds and removes."""
+
+    added: list
+    removed: list
+    rows_added: int
+    rows_removed: int
+    marked: dict = field(default_factory=dict)
+    vectors: dict | None = None  # every file's deletion vector after it (tables that have them)
 
 
 def maintain(store, cfg: SinkConfig, table: ShardTable, *, rebuild: str | None = None) -> CurrentOutcome | None:
@@ -92,26 +107,31 @@ def _attempt(store, cfg: SinkConfig, table: ShardTable, ct: CurrentTable, rebuil
             rebuild = f"it reflects shard version {reflected}, past the shard's latest {latest} (restored?)"
     if rebuild is None and reflected == latest:
         return CurrentOutcome("up_to_date", latest)
-    plan = None
+    plan: _Plan | str | None = None
     if rebuild is None:
         assert reflected is not None
         plan = _incremental(cfg, table, ct, dt, reflected, latest)
         if isinstance(plan, str):
             rebuild = plan
     if rebuild is not None:
-        plan = _rebuilt(cfg, table, ct, dt, latest, rebuild)
-    assert plan is not None and not isinstance(plan, str)
-    added, removed, n_add, n_del, why = plan
+        plan = _rebuilt(cfg, table, ct, dt, latest)
+    assert isinstance(plan, _Plan)
     failpoint("current.before_commit")
-    meta = {"rows_added": n_add, "rows_removed": n_del, **({"rebuilt": why} if rebuild else {})}
+    meta: dict = {"rows_added": plan.rows_added, "rows_removed": plan.rows_removed}
+    if rebuild:
+        meta["rebuilt"] = rebuild
     with store.commit_lease(cfg.name, f"current-state table to shard version {latest}") as lease:
         if ct.snapshot().version() != dt.version():
             return None  # another writer moved it meanwhile: compute again
         lease.fence()
-        if rebuild:  # an overwrite removes every file of the snapshot itself
-            version = ct.commit(dt, "overwrite", added, [], meta, latest)
+        if rebuild:  # an overwrite removes every file of the snapshot itself (with its vector)
+            version = ct.commit(dt, "overwrite", plan.added, [], {**meta, "vectors": {}}, latest)
+        elif plan.marked or (plan.removed and plan.vectors is not None):  # delta-rs writes no vectors
+            assert plan.vectors is not None
+            version = ct.commit_vectors(dt, plan.added, plan.marked, plan.removed, plan.vectors, meta, latest)
         else:
-            version = ct.commit(dt, "append", added, removed, meta, latest)
+            extra = {} if plan.vectors is None else {"vectors": plan.vectors}
+            version = ct.commit(dt, "append", plan.added, plan.removed, {**meta, **extra}, latest)
     if version is None:
         return None
     failpoint("current.after_commit")
@@ -122,11 +142,21 @@ def _attempt(store, cfg: SinkConfig, table: ShardTable, ct: CurrentTable, rebuil
         sink=cfg.name,
         shard_version=latest,
         current_version=version,
-        rows_added=n_add,
-        rows_removed=n_del,
-        files_rewritten=len(removed),
+        rows_added=plan.rows_added,
+        rows_removed=plan.rows_removed,
+        files_rewritten=len(plan.removed),
+        files_marked=len(plan.marked),
     )
-    return CurrentOutcome(action, latest, n_add, n_del, len(removed), rebuild or "", msg)
+    return CurrentOutcome(
+        action,
+        latest,
+        plan.rows_added,
+        plan.rows_removed,
+        len(plan.removed),
+        rebuild or "",
+        msg,
+        files_marked=len(plan.marked),
+    )
 
 
 def _cols(cfg: SinkConfig) -> str:
@@ -144,9 +174,9 @@ def _detect_columns(cfg: SinkConfig) -> list[str]:
     return list(keys) if keys else cfg.column_names
 
 
-def _incremental(cfg: SinkConfig, table: ShardTable, ct: CurrentTable, dt, reflected: int, latest: int):
-    """(added, removed, rows added, rows removed, "") for the sink's batches since ``reflected``,
-    or why the table must be rebuilt instead (a string)."""
+def _incremental(cfg: SinkConfig, table: ShardTable, ct: CurrentTable, dt, reflected: int, latest: int) -> _Plan | str:
+    """The commit that applies the sink's batches since ``reflected``, or why the table must be
+    rebuilt instead (a string)."""
     import duckdb
 
     from reconcile.storage.current import read_parquet
@@ -167,8 +197,9 @@ def _incremental(cfg: SinkConfig, table: ShardTable, ct: CurrentTable, dt, refle
         return f"a shard file is gone ({exc})"
     con = duckdb.connect()
     cols = _cols(cfg)
+    vectors = ct.vectors(dt) if ct.has_vectors(dt) else None
     if changes is None:
-        return [], [], 0, 0, ""
+        return _Plan([], [], 0, 0, vectors=vectors)
     con.register("changes", changes)
     con.execute(
         f"CREATE TEMP TABLE net AS SELECT {cols}, sum(_diff)::BIGINT AS _n FROM changes WHERE _error IS NULL "
@@ -180,7 +211,9 @@ def _incremental(cfg: SinkConfig, table: ShardTable, ct: CurrentTable, dt, refle
     additions = f"SELECT {cols} FROM net, range(net._n) WHERE net._n > 0"
     if n_del == 0:
         rows = con.execute(additions + _order(cfg)).to_arrow_table()
-        return ct.write_rows(rows) if rows.num_rows else [], [], int(n_add), 0, ""
+        return _Plan(ct.write_rows(rows) if rows.num_rows else [], [], int(n_add), 0, vectors=vectors)
+    if vectors is not None:
+        return _mark(cfg, ct, dt, con, int(n_add), int(n_del), additions, vectors)
     present = ct.data_files(dt)
     detect = _detect_columns(cfg)
     found = read_parquet([f"{ct.path}/{p}" for p, _ in present], detect) if present else None
@@ -212,12 +245,124 @@ def _incremental(cfg: SinkConfig, table: ShardTable, ct: CurrentTable, dt, refle
     if n_old - kept != n_del:
         return f"{n_del - (n_old - kept)} retracted rows are not in the current table"
     rows = con.execute(f"SELECT * FROM kept UNION ALL {additions}{_order(cfg)}").to_arrow_table()
-    return ct.write_rows(rows) if rows.num_rows else [], rewrite, int(n_add), int(n_del), ""
+    return _Plan(ct.write_rows(rows) if rows.num_rows else [], rewrite, int(n_add), int(n_del))
 
 
-def _rebuilt(cfg: SinkConfig, table: ShardTable, ct: CurrentTable, dt, latest: int, why: str):
-    """(added, removed, rows, rows removed, why): the whole collection as of shard version
-    ``latest`` (delta-rs reads the snapshot: deletion vectors and column mapping applied)."""
+def _mark(
+    cfg: SinkConfig, ct: CurrentTable, dt, con, n_add: int, n_del: int, additions: str, vectors: dict
+) -> _Plan | str:
+    """Retractions as deletion vectors: the live rows that match a retracted row (its key for
+    upsert sinks, every column otherwise; as many copies as it retracts) are found by a read of
+    those columns with each row's position, and their positions join the file's vector. A file
+    with more than half its rows deleted is rewritten with its live rows instead (copy-on-write,
+    amortized), so reads never skip more than they return."""
+    from urllib.parse import unquote
+
+    import numpy as np
+    import pyarrow as pa
+
+    from reconcile.storage.current import read_parquet
+    from reconcile.storage.deletion_vectors import deleted_rows, write_file
+
+    present = ct.data_files(dt)
+    adds = pa.table(dt.get_add_actions(flatten=True))
+    rows_of = {
+        unquote(p): n
+        for p, n in zip(adds.column("path").to_pylist(), adds.column("num_records").to_pylist(), strict=True)
+    }
+    detect = _detect_columns(cfg)
+    found = read_parquet([f"{ct.path}/{p}" for p, _ in present], detect, positions=True) if present else None
+    if found is None:
+        return "a retraction and no row in the current table"
+    old = deleted_rows(dt, dt.table_uri)
+    index = {p: i for i, (p, _) in enumerate(present)}
+    dead = [(index[p], pos) for p, pos in old.items() if p in index]
+    con.register(
+        "dead",
+        pa.table(
+            {
+                "_file": pa.array(
+                    np.concatenate([np.full(len(p), i, np.int32) for i, p in dead] or [np.zeros(0, np.int32)])
+                ),
+                "_pos": pa.array(np.concatenate([p for _, p in dead] or [np.zeros(0, np.int64)]).astype(np.int64)),
+            }
+        ),
+    )
+    con.register("found", found)
+    con.execute("CREATE TEMP VIEW live AS SELECT * FROM found ANTI JOIN dead USING (_file, _pos)")
+    keys = ", ".join(duckdb_name(c) for c in detect)
+    con.execute(f"CREATE TEMP TABLE ret AS SELECT {keys}, sum(-_n) AS _c FROM net WHERE _n < 0 GROUP BY ALL")
+    fkeys = ", ".join(f"f.{duckdb_name(c)}" for c in detect)
+    picked = con.execute(
+        f"SELECT _file, _pos FROM (SELECT f._file, f._pos, r._c, row_number() OVER (PARTITION BY {fkeys} "
+        f"ORDER BY f._file, f._pos) AS _rn FROM live f JOIN ret r ON {_match(cfg, detect, 'f', 'r')}) WHERE _rn <= _c"
+    ).to_arrow_table()
+    if picked.num_rows != n_del:
+        return f"{n_del - picked.num_rows} retracted rows are not in the current table"
+    files_ = picked.column("_file").to_numpy()
+    positions = picked.column("_pos").to_numpy()
+    marked: dict[str, object] = {}
+    rewrite: list[int] = []
+    for i in np.unique(files_):
+        path = present[int(i)][0]
+        gone = np.union1d(old.get(path, np.zeros(0, np.int64)), positions[files_ == i])
+        if 2 * len(gone) > int(rows_of.get(path) or 0):
+            rewrite.append(int(i))
+        else:
+            marked[path] = gone
+    rows = con.execute(additions).to_arrow_table()
+    if rewrite:  # the live rows of the files rewritten, less the ones retracted now
+        picked_files = ", ".join(map(str, rewrite))
+        con.register("picked", picked)
+        if detect == cfg.column_names:
+            con.execute(
+                f"CREATE TEMP VIEW kept AS SELECT * FROM live ANTI JOIN picked USING (_file, _pos) WHERE _file IN ({picked_files})"
+            )
+        else:
+            whole = read_parquet([f"{ct.path}/{present[i][0]}" for i in rewrite], cfg.column_names, positions=True)
+            assert whole is not None
+            whole = whole.set_column(
+                whole.schema.get_field_index("_file"),
+                "_file",
+                pa.array(np.asarray(rewrite, np.int32)[whole.column("_file").to_numpy()]),
+            )
+            con.register("whole", whole)
+            con.execute(
+                "CREATE TEMP VIEW kept AS SELECT * FROM whole ANTI JOIN dead USING (_file, _pos) ANTI JOIN picked USING (_file, _pos)"
+            )
+        con.register("additions_rows", rows)
+        rows = con.execute(f"SELECT {_cols(cfg)} FROM kept UNION ALL SELECT * FROM additions_rows").to_arrow_table()
+    descriptors = write_file(ct.path, marked) if marked else {}
+    sizes = dict(present)
+    stats = _stats_of([f"{ct.path}/{p}" for p in marked])
+    removed = [present[i] for i in rewrite]
+    after = {p: d for p, d in vectors.items() if p not in marked and p not in {r for r, _ in removed}}
+    after.update(descriptors)
+    return _Plan(
+        ct.write_rows(rows) if rows.num_rows else [],
+        removed,
+        n_add,
+        n_del,
+        marked={p: (sizes[p], stats[f"{ct.path}/{p}"], descriptors[p]) for p in marked},
+        vectors=after,
+    )
+
+
+def _stats_of(paths: list[str]) -> dict[str, dict]:
+    """Delta statistics of each file, from its footer (read in parallel)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from reconcile.storage import footers
+
+    if not paths:
+        return {}
+    with ThreadPoolExecutor(max_workers=min(8, len(paths))) as pool:
+        return dict(zip(paths, pool.map(footers.file_stats, paths), strict=True))
+
+
+def _rebuilt(cfg: SinkConfig, table: ShardTable, ct: CurrentTable, dt, latest: int) -> _Plan:
+    """The whole collection as of shard version ``latest`` (delta-rs reads the snapshot:
+    deletion vectors and column mapping applied), to overwrite the table with."""
     import duckdb
     import pyarrow as pa
 
@@ -230,8 +375,7 @@ def _rebuilt(cfg: SinkConfig, table: ShardTable, ct: CurrentTable, dt, latest: i
         "GROUP BY ALL HAVING sum(_diff) > 0"
     )
     rows = con.execute(f"SELECT {cols} FROM net, range(net._n){_order(cfg)}").to_arrow_table()
-    removed = ct.data_files(dt)
-    return ct.write_rows(rows) if rows.num_rows else [], removed, rows.num_rows, 0, why
+    return _Plan(ct.write_rows(rows) if rows.num_rows else [], ct.data_files(dt), rows.num_rows, 0)
 
 
 def _one(con, sql: str) -> tuple:
@@ -269,8 +413,18 @@ def describe(cfg: SinkConfig, table: ShardTable, committed: list) -> dict | None
         "shard_latest_version": latest,
         "behind": v is None or (latest is not None and v < latest),
         "foreign_versions": ct.foreign_versions(dt),
-        "rows": sum(int(n or 0) for n in dt.get_add_actions(flatten=True).column("num_records").to_pylist()),
+        "rows": _live_rows(dt),
     }
+
+
+def _live_rows(dt) -> int:
+    """The rows of a snapshot: its files' rows less the ones their deletion vectors delete."""
+    import pyarrow as pa
+
+    from reconcile.storage.deletion_vectors import deleted_rows
+
+    stored = sum(int(n or 0) for n in pa.table(dt.get_add_actions(flatten=True)).column("num_records").to_pylist())
+    return stored - sum(len(p) for p in deleted_rows(dt, dt.table_uri).values())
 
 
 def catalog_names(cfg: SinkConfig) -> tuple[str, str]:

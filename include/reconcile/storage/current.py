@@ -18,11 +18,13 @@ from reconcile import settings
 from reconcile.config import SinkConfig
 from reconcile.errors import Retryable, brief
 from reconcile.storage import files, footers
-from reconcile.storage.commits import describe_commit, info_of, parse_actions, reconcile_meta
+from reconcile.storage.commits import META_KEY, describe_commit, info_of, parse_actions, reconcile_meta
+from reconcile.storage.deletion_vectors import file_name
 from reconcile.storage.delta import commit_next, delta_type
 
 CURRENT_OP = "current"
 ROWS_PER_FILE = 1_000_000
+DV_FEATURE = "deletionVectors"
 
 
 def current_path(cfg: SinkConfig, warehouse: str | None = None) -> str:
@@ -80,7 +82,10 @@ class CurrentTable:
                 name=self.name,
                 description=f"current state of sink {self.name} (maintained by the sink; do not write)",
                 storage_options=self.storage_options,
-                configuration={"delta.checkpointInterval": "10"},
+                configuration={
+                    "delta.checkpointInterval": "10",
+                    **({"delta.enableDeletionVectors": "true"} if self.wants_vectors() else {}),
+                },
             )
         except Exception as exc:  # noqa: BLE001 - lost the race to another creator, or storage refused
             if not self.exists():
@@ -89,6 +94,26 @@ class CurrentTable:
                     sink=self.name,
                     remedy="the task retries by itself; if it persists, check the path's permissions.",
                 ) from None
+
+    def wants_vectors(self) -> bool:
+        """Is the table to be created with deletion vectors (``current.deletion_vectors``, and a
+        store where the sink commits them: a local disk or S3)?"""
+        spec = self.cfg.current
+        return bool(spec is not None and spec.deletion_vectors) and settings.store_of(self.path) in (None, "s3")
+
+    def has_vectors(self, dt) -> bool:
+        """Does the table's protocol have deletion vectors (retractions mark rows, not rewrite)?"""
+        return DV_FEATURE in (dt.protocol().reader_features or [])
+
+    def own_meta(self, dt) -> dict:
+        """The sink's metadata of the snapshot's own version (empty when another writer made it)."""
+        text = files.read_text(f"{self.log_path}/{dt.version():020d}.json")
+        return (reconcile_meta(info_of(parse_actions(text))) or {}) if text else {}
+
+    def vectors(self, dt) -> dict[str, dict]:
+        """The deletion vector descriptor of each data file that has one (path relative to the
+        table), as the sink's last commit recorded it (every commit records them all)."""
+        return dict(self.own_meta(dt).get("vectors") or {})
 
     def reflected(self, dt) -> int | None:
         """The shard version the snapshot ``dt`` reflects (its last application transaction)."""
@@ -169,6 +194,71 @@ class CurrentTable:
             removed=removed,
         )
 
+    def commit_vectors(
+        self,
+        dt,
+        added: list[tuple[str, int, dict]],
+        marked: dict[str, tuple[int, dict, dict]],
+        removed: list[tuple[str, int]],
+        vectors: dict[str, dict],
+        meta: dict[str, Any],
+        shard_version: int,
+    ) -> int | None:
+        """One commit at the version after ``dt``'s that delta-rs cannot make: ``marked`` (path ->
+        size, stats, new deletion vector descriptor) re-added with their new vectors, ``removed``
+        gone, ``added`` new; ``vectors`` (every file's descriptor after it) recorded in the
+        sink's metadata. Each file's old logical entry (path and old vector, from
+        :meth:`vectors`) is removed, as the protocol keys a file by both. Written put-if-absent
+        (None: another commit took the version); a checkpoint every 10 versions, as delta-rs."""
+        from urllib.parse import quote
+
+        old = self.vectors(dt)
+        now = now_ms()
+        version = dt.version() + 1
+        user = json.dumps(
+            {
+                META_KEY: {
+                    "sink": self.name,
+                    "op": CURRENT_OP,
+                    "shard_version": shard_version,
+                    **meta,
+                    "vectors": vectors,
+                }
+            },
+            sort_keys=True,
+        )
+        actions: list[dict] = [
+            {
+                "commitInfo": {
+                    "timestamp": now,
+                    "operation": "DELETE",
+                    "operationParameters": {"predicate": '["retracted by the shard"]'},
+                    "userMetadata": user,
+                    "engineInfo": "reconcile",
+                    "isBlindAppend": False,
+                }
+            },
+            {"txn": {"appId": self.app_id, "version": shard_version, "lastUpdated": now}},
+        ]
+        for path, size in [(p, s) for p, (s, _, _) in marked.items()] + list(removed):
+            remove = {"path": quote(path), "dataChange": True, "deletionTimestamp": now, "extendedFileMetadata": True}
+            remove.update(partitionValues={}, size=size, **({"deletionVector": old[path]} if path in old else {}))
+            actions.append({"remove": remove})
+        for path, (size, stats, dv) in marked.items():
+            actions.append({"add": _add(path, size, {**stats, "tightBounds": False}, now, dv)})
+        actions += [{"add": _add(p, size, stats, now, None)} for p, size, stats in added]
+        body = "".join(json.dumps(a, separators=(",", ":")) + "\n" for a in actions)
+        if not files.put_if_absent(f"{self.log_path}/{version:020d}.json", body.encode()):
+            return None
+        if version % 10 == 0:
+            try:
+                self.snapshot().create_checkpoint()
+            except Exception as exc:  # noqa: BLE001 - a checkpoint only speeds reads up; the next one comes
+                import logging
+
+                logging.getLogger(__name__).warning("no checkpoint at version %s of %s: %s", version, self.path, exc)
+        return version
+
     def vacuum(self, retention_hours: int) -> list[str]:
         """Delete the files the latest snapshot does not name (removed by the log, or written by
         an attempt that died before its commit) last changed more than ``retention_hours`` ago;
@@ -177,17 +267,25 @@ class CurrentTable:
 
         if not self.exists():
             return []
-        listed = self.snapshot().vacuum(
-            retention_hours=retention_hours, enforce_retention_duration=False, dry_run=True, full=True
+        dt = self.snapshot()
+        listed = dt.vacuum(retention_hours=retention_hours, enforce_retention_duration=False, dry_run=True, full=True)
+        # delta-rs's vacuum counts no deletion vector file as named: keep the ones the snapshot
+        # reads (every one while another writer's commit may name some)
+        keep = {file_name(d) for d in self.vectors(dt).values()}
+        foreign = bool(self.foreign_versions(dt))
+        deleted = sorted(
+            p
+            for p in (unquote(x) for x in listed)
+            if not (p.startswith("deletion_vector_") or "/deletion_vector_" in p) or (p not in keep and not foreign)
         )
-        deleted = sorted(unquote(p) for p in listed)
         files.delete_files([f"{self.path}/{p}" for p in deleted])
         return deleted
 
 
-def read_parquet(paths: list[str], columns: list[str] | None = None):
+def read_parquet(paths: list[str], columns: list[str] | None = None, *, positions: bool = False):
     """The rows of Parquet files (local or on an object store), concatenated, with ``_file``: the
-    index of each row's file in ``paths``. Read in parallel (a round trip each on a store)."""
+    index of each row's file in ``paths`` (``positions``: and ``_pos``, the row's position in its
+    file, as deletion vectors count). Read in parallel (a round trip each on a store)."""
     from concurrent.futures import ThreadPoolExecutor
 
     import pyarrow as pa
@@ -198,13 +296,22 @@ def read_parquet(paths: list[str], columns: list[str] | None = None):
         fs, p = files.fs_of(path)
         with fs.open(p, "rb") as f:
             t = pq.read_table(f, columns=columns)
-        return t.append_column("_file", pa.array([i] * t.num_rows, pa.int32()))
+        t = t.append_column("_file", pa.array([i] * t.num_rows, pa.int32()))
+        return t.append_column("_pos", pa.array(range(t.num_rows), pa.int64())) if positions else t
 
     if not paths:
         return None
     with ThreadPoolExecutor(max_workers=min(8, len(paths))) as pool:
         tables = list(pool.map(read, enumerate(paths)))
     return pa.concat_tables(tables, promote_options="permissive")
+
+
+def _add(path: str, size: int, stats: dict, now: int, dv: dict | None) -> dict:
+    from urllib.parse import quote
+
+    add = {"path": quote(path), "partitionValues": {}, "size": size, "modificationTime": now, "dataChange": True}
+    add["stats"] = json.dumps(stats, separators=(",", ":"))
+    return {**add, "deletionVector": dv} if dv else add
 
 
 def now_ms() -> int:

@@ -247,7 +247,10 @@ class ShardTable:
 
     def row_diffs(self):
         """The ``_diff`` column of the latest snapshot (an Arrow array)."""
-        return self.snapshot().to_pyarrow_dataset().to_table(columns=["_diff"]).column("_diff")
+        import pyarrow as pa
+
+        scan = self.snapshot().scan(columns=["_diff"])  # deletion vectors applied
+        return pa.RecordBatchReader.from_stream(scan).read_all().column("_diff")
 
     # -- schema -------------------------------------------------------------------------------
 

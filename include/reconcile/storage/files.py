@@ -119,6 +119,64 @@ def read_bytes(path: str) -> bytes:
         return f.read()
 
 
+def write_bytes(path: str, data: bytes) -> None:
+    """Write a new file whole (an object store's one PUT)."""
+    fs, p = fs_of(path)
+    with fs.open(p, "wb") as f:
+        f.write(data)
+
+
+def put_if_absent(path: str, data: bytes) -> bool:
+    """Create the file ``path`` with ``data`` only if no file is there (False if one is): atomic
+    on a local disk (a hard link of a finished temporary file) and on S3 (a conditional PUT,
+    ``If-None-Match: *``, through obstore, the object-store client delta-rs is built on)."""
+    from reconcile import settings
+
+    store = settings.store_of(path)
+    if store is None:
+        return _link_new(path, data)
+    if store != "s3":
+        raise NotImplementedError(f"put-if-absent on {store}")
+    import obstore
+    from obstore.exceptions import AlreadyExistsError, PreconditionError
+
+    bucket, _, key = path.split("://", 1)[1].partition("/")
+    try:
+        obstore.put(_s3_store(bucket, settings.s3_endpoint(), settings.s3_region()), key, data, mode="create")
+    except (AlreadyExistsError, PreconditionError):
+        return False
+    return True
+
+
+def _link_new(path: str, data: bytes) -> bool:
+    local = path.removeprefix("file://")
+    tmp = f"{os.path.dirname(local)}/.{os.path.basename(local)}.{os.getpid()}.{time.monotonic_ns()}.tmp"
+    with open(tmp, "xb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    try:
+        os.link(tmp, local)
+    except FileExistsError:
+        return False
+    finally:
+        os.unlink(tmp)
+    return True
+
+
+@functools.lru_cache(maxsize=4)
+def _s3_store(bucket: str, endpoint: str | None, region: str | None):
+    """obstore's S3 client for ``bucket`` (credentials from the standard AWS variables)."""
+    from obstore.store import S3Store
+
+    config: Any = {"region": region or "us-east-1"}
+    client: Any = {}
+    if endpoint:
+        config.update(endpoint=endpoint, virtual_hosted_style_request=False)
+        client["allow_http"] = endpoint.startswith("http://")
+    return S3Store(bucket, config=config, client_options=client)
+
+
 def digest(path: str) -> str:
     """A file's content digest (sha256, hex)."""
     return hashlib.sha256(read_bytes(path)).hexdigest()
