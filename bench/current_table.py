@@ -73,44 +73,46 @@ def _reads(spark, cfg_cur) -> dict:
     cols = ", ".join(f'"{c}"' for c in cfg_cur.column_names)
     shard, current = ShardTable(cfg_cur).path, CurrentTable(cfg_cur).path
     out: dict = {}
-    for engine, run in (
-        (
-            "duckdb_current",
+    group_by = f"SELECT {cols} FROM delta_scan('{shard}') WHERE _error IS NULL GROUP BY ALL HAVING sum(_diff) > 0"
+    shard_rows = spark.read.format("delta").load(shard).where("_error IS NULL")
+    state = shard_rows.groupBy(*cfg_cur.column_names).agg({"_diff": "sum"}).where("`sum(_diff)` > 0")
+    current_df = lambda: spark.read.format("delta").load(current)  # noqa: E731
+    # three reads of the state, each from the current table and by the GROUP BY over the shard:
+    # a checksum of every row, every row materialized, and a consumer's aggregate over two columns
+    reads = {
+        "checksum": (
             lambda: con.sql(f"SELECT count(*), sum(hash({cols})) FROM delta_scan('{current}')").fetchall(),
+            lambda: con.sql(f"SELECT count(*), sum(hash({cols})) FROM ({group_by})").fetchall(),
+            lambda: current_df().selectExpr("count(*)", f"sum(hash({cols}))").collect(),
+            lambda: state.selectExpr("count(*)", f"sum(hash({cols}))").collect(),
         ),
-        (
-            "duckdb_group_by",
-            lambda: con.sql(
-                f"SELECT count(*), sum(hash({cols})) FROM (SELECT {cols} FROM delta_scan('{shard}') WHERE _error IS NULL "
-                f"GROUP BY ALL HAVING sum(_diff) > 0)"
-            ).fetchall(),
+        "rows": (
+            lambda: con.sql(f"SELECT {cols} FROM delta_scan('{current}')").fetch_arrow_table(),
+            lambda: con.sql(group_by).fetch_arrow_table(),
+            lambda: current_df().write.format("noop").mode("overwrite").save(),
+            lambda: state.write.format("noop").mode("overwrite").save(),
         ),
-        (
-            "spark_current",
-            lambda: spark.read.format("delta").load(current).selectExpr("count(*)", f"sum(hash({cols}))").collect(),
+        "aggregate": (
+            lambda: con.sql(f"SELECT status, sum(qty) FROM delta_scan('{current}') GROUP BY status").fetchall(),
+            lambda: con.sql(f"SELECT status, sum(qty) FROM ({group_by}) GROUP BY status").fetchall(),
+            lambda: current_df().groupBy("status").agg({"qty": "sum"}).collect(),
+            lambda: state.groupBy("status").agg({"qty": "sum"}).collect(),
         ),
-        (
-            "spark_group_by",
-            lambda: (
-                spark.read.format("delta")
-                .load(shard)
-                .where("_error IS NULL")
-                .groupBy(*cfg_cur.column_names)
-                .agg({"_diff": "sum"})
-                .where("`sum(_diff)` > 0")
-                .selectExpr("count(*)", f"sum(hash({cols}))")
-                .collect()
-            ),
-        ),
-    ):
-        times = []
-        for _ in range(3):
-            t0 = time.perf_counter()
-            run()
-            times.append(time.perf_counter() - t0)
-        out[engine] = round(min(times), 3)
-    out["duckdb_speedup"] = round(out["duckdb_group_by"] / out["duckdb_current"], 1)
-    out["spark_speedup"] = round(out["spark_group_by"] / out["spark_current"], 1)
+    }
+    for shape, runs in reads.items():
+        for engine, run in zip(
+            ("duckdb_current", "duckdb_group_by", "spark_current", "spark_group_by"), runs, strict=True
+        ):
+            times = []
+            for _ in range(3):
+                t0 = time.perf_counter()
+                run()
+                times.append(time.perf_counter() - t0)
+            out[f"{shape}_{engine}"] = round(min(times), 3)
+        for engine in ("duckdb", "spark"):
+            out[f"{shape}_{engine}_speedup"] = round(
+                out[f"{shape}_{engine}_group_by"] / out[f"{shape}_{engine}_current"], 1
+            )
     return out
 
 

@@ -36,6 +36,7 @@ threads running attempts of the *same* run (the same batch) at once.
     python tests/chaos.py --schedules 1 --seed 1 --first 417  # reproduce schedule 417
     python tests/chaos.py --schedules 10 --s3               # the warehouse on S3 (harness/s3_server.py)
     python tests/chaos.py --schedules 100 --kind upsert     # an upsert sink and its command feed
+    python tests/chaos.py --schedules 100 --current         # keeping a current-state table too
 
 With ``--s3`` the script starts its own S3 server (versitygw on 127.0.0.1) and puts the
 warehouse on it (``s3://<bucket>/chaos-<seed>-<first>``): the standard AWS variables are set
@@ -72,6 +73,7 @@ from reconcile.sink import run as pipeline
 from reconcile.sink.sync import sync
 from reconcile.spark import get_session
 from reconcile.storage import frames
+from reconcile.storage.current import CurrentTable
 from reconcile.storage.delta import ShardTable
 from reconcile.storage.ledger import Ledger
 from tiny_spark import TINY_DATA_CONF
@@ -80,8 +82,10 @@ from upsert_model import HINT, UPSERT, UpsertModel
 log = logging.getLogger(__name__)
 KEYS = range(6)
 COMPACT_POINTS = tuple(p for p in failpoints.POINTS if p.startswith("compact."))
-# The current-state table's points fire only for a sink that keeps one (tests/test_current.py).
-BATCH_POINTS = tuple(p for p in failpoints.POINTS if p not in COMPACT_POINTS and not p.startswith("current."))
+# The current-state table's points fire only for a sink that keeps one (``current=True``): a
+# crash picks one of them instead, from a generator of its own (the seeded schedules stay as they were).
+CURRENT_POINTS = tuple(p for p in failpoints.POINTS if p.startswith("current."))
+BATCH_POINTS = tuple(p for p in failpoints.POINTS if p not in COMPACT_POINTS and p not in CURRENT_POINTS)
 VALUES = "abc"
 KINDS = ("query", "upsert")
 
@@ -111,10 +115,21 @@ class Stats:
 class Schedule:
     """One sink, one seeded sequence of steps."""
 
-    def __init__(self, spark, store: Ledger, root: Path, seed: int, index: int, stats: Stats, kind: str = "query"):
+    def __init__(
+        self,
+        spark,
+        store: Ledger,
+        root: Path,
+        seed: int,
+        index: int,
+        stats: Stats,
+        kind: str = "query",
+        current: bool = False,
+    ):
         assert kind in KINDS, kind
-        self.spark, self.store, self.stats, self.kind = spark, store, stats, kind
+        self.spark, self.store, self.stats, self.kind, self.current = spark, store, stats, kind, current
         self.rng = random.Random(f"{seed}:{index}")
+        self.current_rng = random.Random(f"{seed}:{index}:current")
         self.tag = f"seed={seed} schedule={index}" + ("" if kind == "query" else f" kind={kind}")
         self.dir = root / f"s{index}"
         self.dir.mkdir(parents=True)
@@ -128,6 +143,8 @@ class Schedule:
             "as_of": 1000,
             "retention": {"history_hours": 0},
         }
+        if current:
+            spec["current"] = True
         if kind == "query":
             spec["query"] = {"sources": {"src": {"format": "json", "path": "src"}}, "sql": "SELECT k, v FROM src"}
         else:
@@ -268,7 +285,10 @@ class Schedule:
             self.stats.runs += 1
             self.stats.crashes += 1
             run_id, frontier = self.next_run()
-            self.one_run(run_id, frontier, crash=self.rng.choice(BATCH_POINTS))
+            crash = self.rng.choice(BATCH_POINTS)
+            if self.current and self.current_rng.random() < 0.4:
+                crash = self.current_rng.choice(CURRENT_POINTS)
+            self.one_run(run_id, frontier, crash=crash)
             recovery = self.rng.choice(["retry", "rerun", "next_run"])
             if recovery in ("retry", "rerun"):
                 self.one_run(run_id, frontier)
@@ -446,6 +466,8 @@ class Schedule:
         updates = (
             frames.read_updates(self.spark, ShardTable(self.cfg)).select("k", "v", "_error", "_time", "_diff").collect()
         )
+        if self.current:
+            problems += self.check_current(updates, final)
         if self.kind == "upsert":
             problems = self.waive_unrepaired(problems, committed)
             problems += self.check_upsert(committed, since, updates)
@@ -463,6 +485,23 @@ class Schedule:
             if got != +want:
                 problems.append(f"as of {b.upper - 1}: shard {dict(got)} != model {dict(+want)}")
         return [f"{self.tag}: {p}" for p in problems]
+
+    def check_current(self, updates: list, final: bool) -> list[str]:
+        """The current-state table, read by delta-rs, holds the shard's whole collection (error
+        rows left out) whenever it reflects the shard's latest version; it may lag after a
+        crash or a foreign commit, but not once the settling run has appended."""
+        import pyarrow as pa
+
+        ct = CurrentTable(self.cfg)
+        if not ct.exists():
+            return ["the sink keeps a current-state table and none exists"] if final else []
+        dt = ct.snapshot()
+        reflected, latest = ct.reflected(dt), ShardTable(self.cfg).latest_version()
+        if reflected != latest:
+            return [f"current-state table reflects shard version {reflected}, not {latest}"] if final else []
+        got = Counter((r["k"], r["v"]) for r in pa.RecordBatchReader.from_stream(dt.scan()).read_all().to_pylist())
+        want = Counter({(k, v): n for (k, v, e), n in self.as_of(updates, 1 << 62).items() if e is None})
+        return [] if got == want else [f"current-state table {dict(got)} != the shard's collection {dict(want)}"]
 
     def waive_unrepaired(self, problems: list[str], committed: list) -> list[str]:
         """Tampering no committed batch read yet: the upsert invariants as of the last
@@ -533,6 +572,7 @@ def run_schedules(
     first: int = 0,
     warehouse: str | None = None,
     kind: str = "query",
+    current: bool = False,
 ) -> Stats:
     """``count`` schedules from ``first``, each of a sink of ``kind`` ("query" or "upsert"). The
     warehouse: ``warehouse`` (e.g. ``s3://bucket/prefix``, the AWS environment and the session's
@@ -547,7 +587,7 @@ def run_schedules(
     try:
         for i in range(first, first + count):
             stats.schedules += 1
-            sched = Schedule(spark, store, root, seed, i, stats, kind)
+            sched = Schedule(spark, store, root, seed, i, stats, kind, current)
             problems = sched.run(steps)
             if problems:
                 stats.divergences.extend(problems)
@@ -557,7 +597,7 @@ def run_schedules(
                     i,
                     steps,
                     " --s3" if warehouse and warehouse.startswith("s3") else "",
-                    "" if kind == "query" else f" --kind {kind}",
+                    ("" if kind == "query" else f" --kind {kind}") + (" --current" if current else ""),
                     problems,
                 )
             shutil.rmtree(sched.dir, ignore_errors=True)
@@ -582,6 +622,7 @@ def main(
     metadata_url: str | None,
     s3: bool = False,
     kind: str = "query",
+    current: bool = False,
 ) -> int:
     import os
 
@@ -599,8 +640,9 @@ def main(
         # changes a result; the sink's production settings keep both on.
         spark = get_session("reconcile-chaos", CHAOS_CONF)
         t0 = time.time()
-        stats = run_schedules(spark, metadata_url, schedules, seed, steps, first, warehouse, kind)
+        stats = run_schedules(spark, metadata_url, schedules, seed, steps, first, warehouse, kind, current)
         where = (" store=s3" if server else "") + ("" if kind == "query" else f" kind={kind}")
+        where += " current" if current else ""
         print(f"chaos: {stats.line()} seconds={time.time() - t0:.0f}{where}")
         for d in stats.divergences:
             print(f"DIVERGENCE {d}")
@@ -623,6 +665,7 @@ if __name__ == "__main__":
     ap.add_argument("--metadata-url", default=None, help="default: a fresh SQLite file")
     ap.add_argument("--s3", action="store_true", help="the warehouse on an S3 server this script starts")
     ap.add_argument("--kind", choices=KINDS, default="query", help="the sink's kind (upsert: a command feed)")
+    ap.add_argument("--current", action="store_true", help="the sink keeps a current-state table (checked too)")
     a = ap.parse_args()
     logging.basicConfig(level=logging.WARNING)
-    sys.exit(main(a.schedules, a.seed, a.steps, a.first, a.metadata_url, a.s3, a.kind))
+    sys.exit(main(a.schedules, a.seed, a.steps, a.first, a.metadata_url, a.s3, a.kind, a.current))

@@ -141,16 +141,20 @@ def test_upsert_sink_current_table_holds_one_row_per_key(spark, warehouse, tmp_p
         assert len(want) > 25 and current_rows(cfg) == want, f"batch {i}"
 
 
+@pytest.mark.parametrize("where", ["local", "s3"], indirect=True)
 def test_a_kill_between_the_shard_commit_and_the_current_commit_is_completed(
-    spark, warehouse, tmp_path, sqlite_store, monkeypatch
+    spark, where, tmp_path, sqlite_store, monkeypatch
 ):
+    """A kill at each of the current table's fail points, on the commit that creates it (delta-rs)
+    and on the ones that mark retracted rows (the sink's own deletion vector commits)."""
     monkeypatch.setenv("RECONCILE_SINKS_DIR", str(tmp_path))
     cfg = make_sink(tmp_path, "cur_kill", current=True)
     frontier = 100
-    for i, rows in enumerate(QUERY_ROWS[:3]):
+    points = ["current.before_commit", "current.before_commit", "current.after_commit", None]
+    for i, rows in enumerate(QUERY_ROWS[:4]):
         write_json_rows(tmp_path / "src", rows)
         frontier += 100
-        point = ["current.before_commit", "current.after_commit", None][i]
+        point = points[i]
         from reconcile.sink import mint, write
 
         m = mint.run_mint(sqlite_store, cfg, f"k{i}", 1, frontier)
