@@ -365,3 +365,18 @@ def test_both_tables_are_found_by_name_in_the_embedded_metastore(tmp_path):
     assert got["model"] == sorted(([v, n] for v, n in Counter(v for _, v in want).items()), key=json.dumps)
     assert got["tables"] == ["cur_cat", "cur_cat_log"]
     assert got["log_rows"] >= len(want)
+    # the sink started anew (its tables and ledger deleted): the stale names are registered again
+    import shutil
+
+    shutil.rmtree(tmp_path / "warehouse")
+    (tmp_path / "ledger.db").unlink()
+    marker.unlink()
+    again = subprocess.run(
+        [sys.executable, "-m", "reconcile", "run", "cur_cat", "--frontier", "200"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert marker.exists() and "could not register" not in again.stdout + again.stderr

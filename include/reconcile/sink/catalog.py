@@ -64,6 +64,15 @@ def hive_backed(spark) -> bool:
         return False
 
 
+def _location(spark, name: str) -> str:
+    """Where a registered table points; "" when its location is no Delta table any more (a
+    sink's earlier path, deleted): re-registered like one pointing elsewhere."""
+    try:
+        return str(spark.sql(f"DESCRIBE DETAIL {spark_dotted(name)}").collect()[0]["location"])
+    except Exception:  # noqa: BLE001 - Delta's DELTA_PATH_DOES_NOT_EXIST and its kin
+        return ""
+
+
 def register(spark, cfg: SinkConfig, *, force: bool = False) -> str | None:
     """Register the sink's two tables (see the module doc); returns what was done, or None when
     there is nothing to do (no current table, no Hive-backed catalog, already registered)."""
@@ -77,8 +86,7 @@ def register(spark, cfg: SinkConfig, *, force: bool = False) -> str | None:
         spark.sql(f"CREATE DATABASE IF NOT EXISTS {spark_name(db)}")
         for name, path in want["tables"].items():
             if spark.catalog.tableExists(name):
-                at = spark.sql(f"DESCRIBE DETAIL {spark_dotted(name)}").collect()[0]["location"]
-                if at.rstrip("/") in (path.rstrip("/"), _spark_path(path).rstrip("/")):
+                if _location(spark, name).rstrip("/") in (path.rstrip("/"), _spark_path(path).rstrip("/")):
                     continue
                 spark.sql(f"DROP TABLE {spark_dotted(name)}")  # external: the files stay
             location = _spark_path(path).replace("'", "\\'")
