@@ -1,6 +1,7 @@
 """What keeping a current-state table (``current: true``) adds to a batch, side by side.
 
     python bench/current_table.py [--rows 10000000] [--keys 1000000] [--commands 10000] [--trials 2]
+                                  [--upsert-trials 6] [--cells query,upsert]
 
 One Spark session (sized for the machine, as every benchmark here). Two cells, each with a sink
 without and a sink with a current table, alternating which goes first from trial to trial:
@@ -118,53 +119,57 @@ def _reads(spark, cfg_cur, scratch: Path) -> dict:
     return out
 
 
-def main(rows: int, keys: int, commands: int, trials: int, out: Path) -> dict:
+def main(
+    rows: int, keys: int, commands: int, trials: int, out: Path, upsert_trials: int = 6, cells: str = "query,upsert"
+) -> dict:
     logging.basicConfig(level=logging.WARNING)
     root, spark, store, started = W.start("bench-current-", "bench-current")
     partitions = int(spark.conf.get("spark.sql.shuffle.partitions"))
-    W.generate(spark.range(rows), 1).write.parquet(str(root / "before"))
-    before = spark.read.parquet(str(root / "before"))
-    W.change(spark, before, 1, "x", rows // 1000, rows).write.parquet(str(root / "after"))
-    result: dict = {"rows": rows, "keys": keys, "commands": commands, "trials": trials}
+    result: dict = {"rows": rows, "keys": keys, "commands": commands, "trials": trials, "upsert_trials": upsert_trials}
 
-    q: dict = {"plain": [], "current": [], "maintain": []}
-    for trial in range(trials):
-        order = ["plain", "current"] if trial % 2 == 0 else ["current", "plain"]
-        for which in order:
-            desired = root / f"desired_{which}_{trial}"
-            shutil.copytree(root / "before", desired)
-            cfg = W.query_sink(root, f"q_{trial}", str(desired), partitions)
-            if which == "current":
-                cfg = _with_current(cfg, root)
-            _timed_batch(spark, store, cfg, 1)
-            shutil.rmtree(desired)
-            shutil.copytree(root / "after", desired)
-            s, m = _timed_batch(spark, store, cfg, 2)
-            q[which].append(s)
-            if m is not None:
-                q["maintain"].append(m)
-            print(f"query trial {trial} {which}: {s} s (maintenance {m})", flush=True)
-            if which == "current" and trial == trials - 1:
-                result["query_reads"] = _reads(spark, cfg, root / "reads")
-    result["query"] = {**q, "ratio": round(statistics.median(q["current"]) / statistics.median(q["plain"]), 3)}
+    if "query" in cells:
+        W.generate(spark.range(rows), 1).write.parquet(str(root / "before"))
+        before = spark.read.parquet(str(root / "before"))
+        W.change(spark, before, 1, "x", rows // 1000, rows).write.parquet(str(root / "after"))
+        q: dict = {"plain": [], "current": [], "maintain": []}
+        for trial in range(trials):
+            order = ["plain", "current"] if trial % 2 == 0 else ["current", "plain"]
+            for which in order:
+                desired = root / f"desired_{which}_{trial}"
+                shutil.copytree(root / "before", desired)
+                cfg = W.query_sink(root, f"q_{trial}", str(desired), partitions)
+                if which == "current":
+                    cfg = _with_current(cfg, root)
+                _timed_batch(spark, store, cfg, 1)
+                shutil.rmtree(desired)
+                shutil.copytree(root / "after", desired)
+                s, m = _timed_batch(spark, store, cfg, 2)
+                q[which].append(s)
+                if m is not None:
+                    q["maintain"].append(m)
+                print(f"query trial {trial} {which}: {s} s (maintenance {m})", flush=True)
+                if which == "current" and trial == trials - 1:
+                    result["query_reads"] = _reads(spark, cfg, root / "reads")
+        result["query"] = {**q, "ratio": round(statistics.median(q["current"]) / statistics.median(q["plain"]), 3)}
 
-    u: dict = {"plain": [], "current": [], "maintain": []}
-    for trial in range(trials):
-        order = ["plain", "current"] if trial % 2 == 0 else ["current", "plain"]
-        for which in order:
-            feed = str(root / f"feed_{which}_{trial}")
-            W.commands(spark, keys, 0, keys, 7).write.parquet(feed)
-            cfg = W.upsert_sink(root, f"u_{trial}", feed, partitions)
-            if which == "current":
-                cfg = _with_current(cfg, root)
-            _timed_batch(spark, store, cfg, 0)
-            W.commands(spark, keys, 1, commands, 7).write.mode("append").parquet(feed)
-            s, m = _timed_batch(spark, store, cfg, 1)
-            u[which].append(s)
-            if m is not None:
-                u["maintain"].append(m)
-            print(f"upsert trial {trial} {which}: {s} s (maintenance {m})", flush=True)
-    result["upsert"] = {**u, "ratio": round(statistics.median(u["current"]) / statistics.median(u["plain"]), 3)}
+    if "upsert" in cells:
+        u: dict = {"plain": [], "current": [], "maintain": []}
+        for trial in range(upsert_trials):
+            order = ["plain", "current"] if trial % 2 == 0 else ["current", "plain"]
+            for which in order:
+                feed = str(root / f"feed_{which}_{trial}")
+                W.commands(spark, keys, 0, keys, 7).write.parquet(feed)
+                cfg = W.upsert_sink(root, f"u_{trial}", feed, partitions)
+                if which == "current":
+                    cfg = _with_current(cfg, root)
+                _timed_batch(spark, store, cfg, 0)
+                W.commands(spark, keys, 1, commands, 7).write.mode("append").parquet(feed)
+                s, m = _timed_batch(spark, store, cfg, 1)
+                u[which].append(s)
+                if m is not None:
+                    u["maintain"].append(m)
+                print(f"upsert trial {trial} {which}: {s} s (maintenance {m})", flush=True)
+        result["upsert"] = {**u, "ratio": round(statistics.median(u["current"]) / statistics.median(u["plain"]), 3)}
     result["session_start_s"] = round(started, 1)
     result["machine"] = W.machine(spark)
     out.mkdir(parents=True, exist_ok=True)
@@ -179,7 +184,9 @@ if __name__ == "__main__":
     ap.add_argument("--rows", type=int, default=10_000_000)
     ap.add_argument("--keys", type=int, default=1_000_000)
     ap.add_argument("--commands", type=int, default=10_000)
-    ap.add_argument("--trials", type=int, default=2)
+    ap.add_argument("--trials", type=int, default=2, help="trials of the query cell")
+    ap.add_argument("--upsert-trials", type=int, default=6, help="trials of the upsert cell (a 1-2 s batch: more)")
+    ap.add_argument("--cells", default="query,upsert")
     ap.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results")
     a = ap.parse_args()
-    main(a.rows, a.keys, a.commands, a.trials, a.out)
+    main(a.rows, a.keys, a.commands, a.trials, a.out, a.upsert_trials, a.cells)

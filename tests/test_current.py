@@ -242,9 +242,10 @@ def test_foreign_writes_are_undone_and_a_lost_current_table_is_rebuilt(
     assert len(err) == 1 and "current: true" in err[0] and "Traceback" not in err[0]
 
 
-def test_readers_see_a_plain_table(spark, warehouse, tmp_path, sqlite_store):
+def test_readers_see_a_plain_table(spark, warehouse, tmp_path, sqlite_store, monkeypatch):
     """Spark, Polars, DuckDB and delta-rs read the current table as plain rows, after batches that
-    marked rows with deletion vectors, past a checkpoint, and after a vacuum at zero retention."""
+    marked rows with deletion vectors (files of 8 rows: several vectors in one commit, and files
+    more than half deleted rewritten), past a checkpoint, and after a vacuum at zero retention."""
     import duckdb
     import polars as pl
     from deltalake import DeltaTable, QueryBuilder
@@ -253,19 +254,22 @@ def test_readers_see_a_plain_table(spark, warehouse, tmp_path, sqlite_store):
     from reconcile.storage import files
 
     cfg = make_sink(tmp_path, "cur_read", current=True, retention={"vacuum_hours": 0})
+    monkeypatch.setattr("reconcile.storage.current.ROWS_PER_FILE", 8)
     rows = [{"k": k, "v": f"v{k % 3}"} for k in range(40)]
-    marked = 0
-    for i in range(12):  # each batch retracts one row and adds one: a vector per batch
+    marked = rewritten = 0
+    for i in range(12):  # each batch retracts two rows and adds one
         if i:
-            rows = [r for r in rows if r["k"] != i] + [{"k": 100 + i, "v": "new"}]
+            rows = [r for r in rows if r["k"] not in (i, 39 - i)] + [{"k": 100 + i, "v": "new"}]
         write_json_rows(tmp_path / "src", rows)
         _, _, appended = run_stages(spark, sqlite_store, cfg, f"r{i}", 100 * (i + 2))
         marked += appended.current.files_marked
+        rewritten += appended.current.files_rewritten if i else 0
+        assert current_rows(cfg) == Counter((r["k"], r["v"]) for r in rows), f"batch {i}"
     ct = CurrentTable(cfg)
     path = ct.path
     compact.vacuum(sqlite_store, ShardTable(cfg))
     dt = ct.snapshot()
-    assert marked >= 10 and ct.vectors(dt), "retractions were marked with deletion vectors"
+    assert marked >= 12 and rewritten >= 1 and ct.vectors(dt), "rows marked; files half deleted rewritten"
     assert any(".checkpoint." in n for n in files.list_names(f"{path}/_delta_log")), "past a checkpoint"
     want = sorted((r["k"], r["v"]) for r in rows)
     got_spark = sorted(tuple(r) for r in spark.read.format("delta").load(path).collect())
