@@ -119,12 +119,14 @@ def test_query_sink_current_table_follows_every_batch(spark, where, vectors, tmp
     assert current_rows(cfg) == as_rows(model_kv(kept(QUERY_ROWS[-1])))
 
 
-def test_upsert_sink_current_table_holds_one_row_per_key(spark, warehouse, tmp_path, sqlite_store, monkeypatch):
+@pytest.mark.parametrize("where", ["local", "s3"], indirect=True)
+def test_upsert_sink_current_table_holds_one_row_per_key(spark, where, tmp_path, sqlite_store, monkeypatch):
     monkeypatch.setenv("RECONCILE_SINKS_DIR", str(tmp_path))
     cfg = upsert_sink(tmp_path, "cur_u", upsert={"delete": {"column": "op", "values": ["delete"]}}, current=True)
     model = UpsertModel(delete_field="op", delete_values=("delete",))
     feed = [cmd(k, f"v{k}", 110 + k, k, op="set") for k in range(30)]
     frontier = 100
+    marked = 0
     for i in range(4):
         lower, upper = frontier, frontier + 100
         off = 100 + 10 * i
@@ -134,11 +136,13 @@ def test_upsert_sink_current_table_holds_one_row_per_key(spark, warehouse, tmp_p
             cmd(i + 40, f"new{i}", lower + 7, off + 3, op="set"),
         ]
         write_json_rows(tmp_path / "feed", feed + [{**HINT, "op": "set"}])
-        run_stages(spark, sqlite_store, cfg, f"r{i}", upper)
+        _, _, appended = run_stages(spark, sqlite_store, cfg, f"r{i}", upper)
+        marked += appended.current.files_marked
         model.batch(feed, lower, upper)
         frontier = upper
         want = Counter({(k, v): n for (k, v, _), n in model.as_of(upper - 1).items()})
         assert len(want) > 25 and current_rows(cfg) == want, f"batch {i}"
+    assert marked >= 3, "each later batch's updates and deletes marked the old rows (deletion vectors)"
 
 
 @pytest.mark.parametrize("where", ["local", "s3"], indirect=True)
