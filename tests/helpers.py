@@ -83,7 +83,10 @@ def _log_rows(cfg: SinkConfig) -> list[dict]:
     from reconcile.storage.delta import ShardTable
 
     path = ShardTable(cfg).path
-    return DeltaTable(path, storage_options=settings.delta_storage_options()).to_pyarrow_table().to_pylist()
+    import pyarrow as pa
+
+    scan = DeltaTable(path, storage_options=settings.delta_storage_options()).scan()  # deletion vectors applied
+    return pa.RecordBatchReader.from_stream(scan).read_all().to_pylist()
 
 
 def as_of(log: list[dict], cfg: SinkConfig, t: int) -> Counter:

@@ -251,3 +251,25 @@ def test_cli_compact(spark, warehouse, tmp_path, sqlite_store, monkeypatch, caps
     assert "compacted the shard's history" in out and f"new_since={iso(history[-1][0] - 1)}" in out
     assert cli.main(["show", cfg.name]) == 0
     assert store.get_shard(cfg.name).since == history[-1][0] - 1
+
+
+def test_the_vacuum_keeps_a_foreign_writers_deletion_vectors(spark, warehouse, tmp_path, sqlite_store):
+    """A user's Spark DELETE on a shard with deletion vectors enabled: the next batch repairs the
+    drift, and the vacuum at zero retention keeps the vector file the snapshot still reads
+    (delta-rs's vacuum counts it as unnamed): the shard stays readable by Spark and delta-rs."""
+    cfg = make_sink(tmp_path, "vacuum_dv", retention={"vacuum_hours": 0})
+    rows = [{"k": k, "v": f"v{k}"} for k in range(8)]
+    write_json_rows(tmp_path / "src", rows)
+    run_stages(spark, sqlite_store, cfg, "r0", AS_OF + 100)
+    path = ShardTable(cfg).path
+    spark.sql(f"ALTER TABLE delta.`{path}` SET TBLPROPERTIES ('delta.enableDeletionVectors' = 'true')")
+    spark.sql(f"DELETE FROM delta.`{path}` WHERE k = 3")
+    vectors = [f for f in files.list_files(path) if f.startswith("deletion_vector_")]
+    assert vectors, "Spark's DELETE wrote a deletion vector"
+    run_stages(spark, sqlite_store, cfg, "r1", AS_OF + 200)  # repairs the drift
+    compact.vacuum(sqlite_store, ShardTable(cfg))
+    assert set(vectors) <= set(files.list_files(path))
+    want = model_kv(rows)
+    assert shard_as_of(cfg, AS_OF + 199) == want
+    got = spark.read.format("delta").load(path).groupBy("k", "v").sum("_diff").collect()
+    assert Counter({(r["k"], r["v"], None): r["sum(_diff)"] for r in got if r["sum(_diff)"]}) == want
