@@ -6,6 +6,8 @@
 #     its own S3 server (versitygw on 127.0.0.1, harness/s3_server.py); results in chaos-results/s3-seed<S>
 #   RECONCILE_CHAOS_KIND=upsert bash scripts/chaos_soak.sh ...   # upsert sinks (`--kind upsert`):
 #     results in chaos-results/upsert-seed<S> (with RECONCILE_CHAOS_S3=1: upsert-s3-seed<S>)
+#   RECONCILE_CHAOS_CURRENT=1 bash scripts/chaos_soak.sh ...   # the sinks keep a current-state
+#     table (`--current`), checked too: the results' directory name gains a current- prefix
 # Each chunk of schedules runs as `python tests/chaos.py --first I --schedules CHUNK` and
 # keeps its output in chaos-results/seed<S>/first-<I>.txt; finished chunks are skipped, so a
 # stopped soak continues where it was. The summary adds up every finished chunk and lists
@@ -35,6 +37,7 @@ case "${RECONCILE_CHAOS_KIND:-query}" in
   *) echo "RECONCILE_CHAOS_KIND must be query or upsert, not ${RECONCILE_CHAOS_KIND}" >&2; exit 2 ;;
 esac
 if [ -n "${RECONCILE_CHAOS_S3:-}" ]; then chaos_args+=(--s3) prefix="${prefix}s3-"; fi
+if [ -n "${RECONCILE_CHAOS_CURRENT:-}" ]; then chaos_args+=(--current) prefix="current-${prefix}"; fi
 if [ "${1:-}" = "--summary" ]; then summary "chaos-results/${prefix}seed${2:-1}"; exit 0; fi
 . scripts/env.sh
 total="${1:-1000}" seed="${2:-1}" workers="${3:-2}" chunk="${4:-25}"
