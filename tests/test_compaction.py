@@ -253,6 +253,7 @@ def test_cli_compact(spark, warehouse, tmp_path, sqlite_store, monkeypatch, caps
     assert store.get_shard(cfg.name).since == history[-1][0] - 1
 
 
+@pytest.mark.slow  # a protocol upgrade and a DELETE by Spark, two batches
 def test_the_vacuum_keeps_a_foreign_writers_deletion_vectors(spark, warehouse, tmp_path, sqlite_store):
     """A user's Spark DELETE on a shard with deletion vectors enabled: the next batch repairs the
     drift, and the vacuum at zero retention keeps the vector file the snapshot still reads

@@ -77,7 +77,7 @@ def where(request):
 
 @pytest.mark.parametrize(
     "where, vectors",
-    [("local", True), ("local", False), ("s3", True)],
+    [("local", True), pytest.param("local", False, marks=pytest.mark.slow), ("s3", True)],
     indirect=["where"],
     ids=["local", "local-cow", "s3"],
 )
@@ -246,6 +246,7 @@ def test_foreign_writes_are_undone_and_a_lost_current_table_is_rebuilt(
     assert len(err) == 1 and "current: true" in err[0] and "Traceback" not in err[0]
 
 
+@pytest.mark.slow  # twelve batches (the quick tier's readers: test_query_sink_current_table_follows_every_batch)
 def test_readers_see_a_plain_table(spark, warehouse, tmp_path, sqlite_store, monkeypatch):
     """Spark, Polars, DuckDB and delta-rs read the current table as plain rows, after batches that
     marked rows with deletion vectors (files of 8 rows: several vectors in one commit, and files
