@@ -262,7 +262,7 @@ def _mark(
     import pyarrow as pa
 
     from reconcile.storage.current import read_parquet
-    from reconcile.storage.deletion_vectors import deleted_rows, write_file
+    from reconcile.storage.deletion_vectors import read, write_file
 
     present = ct.data_files(dt)
     adds = pa.table(dt.get_add_actions(flatten=True))
@@ -274,7 +274,7 @@ def _mark(
     found = read_parquet([f"{ct.path}/{p}" for p, _ in present], detect, positions=True) if present else None
     if found is None:
         return "a retraction and no row in the current table"
-    old = deleted_rows(dt, dt.table_uri)
+    old = read(ct.path, vectors)  # the sink's own vectors (a foreign one means a rebuild)
     index = {p: i for i, (p, _) in enumerate(present)}
     dead = [(index[p], pos) for p, pos in old.items() if p in index]
     con.register(
@@ -413,18 +413,17 @@ def describe(cfg: SinkConfig, table: ShardTable, committed: list) -> dict | None
         "shard_latest_version": latest,
         "behind": v is None or (latest is not None and v < latest),
         "foreign_versions": ct.foreign_versions(dt),
-        "rows": _live_rows(dt),
+        "rows": _live_rows(ct, dt),
     }
 
 
-def _live_rows(dt) -> int:
-    """The rows of a snapshot: its files' rows less the ones their deletion vectors delete."""
+def _live_rows(ct: CurrentTable, dt) -> int:
+    """The rows of a snapshot: its files' rows less the ones the sink's deletion vectors delete
+    (their cardinalities, recorded by its last commit; no vector is read)."""
     import pyarrow as pa
 
-    from reconcile.storage.deletion_vectors import deleted_rows
-
     stored = sum(int(n or 0) for n in pa.table(dt.get_add_actions(flatten=True)).column("num_records").to_pylist())
-    return stored - sum(len(p) for p in deleted_rows(dt, dt.table_uri).values())
+    return stored - sum(int(d["cardinality"]) for d in ct.vectors(dt).values())
 
 
 def catalog_names(cfg: SinkConfig) -> tuple[str, str]:

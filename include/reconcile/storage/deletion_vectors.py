@@ -5,8 +5,9 @@ magic number, in a ``deletion_vector_<uuid>.bin`` file beside the data, its desc
 retractions, not the files they fall in (:mod:`reconcile.sink.current`).
 
 Only what the sink writes is encoded here: row positions below 2^32 (one 32-bit bitmap), array
-and bitset containers (no run containers). Reading goes through delta-rs
-(:func:`deleted_rows`), whose kernel decodes every form.
+and bitset containers (no run containers). :func:`decode` reads every container kind (a vector
+another writer made has run containers too); :func:`read` fetches the sink's vectors by their
+descriptors (a small read per vector file).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from typing import Any
 MAGIC = 1681511377  # the protocol's RoaringBitmapArray format
 FILE_FORMAT = 1  # the first byte of a deletion vector file
 _NO_RUNS = 12346  # the portable format's cookie when no container is a run
+_RUNS = 12347  # ... when some are (the low 16 bits; the high 16 hold the container count - 1)
 _Z85 = "0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ.-:+=^!/*?&<>()[]{}@%$#"
 
 
@@ -48,8 +50,11 @@ def unz85(text: str) -> bytes:
 
 
 def file_name(descriptor: dict) -> str:
-    """Where an on-disk (``u``) deletion vector's file is, relative to the table: its random
-    prefix (the characters before the 20 of the UUID) as a directory, then the UUID's name."""
+    """Where an on-disk deletion vector's file is, relative to the table (``u``: its random
+    prefix, the characters before the 20 of the UUID, as a directory, then the UUID's name;
+    ``p``: an absolute path, as given)."""
+    if descriptor["storageType"] == "p":
+        return descriptor["pathOrInlineDv"]
     code = descriptor["pathOrInlineDv"]
     prefix, u = code[:-20], uuid.UUID(bytes=unz85(code[-20:]))
     return f"{prefix}/deletion_vector_{u}.bin" if prefix else f"deletion_vector_{u}.bin"
@@ -88,6 +93,90 @@ def encode(positions) -> bytes:
     return struct.pack("<iQI", MAGIC, 1, 0) + bitmap32
 
 
+def decode(data: bytes):
+    """The row positions of a serialized deletion vector (magic number and 64-bit bitmap)."""
+    import numpy as np
+
+    magic, buckets = struct.unpack_from("<iQ", data, 0)
+    if magic != MAGIC:
+        raise ValueError(f"not a deletion vector (magic number {magic})")
+    pos, parts = 12, []
+    for _ in range(buckets):
+        (high,) = struct.unpack_from("<I", data, pos)
+        values, pos = _decode32(data, pos + 4)
+        parts.append(values.astype(np.int64) + (int(high) << 32))
+    return np.concatenate(parts) if parts else np.zeros(0, np.int64)
+
+
+def _decode32(data: bytes, start: int):
+    """One 32-bit portable RoaringBitmap at ``start``: (its values, the offset after it)."""
+    import numpy as np
+
+    (cookie,) = struct.unpack_from("<I", data, start)
+    pos = start + 4
+    if cookie & 0xFFFF == _RUNS:
+        n = (cookie >> 16) + 1
+        runs = np.unpackbits(np.frombuffer(data, np.uint8, (n + 7) // 8, pos), bitorder="little")[:n]
+        pos += (n + 7) // 8
+    elif cookie == _NO_RUNS:
+        (n,) = struct.unpack_from("<I", data, pos)
+        pos += 4
+        runs = np.zeros(n, np.uint8)
+    else:
+        raise ValueError(f"not a portable RoaringBitmap (cookie {cookie})")
+    head = np.frombuffer(data, "<u2", 2 * n, pos).reshape(n, 2)
+    pos += 4 * n
+    if cookie == _NO_RUNS or n >= 4:  # the offset header
+        pos += 4 * n
+    parts = []
+    for (key, card_1), run in zip(head, runs, strict=True):
+        base = int(key) << 16
+        if run:
+            (count,) = struct.unpack_from("<H", data, pos)
+            pairs = np.frombuffer(data, "<u2", 2 * count, pos + 2).reshape(count, 2).astype(np.int64)
+            pos += 2 + 4 * count
+            parts += [np.arange(s, s + length + 1) + base for s, length in pairs]
+        elif int(card_1) + 1 <= 4096:
+            card = int(card_1) + 1
+            parts.append(np.frombuffer(data, "<u2", card, pos).astype(np.int64) + base)
+            pos += 2 * card
+        else:
+            bits = np.unpackbits(np.frombuffer(data, np.uint8, 8192, pos), bitorder="little")
+            parts.append(np.flatnonzero(bits).astype(np.int64) + base)
+            pos += 8192
+    return (np.concatenate(parts) if parts else np.zeros(0, np.int64)), pos
+
+
+def read(table_path: str, descriptors: dict[str, dict]) -> dict[str, Any]:
+    """The deleted row positions of each data file (path -> sorted positions) from its deletion
+    vector descriptor: one read per vector file, in parallel; each vector's size and checksum
+    checked."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from reconcile.storage import files
+
+    def load(name: str) -> bytes:  # relative to the table, or absolute (``p``)
+        return files.read_bytes(name if "://" in name or name.startswith("/") else f"{table_path}/{name}")
+
+    inline = {p: d for p, d in descriptors.items() if d["storageType"] == "i"}
+    names = sorted({file_name(d) for p, d in descriptors.items() if p not in inline})
+    with ThreadPoolExecutor(max_workers=max(1, min(8, len(names)))) as pool:
+        blobs = dict(zip(names, pool.map(load, names), strict=True))
+    out: dict[str, Any] = {}
+    for path, d in descriptors.items():
+        if path in inline:
+            out[path] = decode(unz85(d["pathOrInlineDv"])[: d["sizeInBytes"]])
+            continue
+        blob, off = blobs[file_name(d)], int(d.get("offset") or 1)
+        (size,) = struct.unpack_from(">i", blob, off)
+        data = blob[off + 4 : off + 4 + size]
+        (crc,) = struct.unpack_from(">I", blob, off + 4 + size)
+        if size != d["sizeInBytes"] or zlib.crc32(data) & 0xFFFFFFFF != crc:
+            raise ValueError(f"deletion vector of {path} in {file_name(d)} is damaged (size or checksum)")
+        out[path] = decode(data)
+    return out
+
+
 def write_file(table_path: str, vectors: dict[str, Any]) -> dict[str, dict]:
     """One deletion vector file at the table's root holding a vector per data file
     (``vectors``: path relative to the table -> its deleted row positions, all of them); returns
@@ -119,25 +208,3 @@ def unique_id(dv: dict | None) -> str | None:
         return None
     off = dv.get("offset")
     return f"{dv['storageType']}{dv['pathOrInlineDv']}" + (f"@{off}" if off is not None else "")
-
-
-def deleted_rows(dt, table_uri: str) -> dict[str, Any]:
-    """The deleted row positions of every data file of the snapshot ``dt`` that has a deletion
-    vector (path relative to the table -> sorted positions), decoded by delta-rs."""
-    from urllib.parse import unquote
-
-    import numpy as np
-    import pyarrow as pa
-
-    out: dict[str, Any] = {}
-    root = table_uri.rstrip("/") + "/"
-    vectors = pa.table(dt.deletion_vectors().read_all()).combine_chunks()
-    if not vectors.num_rows:
-        return out
-    keep = vectors.column("selection_vector").chunk(0)
-    offsets = keep.offsets.to_numpy()
-    flat = keep.values.to_numpy(zero_copy_only=False)
-    for i, uri in enumerate(vectors.column("filepath").to_pylist()):
-        rel = unquote(uri[len(root) :] if uri.startswith(root) else uri.rsplit("/", 1)[-1])
-        out[rel] = np.flatnonzero(~flat[offsets[i] : offsets[i + 1]])
-    return out
