@@ -110,6 +110,11 @@ def metastore_conf() -> dict[str, str]:
                 "spark.hadoop.javax.jdo.option.ConnectionURL": f"jdbc:derby:;databaseName={db};create=true",
                 "spark.sql.warehouse.dir": str(home() / "spark-warehouse"),
                 "spark.hadoop.derby.system.home": str(home()),
+                # Derby serves one process: while another holds it, fail at once (2-3 s) rather
+                # than after the metastore client's retries (44 s a write)
+                "spark.hadoop.hive.hmshandler.retry.attempts": "1",
+                "spark.hadoop.hive.hmshandler.retry.interval": "0",
+                "spark.hadoop.hive.metastore.failure.retries": "0",
             }
         )
     elif where.startswith("thrift://"):

@@ -11,13 +11,16 @@ The write stage registers them (the current table is created empty first, the ap
 it); a registration already made under the same metastore, names and paths is remembered in
 ``RECONCILE_HOME/catalog/<sink>.json`` and not made again (the embedded Derby metastore is
 booted only then). A registration that fails (the embedded metastore busy in another Spark
-process) is logged and tried again by the next write: it never fails a batch.
+process: Derby serves one at a time) is logged and tried again by the first write
+:data:`RETRY_AFTER_S` later: it never fails a batch, and costs a write at most one quick failed
+attempt (the embedded metastore's own retries are off, :func:`reconcile.settings.metastore_conf`).
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import time
 
 from reconcile import settings
 from reconcile.config import SinkConfig
@@ -29,6 +32,7 @@ from reconcile.storage.current import CurrentTable
 from reconcile.storage.delta import ShardTable
 
 log = logging.getLogger(__name__)
+RETRY_AFTER_S = 600
 
 
 def _spark_path(path: str) -> str:
@@ -47,6 +51,17 @@ def wanted(cfg: SinkConfig) -> dict:
 
 def _marker(cfg: SinkConfig):
     return settings.home() / "catalog" / f"{cfg.name}.json"
+
+
+def _failed(cfg: SinkConfig):
+    return settings.home() / "catalog" / f"{cfg.name}.failed"
+
+
+def _failed_recently(cfg: SinkConfig) -> bool:
+    try:
+        return time.time() - _failed(cfg).stat().st_mtime < RETRY_AFTER_S
+    except OSError:
+        return False
 
 
 def registered(cfg: SinkConfig) -> bool:
@@ -78,6 +93,8 @@ def register(spark, cfg: SinkConfig, *, force: bool = False) -> str | None:
     there is nothing to do (no current table, no Hive-backed catalog, already registered)."""
     if cfg.current is None or not hive_backed(spark) or (registered(cfg) and not force):
         return None
+    if _failed_recently(cfg) and not force:
+        return None
     want = wanted(cfg)
     try:
         if not CurrentTable(cfg).exists():
@@ -95,12 +112,15 @@ def register(spark, cfg: SinkConfig, *, force: bool = False) -> str | None:
         event(
             log,
             f"could not register {', '.join(want['tables'])} in the catalog ({settings.metastore()}): "
-            f"{brief(exc, 300)}; the next write tries again",
+            f"{brief(exc, 300)}; a write in {RETRY_AFTER_S // 60} minutes or later tries again",
             level=logging.WARNING,
             sink=cfg.name,
         )
+        _failed(cfg).parent.mkdir(parents=True, exist_ok=True)
+        _failed(cfg).touch()
         return None
     marker = _marker(cfg)
     marker.parent.mkdir(parents=True, exist_ok=True)
     marker.write_text(json.dumps(want, sort_keys=True))
+    _failed(cfg).unlink(missing_ok=True)
     return event(log, f"registered {', '.join(want['tables'])} in the catalog ({settings.metastore()})", sink=cfg.name)
