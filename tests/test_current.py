@@ -98,9 +98,9 @@ def test_query_sink_current_table_follows_every_batch(spark, where, vectors, tmp
         marked += appended.current.files_marked
         rewritten += appended.current.files_rewritten if i else 0
         if i == 0:
-            assert appended.current.action == "rebuilt"
+            assert appended.current.outcome == "rebuilt"
         elif i == 4:  # everything retracted
-            assert appended.current.action == "applied" and appended.current.rows_added == 0
+            assert appended.current.outcome == "applied" and appended.current.rows_added == 0
     # retractions mark rows (deletion vectors) or rewrite the files they fall in (copy-on-write)
     assert marked > 0 if vectors else (marked == 0 and rewritten > 0)
     # an unchanged source: an empty batch, nothing rewritten
@@ -214,12 +214,12 @@ def test_foreign_writes_are_undone_and_a_lost_current_table_is_rebuilt(
     assert "current table reconcile.cur_foreign" in page and "<span class=bad>foreign commits" in page
     write_json_rows(tmp_path / "src", QUERY_ROWS[1])
     _, _, appended = run_stages(spark, sqlite_store, cfg, "r1", 300)
-    assert appended.current.action == "rebuilt" and "foreign" in appended.current.why
+    assert appended.current.outcome == "rebuilt" and "foreign" in appended.current.why
     assert current_rows(cfg) == as_rows(shard_as_of(cfg, 299))
     # a foreign write into the shard: the current table follows the shard, then the repair
     DeltaTable(ShardTable(cfg).path).delete("k = 4")
     out = current_sink.maintain(sqlite_store, cfg, ShardTable(cfg))
-    assert out.action == "rebuilt" and "foreign commit to the shard" in out.why
+    assert out.outcome == "rebuilt" and "foreign commit to the shard" in out.why
     assert current_rows(cfg) == as_rows(shard_as_of(cfg, 299))
     run_stages(spark, sqlite_store, cfg, "r2", 400)
     assert current_rows(cfg) == as_rows(shard_as_of(cfg, 399)) == as_rows(model_kv(QUERY_ROWS[1]))

@@ -46,6 +46,15 @@ class Outcome(StrEnum):
     ALREADY_COMMITTED = "already_committed"  # append: committed before (or by another attempt meanwhile)
     COVERED = "covered"  # append: another batch committed [lower, upper) already
     SUPERSEDED = "superseded"  # append: a newer description of lower covers this one
+    COMPACTED = "compacted"  # compact: the history before the new since consolidated
+    NOTHING = "nothing"  # compact: nothing to do (no table, no batch, since already there)
+    RACED = "raced"  # compact: a batch committed after it read; nothing committed
+    REBUILT = "rebuilt"  # recover: the lost shard row rebuilt; current table: written whole
+    ROLLED_FORWARD = "rolled_forward"  # recover: the metadata rolled forward to the Delta log
+    IN_SYNC = "in_sync"  # recover: the metadata already agreed
+    RESET = "reset"  # recover: the shard's Delta table is gone; the metadata reset
+    APPLIED = "applied"  # current table: the batches since the version it reflected applied
+    UP_TO_DATE = "up_to_date"  # current table: it already reflected the shard's latest version
 
 
 class _BatchRow(Protocol):

@@ -28,7 +28,7 @@ from reconcile.config import SinkConfig
 from reconcile.config_loading import load_sink
 from reconcile.errors import Retryable, SinkError, storage_failure
 from reconcile.log import iso
-from reconcile.model import COMMITTED, FINAL, RETRYABLE, STAGED, SUPERSEDED
+from reconcile.model import COMMITTED, FINAL, RETRYABLE, STAGED, SUPERSEDED, Outcome
 from reconcile.report import iso_text
 from reconcile.schedule import desired_frontier
 from reconcile.sink.mint import MintResult, run_mint
@@ -257,7 +257,7 @@ def compact_for_run(sink: str, run_id: str, batch_id: str | None = None, spark=N
     with sink_and_store(sink) as (cfg, store):
         spark = spark or get_session(f"reconcile-{sink}-compact")
         result = run_compact(spark, store, cfg)
-        if result.outcome == "raced":
+        if result.outcome == Outcome.RACED:
             raise Retryable(result.message, sink=sink, remedy="the task retries by itself.")
         return f"run {run_id}: {result.message}"
 

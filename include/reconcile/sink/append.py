@@ -61,9 +61,9 @@ from reconcile.errors import DescriptionOutdated, InconsistentState, LostRace, R
 from reconcile.failpoints import failpoint
 from reconcile.log import event, iso
 from reconcile.manifest import Manifest
-from reconcile.model import COMMITTED, MINTED, SUPERSEDED, BatchDescription
+from reconcile.model import COMMITTED, MINTED, SUPERSEDED, BatchDescription, Outcome
 from reconcile.sink import guard
-from reconcile.sink.current import CurrentOutcome, maintain
+from reconcile.sink.current import CurrentResult, maintain
 from reconcile.sink.sync import gc_staged, sync
 from reconcile.sink.verify import log_differences, parse_manifest, staged_files
 from reconcile.storage import commits, footers, layout
@@ -76,10 +76,10 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class AppendResult:
-    outcome: str  # committed | recovered | already_committed | covered
+    outcome: Outcome  # COMMITTED | RECOVERED | ALREADY_COMMITTED | COVERED | SUPERSEDED
     message: str
     delta_version: int | None = None
-    current: CurrentOutcome | None = None  # the current-state table brought up to the shard
+    current: CurrentResult | None = None  # the current-state table brought up to the shard
 
 
 def inspect_staged(table: ShardTable, batch_id: str, manifest: Manifest) -> list[tuple[str, int, dict]]:
@@ -108,7 +108,7 @@ def inspect_staged(table: ShardTable, batch_id: str, manifest: Manifest) -> list
     return out
 
 
-def _nothing_to_append(outcome: str, why: str, shard: Shard, state: dict) -> AppendResult:
+def _nothing_to_append(outcome: Outcome, why: str, shard: Shard, state: dict) -> AppendResult:
     msg = event(log, f"nothing to append: {why}", shard_upper=shard.upper, **state)
     return AppendResult(outcome, msg)
 
@@ -128,7 +128,7 @@ def _outdated(store: Ledger, table: ShardTable, desc: BatchDescription, shard: S
                 f"batch {newer.batch_id} of run {newer.run_id} superseded this one and covers "
                 f"[{iso(desc.lower)}, {iso(desc.upper)}) (up to {iso(newer.upper)})"
             )
-            return _nothing_to_append("superseded", why, shard, state)
+            return _nothing_to_append(Outcome.SUPERSEDED, why, shard, state)
         if newer is not None:  # a narrower description won: it covers only part of this interval
             why = (
                 f"superseded by batch {newer.batch_id} of run {newer.run_id}, which covers only "
@@ -150,7 +150,7 @@ def _outdated(store: Ledger, table: ShardTable, desc: BatchDescription, shard: S
     gc_staged(store, table)
     if shard.upper >= desc.upper:
         return _nothing_to_append(
-            "covered",
+            Outcome.COVERED,
             f"{who} already covered [{iso(desc.lower)}, {iso(desc.upper)}); deleted its staged files",
             shard,
             state,
@@ -182,7 +182,7 @@ def _committed_meanwhile(store: Ledger, table: ShardTable, b, state: dict, when:
         delta_version=b.delta_version,
         **state,
     )
-    return AppendResult("already_committed", msg, b.delta_version)
+    return AppendResult(Outcome.ALREADY_COMMITTED, msg, b.delta_version)
 
 
 @dataclass
@@ -245,7 +245,7 @@ def settle(a: Appending) -> AppendResult | None:
     if a.b.state == COMMITTED:
         gc_staged(a.store, a.table)
         msg = event(log, f"already committed in Delta version {a.b.delta_version}; nothing to do", **a.state)
-        return AppendResult("already_committed", msg, a.b.delta_version)
+        return AppendResult(Outcome.ALREADY_COMMITTED, msg, a.b.delta_version)
     if not a.table.exists():  # no write created it yet: nothing can be committed
         if a.b.state == SUPERSEDED:
             return _outdated(a.store, a.table, a.desc, a.store.get_shard(a.cfg.name), a.state)
@@ -263,7 +263,7 @@ def settle(a: Appending) -> AppendResult | None:
             delta_version=a.b.delta_version,
             **a.state,
         )
-        return AppendResult("recovered", msg, a.b.delta_version)
+        return AppendResult(Outcome.RECOVERED, msg, a.b.delta_version)
     if a.b.state == SUPERSEDED or a.shard.upper > a.desc.lower:
         return _outdated(a.store, a.table, a.desc, a.shard, a.state)
     if a.b.state == MINTED:
@@ -389,7 +389,7 @@ def confirm(a: Appending) -> AppendResult:
             **extra,
             **a.state,
         )
-        return AppendResult("committed", msg, b.delta_version)
+        return AppendResult(Outcome.COMMITTED, msg, b.delta_version)
     if a.shard.upper > a.desc.lower:
         return _outdated(a.store, a.table, a.desc, a.shard, a.state)
     raise InconsistentState(

@@ -51,7 +51,7 @@ from reconcile.differential import consolidate
 from reconcile.errors import SinkError
 from reconcile.failpoints import failpoint
 from reconcile.log import event, iso
-from reconcile.model import COMMITTED
+from reconcile.model import COMMITTED, Outcome
 from reconcile.sink.sync import gc_compactions, sync
 from reconcile.sql_names import spark_name
 from reconcile.storage import files, footers, frames, layout
@@ -65,7 +65,7 @@ HOUR_MS = 3_600_000
 
 @dataclass
 class CompactResult:
-    outcome: str  # compacted | nothing | raced
+    outcome: Outcome  # COMPACTED | NOTHING | RACED
     message: str
     since: int
     delta_version: int | None = None
@@ -183,7 +183,7 @@ def run_compact(
     table = ShardTable(cfg)
     if not table.exists():  # never run (maybe not even minted): nothing to fold
         return CompactResult(
-            "nothing", event(log, "nothing to compact: the shard has no Delta table yet", sink=cfg.name), 0
+            Outcome.NOTHING, event(log, "nothing to compact: the shard has no Delta table yet", sink=cfg.name), 0
         )
     shard = sync(store, table)
     target = target_since(cfg, shard.upper, shard.since) if since is None else since
@@ -198,7 +198,7 @@ def run_compact(
     if target <= shard.since:
         if not _uncompacted(spark, table, shard.since):
             return CompactResult(
-                "nothing", event(log, "nothing to compact: since is already there", **state), shard.since
+                Outcome.NOTHING, event(log, "nothing to compact: since is already there", **state), shard.since
             )
         # An earlier compaction raised since and stopped before its rewrite: finish it.
         target = state["new_since"] = shard.since
@@ -206,10 +206,12 @@ def run_compact(
     read_version = table.latest_version()
     recorded = table.last_txn_version(read_version)
     if recorded is None:
-        return CompactResult("nothing", event(log, "nothing to compact: no batch committed yet", **state), shard.since)
+        return CompactResult(
+            Outcome.NOTHING, event(log, "nothing to compact: no batch committed yet", **state), shard.since
+        )
     if recorded + 1 >= shard.upper:
         return CompactResult(
-            "nothing",
+            Outcome.NOTHING,
             event(
                 log,
                 "compaction waits for the next batch: the commit guard needs a version below upper",
@@ -258,7 +260,7 @@ def run_compact(
                 level=logging.WARNING,
                 **state,
             )
-            return CompactResult("raced", msg, target)
+            return CompactResult(Outcome.RACED, msg, target)
     failpoint("compact.after_commit")
 
     version, removed = committed
@@ -276,4 +278,4 @@ def run_compact(
         files_vacuumed=None if vacuumed is None else len(vacuumed),
         **state,
     )
-    return CompactResult("compacted", msg, target, version, rows, removed)
+    return CompactResult(Outcome.COMPACTED, msg, target, version, rows, removed)

@@ -8,10 +8,10 @@ reflects (its last commit's application transaction) to the shard's latest:
 
 - **Apply** (the sink's own batch commits since; compactions change no collection and are
   skipped): the batches' rows consolidated per row into a net count. Additions only: one new
-  file, nothing read. Retractions: the current table's files holding a retracted row are found
-  (upsert sinks: by the key columns only) and rewritten without those rows, with the additions,
-  in one commit that removes them (copy-on-write: the cost is the files the retractions touch,
-  and the narrow read to find them).
+  file, nothing read. Retractions: the live rows they match are found (upsert sinks: by the key
+  columns only) and marked in their files' deletion vectors (:func:`_mark`), with the additions,
+  in one commit; a table without deletion vectors rewrites the files holding them instead
+  (copy-on-write).
 - **Rebuild** (the first time, ``python -m reconcile rebuild-current``, a foreign commit in the
   shard since, a shard file gone, the shard older than the table says, a foreign commit to the
   current table, or a retraction the table cannot match): the whole collection from the shard's
@@ -35,6 +35,7 @@ from reconcile.config import SinkConfig
 from reconcile.errors import Retryable
 from reconcile.failpoints import failpoint
 from reconcile.log import event
+from reconcile.model import Outcome
 from reconcile.sql_names import duckdb_name
 from reconcile.storage.commits import MAINTENANCE, added_files
 from reconcile.storage.current import CurrentTable
@@ -44,10 +45,10 @@ log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
-class CurrentOutcome:
-    """What :func:`maintain` did: ``up_to_date``, ``applied`` or ``rebuilt`` (``why``)."""
+class CurrentResult:
+    """What :func:`maintain` did: UP_TO_DATE, APPLIED or REBUILT (``why``)."""
 
-    action: str
+    outcome: Outcome
     shard_version: int
     rows_added: int = 0
     rows_removed: int = 0
@@ -72,7 +73,7 @@ class _Plan:
     vectors: dict | None = None  # every file's deletion vector after it (tables that have them)
 
 
-def maintain(store, cfg: SinkConfig, table: ShardTable, *, rebuild: str | None = None) -> CurrentOutcome | None:
+def maintain(store, cfg: SinkConfig, table: ShardTable, *, rebuild: str | None = None) -> CurrentResult | None:
     """Bring the sink's current table to the shard's latest version (``rebuild``: why to write it
     whole). None when the sink keeps no current table or has no shard yet."""
     if cfg.current is None or not table.exists():
@@ -90,7 +91,7 @@ def maintain(store, cfg: SinkConfig, table: ShardTable, *, rebuild: str | None =
     )
 
 
-def _attempt(store, cfg: SinkConfig, table: ShardTable, ct: CurrentTable, rebuild: str | None) -> CurrentOutcome | None:
+def _attempt(store, cfg: SinkConfig, table: ShardTable, ct: CurrentTable, rebuild: str | None) -> CurrentResult | None:
     if not ct.exists():
         ct.create()
         rebuild = rebuild or "created"
@@ -106,7 +107,7 @@ def _attempt(store, cfg: SinkConfig, table: ShardTable, ct: CurrentTable, rebuil
         elif reflected > latest:
             rebuild = f"it reflects shard version {reflected}, past the shard's latest {latest} (restored?)"
     if rebuild is None and reflected == latest:
-        return CurrentOutcome("up_to_date", latest)
+        return CurrentResult(Outcome.UP_TO_DATE, latest)
     plan: _Plan | str | None = None
     if rebuild is None:
         assert reflected is not None
@@ -135,7 +136,7 @@ def _attempt(store, cfg: SinkConfig, table: ShardTable, ct: CurrentTable, rebuil
     if version is None:
         return None
     failpoint("current.after_commit")
-    action = "rebuilt" if rebuild else "applied"
+    action = Outcome.REBUILT if rebuild else Outcome.APPLIED
     msg = event(
         log,
         f"current-state table {action}" + (f" ({rebuild})" if rebuild else ""),
@@ -147,7 +148,7 @@ def _attempt(store, cfg: SinkConfig, table: ShardTable, ct: CurrentTable, rebuil
         files_rewritten=len(plan.removed),
         files_marked=len(plan.marked),
     )
-    return CurrentOutcome(
+    return CurrentResult(
         action,
         latest,
         plan.rows_added,

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from reconcile.config import SinkConfig
 from reconcile.errors import SinkError
 from reconcile.log import event, iso
-from reconcile.model import COMMITTED, CommitRecord
+from reconcile.model import COMMITTED, CommitRecord, Outcome
 from reconcile.sink.current import maintain
 from reconcile.sink.mint import next_lower
 from reconcile.sink.sync import compacted_since, rebuild_lost_ledger, sync
@@ -42,7 +42,7 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class RecoverResult:
-    outcome: str  # rebuilt | rolled_forward | in_sync | reset
+    outcome: Outcome  # REBUILT | ROLLED_FORWARD | IN_SYNC | RESET
     message: str
     shard: Shard
     lost: dict[str, str] = field(default_factory=dict)  # batch id: why, of the batches a reset dropped
@@ -112,11 +112,15 @@ def run_recover(store: Ledger, cfg: SinkConfig, *, force: bool = False) -> Recov
         )
     if lost or state.latest < before.delta_version:
         shard = store.reset_to_log(cfg.name, state.commits, state.since, state.latest, lost)
-        outcome = "reset"
+        outcome = Outcome.RESET
     else:
         shard = sync(store, table) if state.latest >= 0 else before
         outcome = (
-            "rebuilt" if created else "rolled_forward" if shard.delta_version != before.delta_version else "in_sync"
+            Outcome.REBUILT
+            if created
+            else Outcome.ROLLED_FORWARD
+            if shard.delta_version != before.delta_version
+            else Outcome.IN_SYNC
         )
     absorbed = len(store.batches(cfg.name, (COMMITTED,))) - committed_before + len(lost)
     what = {
@@ -126,7 +130,7 @@ def run_recover(store: Ledger, cfg: SinkConfig, *, force: bool = False) -> Recov
         "reset": "reset the metadata to the Delta log",
     }[outcome]
     notes = []
-    if outcome == "reset" and lost:
+    if outcome == Outcome.RESET and lost:
         notes.append(
             f"marked {len(lost)} batch(es) the log no longer holds as superseded; the next run recomputes the shard "
             f"from {iso(next_lower(shard))} on"
@@ -137,8 +141,8 @@ def run_recover(store: Ledger, cfg: SinkConfig, *, force: bool = False) -> Recov
             f"database; set it again if the sink was read-only)"
         )
     current = maintain(store, cfg, table) if state.latest >= 0 else None
-    if current is not None and current.action != "up_to_date":
-        notes.append(f"the current-state table {current.action} to shard version {current.shard_version}")
+    if current is not None and current.outcome != Outcome.UP_TO_DATE:
+        notes.append(f"the current-state table {current.outcome} to shard version {current.shard_version}")
     line = event(
         log,
         f"{what}: {len(state.commits)} batch commit(s) in the log, {max(absorbed, 0)} absorbed now"

@@ -50,7 +50,7 @@ from reconcile.errors import StagedBatchInvalid
 from reconcile.failpoints import failpoint
 from reconcile.log import event, iso
 from reconcile.manifest import Manifest, ManifestUnreadable, Part
-from reconcile.model import COMMITTED, OPEN_STATES, STAGED, BatchDescription, Staged
+from reconcile.model import COMMITTED, OPEN_STATES, STAGED, BatchDescription, Outcome, Staged
 from reconcile.sink import catalog
 from reconcile.sink import drift as drift_
 from reconcile.sink.sync import sync
@@ -65,9 +65,7 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class WriteResult:
-    # staged (this attempt's files are the batch) | already_staged (another attempt's are) |
-    # skipped (committed, or not open) | outdated (superseded: nothing to append)
-    outcome: str
+    outcome: Outcome  # STAGED | ALREADY_STAGED | SKIPPED | OUTDATED
     message: str
     rows_ok: int = 0
     rows_err: int = 0
@@ -164,20 +162,20 @@ def _damage(table: ShardTable, b) -> str | None:
     return None
 
 
-def _lost(b, stage_id: str) -> tuple[str, str]:
+def _lost(b, stage_id: str) -> tuple[Outcome, str]:
     """(outcome, message) for a write attempt whose manifest lost to the batch's state ``b``."""
     if b.state == STAGED:
-        return "already_staged", (
+        return Outcome.ALREADY_STAGED, (
             f"another attempt ({b.stage_id}) of this batch recorded its staged files first; deleted "
             f"this attempt's ({stage_id}); the append commits {b.stage_id}'s"
         )
     if b.state == COMMITTED:
-        return "skipped", (
+        return Outcome.SKIPPED, (
             f"another attempt of this batch committed it meanwhile (Delta version {b.delta_version}); "
             f"deleted this attempt's ({stage_id}) staged files"
         )
     return (
-        "outdated",
+        Outcome.OUTDATED,
         f"the batch was {b.state} meanwhile ({b.message or 'no message'}); deleted this attempt's staged files",
     )
 
@@ -224,10 +222,10 @@ def run_write(spark: SparkSession, store: Ledger, cfg: SinkConfig, batch_id: str
             f"skipping write: an attempt of this batch already committed it (Delta version {b.delta_version})",
             **attempt.state,
         )
-        return WriteResult("skipped", msg, batch_id=batch_id)
+        return WriteResult(Outcome.SKIPPED, msg, batch_id=batch_id)
     if b.state not in OPEN_STATES:
         msg = event(log, f"skipping write: batch is {b.state} ({b.message or 'no message'})", **attempt.state)
-        return WriteResult("skipped", msg)
+        return WriteResult(Outcome.SKIPPED, msg)
     table.ensure(lambda: store.commit_lease(cfg.name, f"creation of the shard's table (batch {batch_id})"))
     catalog.register(spark, cfg)
     shard = sync(store, table)
@@ -252,7 +250,7 @@ def absorb_outdated(attempt: Attempt, shard_upper: int) -> WriteResult:
         msg = event(
             log, "skipping write: an earlier attempt already committed this batch (metadata rolled forward)", **state
         )
-        return WriteResult("skipped", msg, batch_id=desc.batch_id)
+        return WriteResult(Outcome.SKIPPED, msg, batch_id=desc.batch_id)
     attempt.store.mark_superseded(
         desc.batch_id, f"outdated before write: another writer moved the shard's upper to {iso(shard_upper)}"
     )
@@ -268,7 +266,7 @@ def absorb_outdated(attempt: Attempt, shard_upper: int) -> WriteResult:
         shard_upper=shard_upper,
         **state,
     )
-    return WriteResult("outdated", msg)
+    return WriteResult(Outcome.OUTDATED, msg)
 
 
 def keep_intact(attempt: Attempt) -> WriteResult | None:
@@ -288,7 +286,7 @@ def keep_intact(attempt: Attempt) -> WriteResult | None:
                 **attempt.state,
             )
             return WriteResult(
-                "already_staged", msg, b.rows_ok or 0, b.rows_err or 0, b.drift_rows, batch_id=attempt.batch_id
+                Outcome.ALREADY_STAGED, msg, b.rows_ok or 0, b.rows_err or 0, b.drift_rows, batch_id=attempt.batch_id
             )
         attempt.replaces = b.stage_id
         event(
@@ -506,4 +504,4 @@ def record(attempt: Attempt, staged: StagedFiles) -> WriteResult:
     failpoint("write.after_staged")
     msg = event(log, "staged batch", **row.summary(), partitions=attempt.cfg.partitions, **corr.feed, **state)
     parts = manifest.to_dict()["parts"]
-    return WriteResult("staged", msg, manifest.rows_ok, manifest.rows_err, drift, parts, desc.batch_id)
+    return WriteResult(Outcome.STAGED, msg, manifest.rows_ok, manifest.rows_err, drift, parts, desc.batch_id)
