@@ -174,71 +174,32 @@ def cmd_read_only(args) -> int:
 
 def cmd_dry_run(args) -> int:
     from reconcile.config_loading import load_sink
-    from reconcile.schedule import next_scheduled_frontier, now_ms
-    from reconcile.sink import dry_run
-    from reconcile.sink.mint import next_lower
-    from reconcile.storage.delta import ShardTable
+    from reconcile.sink.dry_run import next_correction
 
     cfg = load_sink(args.sink)
     frontier = None if args.frontier is None else parse_time(args.frontier, "--frontier")
-    table = ShardTable(cfg)
-    store = _store()
-    store.ensure_shard(cfg.name, cfg.as_of)
-    shard = store.get_shard(cfg.name)
-    lower = next_lower(shard)
-    now = now_ms()
-    scheduled = next_scheduled_frontier(cfg.schedule, cfg.catchup, lower, now)
-    upper = frontier or scheduled or now
-    if frontier:
-        which = "the given frontier"
-    elif scheduled:
-        which = f"the next scheduled run's ({cfg.schedule}{', catchup' if cfg.catchup else ''})"
-    else:
-        which = "now (the sink has no recurring schedule)"
-    if upper <= lower:
-        print(f"dry run: {which} upper {iso(upper)} is not ahead of lower {iso(lower)}: a run would mint nothing")
+    result = next_correction(_store(), cfg, frontier, args.limit, args.spark, _dry_run_spark)
+    lower, upper, which = iso(result.lower), iso(result.upper), result.upper_from
+    if result.upper <= result.lower:
+        print(f"dry run: {which} upper {upper} is not ahead of lower {lower}: a run would mint nothing")
         return 0
-    title = (
-        f"dry run of {cfg.name}: batch [{iso(lower)}, {iso(upper)}) (upper: {which}) would write; nothing was written"
-    )
-    if not args.spark:
-        try:
-            _print_preview(
-                title, dry_run.correction(cfg, table, lower, upper, args.limit, store.watermark(cfg.name)), table
-            )
-            return 0
-        except dry_run.NotExact as why:
-            print(f"dry run with Spark, as the run computes it: {why}")
-    from pyspark.sql import functions as F
-
-    from reconcile.sink.write import batch_correction
-    from reconcile.storage import frames
-
-    spark = quiet_spark("dry-run")  # the correction is Spark's (the sink's SQL, its sources)
-    persist = frames.read_updates(spark, table) if table.exists() else spark.createDataFrame([], frames.schema(cfg))
-    result = batch_correction(spark, store, cfg, persist, lower, upper)
-    corr = result.updates.cache()
-    print(f"{title}:")
-    per_part = corr.groupBy("_part").agg(
-        F.count(F.lit(1)).alias("updates"),
-        F.sum(F.when(F.col("_error").isNotNull(), 1).otherwise(0)).alias("errors"),
-        F.sum(F.when(F.col("_diff") > 0, F.col("_diff")).otherwise(0)).alias("inserts"),
-        F.sum(F.when(F.col("_diff") < 0, -F.col("_diff")).otherwise(0)).alias("retractions"),
-    )
-    per_part.orderBy("_part").show(cfg.partitions, truncate=False)
-    totals = per_part.agg(F.sum("inserts"), F.sum("retractions")).collect()[0]
-    _guard_line(table, int(totals[0] or 0), int(totals[1] or 0))
-    if result.commands is not None:  # observed by the action above
-        print(
-            f"upsert feed: {result.commands} command(s) eligible, {result.late_commands} late, "
-            f"feed read up to offset {result.source_offset}"
-        )
-    print("sample:")
-    corr.drop("_part").show(args.limit, truncate=False)
+    title = f"dry run of {cfg.name}: batch [{lower}, {upper}) (upper: {which}) would write; nothing was written"
+    if result.preview is not None:
+        _print_preview(title, result.preview, result.guard)
+    else:
+        assert result.spark is not None
+        _print_spark_correction(title, result.spark, result.guard, cfg.partitions, args.limit)
     return 0
 
 
-def _print_preview(title: str, p, table) -> None:
+def _dry_run_spark(why: str | None):
+    """The Spark session of ``dry-run``, after saying why DuckDB's correction was not taken."""
+    if why is not None:
+        print(f"dry run with Spark, as the run computes it: {why}")
+    return quiet_spark("dry-run")  # the correction is Spark's (the sink's SQL, its sources)
+
+
+def _print_preview(title: str, p, guard: str | None) -> None:
     """``dry-run``'s report of a correction computed without a JVM (:mod:`reconcile.sink.dry_run`)."""
     from reconcile.report import print_rows
 
@@ -246,20 +207,31 @@ def _print_preview(title: str, p, table) -> None:
     print(
         f"  {p.updates} update(s): {p.inserts} row(s) inserted, {p.retractions} retracted, {p.errors} error update(s)"
     )
-    if p.feed is not None:
-        print(
-            f"upsert feed: {p.feed['commands']} command(s) eligible, {p.feed['late']} late, "
-            f"feed read up to offset {p.feed['offset']}"
-        )
-    _guard_line(table, p.inserts, p.retractions)
+    _print_feed(p.feed)
+    _print_guard(guard)
     print("sample:" if p.rows else "  (nothing to write)")
     print_rows(p.rows, p.updates)
 
 
-def _guard_line(table, inserted: int, retracted: int) -> None:
-    from reconcile.sink import guard
+def _print_spark_correction(title: str, corr, guard: str | None, partitions: int, limit: int) -> None:
+    """``dry-run``'s report of Spark's correction: Spark shows its frames."""
+    print(f"{title}:")
+    corr.per_part.show(partitions, truncate=False)
+    _print_guard(guard)
+    _print_feed(corr.feed)
+    print("sample:")
+    corr.rows.show(limit, truncate=False)
 
-    line = guard.preview(table, inserted, retracted)
+
+def _print_feed(feed: dict | None) -> None:
+    if feed is not None:
+        print(
+            f"upsert feed: {feed['commands']} command(s) eligible, {feed['late']} late, "
+            f"feed read up to offset {feed['offset']}"
+        )
+
+
+def _print_guard(line: str | None) -> None:
     if line:
         print(f"  {line}")
 

@@ -3,13 +3,17 @@
 ``kinds.of(cfg)`` picks the sink's kind from its config; the stages, the history and the CLI
 ask the kind and never which kind it is. Every kind turns ``(desired, persist, lower, upper)``
 into a correction (an update frame with ``_part``) with pure transforms; I/O happens only
-where sources are read. A fourth kind is one module here, one config model in
-:mod:`reconcile.config` and one line in :func:`of`.
+where sources are read. Each kind's class is here; its Spark transforms are in its own module
+and its DuckDB correction (``dry-run``) in :mod:`.preview`, each imported only when the kind is
+asked to compute, so that asking a kind what it is imports neither pyspark nor DuckDB (``status``
+and ``dry-run`` run without pyspark). A fourth kind is one class here, its modules, one config
+model in :mod:`reconcile.config` and one line in :func:`of`.
 
-- ``query`` (:class:`.query.QueryKind`): a snapshot, refreshed at ``upper - 1``;
-- ``changelog`` (:class:`.changelog.ChangelogKind`): updates with known times, advanced to ``lower``;
-- ``upsert`` (:class:`.upsert.UpsertKind`): keyed commands; each key's previous value comes from
-  the shard.
+- ``query`` (:class:`QueryKind`, :mod:`.query`): a snapshot, refreshed at ``upper - 1``;
+- ``changelog`` (:class:`ChangelogKind`, :mod:`.changelog`): updates with known times, advanced
+  to ``lower``;
+- ``upsert`` (:class:`UpsertKind`, :mod:`.upsert`, :mod:`.upsert_preview`): keyed commands; each
+  key's previous value comes from the shard.
 
 What differs per kind (each row a member of :class:`Kind`):
 
@@ -26,8 +30,16 @@ history_keys       per distinct row        per distinct row        per key (key 
 reads_feed         no                      no                      yes: the write passes the
                                                                    watermark, the batch records
                                                                    :class:`FeedProgress`
+repairs_by_key     no                      no                      yes: a foreign write to keys
+                                                                   without commands is repaired
+                                                                   by key (:mod:`.upsert_drift`)
 persist_sides      shard                   shard                   desired and shard
 plans_sql          yes (``validate``)      no                      no
+source_label       the result of           changelog.source        upsert.source
+                   query.sql
+preview            the correction in       the correction in       the correction in DuckDB
+                   DuckDB                  DuckDB                  (:mod:`.upsert_preview`)
+                   (:mod:`.preview`)       (:mod:`.preview`)
 =================  ======================  ======================  ===========================
 
 ``persist_sides``: both checksums of a batch (:mod:`reconcile.checksums`) are the same for every
@@ -39,22 +51,32 @@ the touched keys' values replaced, so the shard as read counts into both sides.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from reconcile.kinds.protocol import Bounds, Correction, DriftRepair, FeedProgress, HistoryKeys, Kind
+from reconcile.errors import SourceError
+from reconcile.kinds.protocol import Bounds, Correction, DriftRepair, FeedProgress, HistoryKeys, Kind, OwnCollection
 
 if TYPE_CHECKING:
+    from collections.abc import Mapping
+
+    from duckdb import DuckDBPyConnection
     from pyspark.sql import DataFrame, SparkSession
 
-    from reconcile.config import SinkConfig
+    from reconcile.checksums import BatchChecks
+    from reconcile.config import ChangelogSink, QuerySink, SinkConfig, UpsertSink
+    from reconcile.kinds.preview import Desired, Updates
 
 __all__ = [
     "Bounds",
+    "ChangelogKind",
     "Correction",
     "DriftRepair",
     "FeedProgress",
     "HistoryKeys",
     "Kind",
+    "QueryKind",
+    "UpsertKind",
     "desired",
     "of",
     "repairs_by_key",
@@ -66,28 +88,123 @@ def of(cfg: SinkConfig) -> Kind:
     from reconcile.config import ChangelogSink, QuerySink, UpsertSink
 
     if isinstance(cfg, QuerySink):
-        from reconcile.kinds.query import QueryKind
-
         return QueryKind(cfg)
     if isinstance(cfg, ChangelogSink):
-        from reconcile.kinds.changelog import ChangelogKind
-
         return ChangelogKind(cfg)
     assert isinstance(cfg, UpsertSink), f"unknown kind {cfg.kind!r}"
-    from reconcile.kinds.upsert import UpsertKind
-
     return UpsertKind(cfg)
 
 
 def repairs_by_key(cfg: SinkConfig) -> bool:
-    """Whether the sink's batches touch only their commands' keys, so that a foreign write to
-    other keys is repaired by key (:mod:`reconcile.kinds.upsert_drift`), not by the comparison of
-    the whole collection every batch makes (no pyspark import: the reports ask it)."""
-    from reconcile.config import UpsertSink
-
-    return isinstance(cfg, UpsertSink)
+    """:attr:`Kind.repairs_by_key` of the sink's kind."""
+    return of(cfg).repairs_by_key
 
 
 def desired(spark: SparkSession, cfg: SinkConfig) -> DataFrame:
     """:meth:`Kind.desired` of the sink's kind."""
     return of(cfg).desired(spark)
+
+
+@dataclass(frozen=True)
+class QueryKind(OwnCollection):
+    """The query kind: its desired collection is the query's result."""
+
+    cfg: QuerySink
+    plans_sql = True
+    bulk_first = True
+    hashes_first = True
+    source_label = "the result of query.sql"
+
+    def desired(self, spark: SparkSession) -> DataFrame:
+        from reconcile.kinds import query
+
+        return query.desired(spark, self.cfg)
+
+    def difference(
+        self, desired: DataFrame, persist: DataFrame, lower: int, upper: int, checks: BatchChecks | None, **how: bool
+    ) -> DataFrame:
+        from reconcile.kinds import query
+
+        return query.correction(self.cfg, desired, persist, lower, upper, checks, **how)
+
+    def relation(self, con: DuckDBPyConnection, lower: int, upper: int) -> Desired:
+        from reconcile.kinds.preview import query_desired
+
+        return query_desired(con, self.cfg, lower, upper)
+
+    def plan(self, spark: SparkSession) -> None:
+        from reconcile.kinds import query
+
+        query.plan(spark, self.cfg)
+
+
+@dataclass(frozen=True)
+class ChangelogKind(OwnCollection):
+    """The change-log kind: its desired collection is the change log below upper."""
+
+    cfg: ChangelogSink
+    plans_sql = False
+    source_label = "changelog.source"
+
+    def desired(self, spark: SparkSession) -> DataFrame:
+        from reconcile.kinds import changelog
+
+        return changelog.desired(spark, self.cfg)
+
+    def difference(
+        self, desired: DataFrame, persist: DataFrame, lower: int, upper: int, checks: BatchChecks | None, **how: bool
+    ) -> DataFrame:
+        from reconcile.kinds import changelog
+
+        return changelog.correction(self.cfg, desired, persist, lower, upper, checks, **how)
+
+    def relation(self, con: DuckDBPyConnection, lower: int, upper: int) -> Desired:
+        from reconcile.kinds.preview import changelog_desired
+
+        return changelog_desired(con, self.cfg, lower, upper)
+
+    def plan(self, spark: SparkSession) -> None:
+        return None  # no SQL: its source's columns are checked when a batch reads it
+
+
+@dataclass(frozen=True)
+class UpsertKind:
+    """The upsert kind: a command feed, applied per key to the shard."""
+
+    cfg: UpsertSink
+    reads_feed = True
+    repairs_by_key = True
+    plans_sql = False
+    hashes_first = False
+    source_label = "upsert.source"
+
+    @property
+    def persist_sides(self) -> Mapping[str, int]:
+        from reconcile.kinds.upsert import PERSIST_SIDES
+
+        return PERSIST_SIDES
+
+    @property
+    def history_keys(self) -> HistoryKeys:
+        return HistoryKeys(tuple(self.cfg.key_columns), tuple(self.cfg.value_columns))
+
+    def desired(self, spark: SparkSession) -> DataFrame:
+        raise SourceError(f"kind {self.cfg.kind!r} is a command feed, not a desired collection", sink=self.cfg.name)
+
+    def correction(self, spark: SparkSession, persist: DataFrame, bounds: Bounds) -> Correction:
+        from reconcile.kinds import upsert
+
+        return upsert.correction(spark, self.cfg, persist, bounds)
+
+    def preview(self, con: DuckDBPyConnection, shard: str, bounds: Bounds) -> Updates:
+        from reconcile.kinds import upsert_preview
+
+        return upsert_preview.updates(con, self.cfg, bounds.lower, bounds.upper, bounds.watermark, shard)
+
+    def invariants(self, updates: DataFrame, t: int, keys: DataFrame | None = None) -> list[str]:
+        from reconcile.kinds import upsert
+
+        return upsert.violations(self.cfg, updates, t, keys=keys)
+
+    def plan(self, spark: SparkSession) -> None:
+        return None  # no SQL: its source's columns are checked when a batch reads it

@@ -13,15 +13,12 @@ there before this batch.)
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from reconcile.config import ChangelogSink
 from reconcile.differential import difference
 from reconcile.kinds.decode import lossy, read_source, require_columns, validate
-from reconcile.kinds.protocol import OwnCollection
 from reconcile.sql_names import spark_name
 
 
@@ -64,18 +61,3 @@ def correction(
     advance = F.greatest(F.col("_time"), F.lit(lower)).cast("bigint")
     below = F.col("_time") < upper
     return difference(cfg, log.where(below), persist.where(below), advance, checks)
-
-
-@dataclass(frozen=True)
-class ChangelogKind(OwnCollection):
-    """The change-log kind (:class:`reconcile.kinds.Kind`): its desired collection is the change
-    log below upper."""
-
-    cfg: ChangelogSink
-    plans_sql = False
-
-    frame = staticmethod(desired)
-    difference = staticmethod(correction)
-
-    def plan(self, spark: SparkSession) -> None:
-        return None  # no SQL: its source's columns are checked when a batch reads it

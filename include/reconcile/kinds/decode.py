@@ -17,7 +17,8 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import ArrayType, DataType, MapType, StructType
 
-from reconcile.config import ChangelogSink, QuerySink, SinkConfig, Source
+from reconcile import kinds
+from reconcile.config import SinkConfig, Source
 from reconcile.errors import SourceError, brief
 from reconcile.sql_names import spark_name
 
@@ -57,15 +58,6 @@ MIN_DAY, MAX_DAY = -719162, 2932896  # 0001-01-01, 9999-12-31 (days since the ep
 MIN_MICROS, MAX_MICROS = -62135596800000000, 253402300799999999
 MIN_SECONDS, END_SECONDS = MIN_MICROS // 1_000_000, MAX_MICROS // 1_000_000 + 1
 INFINITY_WORDS = ("inf", "+inf", "infinity", "+infinity", "-inf", "-infinity")  # Spark's spellings
-
-
-def source_label(cfg: SinkConfig) -> str:
-    """Where a sink's rows come from, as its messages name it."""
-    if isinstance(cfg, QuerySink):
-        return "the result of query.sql"
-    if isinstance(cfg, ChangelogSink):
-        return "changelog.source"
-    return "upsert.source"
 
 
 def type_name(dt: DataType) -> str:
@@ -176,7 +168,7 @@ def require_castable(
     uses (no Spark job); a refusal is a one-line SourceError naming the sink, the column, its
     type and the sink's type."""
     fields = {f.name.lower(): f.dataType for f in df.schema.fields}
-    what = source_label(cfg)
+    what = kinds.of(cfg).source_label
 
     def refuse(name: str, dt: DataType, typ: str, why: str) -> SourceError:
         return SourceError(

@@ -1,8 +1,9 @@
 """The protocol every sink kind implements (:class:`Kind`), what a correction is asked for
 (:class:`Bounds`), and what a kind hands the stages: its :class:`Correction`, a feed's
-:class:`FeedProgress`, the :class:`HistoryKeys` its history is grouped by. :class:`OwnCollection`
-is what the kinds with a desired collection of their own share. :mod:`reconcile.kinds` says
-what differs per kind."""
+:class:`FeedProgress`, the :class:`HistoryKeys` its history is grouped by (and ``dry-run`` its
+correction in DuckDB, :class:`~reconcile.kinds.preview.Updates`). :class:`OwnCollection` is what
+the kinds with a desired collection of their own share. :mod:`reconcile.kinds` says what
+differs per kind."""
 
 from __future__ import annotations
 
@@ -12,10 +13,12 @@ from functools import cached_property
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
+    from duckdb import DuckDBPyConnection
     from pyspark.sql import DataFrame, SparkSession
 
     from reconcile.checksums import BatchChecks
     from reconcile.config import SinkConfig
+    from reconcile.kinds.preview import Desired, Updates
 
 
 @dataclass(frozen=True)
@@ -136,6 +139,13 @@ class Kind(Protocol):
         ...
 
     @property
+    def repairs_by_key(self) -> bool:
+        """Whether the kind's batches touch only their commands' keys, so that a foreign write to
+        other keys is repaired by key (:mod:`reconcile.kinds.upsert_drift`), not by the
+        comparison of the whole collection every batch makes."""
+        ...
+
+    @property
     def plans_sql(self) -> bool:
         """Whether ``validate`` plans the sink's SQL against its sources (:mod:`reconcile.preflight`)."""
         ...
@@ -153,6 +163,11 @@ class Kind(Protocol):
     @property
     def history_keys(self) -> HistoryKeys: ...
 
+    @property
+    def source_label(self) -> str:
+        """Where the sink's rows come from, as its messages name it."""
+        ...
+
     def desired(self, spark: SparkSession) -> DataFrame:
         """The desired collection as an update frame (a :class:`~reconcile.errors.SourceError`
         for a kind whose desired collection depends on the shard)."""
@@ -164,6 +179,13 @@ class Kind(Protocol):
         observe the checksums of the desired collection as of ``upper - 1`` and of the shard as
         read below ``upper`` (or carry the latter from the previous batch,
         :mod:`reconcile.checksums`) while the correction is computed."""
+        ...
+
+    def preview(self, con: DuckDBPyConnection, shard: str, bounds: Bounds) -> Updates:
+        """:meth:`correction` in DuckDB, without a JVM (``dry-run``): the updates of
+        ``(bounds.lower, bounds.upper)`` over ``con``, whose table ``shard`` holds the shard's
+        update log; the sources registered as views of ``con``. Raises
+        :class:`~reconcile.kinds.preview.NotExact` where they might not be exactly Spark's."""
         ...
 
     def invariants(self, updates: DataFrame, t: int, keys: DataFrame | None = None) -> list[str]:
@@ -181,31 +203,46 @@ class OwnCollection:
     """What the kinds whose desired collection is a frame of their own (query, changelog) share:
     the correction is that frame's difference with the shard; no feed; the shard as read counts
     into the shard's checksum side only; the history is per distinct row; any multiset of rows
-    is a valid collection. A kind names its module's two functions: ``frame(spark, cfg)``, the
-    desired frame, and ``difference(cfg, desired, persist, lower, upper, checks)``, its
-    correction (an update frame plus ``_part``)."""
+    is a valid collection. A kind says how its module computes the difference
+    (:meth:`difference`) and how DuckDB reads its desired collection (:meth:`relation`)."""
 
     cfg: Any
-    frame: Callable[[SparkSession, Any], DataFrame]
-    difference: Callable[..., DataFrame]  # (cfg, desired, persist, lower, upper, checks[, bulk=])
     # Whether a first batch (``Bounds.empty_shard``) writes the desired frame as it comes:
     # ``difference(..., bulk=True)`` (a kind whose desired updates are each +1).
     bulk_first = False
     # Whether ``difference`` compares keys first (``exact=True``: every row in full instead).
     hashes_first = False
     reads_feed = False
+    repairs_by_key = False
     persist_sides = {"shard": 1}  # the desired side is the kind's own frame
     history_keys = HistoryKeys()
 
     def desired(self, spark: SparkSession) -> DataFrame:
-        return self.frame(spark, self.cfg)
+        raise NotImplementedError
+
+    def difference(
+        self, desired: DataFrame, persist: DataFrame, lower: int, upper: int, checks: BatchChecks | None, **how: bool
+    ) -> DataFrame:
+        """The correction of ``(lower, upper)``: ``desired`` against ``persist`` (an update frame
+        plus ``_part``; ``how``: ``bulk`` or ``exact``)."""
+        raise NotImplementedError
+
+    def relation(self, con: DuckDBPyConnection, lower: int, upper: int) -> Desired:
+        """The desired collection as DuckDB reads it (:mod:`reconcile.kinds.preview`)."""
+        raise NotImplementedError
 
     def correction(self, spark: SparkSession, persist: DataFrame, bounds: Bounds) -> Correction:
         desired = self.desired(spark)
         how: dict[str, bool] = {"bulk": True} if bounds.empty_shard and self.bulk_first else {}
         if bounds.exact and self.hashes_first:
             how["exact"] = True
-        return Correction(self.difference(self.cfg, desired, persist, bounds.lower, bounds.upper, bounds.checks, **how))
+        return Correction(self.difference(desired, persist, bounds.lower, bounds.upper, bounds.checks, **how))
+
+    def preview(self, con: DuckDBPyConnection, shard: str, bounds: Bounds) -> Updates:
+        from reconcile.kinds.preview import own_updates
+
+        want = self.relation(con, bounds.lower, bounds.upper)
+        return own_updates(con, self.cfg, want, bounds.upper, shard)
 
     def invariants(self, updates: DataFrame, t: int, keys: DataFrame | None = None) -> list[str]:
         return []  # any multiset of rows is a query's result or a change log's collection

@@ -10,8 +10,6 @@ every earlier time keeps what it had.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
@@ -19,7 +17,6 @@ from reconcile.config import QuerySink
 from reconcile.differential import difference, hash_first
 from reconcile.errors import SourceError, brief
 from reconcile.kinds.decode import read_source, require_columns, validate
-from reconcile.kinds.protocol import OwnCollection
 
 WRITES = ("InsertIntoStatement", "OverwriteByExpression", "AppendData", "ReplaceData", "WriteDelta")
 
@@ -108,22 +105,10 @@ def correction(
     return hash_first(cfg, snapshot, below, stamp, checks)
 
 
-@dataclass(frozen=True)
-class QueryKind(OwnCollection):
-    """The query kind (:class:`reconcile.kinds.Kind`): its desired collection is the query's
-    result."""
-
-    cfg: QuerySink
-    plans_sql = True
-    bulk_first = True
-    hashes_first = True
-
-    frame = staticmethod(desired)
-    difference = staticmethod(correction)
-
-    def plan(self, spark: SparkSession) -> None:
-        try:
-            desired(spark, self.cfg).schema  # noqa: B018 - analysis of the whole desired frame
-        finally:
-            for src in self.cfg.sources:  # a later sink must not see this one's views
-                spark.catalog.dropTempView(src.name)
+def plan(spark: SparkSession, cfg: QuerySink) -> None:
+    """Analyse query.sql against its sources' schemas without running it (``validate``)."""
+    try:
+        desired(spark, cfg).schema  # noqa: B018 - analysis of the whole desired frame
+    finally:
+        for src in cfg.sources:  # a later sink must not see this one's views
+            spark.catalog.dropTempView(src.name)

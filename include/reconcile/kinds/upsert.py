@@ -1,7 +1,8 @@
 """Upsert sinks: keyed commands turned into the shard's differential collection (pure transforms).
 
 A feed holds commands ``(key, value or delete, time, offset)``. The shard holds one value per
-key. For a batch ``(lower, upper)`` (:class:`UpsertKind` is the kind's face to the stages):
+key. For a batch ``(lower, upper)`` (:func:`correction`; :class:`reconcile.kinds.UpsertKind` is
+the kind's face to the stages):
 
 1. **Eligibility.** A command is applied by the first batch whose read of the feed sees it with
    a time below the batch's upper. Offsets grow with arrival (a CDC log position, a Kafka
@@ -38,7 +39,6 @@ shard's rows of the touched keys.
 from __future__ import annotations
 
 import uuid
-from dataclasses import dataclass
 
 from pyspark.sql import Column as SCol
 from pyspark.sql import DataFrame, Observation, SparkSession, Window
@@ -47,9 +47,8 @@ from pyspark.sql import functions as F
 from reconcile.checksums import BatchChecks
 from reconcile.config import UpsertSink
 from reconcile.differential import as_of, consolidate, partition_of
-from reconcile.errors import SourceError
 from reconcile.kinds.decode import INTEGRAL, fit, lossy, raw_text, read_source, require_castable, require_columns
-from reconcile.kinds.protocol import Bounds, Correction, FeedProgress, HistoryKeys
+from reconcile.kinds.protocol import Bounds, Correction, FeedProgress
 from reconcile.sql_names import spark_name
 
 INT = "bigint"
@@ -58,58 +57,38 @@ INT = "bigint"
 PERSIST_SIDES = {"desired": 1, "shard": 1}
 
 
-@dataclass(frozen=True)
-class UpsertKind:
-    """The upsert kind (:class:`reconcile.kinds.Kind`)."""
+def correction(spark: SparkSession, cfg: UpsertSink, persist: DataFrame, bounds: Bounds) -> Correction:
+    """The batch's correction (:meth:`reconcile.kinds.Kind.correction`): the feed's eligible
+    commands against ``persist``, and the repair of the foreign writes ``bounds.repair`` names."""
+    lower, upper, watermark = bounds.lower, bounds.upper, bounds.watermark
+    feed, observation = unapplied(cfg, read_feed(spark, cfg), lower, upper, watermark)
+    cmds = commands(cfg, feed, lower, upper, watermark)
+    fix = prior = None
+    repaired = None
+    if bounds.repair is not None:
+        fix, prior, repaired = _repair(spark, cfg, persist, bounds)
+    updates = upsert_correction(cfg, cmds, persist, lower, bounds.checks, prior=prior, fix=fix)
+    return Correction(updates, lambda: progress(observation, watermark), repaired)
 
-    cfg: UpsertSink
-    reads_feed = True
-    plans_sql = False
-    hashes_first = False
-    persist_sides = PERSIST_SIDES
 
-    @property
-    def history_keys(self) -> HistoryKeys:
-        return HistoryKeys(tuple(self.cfg.key_columns), tuple(self.cfg.value_columns))
+def _repair(spark: SparkSession, cfg: UpsertSink, persist: DataFrame, bounds: Bounds) -> tuple:
+    """(fix, prior, what the ledger records) of the foreign writes ``bounds.repair`` names
+    (:mod:`reconcile.kinds.upsert_drift`); one Spark job finds the keys it cannot repair."""
+    from reconcile.kinds import upsert_drift as drift
 
-    def desired(self, spark: SparkSession) -> DataFrame:
-        raise SourceError(f"kind {self.cfg.kind!r} is a command feed, not a desired collection", sink=self.cfg.name)
-
-    def correction(self, spark: SparkSession, persist: DataFrame, bounds: Bounds) -> Correction:
-        lower, upper, watermark = bounds.lower, bounds.upper, bounds.watermark
-        feed, observation = unapplied(self.cfg, read_feed(spark, self.cfg), lower, upper, watermark)
-        cmds = commands(self.cfg, feed, lower, upper, watermark)
-        fix = prior = None
-        repaired = None
-        if bounds.repair is not None:
-            fix, prior, repaired = self._repair(spark, persist, bounds)
-        updates = upsert_correction(self.cfg, cmds, persist, lower, bounds.checks, prior=prior, fix=fix)
-        return Correction(updates, lambda: progress(observation, watermark), repaired)
-
-    def _repair(self, spark: SparkSession, persist: DataFrame, bounds: Bounds) -> tuple:
-        """(fix, prior, what the ledger records) of the foreign writes ``bounds.repair`` names
-        (:mod:`reconcile.kinds.upsert_drift`); one Spark job finds the keys it cannot repair."""
-        from reconcile.kinds import upsert_drift as drift
-
-        repair = bounds.repair
-        assert repair is not None
-        everything = decode(self.cfg, read_feed(spark, self.cfg), drift.LONG_MIN)
-        fix, prior, lost = drift.repair_frames(self.cfg, everything, persist, repair, bounds.lower, bounds.upper)
-        keys = list(self.cfg.key_columns)
-        rows = lost.limit(drift.CARRY + 1).collect()
-        lost.unpersist()
-        record = {
-            "mode": "keys" if repair.keys is not None else "all",
-            "unrepairable_count": len(rows),
-            "unrepairable": [{k: r[k] for k in keys} for r in rows[: drift.CARRY]],
-        }
-        return fix, prior, record
-
-    def invariants(self, updates: DataFrame, t: int, keys: DataFrame | None = None) -> list[str]:
-        return violations(self.cfg, updates, t, keys=keys)
-
-    def plan(self, spark: SparkSession) -> None:
-        return None  # no SQL: its source's columns are checked when a batch reads it
+    repair = bounds.repair
+    assert repair is not None
+    everything = decode(cfg, read_feed(spark, cfg), drift.LONG_MIN)
+    fix, prior, lost = drift.repair_frames(cfg, everything, persist, repair, bounds.lower, bounds.upper)
+    keys = list(cfg.key_columns)
+    rows = lost.limit(drift.CARRY + 1).collect()
+    lost.unpersist()
+    record = {
+        "mode": "keys" if repair.keys is not None else "all",
+        "unrepairable_count": len(rows),
+        "unrepairable": [{k: r[k] for k in keys} for r in rows[: drift.CARRY]],
+    }
+    return fix, prior, record
 
 
 def _c(name: str) -> SCol:
