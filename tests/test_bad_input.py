@@ -287,7 +287,7 @@ def test_values_that_do_not_fit_the_type_become_error_rows(spark, warehouse, tmp
 
     # a fraction read as a double (not a string) is an error too, not truncated to 1
     df = spark.createDataFrame([(1.5, "x"), (2.0, "y")], "k double, v string")
-    ok, bad = sorted(validate(cfg, df, F.lit(1), None).collect(), key=lambda r: r["_error"] is not None)
+    ok, bad = sorted(validate(cfg, df, "the result of query.sql", F.lit(1), None).collect(), key=lambda r: r["_error"] is not None)
     assert (ok["k"], ok["v"], ok["_error"]) == (2, "y", None)
     assert (bad["k"], bad["v"]) == (None, None)
     assert "column 'k' does not fit bigint" in bad["_error"] and "1.5" in bad["_error"]

@@ -528,7 +528,7 @@ def assert_decoded(out_rows: list, cfg, case: Case) -> None:
 
 
 def decode_rows(cfg, df) -> list:
-    return decode.validate(cfg, df, F.lit(1), None).select(*normalized(cfg), "_error", "_diff").collect()
+    return decode.validate(cfg, df, "the result of query.sql", F.lit(1), None).select(*normalized(cfg), "_error", "_diff").collect()
 
 
 SESSION = {"n": 0}
@@ -602,7 +602,7 @@ def test_a_type_that_cannot_become_the_sinks_is_refused_in_one_line(spark, sinks
     assert bad is not None
     event(f"refused {base(case.columns[bad][0])} -> {base(case.columns[bad][1])}")
     with pytest.raises(SourceError) as info:
-        decode.validate(cfg, df, F.lit(1), None)
+        decode.validate(cfg, df, "the result of query.sql", F.lit(1), None)
     assert_refusal(info.value, cfg, case, bad)
 
 

@@ -43,7 +43,7 @@ from reconcile.errors import SinkError, brief
 from reconcile.log import iso, parse_time
 
 
-def _store():
+def _ledger():
     from reconcile.storage.ledger import Ledger
 
     return Ledger(settings.metadata_url())
@@ -117,7 +117,7 @@ def cmd_db(args) -> int:
 def cmd_status(args) -> int:
     from reconcile import report
 
-    data = report.status_data(_store(), args.sink, args.limit)
+    data = report.status_data(_ledger(), args.sink, args.limit)
     if args.json:
         import json
 
@@ -154,10 +154,10 @@ def cmd_show(args) -> int:
 
     cfg = load_sink(args.sink)
     as_of = None if args.as_of is None else parse_time(args.as_of, "--as-of")
-    store = _store()
-    store.get_shard(cfg.name)  # an unknown shard is refused before any read
+    ledger = _ledger()
+    ledger.get_shard(cfg.name)  # an unknown shard is refused before any read
     spark = quiet_spark("show") if args.spark else None
-    show_shard(spark, store, cfg, as_of, log=args.log, errors=args.errors, limit=args.limit, as_json=args.json)
+    show_shard(spark, ledger, cfg, as_of, log=args.log, errors=args.errors, limit=args.limit, as_json=args.json)
     return 0
 
 
@@ -165,9 +165,9 @@ def cmd_read_only(args) -> int:
     from reconcile.config_loading import load_sink
 
     cfg = load_sink(args.sink)
-    store = _store()
-    store.ensure_shard(cfg.name, cfg.as_of)
-    store.set_read_only(cfg.name, args.state == "on")
+    ledger = _ledger()
+    ledger.ensure_shard(cfg.name, cfg.as_of)
+    ledger.set_read_only(cfg.name, args.state == "on")
     print(f"shard {cfg.name}: read_only={args.state == 'on'}")
     return 0
 
@@ -178,7 +178,7 @@ def cmd_dry_run(args) -> int:
 
     cfg = load_sink(args.sink)
     frontier = None if args.frontier is None else parse_time(args.frontier, "--frontier")
-    result = next_correction(_store(), cfg, frontier, args.limit, args.spark, _dry_run_spark)
+    result = next_correction(_ledger(), cfg, frontier, args.limit, args.spark, _dry_run_spark)
     lower, upper, which = iso(result.lower), iso(result.upper), result.upper_from
     if result.upper <= result.lower:
         print(f"dry run: {which} upper {upper} is not ahead of lower {lower}: a run would mint nothing")
@@ -244,13 +244,13 @@ def cmd_run(args) -> int:
     from reconcile.sink.run import run_batch
 
     cfg = load_sink(args.sink)
-    store = _store()
+    ledger = _ledger()
     frontier = now_ms() if args.frontier is None else parse_time(args.frontier, "--frontier")
     run_id = args.run_id or f"cli__{frontier}"
     try:
         r = run_batch(
             quiet_spark("run", f"reconcile-run-{cfg.name}"),
-            store,
+            ledger,
             cfg,
             run_id,
             frontier,
@@ -287,7 +287,7 @@ def cmd_approve(args) -> int:
     from reconcile.config_loading import load_sink
 
     cfg = load_sink(args.sink)
-    b = _store().approve(cfg.name, args.batch, args.by or f"{getpass.getuser()} (reconcile approve)")
+    b = _ledger().approve(cfg.name, args.batch, args.by or f"{getpass.getuser()} (reconcile approve)")
     print(
         f"approved batch {b.batch_id} [{iso(b.lower)}, {iso(b.upper)}) of run {b.run_id} past the correction guard; "
         f"append it: {remedy.rerun(cfg.name, b.run_id or '', 'append')}"
@@ -303,19 +303,19 @@ def cmd_check(args) -> int:
 
     cfg = load_sink(args.sink)
     table = ShardTable(cfg)
-    store = _store()
+    ledger = _ledger()
     spark = None
     if args.deep or args.verify:  # the rows themselves (Spark)
         spark = quiet_spark("check")
-    rebuild_lost_ledger(store, table, cfg.as_of)
-    sync(store, table)
-    report = check.run_check(store, cfg, spark=spark if args.deep else None)
+    rebuild_lost_ledger(ledger, table, cfg.as_of)
+    sync(ledger, table)
+    report = check.run_check(ledger, cfg, spark=spark if args.deep else None)
     verified = None
     if args.verify:  # the current state, then older batches' history, from their recorded checksums
-        checked, verified = check.verify_report(store, cfg, spark, strict_history=args.strict_history)
+        checked, verified = check.verify_report(ledger, cfg, spark, strict_history=args.strict_history)
         report.violations += checked.violations
         report.findings += checked.findings
-        bad, noted, against_source = check.verify_source(store, cfg, spark, bool(verified.get("current", 1)))
+        bad, noted, against_source = check.verify_source(ledger, cfg, spark, bool(verified.get("current", 1)))
         report.violations += bad
         report.findings += noted
     for p in report.violations:
@@ -341,7 +341,7 @@ def cmd_recover(args) -> int:
     from reconcile.sink.recover import run_recover
 
     cfg = load_sink(args.sink)
-    result = run_recover(_store(), cfg, force=args.force)
+    result = run_recover(_ledger(), cfg, force=args.force)
     print(f"recover: {result.message}")
     return 0
 
@@ -360,7 +360,7 @@ def cmd_rebuild_current(args) -> int:
             sink=cfg.name,
             remedy=f"add `current: true` to {cfg.path or 'its sink file'} (docs/configuration.md); the next append creates it.",
         )
-    outcome = maintain(_store(), cfg, ShardTable(cfg), rebuild="rebuilt on request (rebuild-current)")
+    outcome = maintain(_ledger(), cfg, ShardTable(cfg), rebuild="rebuilt on request (rebuild-current)")
     if outcome is None:
         print(f"rebuild-current: {cfg.name} has no shard yet; its first append creates the current-state table")
         return 0
@@ -375,9 +375,9 @@ def cmd_compact(args) -> int:
 
     cfg = load_sink(args.sink)
     since = None if args.since is None else parse_time(args.since, "--since")
-    store = _store()
+    ledger = _ledger()
     spark = quiet_spark("compact", f"reconcile-compact-{cfg.name}")
-    result = run_compact(spark, store, cfg, since=since, vacuum_files=not args.no_vacuum)
+    result = run_compact(spark, ledger, cfg, since=since, vacuum_files=not args.no_vacuum)
     print(f"compact: {result.message}")
     return 4 if result.outcome == "raced" else 0
 
@@ -391,14 +391,14 @@ def cmd_history(args) -> int:
     if args.sql:
         print(history.view_sql(cfg, args.dialect, args.location, errors=args.errors))
         return 0
-    store = _store()
+    ledger = _ledger()
     as_of = None
     if args.as_of is not None:
         as_of = parse_time(args.as_of, "--as-of")
-        shard = store.get_shard(cfg.name)
+        shard = ledger.get_shard(cfg.name)
         history.check_time(cfg, shard.since, shard.upper, as_of)  # before starting Spark
     report = history.history_report(
-        store,
+        ledger,
         cfg,
         spark=quiet_spark("history") if args.spark else None,
         errors=args.errors,
@@ -420,11 +420,11 @@ def cmd_diff(args) -> int:
 
     cfg = load_sink(args.sink)
     t1, t2 = parse_time(args.from_, "--from"), parse_time(args.to, "--to")
-    store = _store()
-    shard = store.get_shard(cfg.name)
+    ledger = _ledger()
+    shard = ledger.get_shard(cfg.name)
     history.check_range(cfg, shard.since, shard.upper, t1, t2)  # before starting Spark
     report = history.diff_report(
-        store,
+        ledger,
         cfg,
         t1,
         t2,

@@ -84,12 +84,12 @@ def run_demo(intervals: int = 3, sink: str = "demo_orders") -> int:
         if proc.returncode != 0:
             print(f"run failed (exit {proc.returncode}); see {log_file}")
             return proc.returncode
-    store = Ledger(settings.metadata_url())
+    ledger = Ledger(settings.metadata_url())
     cfg = load_sink(sink)
     print()
-    print_status(status_data(store, sink))
+    print_status(status_data(ledger, sink))
     # read without a JVM (DuckDB over delta-rs)
-    show_shard(None, store, cfg, None, log=False, errors=False, limit=20)
-    show_shard(None, store, cfg, None, log=False, errors=True, limit=20)
-    show_shard(None, store, cfg, None, log=True, errors=False, limit=40)
+    show_shard(None, ledger, cfg, None, log=False, errors=False, limit=20)
+    show_shard(None, ledger, cfg, None, log=False, errors=True, limit=20)
+    show_shard(None, ledger, cfg, None, log=True, errors=False, limit=40)
     return 0

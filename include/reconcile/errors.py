@@ -117,7 +117,7 @@ class MetadataUnavailable(Retryable):
 
 class SchemaRecreated(MetadataUnavailable):
     """The ledger's tables were gone (a dropped schema, a replaced database file) and were
-    created again; the store's entry points retry once, so a shard is rebuilt from its log."""
+    created again; the ledger's entry points retry once, so a shard is rebuilt from its log."""
 
     remedy = "nothing to repair: the task retries by itself and rebuilds the shard from its Delta log."
 

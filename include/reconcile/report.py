@@ -44,7 +44,7 @@ def duration(ms: int) -> str:
 # -- status ---------------------------------------------------------------------------------------
 
 
-def status_data(store, name: str, limit: int = 10) -> dict:
+def status_data(ledger, name: str, limit: int = 10) -> dict:
     """A shard's frontiers and its last ``limit`` batches (oldest first), as ``status --json``
     prints them: each time as ``{"ms": epoch ms, "iso": ISO UTC}``. Each batch says how it stands
     (``standing``: ``tone`` ok/bad/warn/done and a ``note``, :mod:`reconcile.standing`: a failure
@@ -53,10 +53,10 @@ def status_data(store, name: str, limit: int = 10) -> dict:
     and, when a superseded run left it behind, which run to clear now (``behind``)."""
     from reconcile import standing as st
 
-    shard = store.get_shard(name)
-    every = store.batches(name)
+    shard = ledger.get_shard(name)
+    every = ledger.batches(name)
     shown = every[-limit:]
-    foreign, unrepaired = _foreign_of(store, name, shown)
+    foreign, unrepaired = _foreign_of(ledger, name, shown)
     left = st.behind(every, shard.upper)
     out = []
     for b in shown:
@@ -102,12 +102,12 @@ def status_data(store, name: str, limit: int = 10) -> dict:
             "line": left.line(name),
         },
         "foreign_unrepaired": None if unrepaired is None else [st.foreign_json(f, why=why) for f, why in unrepaired],
-        "current": _current_of(store, name),
+        "current": _current_of(ledger, name),
         "batches": out,
     }
 
 
-def _current_of(store, name: str) -> dict | None:
+def _current_of(ledger, name: str) -> dict | None:
     """How the sink's current-state table stands (:func:`reconcile.sink.current.describe`); None
     when it keeps none, or its config or tables cannot be read (status answers from the ledger)."""
     from reconcile.config_loading import load_sink
@@ -117,7 +117,7 @@ def _current_of(store, name: str) -> dict | None:
 
     try:
         cfg = load_sink(name)
-        d = current.describe(cfg, ShardTable(cfg), store.batches(name, (COMMITTED,)))
+        d = current.describe(cfg, ShardTable(cfg), ledger.batches(name, (COMMITTED,)))
     except Exception:  # noqa: BLE001 - a missing config or unreadable table
         return None
     if d is not None and d.get("upper") is not None:
@@ -142,7 +142,7 @@ def needs_action(every: list, shard_upper: int, unrepaired) -> list[str]:
     return out
 
 
-def _foreign_of(store, name: str, shown: list) -> tuple[dict, list | None]:
+def _foreign_of(ledger, name: str, shown: list) -> tuple[dict, list | None]:
     """({batch id: foreign versions it repaired} for the committed batches among ``shown``, the
     foreign versions after the last committed batch's read: not yet repaired), from the Delta log's
     commit files after the version the committed batch before ``shown`` read. ({}, None) when
@@ -158,14 +158,14 @@ def _foreign_of(store, name: str, shown: list) -> tuple[dict, list | None]:
         if not table.exists():
             return {}, []
         first = min((b.lower for b in shown), default=None)
-        before = store.previous_committed(name, first) if first is not None else None
+        before = ledger.previous_committed(name, first) if first is not None else None
         base = -1 if before is None or before.read_version is None else before.read_version
         found = st.with_rows(table, table.foreign_commits(base, table.latest_version()))
     except Exception:  # noqa: BLE001 - a missing config or unreadable log leaves status to the ledger
         return {}, None
     from reconcile import kinds
 
-    everything = store.batches(name, (COMMITTED,))
+    everything = ledger.batches(name, (COMMITTED,))
     fate = st.fates(everything, found, kinds.repairs_by_key(table.cfg))
     by_batch = st.foreign_by_batch(fate, found)
     shown_ids = {b.batch_id for b in committed}
@@ -293,7 +293,7 @@ def _contents_spark(spark, table, cfg, t: int | None, *, log: bool, errors: bool
 
 
 def shard_contents(
-    store, cfg, as_of: int | None = None, *, log: bool = False, errors: bool = False, limit: int = 50, spark=None
+    ledger, cfg, as_of: int | None = None, *, log: bool = False, errors: bool = False, limit: int = 50, spark=None
 ) -> dict:
     """What ``show`` prints: the shard as of ``as_of`` (default upper - 1; ok rows with their
     count, or ``errors``: the error rows), or (``log``) its update log ordered by time; at most
@@ -305,7 +305,7 @@ def shard_contents(
     table = ShardTable(cfg)
     t = None
     if not log:
-        shard = store.get_shard(cfg.name)
+        shard = ledger.get_shard(cfg.name)
         t = as_of if as_of is not None else shard.upper - 1
         if t < shard.since:
             raise SinkError(
@@ -317,7 +317,7 @@ def shard_contents(
     def notes(source) -> list[str]:
         if as_of is None or log:
             return []
-        batches = [(b.lower, b.upper) for b in store.batches(cfg.name, states=(COMMITTED,))]
+        batches = [(b.lower, b.upper) for b in ledger.batches(cfg.name, states=(COMMITTED,))]
         return [n for n in [stamp_note(source, batches, "--as-of", as_of)] if n]
 
     if spark is None:
@@ -341,12 +341,12 @@ def _text(v) -> str:
 
 
 def show_shard(
-    spark, store, cfg, as_of: int | None, *, log: bool, errors: bool, limit: int, as_json: bool = False
+    spark, ledger, cfg, as_of: int | None, *, log: bool, errors: bool, limit: int, as_json: bool = False
 ) -> None:
     """Print the shard as of ``as_of`` (default upper - 1), its error rows, or its update log
     (:func:`shard_contents`; ``spark`` None: read without a JVM); ``as_json``: the same as one
     JSON document, as ``history --json`` and ``diff --json`` print theirs."""
-    data = shard_contents(store, cfg, as_of, log=log, errors=errors, limit=limit, spark=spark)
+    data = shard_contents(ledger, cfg, as_of, log=log, errors=errors, limit=limit, spark=spark)
     if as_json:
         print(json.dumps(data, indent=2, default=str))
         return

@@ -38,23 +38,23 @@ from reconcile.storage.ledger_rows import Batch
 log = logging.getLogger(__name__)
 
 
-def open_store() -> Ledger:
+def open_ledger() -> Ledger:
     return Ledger(settings.metadata_url())
 
 
 @contextmanager
-def sink_and_store(sink: str) -> Iterator[tuple[SinkConfig, Ledger]]:
+def sink_and_ledger(sink: str) -> Iterator[tuple[SinkConfig, Ledger]]:
     """The sink's config and a ledger, disposed of when the task is done; the warehouse's
     credentials from the Airflow connection, if one is configured."""
     from reconcile.airflow.aws import export_connection
 
     export_connection()
     cfg = load_sink(sink)
-    store = open_store()
+    ledger = open_ledger()
     try:
-        yield cfg, store
+        yield cfg, ledger
     finally:
-        store.dispose()
+        ledger.dispose()
 
 
 def mint_for_run(
@@ -66,14 +66,14 @@ def mint_for_run(
     *,
     read_only: bool = False,
 ) -> MintResult:
-    with sink_and_store(sink) as (cfg, store):
-        return run_mint(store, cfg, run_id, attempt, desired_frontier(data_interval_end, start), read_only=read_only)
+    with sink_and_ledger(sink) as (cfg, ledger):
+        return run_mint(ledger, cfg, run_id, attempt, desired_frontier(data_interval_end, start), read_only=read_only)
 
 
-def run_batch_of(store: Ledger, sink: str, run_id: str, batch_id: str | None) -> Batch | None:
+def run_batch_of(ledger: Ledger, sink: str, run_id: str, batch_id: str | None) -> Batch | None:
     """The batch the run's mint minted (``batch_id``, handed forward by the DAG; without it, the
     run's newest batch)."""
-    return store.get_batch(batch_id, sink) if batch_id else store.batch_of_run(sink, run_id)
+    return ledger.get_batch(batch_id, sink) if batch_id else ledger.batch_of_run(sink, run_id)
 
 
 def _run_stage(
@@ -90,10 +90,10 @@ def _run_stage(
     ends with the commands that rerun this run (``logical_date``: the run's, if known)."""
     from reconcile.sink import append
 
-    with sink_and_store(sink) as (cfg, store):
+    with sink_and_ledger(sink) as (cfg, ledger):
         batch: Batch | None = None
         try:
-            batch = run_batch_of(store, cfg.name, run_id, batch_id)
+            batch = run_batch_of(ledger, cfg.name, run_id, batch_id)
             if batch is None:
                 return f"run {run_id} minted no batch for sink {sink!r}: nothing to {stage}"
             if stage == "write":
@@ -101,22 +101,22 @@ def _run_stage(
                 from reconcile.spark import get_session
 
                 spark = spark or get_session(f"reconcile-{sink}-{stage}")
-                return write.run_write(spark, store, cfg, batch.batch_id).message
-            return append.run_append(store, cfg, batch.batch_id, approve=approve).message
+                return write.run_write(spark, ledger, cfg, batch.batch_id).message
+            return append.run_append(ledger, cfg, batch.batch_id, approve=approve).message
         except SinkError as exc:
             if not isinstance(exc, Retryable):  # final: the remedy ends with the commands for this run
                 then = once_fixed(cfg.name, run_id, stage, exc, logical_date)
                 if then:
                     exc.add_remedy(then)
             if batch is not None:
-                note_failure(store, batch.batch_id, exc)
+                note_failure(ledger, batch.batch_id, exc)
             raise
         except Exception as exc:
             refused = storage_failure(exc, cfg.name)  # the warehouse refused: final, in one line
             if refused is None:
                 raise
             if batch is not None:
-                note_failure(store, batch.batch_id, refused)
+                note_failure(ledger, batch.batch_id, refused)
             raise refused from None
 
 
@@ -146,8 +146,8 @@ def commit_for_run(
 def nothing_left(sink: str, run_id: str, batch_id: str | None, *, unminted_only: bool = False) -> str | None:
     """Why the run's remaining tasks have nothing to do (it minted no batch, or its batch was
     superseded: outdated by another writer, or covered by a newer description), or None."""
-    with sink_and_store(sink) as (cfg, store):
-        batch = run_batch_of(store, cfg.name, run_id, batch_id)
+    with sink_and_ledger(sink) as (cfg, ledger):
+        batch = run_batch_of(ledger, cfg.name, run_id, batch_id)
         if batch is None:
             return f"run {run_id} minted no batch"
         if unminted_only or batch.state != SUPERSEDED:
@@ -162,11 +162,11 @@ def batch_line(sink: str, run_id: str, batch_id: str | None) -> tuple[int, str]:
     (:func:`reconcile.standing.standing`)."""
     from reconcile.standing import DONE, OK, standing
 
-    with sink_and_store(sink) as (cfg, store):
-        b = run_batch_of(store, cfg.name, run_id, batch_id)
+    with sink_and_ledger(sink) as (cfg, ledger):
+        b = run_batch_of(ledger, cfg.name, run_id, batch_id)
         if b is None:
             return logging.INFO, f"sink {sink}: run {run_id} minted no batch"
-        how = standing(b, store.get_shard(cfg.name).upper)
+        how = standing(b, ledger.get_shard(cfg.name).upper)
         counts = "".join(
             f" {name}={value}"
             for name, value in (("rows_ok", b.rows_ok), ("rows_err", b.rows_err), ("drift_rows", b.drift_rows))
@@ -203,8 +203,8 @@ def drift_word(cfg, b) -> str:
 
 def committed_extra(sink: str, run_id: str, batch_id: str | None) -> dict:
     """The asset event's ``extra`` for the run's committed batch: how far the shard is."""
-    with sink_and_store(sink) as (cfg, store):
-        b = run_batch_of(store, cfg.name, run_id, batch_id)
+    with sink_and_ledger(sink) as (cfg, ledger):
+        b = run_batch_of(ledger, cfg.name, run_id, batch_id)
         if b is None:
             return {"sink": sink}
         return {
@@ -232,10 +232,10 @@ def out_of_retries(sink: str, run_id: str, task: str, cause: str, logical_date: 
         "(its batch starts at the shard's upper)."
     )
     try:
-        with sink_and_store(sink) as (cfg, store):
-            batch = store.batch_of_run(cfg.name, run_id)
+        with sink_and_ledger(sink) as (cfg, ledger):
+            batch = ledger.batch_of_run(cfg.name, run_id)
             if batch is not None and batch.state != COMMITTED:
-                store.note_failure(batch.batch_id, text, RETRYABLE)
+                ledger.note_failure(batch.batch_id, text, RETRYABLE)
     except SinkError as exc:
         log.warning("could not record the remedy on run %s's batch: %s", run_id, exc)
     return text
@@ -245,8 +245,8 @@ def compaction_check(sink: str) -> tuple[bool, str]:
     """(due?, why): the DAG's ``compaction_due`` task (metadata only, no Spark)."""
     from reconcile.sink.compact import due
 
-    with sink_and_store(sink) as (cfg, store):
-        return due(store, cfg)
+    with sink_and_ledger(sink) as (cfg, ledger):
+        return due(ledger, cfg)
 
 
 def compact_for_run(sink: str, run_id: str, batch_id: str | None = None, spark=None) -> str:
@@ -254,18 +254,18 @@ def compact_for_run(sink: str, run_id: str, batch_id: str | None = None, spark=N
     from reconcile.sink.compact import run_compact
     from reconcile.spark import get_session
 
-    with sink_and_store(sink) as (cfg, store):
+    with sink_and_ledger(sink) as (cfg, ledger):
         spark = spark or get_session(f"reconcile-{sink}-compact")
-        result = run_compact(spark, store, cfg)
+        result = run_compact(spark, ledger, cfg)
         if result.outcome == Outcome.RACED:
             raise Retryable(result.message, sink=sink, remedy="the task retries by itself.")
         return f"run {run_id}: {result.message}"
 
 
-def note_failure(store: Ledger, batch_id: str, exc: SinkError) -> None:
+def note_failure(ledger: Ledger, batch_id: str, exc: SinkError) -> None:
     kind = RETRYABLE if isinstance(exc, Retryable) else FINAL
     try:
-        store.note_failure(batch_id, str(exc), kind)
+        ledger.note_failure(batch_id, str(exc), kind)
     except SinkError:
         log.warning("could not record the %s failure in the ledger: %s", kind, exc)
 
@@ -273,16 +273,16 @@ def note_failure(store: Ledger, batch_id: str, exc: SinkError) -> None:
 def failure_verdict(sink: str, run_id: str, batch_id: str | None = None) -> tuple[bool, str | None]:
     """(final?, message) of the run's batch after a failed task."""
     try:
-        store = open_store()
+        ledger = open_ledger()
     except SinkError as exc:
         return False, str(exc)
     try:
-        batch = run_batch_of(store, sink, run_id, batch_id)
+        batch = run_batch_of(ledger, sink, run_id, batch_id)
         if batch is None or not batch.message:
             return False, None
         return batch.failure_kind == FINAL, batch.message
     finally:
-        store.dispose()
+        ledger.dispose()
 
 
 # -- the correction guard's approval in Airflow --------------------------------------------------
@@ -317,8 +317,8 @@ def guard_stop(sink: str, run_id: str, batch_id: str | None) -> GuardStop | None
     from reconcile.sink.verify import parse_manifest
     from reconcile.storage.delta import ShardTable
 
-    with sink_and_store(sink) as (cfg, store):
-        b = run_batch_of(store, cfg.name, run_id, batch_id)
+    with sink_and_ledger(sink) as (cfg, ledger):
+        b = run_batch_of(ledger, cfg.name, run_id, batch_id)
         if b is None or b.state != STAGED or b.approved:
             return None
         table = ShardTable(cfg)
@@ -370,8 +370,8 @@ def _minutes(value: float) -> str:
 
 def approve_batch(sink: str, batch_id: str, by: str) -> str:
     """Record in the ledger that ``by`` let the batch past the correction guard."""
-    with sink_and_store(sink) as (cfg, store):
-        b = store.approve(cfg.name, batch_id, by)
+    with sink_and_ledger(sink) as (cfg, ledger):
+        b = ledger.approve(cfg.name, batch_id, by)
         return f"sink {cfg.name}: batch {batch_id} approved by {b.approved}"
 
 
@@ -388,8 +388,8 @@ def refusal(stop: GuardStop, who: str | None, timeout_minutes: float, logical_da
 
 def reject_batch(stop: GuardStop, message: str) -> None:
     """Record on the batch that it was refused (final: retrying the same batch cannot help)."""
-    with sink_and_store(stop.sink) as (_, store):
-        store.note_failure(stop.batch_id, message, FINAL)
+    with sink_and_ledger(stop.sink) as (_, ledger):
+        ledger.note_failure(stop.batch_id, message, FINAL)
 
 
 # -- the DAG run's note ------------------------------------------------------------------------
@@ -401,8 +401,8 @@ def outcome_note(sink: str, run_id: str, batch_id: str | None) -> str:
     """The run's outcome as its note: where its batch stands (:func:`batch_line`), and who
     approved it past the correction guard, if anyone."""
     _, line = batch_line(sink, run_id, batch_id)
-    with sink_and_store(sink) as (cfg, store):
-        b = run_batch_of(store, cfg.name, run_id, batch_id)
+    with sink_and_ledger(sink) as (cfg, ledger):
+        b = run_batch_of(ledger, cfg.name, run_id, batch_id)
         if b is not None and b.approved:
             line += f"; approved by {b.approved}"
     return line
@@ -465,8 +465,8 @@ def lag_alert_line(sink: str, lag_minutes: float, context: dict) -> str:
         f"{lag_minutes:g} min after it was queued (alert.lag_minutes; deadline {deadline})"
     )
     try:
-        with sink_and_store(sink) as (cfg, store):
-            upper = store.get_shard(cfg.name).upper
+        with sink_and_ledger(sink) as (cfg, ledger):
+            upper = ledger.get_shard(cfg.name).upper
         line += f"; the shard's upper is {iso(upper)}, {(now_ms() - upper) / 60_000:,.0f} min behind now"
     except ShardNotFound:
         line += "; the shard has no batch yet (its first run creates it)"

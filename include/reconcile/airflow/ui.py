@@ -100,14 +100,14 @@ def render_overview(can_read: Callable[[str], bool] = lambda name: True) -> str:
     configs, errors = load_dir()
     now = now_ms()
     rows = []
-    store = Ledger(settings.metadata_url())
+    ledger = Ledger(settings.metadata_url())
     try:
         for cfg in configs:
             if not can_read(cfg.name):
                 continue
             link = f"<a href='sinks/{quote(cfg.name)}'>{e(cfg.name)}</a>"
             try:
-                shard = store.get_shard(cfg.name)
+                shard = ledger.get_shard(cfg.name)
             except SinkError:
                 rows.append(
                     f"<tr><td>{link}</td><td>{e(cfg.kind)}</td><td colspan=6>no shard yet (no run minted)</td></tr>"
@@ -118,11 +118,11 @@ def render_overview(can_read: Callable[[str], bool] = lambda name: True) -> str:
             lag_cell = f"<span class={'bad' if late else 'ok'}>{duration(lag)}</span>" + (
                 f" <span class=small>(alert past {duration(limit)})</span>" if limit else ""
             )
-            last = store.last_batch(cfg.name)
+            last = ledger.last_batch(cfg.name)
             last_cell = (
                 "-" if last is None else f"[{_time(last.lower)}, {_time(last.upper)}) {_state(last, shard.upper)}"
             )
-            last_cell += _behind(cfg.name, store.batches(cfg.name, (SUPERSEDED, *OPEN_STATES)), shard.upper)
+            last_cell += _behind(cfg.name, ledger.batches(cfg.name, (SUPERSEDED, *OPEN_STATES)), shard.upper)
             rows.append(
                 f"<tr><td>{link}</td><td>{e(cfg.kind)}</td><td>{_time(shard.upper)}</td><td>{lag_cell}</td>"
                 f"<td>{_time(shard.since) if shard.since else 'never compacted'}</td>"
@@ -130,7 +130,7 @@ def render_overview(can_read: Callable[[str], bool] = lambda name: True) -> str:
                 f"<td>{_drift(last) if last else '-'}</td></tr>"
             )
     finally:
-        store.dispose()
+        ledger.dispose()
     return _page(
         "Reconcile shards",
         "<h1>Reconcile shards</h1><table><tr><th>sink</th><th>kind</th><th>upper (UTC)</th><th>lag</th>"
@@ -240,7 +240,7 @@ def _count(value: int | None) -> str:
     return "-" if value is None else str(value)
 
 
-def _current_line(cfg: SinkConfig, store) -> str:
+def _current_line(cfg: SinkConfig, ledger) -> str:
     """The current-state table's line: its name, the upper it reflects; red while it lags the
     shard or holds a foreign commit (the next append mends both)."""
     from reconcile.model import COMMITTED
@@ -248,7 +248,7 @@ def _current_line(cfg: SinkConfig, store) -> str:
     from reconcile.storage.delta import ShardTable
 
     try:
-        d = describe(cfg, ShardTable(cfg), store.batches(cfg.name, (COMMITTED,)))
+        d = describe(cfg, ShardTable(cfg), ledger.batches(cfg.name, (COMMITTED,)))
     except Exception as exc:  # noqa: BLE001 - the page still shows the ledger
         return f"<p class=bad>current table: unreadable ({e(str(exc)[:200])})</p>"
     if d is None:
@@ -277,23 +277,23 @@ def render_sink(name: str, before: tuple[int, str] | None = None, dag_url: str =
     from reconcile.storage.ledger import Ledger
 
     cfg = load_sink(name)
-    store = Ledger(settings.metadata_url())
+    ledger = Ledger(settings.metadata_url())
     try:
         try:
-            shard = store.get_shard(cfg.name)
+            shard = ledger.get_shard(cfg.name)
         except SinkError:
             return _page(
                 f"{cfg.name}: reconcile shard",
                 f"<p><a href='../'>all shards</a></p><h1>{e(cfg.name)}</h1><p>no shard yet (no run minted)</p>",
             )
-        page = store.batch_page(cfg.name, before=before, limit=PAGE)
-        newest = store.batch_page(cfg.name, limit=CHART_BATCHES) if before is None else []
-        previous = {b.batch_id: store.previous_committed(cfg.name, b.lower) for b in page if b.drift_rows}
-        committed_all = store.batches(cfg.name, (COMMITTED,)) if previous else []
-        left = _behind(cfg.name, store.batches(cfg.name, (SUPERSEDED, *OPEN_STATES)), shard.upper)
-        current = _current_line(cfg, store) if cfg.current is not None else ""
+        page = ledger.batch_page(cfg.name, before=before, limit=PAGE)
+        newest = ledger.batch_page(cfg.name, limit=CHART_BATCHES) if before is None else []
+        previous = {b.batch_id: ledger.previous_committed(cfg.name, b.lower) for b in page if b.drift_rows}
+        committed_all = ledger.batches(cfg.name, (COMMITTED,)) if previous else []
+        left = _behind(cfg.name, ledger.batches(cfg.name, (SUPERSEDED, *OPEN_STATES)), shard.upper)
+        current = _current_line(cfg, ledger) if cfg.current is not None else ""
     finally:
-        store.dispose()
+        ledger.dispose()
     committed = sorted((b for b in newest if b.state == COMMITTED), key=lambda b: b.lower)
     charts = _charts(committed, now_ms(), shard.upper, lag_threshold_ms(cfg))
     dag = f"{dag_url}/{quote(cfg.name, safe='')}"

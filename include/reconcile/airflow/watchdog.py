@@ -62,7 +62,7 @@ def watched(sink: str, run_id: str, stage: str, try_number: int | None) -> Itera
 def report(sink: str, run_id: str, stage: str, try_number: int) -> str:
     """The line a watchdog writes when its task died: what the ledger and the staging area hold
     for the run's batch now."""
-    from reconcile.airflow.tasks import run_batch_of, sink_and_store
+    from reconcile.airflow.tasks import run_batch_of, sink_and_ledger
     from reconcile.log import iso
     from reconcile.model import COMMITTED
     from reconcile.storage.delta import ShardTable
@@ -71,8 +71,8 @@ def report(sink: str, run_id: str, stage: str, try_number: int) -> str:
         f"reconcile: the {stage} task of sink {sink} (run {run_id}, try {try_number}) was killed before it finished "
         "(SIGKILL: the kernel's out-of-memory killer or kill -9; the sink's own errors never end a task this way)"
     )
-    with sink_and_store(sink) as (cfg, store):
-        b = run_batch_of(store, cfg.name, run_id, None)
+    with sink_and_ledger(sink) as (cfg, ledger):
+        b = run_batch_of(ledger, cfg.name, run_id, None)
         if b is None:
             return f"{head}: the run minted no batch; nothing was staged or committed."
         table = ShardTable(cfg)

@@ -55,7 +55,18 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from reconcile.errors import SourceError
-from reconcile.kinds.protocol import Bounds, Correction, DriftRepair, FeedProgress, HistoryKeys, Kind, OwnCollection
+from reconcile.kinds.protocol import (
+    CHANGELOG_SOURCE,
+    QUERY_SOURCE,
+    UPSERT_SOURCE,
+    Bounds,
+    Correction,
+    DriftRepair,
+    FeedProgress,
+    HistoryKeys,
+    Kind,
+    OwnCollection,
+)
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -113,7 +124,7 @@ class QueryKind(OwnCollection):
     plans_sql = True
     bulk_first = True
     hashes_first = True
-    source_label = "the result of query.sql"
+    source_label = QUERY_SOURCE
 
     def desired(self, spark: SparkSession) -> DataFrame:
         from reconcile.kinds import query
@@ -144,7 +155,7 @@ class ChangelogKind(OwnCollection):
 
     cfg: ChangelogSink
     plans_sql = False
-    source_label = "changelog.source"
+    source_label = CHANGELOG_SOURCE
 
     def desired(self, spark: SparkSession) -> DataFrame:
         from reconcile.kinds import changelog
@@ -176,7 +187,7 @@ class UpsertKind:
     repairs_by_key = True
     plans_sql = False
     hashes_first = False
-    source_label = "upsert.source"
+    source_label = UPSERT_SOURCE
 
     @property
     def persist_sides(self) -> Mapping[str, int]:

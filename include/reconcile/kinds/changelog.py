@@ -19,12 +19,13 @@ from pyspark.sql import functions as F
 from reconcile.config import ChangelogSink
 from reconcile.differential import difference
 from reconcile.kinds.decode import lossy, read_source, require_columns, validate
+from reconcile.kinds.protocol import CHANGELOG_SOURCE
 from reconcile.sql_names import spark_name
 
 
 def desired(spark: SparkSession, cfg: ChangelogSink) -> DataFrame:
     """The change log as an update frame (bad times and diffs become error rows)."""
-    df = read_source(spark, cfg, cfg.source, "changelog.source")
+    df = read_source(spark, cfg, cfg.source, CHANGELOG_SOURCE)
     require_columns(cfg, df, cfg.column_names + [cfg.time_column, cfg.diff_column], "changelog.source")
     return decode(cfg, df)
 
@@ -45,6 +46,7 @@ def decode(cfg: ChangelogSink, df: DataFrame) -> DataFrame:
     return validate(
         cfg,
         df,
+        CHANGELOG_SOURCE,
         F.when(bad_diff | bad_time, F.lit(1)).otherwise(d),
         F.coalesce(t, F.lit(0)),
         extra_problem=F.when(bad_diff | bad_time, problem),

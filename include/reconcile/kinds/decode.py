@@ -17,7 +17,6 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import ArrayType, DataType, MapType, StructType
 
-from reconcile import kinds
 from reconcile.config import SinkConfig, Source
 from reconcile.errors import SourceError, brief
 from reconcile.sql_names import spark_name
@@ -159,7 +158,7 @@ def _spark_reason(exc: BaseException) -> str:
 
 
 def require_castable(
-    cfg: SinkConfig, df: DataFrame, targets: Mapping[str, str], counters: tuple[str, ...] = ()
+    cfg: SinkConfig, df: DataFrame, what: str, targets: Mapping[str, str], counters: tuple[str, ...] = ()
 ) -> None:
     """Refuse a source whose column types cannot become the types the sink needs, before any
     row is read: ``targets`` maps source columns to the type they are cast to (a sink column's
@@ -168,7 +167,6 @@ def require_castable(
     uses (no Spark job); a refusal is a one-line SourceError naming the sink, the column, its
     type and the sink's type."""
     fields = {f.name.lower(): f.dataType for f in df.schema.fields}
-    what = kinds.of(cfg).source_label
 
     def refuse(name: str, dt: DataType, typ: str, why: str) -> SourceError:
         return SourceError(
@@ -211,6 +209,7 @@ def require_castable(
 def validate(
     cfg: SinkConfig,
     raw: DataFrame,
+    what: str,
     diff: SCol,
     time: SCol | None,
     extra_problem: SCol | None = None,
@@ -229,7 +228,8 @@ def validate(
     Delta, a typed query) validation costs next to nothing.
     """
     source_types = {f.name.lower(): f.dataType.simpleString() for f in raw.schema.fields}
-    require_castable(cfg, raw, {**{c.name: c.type for c in cfg.columns}, **dict.fromkeys(counters, "bigint")}, counters)
+    targets = {**{c.name: c.type for c in cfg.columns}, **dict.fromkeys(counters, "bigint")}
+    require_castable(cfg, raw, what, targets, counters)
     problems = [] if extra_problem is None else [extra_problem]
     casted = []
     for c in cfg.columns:

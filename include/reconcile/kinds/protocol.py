@@ -47,6 +47,12 @@ class HistoryKeys:
         return [*self.keys, valid_from, *[c for c in columns if c not in self.keys]]
 
 
+# What each kind's messages call its source (a column missing or of a type the sink cannot take)
+QUERY_SOURCE = "the result of query.sql"
+CHANGELOG_SOURCE = "changelog.source"
+UPSERT_SOURCE = "upsert.source"
+
+
 @dataclass(frozen=True)
 class FeedProgress:
     """What a batch of a kind that reads a command feed records of it (the manifest, the ledger,

@@ -17,6 +17,7 @@ from reconcile.config import QuerySink
 from reconcile.differential import difference, hash_first
 from reconcile.errors import SourceError, brief
 from reconcile.kinds.decode import read_source, require_columns, validate
+from reconcile.kinds.protocol import QUERY_SOURCE
 
 WRITES = ("InsertIntoStatement", "OverwriteByExpression", "AppendData", "ReplaceData", "WriteDelta")
 
@@ -72,14 +73,14 @@ def desired(spark: SparkSession, cfg: QuerySink) -> DataFrame:
     except Exception as exc:
         text = brief(exc, 400)
         raise SourceError(f"query.sql does not run: {text}", sink=cfg.name) from None
-    require_columns(cfg, df, cfg.column_names, "the result of query.sql")
+    require_columns(cfg, df, cfg.column_names, QUERY_SOURCE)
     extra = sorted({c.lower() for c in df.columns} - {c.lower() for c in cfg.column_names})
     if extra:
         raise SourceError(
             f"the result of query.sql has column(s) {extra} that are not in the sink's schema",
             sink=cfg.name,
         )
-    return validate(cfg, df, F.lit(1), None)
+    return validate(cfg, df, QUERY_SOURCE, F.lit(1), None)
 
 
 def correction(

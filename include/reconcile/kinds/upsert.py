@@ -48,7 +48,7 @@ from reconcile.checksums import BatchChecks
 from reconcile.config import UpsertSink
 from reconcile.differential import as_of, consolidate, partition_of
 from reconcile.kinds.decode import INTEGRAL, fit, lossy, raw_text, read_source, require_castable, require_columns
-from reconcile.kinds.protocol import Bounds, Correction, FeedProgress
+from reconcile.kinds.protocol import UPSERT_SOURCE, Bounds, Correction, FeedProgress
 from reconcile.sql_names import spark_name
 
 INT = "bigint"
@@ -109,12 +109,12 @@ def check_feed(cfg: UpsertSink, df: DataFrame) -> DataFrame:
     """A raw feed with every column the sink reads, each of a type that can become what the
     sink needs (else a SourceError, before any row is read)."""
     needed = cfg.column_names + _feed_columns(cfg) + ([cfg.delete_column] if cfg.delete_column else [])
-    require_columns(cfg, df, needed, "upsert.source")
+    require_columns(cfg, df, needed, UPSERT_SOURCE)
     targets = {c.name: c.type for c in cfg.columns}
     targets.update(dict.fromkeys(_feed_columns(cfg), INT))
     if cfg.delete_column:
         targets[cfg.delete_column] = "string"
-    require_castable(cfg, df, targets, counters=tuple(_feed_columns(cfg)))
+    require_castable(cfg, df, UPSERT_SOURCE, targets, counters=tuple(_feed_columns(cfg)))
     return df
 
 

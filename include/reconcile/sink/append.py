@@ -113,16 +113,16 @@ def _nothing_to_append(outcome: Outcome, why: str, shard: Shard, state: dict) ->
     return AppendResult(outcome, msg)
 
 
-def _outdated(store: Ledger, table: ShardTable, desc: BatchDescription, shard: Shard, state: dict) -> AppendResult:
+def _outdated(ledger: Ledger, table: ShardTable, desc: BatchDescription, shard: Shard, state: dict) -> AppendResult:
     cfg = table.cfg
-    winner = store.committed_batch(cfg.name, desc.lower)
+    winner = ledger.committed_batch(cfg.name, desc.lower)
     if winner is None and shard.upper <= desc.lower:
         # Nothing committed this lower yet: a newer description of it superseded this one. Its
         # staged files stay until the shard's upper passes its lower (an append of it already
         # in flight may still commit them); the garbage collection deletes them then.
-        b = store.get_batch(desc.batch_id, cfg.name)  # its message says what superseded it
+        b = ledger.get_batch(desc.batch_id, cfg.name)  # its message says what superseded it
         why = b.message or "superseded by a newer description"
-        newer = store.superseder(b)
+        newer = ledger.superseder(b)
         if newer is not None and newer.upper >= desc.upper:
             why = (
                 f"batch {newer.batch_id} of run {newer.run_id} superseded this one and covers "
@@ -144,10 +144,10 @@ def _outdated(store: Ledger, table: ShardTable, desc: BatchDescription, shard: S
             remedy=_rest_remedy(cfg, desc, rest_from),
         )
     who = f"batch {winner.batch_id} of run {winner.run_id}" if winner else "another writer"
-    store.mark_superseded(
+    ledger.mark_superseded(
         desc.batch_id, f"outdated: {who} committed lower {iso(desc.lower)}; shard upper {iso(shard.upper)}"
     )
-    gc_staged(store, table)
+    gc_staged(ledger, table)
     if shard.upper >= desc.upper:
         return _nothing_to_append(
             Outcome.COVERED,
@@ -173,8 +173,8 @@ def _rest_remedy(cfg: SinkConfig, desc: BatchDescription, rest_from: int) -> str
     return f"none needed: the next scheduled run appends {rest} (its mint starts at the shard's upper); {now} appends it now."
 
 
-def _committed_meanwhile(store: Ledger, table: ShardTable, b, state: dict, when: str) -> AppendResult:
-    gc_staged(store, table)
+def _committed_meanwhile(ledger: Ledger, table: ShardTable, b, state: dict, when: str) -> AppendResult:
+    gc_staged(ledger, table)
     msg = event(
         log,
         f"another attempt of this batch committed it (Delta version {b.delta_version}) while this one {when}; "
@@ -190,7 +190,7 @@ class Appending:
     """One append attempt of a batch: what every step reads and moves forward. ``b`` and
     ``shard`` are re-read by :meth:`reread` after each sync (a sync may absorb this batch)."""
 
-    store: Ledger
+    ledger: Ledger
     cfg: SinkConfig
     batch_id: str
     approve: str | None = None
@@ -205,26 +205,26 @@ class Appending:
 
     def __post_init__(self) -> None:
         self.table = ShardTable(self.cfg)
-        self.b = self.store.get_batch(self.batch_id, self.cfg.name)
+        self.b = self.ledger.get_batch(self.batch_id, self.cfg.name)
         self.desc = BatchDescription.of(self.b)
         d = self.desc
         self.state = dict(sink=self.cfg.name, batch=self.batch_id, lower=d.lower, upper=d.upper, run=d.run_id)
 
     def reread(self) -> Batch:
         """The batch as the ledger has it now (after a sync, which may have absorbed its commit)."""
-        self.b = self.store.get_batch(self.batch_id, self.cfg.name)
+        self.b = self.ledger.get_batch(self.batch_id, self.cfg.name)
         return self.b
 
 
-def run_append(store: Ledger, cfg: SinkConfig, batch_id: str, *, approve: str | None = None) -> AppendResult:
+def run_append(ledger: Ledger, cfg: SinkConfig, batch_id: str, *, approve: str | None = None) -> AppendResult:
     """Commit the staged batch (``approve``: who lets it past the correction guard, if anyone):
     settle what is known, verify the staged files, pass the guard, advance a new shard, commit,
     confirm (the module doc's protocol, one step each); then bring the sink's current-state
     table, if it keeps one, up to the shard (whatever committed it: this attempt, an earlier
     one that died before, or another run)."""
-    a = Appending(store, cfg, batch_id, approve)
+    a = Appending(ledger, cfg, batch_id, approve)
     result = _append(a)
-    result.current = maintain(store, cfg, a.table)
+    result.current = maintain(ledger, cfg, a.table)
     if result.current is not None and result.current.message:
         result.message = f"{result.message}\n{result.current.message}"
     return result
@@ -243,20 +243,20 @@ def settle(a: Appending) -> AppendResult | None:
     """Steps 1-2: a batch committed already (before or by the sync) or outdated has nothing to
     append; a batch minted but never staged, or a table no write created, cannot be appended."""
     if a.b.state == COMMITTED:
-        gc_staged(a.store, a.table)
+        gc_staged(a.ledger, a.table)
         msg = event(log, f"already committed in Delta version {a.b.delta_version}; nothing to do", **a.state)
         return AppendResult(Outcome.ALREADY_COMMITTED, msg, a.b.delta_version)
     if not a.table.exists():  # no write created it yet: nothing can be committed
         if a.b.state == SUPERSEDED:
-            return _outdated(a.store, a.table, a.desc, a.store.get_shard(a.cfg.name), a.state)
+            return _outdated(a.ledger, a.table, a.desc, a.ledger.get_shard(a.cfg.name), a.state)
         raise StagedBatchInvalid(
             f"batch {a.batch_id}: the shard's Delta table at {a.table.path} does not exist",
             sink=a.cfg.name,
             remedy="its write creates the table and stages the batch.",
         )
-    a.shard = sync(a.store, a.table)
+    a.shard = sync(a.ledger, a.table)
     if a.reread().state == COMMITTED:  # an earlier attempt committed to Delta and died before the metadata
-        gc_staged(a.store, a.table)
+        gc_staged(a.ledger, a.table)
         msg = event(
             log,
             "recovered: an earlier attempt had committed this batch to Delta; rolled the metadata forward",
@@ -265,7 +265,7 @@ def settle(a: Appending) -> AppendResult | None:
         )
         return AppendResult(Outcome.RECOVERED, msg, a.b.delta_version)
     if a.b.state == SUPERSEDED or a.shard.upper > a.desc.lower:
-        return _outdated(a.store, a.table, a.desc, a.shard, a.state)
+        return _outdated(a.ledger, a.table, a.desc, a.shard, a.state)
     if a.b.state == MINTED:
         raise StagedBatchInvalid(
             f"batch {a.batch_id} was minted but never staged",
@@ -283,11 +283,11 @@ def verify_staged(a: Appending) -> AppendResult | None:
     try:
         a.files = inspect_staged(a.table, a.batch_id, a.manifest)
     except StagedBatchInvalid:
-        sync(a.store, a.table)  # another attempt may have committed it and cleaned up meanwhile
+        sync(a.ledger, a.table)  # another attempt may have committed it and cleaned up meanwhile
         was = a.b
         now_b = a.reread()
         if now_b.state == COMMITTED:
-            return _committed_meanwhile(a.store, a.table, now_b, a.state, "verified its staged files")
+            return _committed_meanwhile(a.ledger, a.table, now_b, a.state, "verified its staged files")
         if now_b.state == was.state and now_b.stage_id == was.stage_id:
             raise
         raise Retryable(  # not damage: another attempt of the batch moved on meanwhile
@@ -302,7 +302,7 @@ def verify_staged(a: Appending) -> AppendResult | None:
 def pass_guard(a: Appending) -> AppendResult | None:
     """The correction guard (:mod:`reconcile.sink.guard`), after recording who approved it."""
     if a.approve:
-        a.b = a.store.approve(a.cfg.name, a.batch_id, a.approve)
+        a.b = a.ledger.approve(a.cfg.name, a.batch_id, a.approve)
     assert a.manifest is not None
     change = guard.check(a.table, a.batch_id, a.desc.lower, a.desc.upper, a.manifest, a.b.approved)
     if change is not None and a.b.approved and change.share > (a.cfg.correction_guard.max_share or 1):
@@ -322,7 +322,7 @@ def advance_new_shard(a: Appending) -> AppendResult | None:
             f"{iso(a.shard.as_of)}",
             sink=a.cfg.name,
         )
-    before = a.store.advance_to_as_of(a.cfg.name, a.desc.lower)
+    before = a.ledger.advance_to_as_of(a.cfg.name, a.desc.lower)
     if before < a.desc.lower:
         event(log, "advanced a new shard's upper to the sink's as_of", old_upper=before, **a.state)
     failpoint("append.after_advance_as_of")
@@ -349,7 +349,7 @@ def commit(a: Appending) -> None:
     if a.b.source_offset is not None or a.b.late_commands is not None:  # a feed's progress (the ledger's record)
         meta.update(source_offset=a.b.source_offset, late_commands=a.b.late_commands)
     failpoint("append.inside_delta_commit")
-    with a.store.commit_lease(a.cfg.name, f"append of batch {a.batch_id} ({a.commit_id})") as lease:
+    with a.ledger.commit_lease(a.cfg.name, f"append of batch {a.batch_id} ({a.commit_id})") as lease:
         failpoint("append.inside_lease")
         meta["commit_epoch"] = lease.epoch
         a.table.commit_files(a.files, meta, a.desc.lower, fence=lease.fence)
@@ -359,15 +359,15 @@ def commit(a: Appending) -> None:
 def confirm(a: Appending) -> AppendResult:
     """Steps 5-6: sync; the commit that took this lower is ours (else another attempt's), and
     its Delta version added exactly the manifest's files and rows; or the batch is outdated."""
-    a.shard = sync(a.store, a.table)
+    a.shard = sync(a.ledger, a.table)
     b = a.reread()  # the sync absorbed whichever commit took this lower
     if b.state == COMMITTED and b.delta_version is not None:
         info = a.table.commit_info(b.delta_version)
         if (commits.reconcile_meta(info) or {}).get("commit_id") != a.commit_id:
-            return _committed_meanwhile(a.store, a.table, b, a.state, "was appending")
+            return _committed_meanwhile(a.ledger, a.table, b, a.state, "was appending")
         assert a.manifest is not None
         wrong = log_differences(a.table, b.delta_version, a.manifest)
-        gc_staged(a.store, a.table)
+        gc_staged(a.ledger, a.table)
         if wrong:
             event(log, f"the committed batch does not match its manifest: {wrong[0]}", level=logging.ERROR, **a.state)
             raise InconsistentState(
@@ -391,7 +391,7 @@ def confirm(a: Appending) -> AppendResult:
         )
         return AppendResult(Outcome.COMMITTED, msg, b.delta_version)
     if a.shard.upper > a.desc.lower:
-        return _outdated(a.store, a.table, a.desc, a.shard, a.state)
+        return _outdated(a.ledger, a.table, a.desc, a.shard, a.state)
     raise InconsistentState(
         f"Delta skipped the commit of batch {a.batch_id} (lower {iso(a.desc.lower)}): a Delta version under the "
         f"sink's commit guard ({a.table.app_id}) already recorded a transaction at or above it, but "

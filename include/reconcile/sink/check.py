@@ -53,13 +53,13 @@ STALE = "staged files remain that can never be committed"
 
 
 def violations(
-    store: Ledger, cfg: SinkConfig, *, synced: bool = True, spark=None, table: ShardTable | None = None
+    ledger: Ledger, cfg: SinkConfig, *, synced: bool = True, spark=None, table: ShardTable | None = None
 ) -> list[str]:
     """Every broken invariant, one line each, from the ledger and the Delta log (no JVM); with
     ``spark``, also from the committed rows (checksums, the kind's invariants)."""
     table = table or ShardTable(cfg)
     out: list[str] = []
-    shard = store.get_shard(cfg.name)
+    shard = ledger.get_shard(cfg.name)
     exists = table.exists()
     entries = table.log_entries(-1)[1] if exists else []
     commits = batch_commits([(v, meta) for v, meta, _ in entries])
@@ -72,13 +72,13 @@ def violations(
     if commits and commits[0].lower < shard.as_of:
         out.append(f"first batch lower {commits[0].lower} is before as_of {iso(shard.as_of)}")
     if synced:
-        ledger = sorted(
-            ((b.batch_id, b.lower, b.upper, b.delta_version) for b in store.batches(cfg.name, (COMMITTED,))),
+        recorded = sorted(
+            ((b.batch_id, b.lower, b.upper, b.delta_version) for b in ledger.batches(cfg.name, (COMMITTED,))),
             key=lambda x: x[1],
         )
         log = [(c.batch_id, c.lower, c.upper, c.version) for c in commits]
-        if ledger != log:
-            out.append(f"ledger committed batches {ledger} differ from the Delta log's {log}")
+        if recorded != log:
+            out.append(f"ledger committed batches {recorded} differ from the Delta log's {log}")
         expected_upper = commits[-1].upper if commits else None
         if expected_upper is not None and shard.upper != expected_upper:
             out.append(f"shard upper {iso(shard.upper)} is not the last committed upper {iso(expected_upper)}")
@@ -98,14 +98,14 @@ def violations(
                 f"Delta version {version} carries the sink's commit guard (txnVersion {txn}) but is not "
                 f"one of its batches or compactions ({meta}): the metadata can never absorb it"
             )
-    out += batch_differences(store, table, entries, spark)
+    out += batch_differences(ledger, table, entries, spark)
     if commits and spark is not None:
         from reconcile import kinds
         from reconcile.storage import frames
 
         out += kinds.of(cfg).invariants(frames.read_updates(spark, table), commits[-1].upper - 1)
     if synced:
-        stale = stale_staged(store, table)
+        stale = stale_staged(ledger, table)
         if stale:
             out.append(f"{STALE}: {stale[:5]}")
     if exists:
@@ -120,25 +120,25 @@ def missing_files(table: ShardTable) -> list[str]:
     return [f"the Delta table names {len(gone)} file(s) that are not on storage: {gone[:3]}"] if gone else []
 
 
-def described_batches(store: Ledger, sink: str, entries: list) -> dict[int, Manifest]:
+def described_batches(ledger: Ledger, sink: str, entries: list) -> dict[int, Manifest]:
     """{Delta version: the batch's manifest} of the batch commits among ``entries``: what the
     commit records of it, completed by the ledger's manifest where the commit carries no parts."""
-    ledger = {b.batch_id: b.manifest for b in store.batches(sink, (COMMITTED,)) if b.manifest}
+    manifests = {b.batch_id: b.manifest for b in ledger.batches(sink, (COMMITTED,)) if b.manifest}
     out = {}
     for version, meta, _ in entries:
         if meta and meta.get("op") == "batch":
-            found = Manifest.described(meta, ledger.get(meta["batch_id"]))
+            found = Manifest.described(meta, manifests.get(meta["batch_id"]))
             if found is not None:
                 out[version] = found
     return out
 
 
-def batch_differences(store: Ledger, table: ShardTable, entries: list, spark=None) -> list[str]:
+def batch_differences(ledger: Ledger, table: ShardTable, entries: list, spark=None) -> list[str]:
     """Invariant 6: each batch's Delta version against its description (the commit's own
     per-partition counts, files and checksums, else the ledger's manifest)."""
     from reconcile.sink.verify import commit_differences, log_differences
 
-    described = described_batches(store, table.name, entries)
+    described = described_batches(ledger, table.name, entries)
     if not described:
         return []
     out = [line for v, m in sorted(described.items()) for line in log_differences(table, v, m)[:3]]
@@ -147,7 +147,7 @@ def batch_differences(store: Ledger, table: ShardTable, entries: list, spark=Non
     return out
 
 
-def verify_checksums(store: Ledger, cfg: SinkConfig, spark) -> tuple[list[str], dict[str, int]]:
+def verify_checksums(ledger: Ledger, cfg: SinkConfig, spark) -> tuple[list[str], dict[str, int]]:
     """``check --verify``: every committed batch whose ``upper - 1`` is at or after the shard's
     since, against the checksums of the shard as of ``upper - 1`` it recorded when it was
     written (its commit's metadata, else the ledger's manifest), recomputed from the Delta table
@@ -159,8 +159,8 @@ def verify_checksums(store: Ledger, cfg: SinkConfig, spark) -> tuple[list[str], 
     if not table.exists():
         return [], {"verified": 0, "partitions": 0, "not_verifiable": 0, "before_since": 0, "version": -1}
     latest, entries = table.log_entries(-1)
-    described = described_batches(store, cfg.name, entries)
-    lines, counts = checksum_differences(spark, table, described, store.get_shard(cfg.name).since, latest)
+    described = described_batches(ledger, cfg.name, entries)
+    lines, counts = checksum_differences(spark, table, described, ledger.get_shard(cfg.name).since, latest)
     return lines, {**counts, "version": latest}
 
 
@@ -204,7 +204,7 @@ def staged_age_ms(table: ShardTable, rel: str, now: int) -> int:
 
 
 def pending_cleanup(
-    store: Ledger, cfg: SinkConfig, now: int | None = None, table: ShardTable | None = None
+    ledger: Ledger, cfg: SinkConfig, now: int | None = None, table: ShardTable | None = None
 ) -> list[tuple[str, int]]:
     """[(staged directory, its age in ms)] of the staged files that can never be committed and
     that the next append's cleanup deletes (a race's loser, a superseded batch whose files waited
@@ -213,7 +213,7 @@ def pending_cleanup(
 
     table = table or ShardTable(cfg)
     t = now_ms() if now is None else now
-    return [(rel, staged_age_ms(table, rel, t)) for rel in stale_staged(store, table)]
+    return [(rel, staged_age_ms(table, rel, t)) for rel in stale_staged(ledger, table)]
 
 
 def _age(ms: int) -> str:
@@ -222,7 +222,7 @@ def _age(ms: int) -> str:
     return f"{ms // 1000}s" if ms < 60_000 else duration(ms)
 
 
-def foreign_findings(store: Ledger, cfg: SinkConfig, table: ShardTable | None = None) -> tuple[list[str], list[int]]:
+def foreign_findings(ledger: Ledger, cfg: SinkConfig, table: ShardTable | None = None) -> tuple[list[str], list[int]]:
     """(one line per foreign Delta version that changed data: its operation, engine, rows, and
     whether a batch repaired it, "repaired at version N" by the batch whose write read it, or "not
     yet repaired"; the foreign versions not yet repaired), from the log's commit files (no JVM)."""
@@ -232,7 +232,7 @@ def foreign_findings(store: Ledger, cfg: SinkConfig, table: ShardTable | None = 
     if not table.exists():
         return [], []
     found = st.with_rows(table, table.foreign_commits(-1, table.latest_version()))
-    committed = store.batches(cfg.name, (COMMITTED,))
+    committed = ledger.batches(cfg.name, (COMMITTED,))
     by = st.fates(committed, found, kinds.repairs_by_key(cfg))
     lines, open_ = [], []
     for f in found:
@@ -258,31 +258,31 @@ class CheckReport:
     findings: list[str]
 
 
-def run_check(store: Ledger, cfg: SinkConfig, *, spark=None, now: int | None = None) -> CheckReport:
+def run_check(ledger: Ledger, cfg: SinkConfig, *, spark=None, now: int | None = None) -> CheckReport:
     """:func:`violations` (the rows too with ``spark``), except that staged files that can never
     be committed are *pending cleanup* (a finding, with their age) until they are older than
     :func:`cleanup_horizon_ms`; and the foreign commits of the log, as findings. One pass over the
     log: each commit file is read once."""
     table = ShardTable(cfg)
     table.remember_commits()
-    out = [v for v in violations(store, cfg, spark=spark, table=table) if not v.startswith(STALE)]
+    out = [v for v in violations(ledger, cfg, spark=spark, table=table) if not v.startswith(STALE)]
     horizon = cleanup_horizon_ms(cfg)
     found: list[str] = []
-    for rel, age in pending_cleanup(store, cfg, now, table):
+    for rel, age in pending_cleanup(ledger, cfg, now, table):
         line = f"staged files of {rel} can never be committed, last written {_age(age)} ago"
         if age > horizon:
             out.append(f"{line}: older than the cleanup horizon ({_age(horizon)}), yet no append deleted them")
         else:
             found.append(f"pending cleanup: {line}; the next append deletes them (a violation after {_age(horizon)})")
-    found += foreign_findings(store, cfg, table)[0]
+    found += foreign_findings(ledger, cfg, table)[0]
     from reconcile.sink import current
 
-    bad, noted = current.findings(cfg, table, store.batches(cfg.name, (COMMITTED,)), deep=spark is not None)
+    bad, noted = current.findings(cfg, table, ledger.batches(cfg.name, (COMMITTED,)), deep=spark is not None)
     return CheckReport(out + bad, found + noted)
 
 
 def verify_report(
-    store: Ledger, cfg: SinkConfig, spark, *, strict_history: bool = False
+    ledger: Ledger, cfg: SinkConfig, spark, *, strict_history: bool = False
 ) -> tuple[CheckReport, dict[str, int]]:
     """``check --verify``, said in two parts: does the *current* state verify (the last committed
     batch's checksums of the shard as of its ``upper - 1``), and which *older* batches' history a
@@ -290,8 +290,8 @@ def verify_report(
     after their read). A current state that differs is a violation; so is an older difference no
     foreign version explains (corruption, a bug), or one explained by a foreign version not yet
     repaired. An alteration explained and repaired is a finding, unless ``strict_history``."""
-    lines, counts = verify_checksums(store, cfg, spark)
-    committed = sorted(store.batches(cfg.name, (COMMITTED,)), key=lambda b: b.lower)
+    lines, counts = verify_checksums(ledger, cfg, spark)
+    committed = sorted(ledger.batches(cfg.name, (COMMITTED,)), key=lambda b: b.lower)
     rep = CheckReport([], [])
     if not committed:
         return rep, counts
@@ -328,7 +328,7 @@ def verify_report(
 
 
 def verify_source(
-    store: Ledger, cfg: SinkConfig, spark, current_verifies: bool = True
+    ledger: Ledger, cfg: SinkConfig, spark, current_verifies: bool = True
 ) -> tuple[list[str], list[str], str]:
     """(violations, findings, one line): the shard as of the last committed ``upper - 1`` against
     what the sink's source defines, where that can be computed. Upsert: every key's latest
@@ -336,7 +336,7 @@ def verify_source(
     a key whose value differs is a violation, a key the shard holds that the feed no longer has a
     command for is a finding (its retention). Query and change log: the last batch's desired
     collection, by the checksum it recorded (equal to the shard's when the current state verifies)."""
-    committed = sorted(store.batches(cfg.name, (COMMITTED,)), key=lambda b: b.lower)
+    committed = sorted(ledger.batches(cfg.name, (COMMITTED,)), key=lambda b: b.lower)
     if not committed:
         return [], [], "against the source: nothing committed yet"
     upper = committed[-1].upper

@@ -79,19 +79,19 @@ def target_since(cfg: SinkConfig, upper: int, since: int) -> int:
     return max(since, min(upper - 1, upper - cfg.history_retention_hours * HOUR_MS))
 
 
-def batches_to_fold(store: Ledger, cfg: SinkConfig) -> int:
+def batches_to_fold(ledger: Ledger, cfg: SinkConfig) -> int:
     """How many committed batches the next compaction would fold into since (metadata only)."""
-    shard = store.get_shard(cfg.name)
+    shard = ledger.get_shard(cfg.name)
     target = target_since(cfg, shard.upper, shard.since)
     # a batch's updates lie in [lower, upper): it is folded in once since reaches upper - 1
-    return sum(1 for b in store.batches(cfg.name, (COMMITTED,)) if b.upper - 1 > shard.since and b.lower < target)
+    return sum(1 for b in ledger.batches(cfg.name, (COMMITTED,)) if b.upper - 1 > shard.since and b.lower < target)
 
 
-def due(store: Ledger, cfg: SinkConfig) -> tuple[bool, str]:
+def due(ledger: Ledger, cfg: SinkConfig) -> tuple[bool, str]:
     """(compact now?, why) after a run: ``compaction.every_batches`` batches are waiting."""
     if cfg.compact_every_batches == 0:
         return False, "automatic compaction is off (compaction.every_batches: 0)"
-    n = batches_to_fold(store, cfg)
+    n = batches_to_fold(ledger, cfg)
     if n < cfg.compact_every_batches:
         return False, f"{n} of {cfg.compact_every_batches} batches to fold in since the last compaction"
     return True, f"{n} batches to fold in (compaction.every_batches: {cfg.compact_every_batches})"
@@ -108,7 +108,7 @@ def _uncompacted(spark: SparkSession, table: ShardTable, since: int) -> bool:
     return bool(frames.read_updates(spark, table).where(F.col("_time") < since).limit(1).count())
 
 
-def vacuum(store: Ledger, table: ShardTable) -> list[str]:
+def vacuum(ledger: Ledger, table: ShardTable) -> list[str]:
     """Delete the files no retained version of the table names and no commit can add, last
     changed more than ``retention.vacuum_hours`` ago (what Delta's VACUUM deletes), without a
     JVM. delta-rs deletes the files the log removed (:meth:`ShardTable.vacuum_removed`) and lists
@@ -124,7 +124,7 @@ def vacuum(store: Ledger, table: ShardTable) -> list[str]:
         CurrentTable(table.cfg).vacuum(hours)
     removed = table.vacuum_removed(hours)
     version, listed = table.unreferenced_files(hours)
-    committed = {b.batch_id: b.delta_version for b in store.batches(table.name, (COMMITTED,))}
+    committed = {b.batch_id: b.delta_version for b in ledger.batches(table.name, (COMMITTED,))}
     orphans = [p for p in listed if p not in set(removed) and _never_added_after(p, version, committed)]
     for p in orphans:
         files.delete_path(f"{table.path}/{p}")
@@ -174,7 +174,7 @@ def _written_files(table: ShardTable, name: str) -> list[tuple[str, int, dict]]:
 
 def run_compact(
     spark: SparkSession,
-    store: Ledger,
+    ledger: Ledger,
     cfg: SinkConfig,
     *,
     since: int | None = None,
@@ -185,7 +185,7 @@ def run_compact(
         return CompactResult(
             Outcome.NOTHING, event(log, "nothing to compact: the shard has no Delta table yet", sink=cfg.name), 0
         )
-    shard = sync(store, table)
+    shard = sync(ledger, table)
     target = target_since(cfg, shard.upper, shard.since) if since is None else since
     state = dict(sink=cfg.name, upper=shard.upper, since=shard.since, new_since=target)
     if target >= shard.upper:
@@ -221,7 +221,7 @@ def run_compact(
             shard.since,
         )
 
-    store.advance_since(cfg.name, target)
+    ledger.advance_since(cfg.name, target)
     failpoint("compact.after_since")
     token = uuid.uuid4().hex
     name = layout.compaction_dir(read_version, token)
@@ -236,7 +236,7 @@ def run_compact(
             written = _written_files(table, name)
             # the shard's commit lease around the commit only (not the Spark job): the sink's own
             # writers take turns on the log even where the store's put-if-absent is weak
-            with store.commit_lease(cfg.name, f"compaction from Delta version {read_version} ({token})") as lease:
+            with ledger.commit_lease(cfg.name, f"compaction from Delta version {read_version} ({token})") as lease:
                 if table.latest_version() == read_version:  # checked again inside the lease
                     committed = table.commit_rewrite(
                         written, {**meta, "commit_epoch": lease.epoch}, read_version, recorded + 1, fence=lease.fence
@@ -266,7 +266,7 @@ def run_compact(
     version, removed = committed
     rows = sum(int(stats["numRecords"]) for _, _, stats in written)
     gc_compactions(table)  # those that lost to this one or died before
-    vacuumed = vacuum(store, table) if vacuum_files else None
+    vacuumed = vacuum(ledger, table) if vacuum_files else None
     msg = event(
         log,
         "compacted the shard's history",

@@ -73,7 +73,7 @@ class _Plan:
     vectors: dict | None = None  # every file's deletion vector after it (tables that have them)
 
 
-def maintain(store, cfg: SinkConfig, table: ShardTable, *, rebuild: str | None = None) -> CurrentResult | None:
+def maintain(ledger, cfg: SinkConfig, table: ShardTable, *, rebuild: str | None = None) -> CurrentResult | None:
     """Bring the sink's current table to the shard's latest version (``rebuild``: why to write it
     whole). None when the sink keeps no current table or has no shard yet."""
     if cfg.current is None or not table.exists():
@@ -81,7 +81,7 @@ def maintain(store, cfg: SinkConfig, table: ShardTable, *, rebuild: str | None =
     ct = CurrentTable(cfg)
     started = time.perf_counter()
     for _ in range(10):
-        outcome = _attempt(store, cfg, table, ct, rebuild)
+        outcome = _attempt(ledger, cfg, table, ct, rebuild)
         if outcome is not None:
             return replace(outcome, seconds=round(time.perf_counter() - started, 3))
     raise Retryable(
@@ -91,7 +91,7 @@ def maintain(store, cfg: SinkConfig, table: ShardTable, *, rebuild: str | None =
     )
 
 
-def _attempt(store, cfg: SinkConfig, table: ShardTable, ct: CurrentTable, rebuild: str | None) -> CurrentResult | None:
+def _attempt(ledger, cfg: SinkConfig, table: ShardTable, ct: CurrentTable, rebuild: str | None) -> CurrentResult | None:
     if not ct.exists():
         ct.create()
         rebuild = rebuild or "created"
@@ -121,7 +121,7 @@ def _attempt(store, cfg: SinkConfig, table: ShardTable, ct: CurrentTable, rebuil
     meta: dict = {"rows_added": plan.rows_added, "rows_removed": plan.rows_removed}
     if rebuild:
         meta["rebuilt"] = rebuild
-    with store.commit_lease(cfg.name, f"current-state table to shard version {latest}") as lease:
+    with ledger.commit_lease(cfg.name, f"current-state table to shard version {latest}") as lease:
         if ct.snapshot().version() != dt.version():
             return None  # another writer moved it meanwhile: compute again
         lease.fence()

@@ -78,11 +78,11 @@ def _base(committed: list[Batch], cfg) -> tuple[int, Batch | None]:
     return last.read_version or -1, last
 
 
-def find(spark: SparkSession, store: Ledger, table: ShardTable, read_version: int, upper: int) -> Drift:
+def find(spark: SparkSession, ledger: Ledger, table: ShardTable, read_version: int, upper: int) -> Drift:
     """The foreign versions after the last repair up to ``read_version``, the rows they changed
     below ``upper``, and for a keyed kind the keys they touched (and those still unrepairable)."""
     cfg = table.cfg
-    committed = store.batches(cfg.name, (COMMITTED,))
+    committed = ledger.batches(cfg.name, (COMMITTED,))
     base, last = _base(committed, cfg)
     foreign = table.foreign_commits(base, read_version)
     carried = (record_of(last) or {}).get("unrepairable") or [] if last is not None else []

@@ -72,7 +72,7 @@ class DryRun:
 
 
 def next_correction(
-    store: Ledger,
+    ledger: Ledger,
     cfg: SinkConfig,
     frontier: int | None,
     limit: int,
@@ -84,8 +84,8 @@ def next_correction(
     DuckDB's might differ: ``start_spark(why)`` gives the session (``why``: DuckDB's refusal;
     None with ``use_spark``). Writes nothing but the shard's ledger row, if it had none."""
     table = ShardTable(cfg)
-    store.ensure_shard(cfg.name, cfg.as_of)
-    lower = next_lower(store.get_shard(cfg.name))
+    ledger.ensure_shard(cfg.name, cfg.as_of)
+    lower = next_lower(ledger.get_shard(cfg.name))
     upper, upper_from = _upper(cfg, frontier, lower)
     out = DryRun(lower, upper, upper_from)
     if upper <= lower:
@@ -93,12 +93,12 @@ def next_correction(
     why = None
     if not use_spark:
         try:
-            out.preview = correction(cfg, table, lower, upper, limit, store.watermark(cfg.name))
+            out.preview = correction(cfg, table, lower, upper, limit, ledger.watermark(cfg.name))
             out.guard = guard.preview(table, out.preview.inserts, out.preview.retractions)
             return out
         except NotExact as exc:
             why = str(exc)
-    out.spark = spark_correction(start_spark(why), store, cfg, table, lower, upper)
+    out.spark = spark_correction(start_spark(why), ledger, cfg, table, lower, upper)
     out.guard = guard.preview(table, out.spark.inserts, out.spark.retractions)
     return out
 
@@ -117,7 +117,7 @@ def _upper(cfg: SinkConfig, frontier: int | None, lower: int) -> tuple[int, str]
 
 
 def spark_correction(
-    spark: SparkSession, store: Ledger, cfg: SinkConfig, table: ShardTable, lower: int, upper: int
+    spark: SparkSession, ledger: Ledger, cfg: SinkConfig, table: ShardTable, lower: int, upper: int
 ) -> SparkCorrection:
     """The correction of ``[lower, upper)`` as the write stage computes it (the sink's SQL, its
     sources), cached; its totals read by one Spark job."""
@@ -127,7 +127,7 @@ def spark_correction(
     from reconcile.storage import frames
 
     persist = frames.read_updates(spark, table) if table.exists() else spark.createDataFrame([], frames.schema(cfg))
-    result = batch_correction(spark, store, cfg, persist, lower, upper)
+    result = batch_correction(spark, ledger, cfg, persist, lower, upper)
     corr = result.updates.cache()
     per_part = corr.groupBy("_part").agg(
         F.count(F.lit(1)).alias("updates"),

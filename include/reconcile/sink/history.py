@@ -384,16 +384,16 @@ def _spark_changes(
 # -- the reports ------------------------------------------------------------------------------------
 
 
-def _notes(source: ShardTable | ShardReader, store, cfg: SinkConfig, times: list[tuple[str, int]]) -> list[str]:
+def _notes(source: ShardTable | ShardReader, ledger, cfg: SinkConfig, times: list[tuple[str, int]]) -> list[str]:
     """What a time given inside a batch stamped at its ``upper - 1`` reads (see the module doc)."""
     if not times:
         return []
-    batches = [(b.lower, b.upper) for b in store.batches(cfg.name, states=(COMMITTED,))]
+    batches = [(b.lower, b.upper) for b in ledger.batches(cfg.name, states=(COMMITTED,))]
     return [n for what, t in times if (n := stamp_note(source, batches, what, t)) is not None]
 
 
 def history_report(
-    store,
+    ledger,
     cfg: SinkConfig,
     *,
     spark: SparkSession | None = None,
@@ -406,7 +406,7 @@ def history_report(
     valid_from; at most ``limit``), when compaction cut the history the note saying so, and the
     note on an ``as_of`` inside a batch stamped at its ``upper - 1``. Read by DuckDB (no JVM), or
     by ``spark`` when given: the same report."""
-    shard = store.get_shard(cfg.name)
+    shard = ledger.get_shard(cfg.name)
     if as_of is not None:
         check_time(cfg, shard.since, shard.upper, as_of)
     _require_table(cfg)
@@ -416,11 +416,11 @@ def history_report(
     ask = _Versions(errors, key, as_of, limit, shard.since)
     if spark is not None:
         rows, cut = _spark_versions(spark, cfg, ask)
-        notes = _notes(ShardTable(cfg), store, cfg, times)
+        notes = _notes(ShardTable(cfg), ledger, cfg, times)
     else:
         with ShardReader(ShardTable(cfg)) as reader:
             rows, cut = _duckdb_versions(reader, cfg, ask)
-            notes = _notes(reader, store, cfg, times)
+            notes = _notes(reader, ledger, cfg, times)
     note = None
     if cut:
         note = (
@@ -447,7 +447,7 @@ def history_report(
 
 
 def diff_report(
-    store,
+    ledger,
     cfg: SinkConfig,
     t1: int,
     t2: int,
@@ -460,17 +460,17 @@ def diff_report(
     (exclusive) to ``t2`` (inclusive), ok rows or (``errors``) error rows, with totals, and the
     notes on a time inside a batch stamped at its ``upper - 1``. Read by DuckDB (no JVM), or by
     ``spark`` when given: the same report."""
-    shard = store.get_shard(cfg.name)
+    shard = ledger.get_shard(cfg.name)
     check_range(cfg, shard.since, shard.upper, t1, t2)
     _require_table(cfg)
     times = [("--from", t1), ("--to", t2)]
     if spark is not None:
         totals, rows = _spark_changes(spark, cfg, t1, t2, errors=errors, limit=limit)
-        notes = _notes(ShardTable(cfg), store, cfg, times)
+        notes = _notes(ShardTable(cfg), ledger, cfg, times)
     else:
         with ShardReader(ShardTable(cfg)) as reader:
             totals, rows = _duckdb_changes(reader, cfg, t1, t2, errors=errors, limit=limit)
-            notes = _notes(reader, store, cfg, times)
+            notes = _notes(reader, ledger, cfg, times)
 
     def total(err: bool, up: bool) -> dict:
         n_rows, weight = totals.get((err, up), (0, 0))

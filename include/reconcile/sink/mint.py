@@ -111,7 +111,7 @@ def decide(
 
 
 def maybe_mint(
-    store: Ledger,
+    ledger: Ledger,
     name: str,
     as_of: int,
     run_id: str,
@@ -122,13 +122,13 @@ def maybe_mint(
 ) -> tuple[BatchDescription | None, str]:
     """Mint ``(lower, upper)`` for a run, or return (None, why nothing was minted); the shard's
     row is created first if it has none (a new shard starts at ``as_of``)."""
-    store.ensure_shard(name, as_of)
-    decision = store.mint(name, lambda shard, open_: decide(shard, open_, run_id, attempt, frontier, read_only))
+    ledger.ensure_shard(name, as_of)
+    decision = ledger.mint(name, lambda shard, open_: decide(shard, open_, run_id, attempt, frontier, read_only))
     return decision.description, decision.why
 
 
 def run_mint(
-    store: Ledger,
+    ledger: Ledger,
     cfg: SinkConfig,
     run_id: str,
     attempt: int,
@@ -136,9 +136,9 @@ def run_mint(
     *,
     read_only: bool = False,
 ) -> MintResult:
-    rebuild_lost_ledger(store, ShardTable(cfg), cfg.as_of)
-    desc, why = maybe_mint(store, cfg.name, cfg.as_of, run_id, attempt, frontier, read_only=read_only or cfg.read_only)
-    shard = store.get_shard(cfg.name)
+    rebuild_lost_ledger(ledger, ShardTable(cfg), cfg.as_of)
+    desc, why = maybe_mint(ledger, cfg.name, cfg.as_of, run_id, attempt, frontier, read_only=read_only or cfg.read_only)
+    shard = ledger.get_shard(cfg.name)
     line = event(
         log,
         why,

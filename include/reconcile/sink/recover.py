@@ -67,13 +67,13 @@ def read_log(table: ShardTable) -> LogState:
     return LogState(versions[0], latest, batch_commits(entries), since)
 
 
-def lost_batches(store: Ledger, cfg: SinkConfig, state: LogState) -> dict[str, str]:
+def lost_batches(ledger: Ledger, cfg: SinkConfig, state: LogState) -> dict[str, str]:
     """The ledger's committed batches that the log does not hold at the version the ledger
     recorded (id: why). A version below the log's first commit file was removed by Delta's
     log cleanup (it is older than a checkpoint), not lost."""
     in_log = {c.batch_id: c.version for c in state.commits}
     out = {}
-    for b in store.batches(cfg.name, (COMMITTED,)):
+    for b in ledger.batches(cfg.name, (COMMITTED,)):
         v = b.delta_version
         if v is None or in_log.get(b.batch_id) == v or (b.batch_id not in in_log and 0 <= v < state.first):
             continue
@@ -84,22 +84,22 @@ def lost_batches(store: Ledger, cfg: SinkConfig, state: LogState) -> dict[str, s
     return out
 
 
-def run_recover(store: Ledger, cfg: SinkConfig, *, force: bool = False) -> RecoverResult:
+def run_recover(ledger: Ledger, cfg: SinkConfig, *, force: bool = False) -> RecoverResult:
     """Make the shard's metadata agree with its Delta log (see the module's docstring)."""
     table = ShardTable(cfg)
-    if not store.has_shard(cfg.name) and not table.exists():
+    if not ledger.has_shard(cfg.name) and not table.exists():
         raise SinkError(
             f"nothing to recover: no shard row in the metadata and no Delta table at {table.path}",
             sink=cfg.name,
             remedy="check the sink's name and RECONCILE_WAREHOUSE; a sink that never ran needs no recovery.",
         )
-    committed_before = len(store.batches(cfg.name, (COMMITTED,)))
-    created = rebuild_lost_ledger(store, table, cfg.as_of, read_only=cfg.read_only) is not None
-    before = store.get_shard(cfg.name)
+    committed_before = len(ledger.batches(cfg.name, (COMMITTED,)))
+    created = rebuild_lost_ledger(ledger, table, cfg.as_of, read_only=cfg.read_only) is not None
+    before = ledger.get_shard(cfg.name)
     state = read_log(table)
-    lost = lost_batches(store, cfg, state)
+    lost = lost_batches(ledger, cfg, state)
     if lost and not force:
-        lowers = sorted(store.get_batch(b, cfg.name).lower for b in lost)
+        lowers = sorted(ledger.get_batch(b, cfg.name).lower for b in lost)
         commits = state.commits
         ends = f"upper={iso(commits[-1].upper)} at version {state.latest}" if commits else "no batch committed"
         raise SinkError(
@@ -111,10 +111,10 @@ def run_recover(store: Ledger, cfg: SinkConfig, *, force: bool = False) -> Recov
             f"`python -m reconcile recover {cfg.name} --force` (the next run recomputes what they held).",
         )
     if lost or state.latest < before.delta_version:
-        shard = store.reset_to_log(cfg.name, state.commits, state.since, state.latest, lost)
+        shard = ledger.reset_to_log(cfg.name, state.commits, state.since, state.latest, lost)
         outcome = Outcome.RESET
     else:
-        shard = sync(store, table) if state.latest >= 0 else before
+        shard = sync(ledger, table) if state.latest >= 0 else before
         outcome = (
             Outcome.REBUILT
             if created
@@ -122,7 +122,7 @@ def run_recover(store: Ledger, cfg: SinkConfig, *, force: bool = False) -> Recov
             if shard.delta_version != before.delta_version
             else Outcome.IN_SYNC
         )
-    absorbed = len(store.batches(cfg.name, (COMMITTED,))) - committed_before + len(lost)
+    absorbed = len(ledger.batches(cfg.name, (COMMITTED,))) - committed_before + len(lost)
     what = {
         "rebuilt": "rebuilt the lost shard row from the Delta log",
         "rolled_forward": "rolled the metadata forward to the Delta log",
@@ -140,7 +140,7 @@ def run_recover(store: Ledger, cfg: SinkConfig, *, force: bool = False) -> Recov
             f"read_only={shard.read_only} (the sink config's: a switch set with `read-only on` lived only in the lost "
             f"database; set it again if the sink was read-only)"
         )
-    current = maintain(store, cfg, table) if state.latest >= 0 else None
+    current = maintain(ledger, cfg, table) if state.latest >= 0 else None
     if current is not None and current.outcome != Outcome.UP_TO_DATE:
         notes.append(f"the current-state table {current.outcome} to shard version {current.shard_version}")
     line = event(

@@ -35,7 +35,7 @@ class BatchRun:
 
 def run_batch(
     spark: SparkSession,
-    store: Ledger,
+    ledger: Ledger,
     cfg: SinkConfig,
     run_id: str,
     frontier: int,
@@ -57,7 +57,7 @@ def run_batch(
     run: BatchRun | None = None
     for _ in range(MINTS):
         t0 = time.perf_counter()
-        minted = run_mint(store, cfg, run_id, attempt, frontier, read_only=read_only)
+        minted = run_mint(ledger, cfg, run_id, attempt, frontier, read_only=read_only)
         if run is None:
             run = BatchRun(minted)
         run.mint = minted
@@ -66,13 +66,13 @@ def run_batch(
         if desc is None:
             return run
         t1 = time.perf_counter()
-        run.write = run_write(spark, store, cfg, desc.batch_id)
+        run.write = run_write(spark, ledger, cfg, desc.batch_id)
         run.seconds["write"] = run.seconds.get("write", 0.0) + time.perf_counter() - t1
         if on_written is not None:
             on_written(run.write)
         if run.write.outcome != "outdated":
             t2 = time.perf_counter()
-            run.append = run_append(store, cfg, desc.batch_id, approve=approve)
+            run.append = run_append(ledger, cfg, desc.batch_id, approve=approve)
             run.seconds["append"] = time.perf_counter() - t2
             return run
     assert run is not None

@@ -39,11 +39,11 @@ from reconcile.storage.ledger_rows import Batch, Shard
 log = logging.getLogger(__name__)
 
 
-def sync(store: Ledger, table: ShardTable) -> Shard:
+def sync(ledger: Ledger, table: ShardTable) -> Shard:
     """Roll the metadata forward to every batch commit in the Delta log it has not absorbed."""
     name = table.name
-    shard = store.get_shard(name)
-    last = store.previous_committed(name, shard.upper)  # read before the log is listed
+    shard = ledger.get_shard(name)
+    last = ledger.previous_committed(name, shard.upper)  # read before the log is listed
     if not table.exists():
         check_log_holds_ledger(table, shard, last, None)
         return shard
@@ -56,27 +56,27 @@ def sync(store: Ledger, table: ShardTable) -> Shard:
     if truncated and not commits:
         refuse_truncated(table, entries[0][0])
     for rec in commits:
-        if store.absorb_commit(name, rec):
+        if ledger.absorb_commit(name, rec):
             event(log, "rolled metadata forward to a Delta batch commit", sink=name, **rec.summary())
     since = compacted_since(entries, truncated)
-    if since is not None and store.absorb_since(name, since):
+    if since is not None and ledger.absorb_since(name, since):
         event(log, "raised since to the Delta log's last compaction", sink=name, since=since)
     if entries:
-        store.note_delta_version(name, latest)
-    return store.get_shard(name)
+        ledger.note_delta_version(name, latest)
+    return ledger.get_shard(name)
 
 
-def rebuild_lost_ledger(store: Ledger, table: ShardTable, as_of: int, *, read_only: bool = False) -> Shard | None:
+def rebuild_lost_ledger(ledger: Ledger, table: ShardTable, as_of: int, *, read_only: bool = False) -> Shard | None:
     """The one place a lost ledger is rebuilt (by mint, ``check`` and ``recover``): a shard with
     a Delta table but no ledger row (its database was lost, or its tables dropped) gets its row
     again (``as_of``: the sink config's; ``read_only``: the row's switch) and is rolled forward
     to every batch commit of the log (:func:`sync`). Returns the rebuilt shard; None if it has a row, no
     table yet (a new sink), or a concurrent stage created the row first (that stage rebuilds it)."""
-    if store.has_shard(table.name) or not table.exists():
+    if ledger.has_shard(table.name) or not table.exists():
         return None
-    if not store.create_shard(table.name, as_of, read_only=read_only):
+    if not ledger.create_shard(table.name, as_of, read_only=read_only):
         return None
-    shard = sync(store, table)
+    shard = sync(ledger, table)
     event(log, "rebuilt the shard's metadata from the Delta log", sink=table.name, upper=shard.upper)
     return shard
 
@@ -159,7 +159,7 @@ def ahead_of_log(
     )
 
 
-def stale_staged(store: Ledger, table: ShardTable) -> list[str]:
+def stale_staged(ledger: Ledger, table: ShardTable) -> list[str]:
     """Staged directories that can never become part of the table (``<batch>`` or
     ``<batch>/<stage>``), as of the synced ledger.
 
@@ -168,8 +168,8 @@ def stale_staged(store: Ledger, table: ShardTable) -> list[str]:
     passed loses files (no batch with that lower can ever be committed again: Delta's guard
     records a version at or above it), and of a committed batch only the attempts other than
     the committed one. A directory of a batch the ledger does not know is left alone."""
-    shard = store.get_shard(table.name)
-    known = {b.batch_id: b for b in store.batches(table.name)}
+    shard = ledger.get_shard(table.name)
+    known = {b.batch_id: b for b in ledger.batches(table.name)}
     out = []
     for batch_id, stages in table.staged_dirs().items():  # one listing of the staging area
         b = known.get(batch_id)
@@ -208,15 +208,15 @@ def stale_compactions(table: ShardTable) -> list[str]:
     return out
 
 
-def gc_staged(store: Ledger, table: ShardTable) -> list[str]:
+def gc_staged(ledger: Ledger, table: ShardTable) -> list[str]:
     """Delete staged files that can never be appended (as persist's sink deletes a batch's blobs
     once it can never be appended), and compactions' files that can never be committed."""
     gc_compactions(table)
-    deleted = stale_staged(store, table)
+    deleted = stale_staged(ledger, table)
     for rel in deleted:
         files.delete_path(f"{table.staging_root}/{rel}")
     if deleted:
-        shard = store.get_shard(table.name)
+        shard = ledger.get_shard(table.name)
         event(
             log,
             "deleted staged files that can never be appended",

@@ -74,14 +74,14 @@ class WriteResult:
     batch_id: str | None = None
 
 
-def carried_checksums(store: Ledger, table: ShardTable, lower: int, read_version: int) -> dict[int, int] | None:
+def carried_checksums(ledger: Ledger, table: ShardTable, lower: int, read_version: int) -> dict[int, int] | None:
     """The shard's checksums as of ``lower - 1``, per partition, as the committed batch ending at
     ``lower`` recorded them, if nothing but that batch's own commit, the sink's compactions (which
     keep every checksum as of a time at or after ``since``) and commits that change no data
     touched the table between the Delta version it read and ``read_version``; else None (the
     write then observes the shard as read)."""
     cfg = table.cfg
-    prev = store.committed_ending_at(cfg.name, lower)
+    prev = ledger.committed_ending_at(cfg.name, lower)
     b = prev[0] if len(prev) == 1 else None
     if b is None or b.read_version is None or not b.manifest:
         return None
@@ -107,7 +107,7 @@ def carried_checksums(store: Ledger, table: ShardTable, lower: int, read_version
 
 def batch_correction(
     spark: SparkSession,
-    store: Ledger,
+    ledger: Ledger,
     cfg: SinkConfig,
     persist: DataFrame,
     lower: int,
@@ -121,7 +121,7 @@ def batch_correction(
     observe its checksums while it is computed; ``empty_shard``: persist holds no update;
     ``repair``: foreign writes a keyed kind must repair beyond its commands' keys)."""
     kind = kinds.of(cfg)
-    wm = store.watermark(cfg.name) if kind.reads_feed else None
+    wm = ledger.watermark(cfg.name) if kind.reads_feed else None
     return kind.correction(spark, persist, kinds.Bounds(lower, upper, wm, checks, empty_shard, repair, exact))
 
 
@@ -185,7 +185,7 @@ class Attempt:
     """One write attempt of a batch: what every step needs."""
 
     spark: SparkSession
-    store: Ledger
+    ledger: Ledger
     table: ShardTable
     desc: BatchDescription
     replaces: str | None = None  # the damaged staged attempt this one replaces
@@ -207,15 +207,15 @@ class Attempt:
     def lost(self) -> WriteResult:
         """This attempt's files are deleted: another attempt, or a newer mint, decided the batch."""
         files.delete_path(self.path)  # never recorded: no append can commit it
-        now_b = self.store.get_batch(self.batch_id, self.cfg.name)
+        now_b = self.ledger.get_batch(self.batch_id, self.cfg.name)
         outcome, msg = _lost(now_b, self.stage_id)
         return WriteResult(outcome, event(log, msg, **self.state), batch_id=self.batch_id)
 
 
-def run_write(spark: SparkSession, store: Ledger, cfg: SinkConfig, batch_id: str) -> WriteResult:
+def run_write(spark: SparkSession, ledger: Ledger, cfg: SinkConfig, batch_id: str) -> WriteResult:
     table = ShardTable(cfg)
-    b = store.get_batch(batch_id, cfg.name)
-    attempt = Attempt(spark, store, table, BatchDescription.of(b))
+    b = ledger.get_batch(batch_id, cfg.name)
+    attempt = Attempt(spark, ledger, table, BatchDescription.of(b))
     if b.state == COMMITTED:
         msg = event(
             log,
@@ -226,9 +226,9 @@ def run_write(spark: SparkSession, store: Ledger, cfg: SinkConfig, batch_id: str
     if b.state not in OPEN_STATES:
         msg = event(log, f"skipping write: batch is {b.state} ({b.message or 'no message'})", **attempt.state)
         return WriteResult(Outcome.SKIPPED, msg)
-    table.ensure(lambda: store.commit_lease(cfg.name, f"creation of the shard's table (batch {batch_id})"))
+    table.ensure(lambda: ledger.commit_lease(cfg.name, f"creation of the shard's table (batch {batch_id})"))
     catalog.register(spark, cfg)
-    shard = sync(store, table)
+    shard = sync(ledger, table)
     if shard.upper > attempt.desc.lower:
         return absorb_outdated(attempt, shard.upper)
     kept = keep_intact(attempt)
@@ -245,13 +245,13 @@ def absorb_outdated(attempt: Attempt, shard_upper: int) -> WriteResult:
     earlier attempt's commit) or outdated (another writer moved the upper), never written."""
     desc, state = attempt.desc, attempt.state
     # Re-read: the sync may just have absorbed this batch's own commit.
-    b = attempt.store.get_batch(desc.batch_id, attempt.cfg.name)
+    b = attempt.ledger.get_batch(desc.batch_id, attempt.cfg.name)
     if b.state == COMMITTED:
         msg = event(
             log, "skipping write: an earlier attempt already committed this batch (metadata rolled forward)", **state
         )
         return WriteResult(Outcome.SKIPPED, msg, batch_id=desc.batch_id)
-    attempt.store.mark_superseded(
+    attempt.ledger.mark_superseded(
         desc.batch_id, f"outdated before write: another writer moved the shard's upper to {iso(shard_upper)}"
     )
     rest = (
@@ -275,7 +275,7 @@ def keep_intact(attempt: Attempt) -> WriteResult | None:
     Each attempt stages under a directory of its own; recording the manifest is a compare-and-set
     on the attempt the batch names now (None, or the damaged attempt this one replaces)."""
     # Re-read after the sync: another attempt may have staged the batch meanwhile.
-    b = attempt.store.get_batch(attempt.batch_id, attempt.cfg.name)
+    b = attempt.ledger.get_batch(attempt.batch_id, attempt.cfg.name)
     if b.state == STAGED:
         damage = _damage(attempt.table, b)
         if damage is None:
@@ -326,14 +326,14 @@ def stage(attempt: Attempt) -> StagedFiles | WriteResult:
         read_version = attempt.read_version = attempt.table.latest_version()
         persist = frames.read_updates(attempt.spark, attempt.table, read_version)
         empty = frames.holds_nothing(attempt.table, read_version)
-        attempt.drift = drift_.find(attempt.spark, attempt.store, attempt.table, read_version, attempt.desc.upper)
-        carried = carried_checksums(attempt.store, attempt.table, attempt.desc.lower, read_version)
+        attempt.drift = drift_.find(attempt.spark, attempt.ledger, attempt.table, read_version, attempt.desc.upper)
+        carried = carried_checksums(attempt.ledger, attempt.table, attempt.desc.lower, read_version)
         corr, stats, sums = _stage_until_it_adds_up(attempt, persist, carried if checksums.ENABLED else None, empty)
         failpoint("write.after_partition_staged")
         sizes = files.list_files(attempt.path)
         digests = {rel: files.digest(f"{attempt.path}/{rel}") for rel in sizes}
     except Exception:
-        now_b = attempt.store.get_batch(attempt.batch_id, attempt.cfg.name)
+        now_b = attempt.ledger.get_batch(attempt.batch_id, attempt.cfg.name)
         if now_b.state in OPEN_STATES and now_b.stage_id == attempt.replaces:
             files.delete_path(attempt.path)  # this attempt's files: never recorded, so never committed
             raise  # nobody else finished: this attempt's own failure
@@ -417,7 +417,7 @@ def _stage_once(
     cfg, desc = attempt.cfg, attempt.desc
     checks = BatchChecks(cfg, desc.lower, desc.upper, attempt.stage_id, carried, guarded) if checksums.ENABLED else None
     corr = batch_correction(
-        attempt.spark, attempt.store, cfg, persist, desc.lower, desc.upper, checks, empty, attempt.drift.repair, exact
+        attempt.spark, attempt.ledger, cfg, persist, desc.lower, desc.upper, checks, empty, attempt.drift.repair, exact
     )
     with checksums.observable(attempt.spark):  # the checksums and an upsert feed's progress
         _, stats = frames.write_staged(
@@ -498,7 +498,7 @@ def record(attempt: Attempt, staged: StagedFiles) -> WriteResult:
         corr.late_commands,
         rows_net=manifest.rows_net,
     )
-    won, _ = attempt.store.mark_staged(desc.batch_id, row, replaces=attempt.replaces)
+    won, _ = attempt.ledger.mark_staged(desc.batch_id, row, replaces=attempt.replaces)
     if not won:
         return attempt.lost()
     failpoint("write.after_staged")

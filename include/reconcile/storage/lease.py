@@ -69,7 +69,7 @@ class CommitLeases:
         self, name: str, holder: str, *, ttl: float | None = None, wait: float | None = None
     ) -> Iterator[CommitLease]:
         """Hold the shard's commit lease for the block: the sink's own Delta commits of one shard
-        happen one at a time. ``with store.commit_lease(sink, "append of batch X") as lease:``
+        happen one at a time. ``with ledger.commit_lease(sink, "append of batch X") as lease:``
         then ``table.commit_files(..., fence=lease.fence)`` with ``lease.epoch`` in the commit's
         metadata. The snapshot a commit builds on is read inside the block (a version read
         before the lease was taken may have been followed by another writer's commit since).
@@ -212,7 +212,7 @@ class CommitLeases:
 class CommitLease:
     """A writer's hold on a shard's commit lease (:meth:`CommitLeases.commit_lease`)."""
 
-    store: CommitLeases = field(repr=False)
+    ledger: CommitLeases = field(repr=False)
     name: str
     holder: str  # who, and this taking's own token
     epoch: int  # the fencing token: recorded in the commit's metadata as ``commit_epoch``
@@ -220,7 +220,7 @@ class CommitLease:
 
     def fence(self) -> None:
         """Raise :class:`CommitLeaseLost` unless this lease still holds (renewing it)."""
-        self.store.fence_commit(self)
+        self.ledger.fence_commit(self)
 
     @property
     def state(self) -> dict:

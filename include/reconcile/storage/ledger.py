@@ -9,7 +9,7 @@ engine and migrations are :mod:`reconcile.storage.engine`'s; the shard's row als
 commit lease (:meth:`Ledger.commit_lease`, :mod:`reconcile.storage.lease`).
 
 The Delta log is the source of truth for which batches were committed (see ``append``); this
-store follows it. :meth:`Ledger.absorb_commit` rolls the metadata forward to a batch
+ledger follows it. :meth:`Ledger.absorb_commit` rolls the metadata forward to a batch
 commit found in Delta, which is how a crash between the Delta commit and the metadata update is
 repaired by whichever writer comes next.
 """
@@ -74,7 +74,7 @@ D = TypeVar("D", bound=MintDecision)
 
 
 def _retried_once_if_schema_recreated(fn: Callable[P, R]) -> Callable[P, R]:
-    """The store's entry points (the first call of every stage) go on once the lost tables
+    """The ledger's entry points (the first call of every stage) go on once the lost tables
     were created again: the caller then finds no shard row, or rebuilds it from the Delta log."""
 
     @wraps(fn)
@@ -96,8 +96,8 @@ class Ledger(CommitLeases):
             self._ensure_schema()
 
     def _ensure_schema(self) -> None:
-        """Migrate to head if needed; once per process and database (not per store: the UI
-        and every task open stores often)."""
+        """Migrate to head if needed; once per process and database (not per ledger: the UI
+        and every task open ledgers often)."""
         if self.url in _CHECKED:
             return
         try:
@@ -125,7 +125,7 @@ class Ledger(CommitLeases):
     def _failed(self, exc: Exception) -> Exception:
         """What a failed statement becomes: if the ledger's tables are gone (a dropped schema,
         a replaced database file) they are created again (:class:`SchemaRecreated`, which the
-        store's entry points retry once: the shard is then rebuilt from the Delta log);
+        ledger's entry points retry once: the shard is then rebuilt from the Delta log);
         otherwise an unreachable database is :class:`MetadataUnavailable` (retryable)."""
         missing = isinstance(exc, ProgrammingError) or "no such table" in str(getattr(exc, "orig", exc))
         if missing and current_revision_safe(self.engine) != head():
