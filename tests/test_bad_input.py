@@ -287,7 +287,9 @@ def test_values_that_do_not_fit_the_type_become_error_rows(spark, warehouse, tmp
 
     # a fraction read as a double (not a string) is an error too, not truncated to 1
     df = spark.createDataFrame([(1.5, "x"), (2.0, "y")], "k double, v string")
-    ok, bad = sorted(validate(cfg, df, "the result of query.sql", F.lit(1), None).collect(), key=lambda r: r["_error"] is not None)
+    ok, bad = sorted(
+        validate(cfg, df, "the result of query.sql", F.lit(1), None).collect(), key=lambda r: r["_error"] is not None
+    )
     assert (ok["k"], ok["v"], ok["_error"]) == (2, "y", None)
     assert (bad["k"], bad["v"]) == (None, None)
     assert "column 'k' does not fit bigint" in bad["_error"] and "1.5" in bad["_error"]
@@ -690,6 +692,7 @@ def test_a_lower_behind_the_upper_is_never_committed(spark, warehouse, tmp_path,
 # --- the Delta table's schema changed behind the sink's back ----------------------------------
 
 
+@pytest.mark.slow  # three rounds of batches, Spark rewriting the table twice
 def test_a_schema_changed_behind_the_sinks_back_is_refused_until_restored(spark, warehouse, tmp_path, sqlite_store):
     store = sqlite_store
     cfg = new_sink(spark, tmp_path, "altered")

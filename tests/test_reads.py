@@ -197,6 +197,7 @@ def test_show_history_diff_status_run_without_java(cli_env):
         assert expected in p.stdout, (args, p.stdout)
 
 
+@pytest.mark.slow  # three Spark processes of its own (the quick tier's reads run without a JVM)
 def test_spark_reads_and_dry_run_keep_spark_quiet(cli_env):
     """``--spark`` (a read, a dry run) starts a JVM whose banner and warnings go to a log file:
     stdout holds the answer, stderr nothing."""

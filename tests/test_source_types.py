@@ -528,7 +528,11 @@ def assert_decoded(out_rows: list, cfg, case: Case) -> None:
 
 
 def decode_rows(cfg, df) -> list:
-    return decode.validate(cfg, df, "the result of query.sql", F.lit(1), None).select(*normalized(cfg), "_error", "_diff").collect()
+    return (
+        decode.validate(cfg, df, "the result of query.sql", F.lit(1), None)
+        .select(*normalized(cfg), "_error", "_diff")
+        .collect()
+    )
 
 
 SESSION = {"n": 0}
