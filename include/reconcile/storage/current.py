@@ -20,7 +20,7 @@ from reconcile.errors import Retryable, brief
 from reconcile.storage import files, footers
 from reconcile.storage.commits import META_KEY, describe_commit, info_of, parse_actions, reconcile_meta
 from reconcile.storage.deletion_vectors import file_name
-from reconcile.storage.delta import commit_next, delta_type
+from reconcile.storage.delta import commit_next, delta_type, log_versions
 
 CURRENT_OP = "current"
 ROWS_PER_FILE = 1_000_000
@@ -62,7 +62,7 @@ class CurrentTable:
         return pa.schema(Schema.from_json(self.schema_json()).to_arrow())
 
     def exists(self) -> bool:
-        return any(n.endswith(".json") and n[:-5].isdigit() for n in files.list_names(self.log_path))
+        return bool(log_versions(self.log_path))
 
     def snapshot(self):
         from deltalake import DeltaTable
@@ -122,9 +122,7 @@ class CurrentTable:
     def foreign_versions(self, dt) -> list[int]:
         """The versions of ``dt``'s log after the sink's last commit to it that another writer
         made and that changed data (they are undone by the next maintenance: a rebuild)."""
-        versions = sorted(
-            int(n[:-5]) for n in files.list_names(self.log_path) if n.endswith(".json") and n[:-5].isdigit()
-        )
+        versions = log_versions(self.log_path)
         foreign: list[int] = []
         for v in reversed([v for v in versions if v <= dt.version()]):
             text = files.read_text(f"{self.log_path}/{v:020d}.json")

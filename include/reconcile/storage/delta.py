@@ -102,10 +102,8 @@ class ShardTable:
     # -- the log ------------------------------------------------------------------------------
 
     def log_versions(self) -> list[int]:
-        """The versions whose commit files are in the Delta log, ascending (one listing; a commit
-        file appears atomically, so the highest name is the latest version)."""
-        names = files.list_names(self.log_path)
-        return sorted(int(n[:-5]) for n in names if n.endswith(".json") and n[:-5].isdigit())
+        """The versions of the shard's Delta log, ascending (:func:`log_versions`)."""
+        return log_versions(self.log_path)
 
     def exists(self) -> bool:
         return bool(self.log_versions())
@@ -415,6 +413,13 @@ class ShardTable:
         # (a foreign DELETE on a table with the feature): the sink never deletes one
         paths = (unquote(p) for p in found)
         return dt.version(), sorted(p for p in paths if not p.rsplit("/", 1)[-1].startswith("deletion_vector_"))
+
+
+def log_versions(log_path: str) -> list[int]:
+    """The versions whose commit files are in a Delta log, ascending (one listing; a commit file
+    appears atomically, so the highest name is the latest version)."""
+    names = files.list_names(log_path)
+    return sorted(int(n[:-5]) for n in names if n.endswith(".json") and n[:-5].isdigit())
 
 
 def commit_next(
