@@ -71,6 +71,7 @@ class _Plan:
     rows_removed: int
     marked: dict = field(default_factory=dict)
     vectors: dict | None = None  # every file's deletion vector after it (tables that have them)
+    before: dict = field(default_factory=dict)  # ... and before it (the snapshot's)
 
 
 def maintain(ledger, cfg: SinkConfig, table: ShardTable, *, rebuild: str | None = None) -> CurrentResult | None:
@@ -129,7 +130,9 @@ def _attempt(ledger, cfg: SinkConfig, table: ShardTable, ct: CurrentTable, rebui
             version = ct.commit(dt, "overwrite", plan.added, [], {**meta, "vectors": {}}, latest)
         elif plan.marked or (plan.removed and plan.vectors is not None):  # delta-rs writes no vectors
             assert plan.vectors is not None
-            version = ct.commit_vectors(dt, plan.added, plan.marked, plan.removed, plan.vectors, meta, latest)
+            version = ct.commit_vectors(
+                dt, plan.added, plan.marked, plan.removed, plan.before, plan.vectors, meta, latest
+            )
         else:
             extra = {} if plan.vectors is None else {"vectors": plan.vectors}
             version = ct.commit(dt, "append", plan.added, plan.removed, {**meta, **extra}, latest)
@@ -257,7 +260,6 @@ def _mark(
     those columns with each row's position, and their positions join the file's vector. A file
     with more than half its rows deleted is rewritten with its live rows instead (copy-on-write,
     amortized), so reads never skip more than they return."""
-    from urllib.parse import unquote
 
     import numpy as np
     import pyarrow as pa
@@ -265,12 +267,9 @@ def _mark(
     from reconcile.storage.current import read_parquet
     from reconcile.storage.deletion_vectors import read, write_file
 
-    present = ct.data_files(dt)
-    adds = pa.table(dt.get_add_actions(flatten=True))
-    rows_of = {
-        unquote(p): n
-        for p, n in zip(adds.column("path").to_pylist(), adds.column("num_records").to_pylist(), strict=True)
-    }
+    listed = ct.files_and_rows(dt)
+    present = [(p, size) for p, size, _ in listed]
+    rows_of = {p: n for p, _, n in listed}
     detect = _detect_columns(cfg)
     found = read_parquet([f"{ct.path}/{p}" for p, _ in present], detect, positions=True) if present else None
     if found is None:
@@ -307,7 +306,7 @@ def _mark(
     for i in np.unique(files_):
         path = present[int(i)][0]
         gone = np.union1d(old.get(path, np.zeros(0, np.int64)), positions[files_ == i])
-        if 2 * len(gone) > int(rows_of.get(path) or 0):
+        if 2 * len(gone) > rows_of[path]:
             rewrite.append(int(i))
         else:
             marked[path] = gone
@@ -346,6 +345,7 @@ def _mark(
         n_del,
         marked={p: (sizes[p], stats[f"{ct.path}/{p}"], descriptors[p]) for p in marked},
         vectors=after,
+        before=vectors,
     )
 
 
@@ -421,9 +421,8 @@ def describe(cfg: SinkConfig, table: ShardTable, committed: list) -> dict | None
 def _live_rows(ct: CurrentTable, dt) -> int:
     """The rows of a snapshot: its files' rows less the ones the sink's deletion vectors delete
     (their cardinalities, recorded by its last commit; no vector is read)."""
-    import pyarrow as pa
 
-    stored = sum(int(n or 0) for n in pa.table(dt.get_add_actions(flatten=True)).column("num_records").to_pylist())
+    stored = sum(n for _, _, n in ct.files_and_rows(dt))
     return stored - sum(int(d["cardinality"]) for d in ct.vectors(dt).values())
 
 

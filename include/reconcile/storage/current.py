@@ -137,21 +137,18 @@ class CurrentTable:
 
     def data_files(self, dt) -> list[tuple[str, int]]:
         """(path relative to the table, size) of every file of the snapshot."""
+        return [(p, size) for p, size, _ in self.files_and_rows(dt)]
+
+    def files_and_rows(self, dt) -> list[tuple[str, int, int]]:
+        """(path relative to the table, size, rows stored in it) of every file of the snapshot."""
         from urllib.parse import unquote
 
-        adds = dt.get_add_actions(flatten=True)
-        return list(
-            zip(
-                [unquote(p) for p in adds.column("path").to_pylist()],
-                adds.column("size_bytes").to_pylist(),
-                strict=True,
-            )
-        )
+        import pyarrow as pa
 
-    def read_files(self, rel_paths: list[str], columns: list[str] | None = None):
-        """The rows of those files (one Arrow table, a column ``_file`` giving each row's file's
-        index in ``rel_paths``)."""
-        return read_parquet([f"{self.path}/{p}" for p in rel_paths], columns)
+        adds = pa.table(dt.get_add_actions(flatten=True))
+        paths = [unquote(p) for p in adds.column("path").to_pylist()]
+        rows = [int(n or 0) for n in adds.column("num_records").to_pylist()]
+        return list(zip(paths, adds.column("size_bytes").to_pylist(), rows, strict=True))
 
     def write_rows(self, table) -> list[tuple[str, int, dict]]:
         """Write ``table`` (the sink's columns) as new Parquet files of at most
@@ -198,6 +195,7 @@ class CurrentTable:
         added: list[tuple[str, int, dict]],
         marked: dict[str, tuple[int, dict, dict]],
         removed: list[tuple[str, int]],
+        before: dict[str, dict],
         vectors: dict[str, dict],
         meta: dict[str, Any],
         shard_version: int,
@@ -205,12 +203,11 @@ class CurrentTable:
         """One commit at the version after ``dt``'s that delta-rs cannot make: ``marked`` (path ->
         size, stats, new deletion vector descriptor) re-added with their new vectors, ``removed``
         gone, ``added`` new; ``vectors`` (every file's descriptor after it) recorded in the
-        sink's metadata. Each file's old logical entry (path and old vector, from
-        :meth:`vectors`) is removed, as the protocol keys a file by both. Written put-if-absent
+        sink's metadata. Each file's old logical entry (path and old vector, ``before``: what
+        :meth:`vectors` said of ``dt``) is removed, as the protocol keys a file by both. Written put-if-absent
         (None: another commit took the version); a checkpoint every 10 versions, as delta-rs."""
         from urllib.parse import quote
 
-        old = self.vectors(dt)
         now = now_ms()
         version = dt.version() + 1
         user = json.dumps(
@@ -240,7 +237,7 @@ class CurrentTable:
         ]
         for path, size in [(p, s) for p, (s, _, _) in marked.items()] + list(removed):
             remove = {"path": quote(path), "dataChange": True, "deletionTimestamp": now, "extendedFileMetadata": True}
-            remove.update(partitionValues={}, size=size, **({"deletionVector": old[path]} if path in old else {}))
+            remove.update(partitionValues={}, size=size, **({"deletionVector": before[path]} if path in before else {}))
             actions.append({"remove": remove})
         for path, (size, stats, dv) in marked.items():
             actions.append({"add": _add(path, size, {**stats, "tightBounds": False}, now, dv)})
