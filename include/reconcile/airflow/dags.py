@@ -34,7 +34,9 @@ the callbacks (the run's note, the lag alert) :mod:`reconcile.airflow.callbacks`
   since, consolidates the history before it and vacuums (reconcile.compact).
 - Retries: transient failures retry; a failure the job recorded as final (an outdated batch,
   bad input) fails at once with its one-line cause and remedy.
-- ``max_active_runs=1``: runs of a sink (and backfills) commit in order.
+- ``max_active_runs=1``: scheduled runs of a sink commit in order; Airflow 3 limits a backfill's runs
+  apart (its own ``--max-active-runs``), so a backfill run and a scheduled one may race: the
+  compare-and-append lets one commit, the other finds its batch outdated or its interval covered.
 """
 
 from __future__ import annotations
