@@ -662,6 +662,7 @@ def test_validate_prints_each_problem_on_its_own_line(tmp_path, capsys):
     assert all(line.startswith(f"INVALID sink 'customers': config {bad}: field ") for line in lines[1:])
 
 
+@pytest.mark.slow  # a JVM of its own
 def test_validate_plans_query_sql_against_the_sources_schemas(tmp_path):
     """A real JVM: each query sink's SQL is analysed against its sources' schemas; a bad column
     is one line naming the file, query.sql, the column and Spark's suggestion; stderr stays

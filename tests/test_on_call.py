@@ -310,6 +310,7 @@ def test_status_json_into_a_pipe_closed_early_ends_without_a_traceback(spark, wa
 
 
 @pytest.mark.parametrize("mode", ["spark-submit", "connect"])
+@pytest.mark.slow  # a spark-submit JVM, or a Spark Connect server, of its own
 def test_a_write_the_warehouse_refuses_fails_final_in_one_line_naming_the_path_and_the_os_error(
     mode, spark, warehouse, tmp_path, sqlite_store, monkeypatch, request
 ):

@@ -9,6 +9,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from reconcile.spark import (
     LOCAL_CONF,
     LOCAL_SQL_CONF,
@@ -61,6 +63,7 @@ def test_a_local_session_keeps_what_it_was_told_and_has_the_sink_settings(spark)
     assert spark.conf.get("spark.databricks.delta.commitInfo.enabled") == "true"
 
 
+@pytest.mark.slow  # a JVM of its own
 def test_a_new_local_session_is_sized_for_the_machine_where_it_was_not_told():
     """A session started from nothing (in a process of its own: one JVM per process) keeps what it
     was told and gets the machine's sizes of the rest, read back from the running session: the
