@@ -17,7 +17,7 @@ fi
 workers="${RECONCILE_TEST_WORKERS:-2}"
 case " $* " in *" -n "*|*" --numprocesses"*|*" -p no:xdist "*) workers=0 ;; esac
 if [ "$workers" != "0" ]; then
-  set -- -n "$workers" --dist loadfile "$@"
+  set -- -n "$workers" --dist loadfile --no-loadscope-reorder "$@"   # tests/conftest.py orders the files
 fi
 # --quick: the quick tier (tests/conftest.py: no server, Airflow-stack or slow suite), for iteration.
 exec .venv/bin/python -m pytest "$@"

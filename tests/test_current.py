@@ -77,7 +77,11 @@ def where(request):
 
 @pytest.mark.parametrize(
     "where, vectors",
-    [("local", True), pytest.param("local", False, marks=pytest.mark.slow), ("s3", True)],
+    [
+        pytest.param("local", True, marks=pytest.mark.slow),  # the quick tier keeps the upsert twin
+        pytest.param("local", False, marks=pytest.mark.slow),
+        ("s3", True),
+    ],
     indirect=["where"],
     ids=["local", "local-cow", "s3"],
 )
@@ -145,6 +149,7 @@ def test_upsert_sink_current_table_holds_one_row_per_key(spark, where, tmp_path,
     assert marked >= 3, "each later batch's updates and deletes marked the old rows (deletion vectors)"
 
 
+@pytest.mark.slow  # a crash test: the quick tier leaves those out
 @pytest.mark.parametrize("where", ["local", "s3"], indirect=True)
 def test_a_kill_between_the_shard_commit_and_the_current_commit_is_completed(
     spark, where, tmp_path, sqlite_store, monkeypatch

@@ -163,6 +163,7 @@ def state_value(state, k):
     return next(v for (key, v, _e) in state if key == k)
 
 
+@pytest.mark.slow  # the quick tier keeps this module's lighter tests
 def test_a_key_the_feed_no_longer_holds_is_not_repairable_and_said_so_until_its_command_returns(
     drilled, spark, sqlite_store, tmp_path, capsys
 ):

@@ -137,6 +137,7 @@ def _versions_of(report: dict, names: list[str]) -> Counter:
     )
 
 
+@pytest.mark.slow  # the quick tier keeps this module's lighter tests
 def test_upsert_sink_history_per_key_diff_and_cli(spark, warehouse, tmp_path, sqlite_store, monkeypatch, capsys):
     monkeypatch.setenv("RECONCILE_SINKS_DIR", str(tmp_path))
     rng = random.Random(3)

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+import pytest
 
 from helpers import CHANGELOG_NEW, changelog_model, committed_run, make_sink, shard_as_of, update_log, write_json_rows
 from reconcile.sink import append, check, compact, mint, sync, write
@@ -111,6 +112,7 @@ def test_a_written_compacted_vacuumed_shard_has_only_delta_rs_commits(spark, war
     assert [m["since"] for m in sink_ops if m["op"] == "compact"] == [250, 350]
 
 
+@pytest.mark.slow  # the quick tier keeps this module's lighter tests
 def test_a_compaction_that_lost_or_died_leaves_no_files(spark, warehouse, tmp_path, sqlite_store, monkeypatch):
     """A compaction that loses to a batch deletes its rewrite; the directory of one that died
     before its commit stays while it could still commit (the log ends at the version it read)

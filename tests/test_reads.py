@@ -75,6 +75,7 @@ def _versions(rep: dict, names: list[str]) -> Counter:
     )
 
 
+@pytest.mark.slow  # the quick tier keeps this module's lighter tests
 def test_query_sink_reads_without_a_jvm_as_spark_does(spark, warehouse, tmp_path, sqlite_store):
     rng = random.Random(11)
     cfg, ok, err = query_shard(spark, sqlite_store, tmp_path, rng, batches=3)
@@ -93,6 +94,7 @@ def test_changelog_sink_reads_without_a_jvm_as_spark_does(spark, warehouse, tmp_
     same_reports(spark, sqlite_store, cfg, rng, ok, AS_OF, AS_OF + 300, ["k=1"])
 
 
+@pytest.mark.slow  # the quick tier keeps this module's lighter tests
 def test_upsert_sink_reads_per_key_without_a_jvm_as_spark_does(spark, warehouse, tmp_path, sqlite_store):
     rng = random.Random(13)
     cfg, ok = upsert_shard(spark, sqlite_store, tmp_path, rng, batches=4)

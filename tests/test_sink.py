@@ -123,6 +123,7 @@ def test_consecutive_runs_follow_the_source(spark, warehouse, tmp_path, sqlite_s
 # --- drift, empty corrections, new shards, reruns ---------------------------------------------
 
 
+@pytest.mark.slow  # the quick tier keeps this module's lighter tests
 def test_drift_is_repaired_and_an_unchanged_source_appends_an_empty_batch(spark, warehouse, tmp_path, sqlite_store):
     store = sqlite_store
     cfg = make_sink(tmp_path, "drifty")

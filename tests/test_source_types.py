@@ -586,6 +586,7 @@ MISFITS = Case(
 )
 
 
+@pytest.mark.slow  # the quick tier keeps this module's lighter tests
 @settings(max_examples=25, deadline=None)
 @given(case=wide_cases())
 @example(case=MISFITS)
