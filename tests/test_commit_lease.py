@@ -136,7 +136,7 @@ def test_a_waiting_writer_takes_the_lease_as_soon_as_it_is_let_go(store):
         released = time.monotonic()
     thread.join(timeout=30)
     assert taken["epoch"] == first.epoch + 1
-    assert taken["at"] - released < 1.0  # not the 30 s TTL
+    assert taken["at"] - released < 10.0  # at its next poll, not after the 30 s TTL (a busy machine: seconds)
 
 
 def test_migration_0006_gives_existing_shards_a_free_lease_and_downgrades(metadata_url):

@@ -2,13 +2,12 @@
 Airflow's authentication (an anonymous browser is sent to Airflow's login page, any other
 anonymous request gets 401 like /api/v2; no docs or schema routes); they show
 frontiers, failure causes, drift with the foreign Delta versions behind it, charts and links to
-runs; the ledger pages by key (10,000 batches: fast, through an index). A real browser logs in
+runs; the ledger pages by key (10,000 batches, through an index, never a sort). A real browser logs in
 and reads them in tests/test_pages_browser.py."""
 
 from __future__ import annotations
 
 import os
-import time
 import urllib.error
 import urllib.request
 from datetime import UTC, datetime, timedelta
@@ -200,7 +199,7 @@ def test_the_nav_entry_is_in_airflows_plugin_list(shard_pages):
     assert want.items() <= views[0].items(), views
 
 
-def test_the_ledger_pages_fast_with_10000_batches(tmp_path, sqlite_store, monkeypatch):
+def test_the_ledger_pages_through_its_keyset_index_with_10000_batches(tmp_path, sqlite_store, monkeypatch):
     from sqlalchemy import event
     from sqlalchemy.engine import Engine
 
@@ -241,18 +240,15 @@ def test_the_ledger_pages_fast_with_10000_batches(tmp_path, sqlite_store, monkey
 
     event.listen(Engine, "before_cursor_execute", grab)
     try:
-        t0 = time.perf_counter()
         first = render_sink(cfg.name)
-        t1 = time.perf_counter()
         deep = render_sink(cfg.name, (100 + 10 * 5_000, f"{100 + 10 * 5_000}-{5_000:016x}"))
-        t2 = time.perf_counter()
     finally:
         event.remove(Engine, "before_cursor_execute", grab)
     assert first.count("<tr>") == PAGE + 1 and "older batches" in first
     assert "scheduled__9999" in first and "scheduled__4999" in deep and "scheduled__5000" not in deep
     assert f"?before={100 + 10 * 9_950}:" in first  # the next page's key
-    assert t1 - t0 < 1.0 and t2 - t1 < 1.0, (t1 - t0, t2 - t1)
-    # each page is read through the keyset index, never by sorting the shard's batches
+    # each page is read through the keyset index, never by sorting the shard's batches (how long
+    # a page takes is a benchmark's question: a wall-clock bound here failed on a busy machine)
     statement, parameters = pages[-1]
     with sqlite_store.engine.connect() as conn:
         plan = " ".join(str(r) for r in conn.exec_driver_sql("EXPLAIN QUERY PLAN " + statement, parameters).all())
