@@ -62,10 +62,10 @@ def test_only_a_kind_that_reads_a_feed_reports_its_progress(spark, tmp_path):
     assert [kinds.of(c).reads_feed for c in (upsert, query)] == [True, False]
     corr, rows, _ = correct(spark, upsert, None)
     assert len(rows) == 2  # the command at 250 waits for its batch
-    assert corr.feed == {"commands": 2, "late_commands": 0, "source_offset": 12}
-    assert (corr.commands, corr.late_commands, corr.source_offset) == (2, 0, 12)
+    assert corr.progress == kinds.FeedProgress(commands=2, late_commands=0, source_offset=12)
+    assert corr.progress.to_dict() == {"commands": 2, "late_commands": 0, "source_offset": 12}
     corr, _, _ = correct(spark, query, None)
-    assert corr.feed == {} and (corr.commands, corr.late_commands, corr.source_offset) == (None, None, None)
+    assert corr.progress is None
 
 
 def test_each_kind_groups_its_history_and_plans_its_sql_as_it_says(tmp_path):

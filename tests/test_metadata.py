@@ -7,6 +7,7 @@ and race threads against it to check that writers of one shard are linearized.
 
 from __future__ import annotations
 
+import json
 import re
 import threading
 from datetime import UTC, datetime
@@ -17,10 +18,11 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from reconcile import errors
-from reconcile.model import COMMITTED, MINTED, OPEN_STATES, SUPERSEDED, CommitRecord
+from reconcile.manifest import Manifest, Part
+from reconcile.model import COMMITTED, MINTED, OPEN_STATES, SUPERSEDED, CommitRecord, FeedProgress
 from reconcile.sink.mint import maybe_mint
 from reconcile.storage.engine import current_revision, downgrade, head, make_engine, upgrade
-from reconcile.storage.ledger import Ledger, now
+from reconcile.storage.ledger import Ledger, feed_of, now
 from reconcile.storage.ledger_rows import Base, Batch, Shard
 
 TABLES = {"reconcile_shards", "reconcile_batches"}
@@ -221,6 +223,39 @@ def test_absorb_commit_is_idempotent(store):
     b = store.get_batch("100-x")
     assert (b.state, b.delta_version, b.lower, b.upper, b.rows_ok, b.rows_err) == (COMMITTED, 3, AS_OF, 250, 4, 1)
     assert len(store.batches("idem")) == 1
+
+
+def test_absorb_commit_records_a_feed_s_progress_in_two_columns(store):
+    """The ledger keeps a feed's late commands and offset (not its commands); the offset is the watermark."""
+    store.ensure_shard("fp", AS_OF)
+    feed = FeedProgress.recorded(2, 41)
+    rec = CommitRecord(version=1, batch_id="100-fp", lower=AS_OF, upper=200, run_id="r", feed=feed)
+    assert store.absorb_commit("fp", rec) is True
+    b = store.get_batch("100-fp")
+    assert (b.late_commands, b.source_offset) == (2, 41)
+    assert feed_of(b) == feed == FeedProgress(None, 2, 41)
+    assert store.watermark("fp") == 41
+    assert FeedProgress.recorded(None, None) is None
+
+
+def test_a_manifest_keeps_a_feed_s_flat_keys():
+    """A feed's progress is three flat keys of the manifest's text (a None kept); a text with some of
+    them (a Delta commit's: no commands) reads back as it was; another kind's has none."""
+    progress = FeedProgress(commands=3, late_commands=1, source_offset=None)
+    m = Manifest("100-m", AS_OF, 200, 1, {0: Part(rows=1)}, feed=progress)
+    raw = json.loads(m.to_json())
+    assert {k: raw.get(k, "absent") for k in FeedProgress.KEYS} == {
+        "commands": 3,
+        "late_commands": 1,
+        "source_offset": None,
+    }
+    assert Manifest.from_json(m.to_json()).feed == progress
+    assert Manifest.from_json(m.to_json()).to_json() == m.to_json()
+    commit = {k: v for k, v in raw.items() if k != "commands"}
+    assert json.loads(Manifest.from_dict(commit).to_json()) == commit
+    other = Manifest("100-m", AS_OF, 200, 1, {0: Part(rows=1)})
+    assert not set(FeedProgress.KEYS) & set(json.loads(other.to_json()))
+    assert Manifest.from_json(other.to_json()).feed is None
 
 
 def test_absorb_commit_supersedes_open_batches_below_the_new_upper(store):

@@ -37,10 +37,14 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from typing import TYPE_CHECKING
 
 from reconcile import remedy, settings
 from reconcile.errors import SinkError, brief
 from reconcile.log import iso, parse_time
+
+if TYPE_CHECKING:
+    from reconcile.model import FeedProgress
 
 
 def _ledger():
@@ -223,11 +227,11 @@ def _print_spark_correction(title: str, corr, guard: str | None, partitions: int
     corr.rows.show(limit, truncate=False)
 
 
-def _print_feed(feed: dict | None) -> None:
+def _print_feed(feed: FeedProgress | None) -> None:
     if feed is not None:
         print(
-            f"upsert feed: {feed['commands']} command(s) eligible, {feed['late']} late, "
-            f"feed read up to offset {feed['offset']}"
+            f"upsert feed: {feed.commands} command(s) eligible, {feed.late_commands} late, "
+            f"feed read up to offset {feed.source_offset}"
         )
 
 

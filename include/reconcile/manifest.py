@@ -8,12 +8,12 @@ from either. Serialized in one place (:meth:`Manifest.to_json`, :meth:`Manifest.
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, fields
 from typing import Any
 
+from reconcile.model import FeedProgress
+
 LAYOUT = "batches"  # the staged files live inside the table's directory (storage.layout)
-# what a kind that reads a command feed records of its progress (kinds.FeedProgress)
-FEED_KEYS = ("commands", "late_commands", "source_offset")
 
 
 class ManifestUnreadable(ValueError):
@@ -59,8 +59,9 @@ class Manifest:
     parts: dict[int, Part]
     stage_id: str | None = None
     read_version: int | None = None
-    # a command feed's progress (upsert): eligible and late commands, the feed's highest offset
-    feed: dict[str, int | None] = field(default_factory=dict)
+    # a command feed's progress (upsert): eligible and late commands, the feed's highest offset;
+    # serialized as the flat keys of FeedProgress.to_dict
+    feed: FeedProgress | None = None
     # what the batch repaired of foreign writes (reconcile.sink.drift): the foreign versions, how
     # (rows, keys, all keys), the keys an upsert feed cannot define
     drift: dict[str, Any] | None = None
@@ -96,6 +97,7 @@ class Manifest:
     # -- serialized -----------------------------------------------------------------------------
 
     def to_dict(self) -> dict[str, Any]:
+        feed = {} if self.feed is None else self.feed.to_dict()
         out: dict[str, Any] = {
             "batch_id": self.batch_id,
             "stage_id": self.stage_id,
@@ -105,10 +107,10 @@ class Manifest:
             "partitions": self.partitions,
             "read_version": self.read_version,
             "parts": {str(p): part.to_dict() for p, part in sorted(self.parts.items())},
-            **self.feed,
+            **feed,
             "drift": self.drift,
         }
-        return {k: v for k, v in out.items() if v is not None or k in ("stage_id", "read_version", *self.feed)}
+        return {k: v for k, v in out.items() if v is not None or k in ("stage_id", "read_version", *feed)}
 
     def to_json(self) -> str:
         """The ledger's text of the manifest."""
@@ -131,7 +133,6 @@ class Manifest:
     @classmethod
     def from_dict(cls, raw: dict) -> Manifest:
         try:
-            feed = {k: raw[k] for k in FEED_KEYS if k in raw}
             return cls(
                 batch_id=str(raw["batch_id"]),
                 lower=int(raw["lower"]),
@@ -140,7 +141,7 @@ class Manifest:
                 parts={int(p): Part.from_dict(part) for p, part in raw["parts"].items()},
                 stage_id=raw.get("stage_id"),
                 read_version=raw.get("read_version"),
-                feed=feed,
+                feed=FeedProgress.from_dict(raw),
                 drift=raw.get("drift") if isinstance(raw.get("drift"), dict) else None,
             )
         except (KeyError, TypeError, ValueError, AttributeError) as exc:

@@ -1,13 +1,15 @@
-"""The protocol's vocabulary: batch descriptions, commit records, ledger states and outcomes.
+"""The protocol's vocabulary: batch descriptions, commit records, a command feed's progress,
+ledger states and outcomes.
 
 Plain values shared by every layer; this module imports nothing of the sink.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Protocol
+from typing import Any, ClassVar, Protocol
 
 
 class BatchState(StrEnum):
@@ -86,6 +88,50 @@ class BatchDescription:
 
 
 @dataclass(frozen=True)
+class FeedProgress:
+    """What a batch of a kind that reads a command feed records of it (the manifest, the ledger,
+    the Delta commit, the log): the commands eligible in the batch, how many of them are late, and
+    the feed's highest offset read (the next batch's watermark; None: the feed had none).
+
+    The kind's correction (:class:`reconcile.kinds.Correction`) knows all three, and the manifest
+    records all three. The ledger and the Delta commit metadata record only ``late_commands`` and
+    ``source_offset`` (:meth:`recorded`): ``commands`` is None there, and so is ``late_commands``
+    in a record that lacks it (the ledger's two columns are nullable each on its own).
+
+    Serialized as flat keys of the manifest and of the ``staged batch`` log line (:meth:`to_dict`,
+    :meth:`from_dict`): ``keys`` are those written, all three unless it was read from a text that
+    held only some of them, which then reads back as it was."""
+
+    KEYS: ClassVar[tuple[str, ...]] = ("commands", "late_commands", "source_offset")  # the flat keys, in order
+
+    commands: int | None
+    late_commands: int | None
+    source_offset: int | None
+    keys: tuple[str, ...] = field(default=KEYS, compare=False, repr=False)
+
+    def to_dict(self) -> dict[str, int | None]:
+        """The flat keys (``keys``; a None kept)."""
+        return {k: getattr(self, k) for k in self.KEYS if k in self.keys}
+
+    @classmethod
+    def from_dict(cls, raw: Mapping[str, Any]) -> FeedProgress | None:
+        """The progress the flat keys of ``raw`` record (a manifest's); None when it holds none of
+        them (another kind's, or a manifest older than feeds)."""
+        keys = tuple(k for k in cls.KEYS if k in raw)
+        if not keys:
+            return None
+        return cls(raw.get("commands"), raw.get("late_commands"), raw.get("source_offset"), keys)
+
+    @classmethod
+    def recorded(cls, late_commands: int | None, source_offset: int | None) -> FeedProgress | None:
+        """The progress a ledger row or a Delta commit records (no ``commands``); None when it
+        records neither."""
+        if late_commands is None and source_offset is None:
+            return None
+        return cls(None, late_commands, source_offset, ("late_commands", "source_offset"))
+
+
+@dataclass(frozen=True)
 class CommitRecord:
     """A batch commit as recorded in a Delta version's commit metadata."""
 
@@ -96,8 +142,7 @@ class CommitRecord:
     run_id: str | None = None
     rows_ok: int | None = None
     rows_err: int | None = None
-    source_offset: int | None = None
-    late_commands: int | None = None
+    feed: FeedProgress | None = None  # a command feed's progress (FeedProgress.recorded: no commands)
     stage_id: str | None = None  # the write attempt whose files the version added
 
     def summary(self) -> dict:
@@ -117,8 +162,7 @@ class Staged:
     rows_err: int
     read_version: int
     drift_rows: int | None
-    source_offset: int | None = None
-    late_commands: int | None = None
+    feed: FeedProgress | None = None  # a command feed's progress (the ledger keeps all but commands)
     rows_net: int | None = None  # sum of the correction's diffs: how the shard's size changes
 
     def summary(self) -> dict:

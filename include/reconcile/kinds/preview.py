@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from reconcile.config import ChangelogSink, QuerySink, SinkConfig, Source
+from reconcile.model import FeedProgress
 from reconcile.sql_names import duckdb_name
 
 # the sink's type -> DuckDB's; DuckDB's type names back to the sink's
@@ -255,11 +256,11 @@ def failed(what: str, exc: Exception) -> NotExact:
 class Updates:
     """What a batch changes, as DuckDB computes it: the SQL of the updates to consolidate (the
     sink's columns, ``_error``, ``_time``, ``_diff``), the time each is consolidated at (a SQL
-    expression over ``_time``) and an upsert feed's progress (commands, late, offset)."""
+    expression over ``_time``) and an upsert feed's progress."""
 
     sql: str
     time: str
-    feed: dict | None = None
+    feed: FeedProgress | None = None
 
 
 @dataclass(frozen=True)

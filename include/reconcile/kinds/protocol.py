@@ -1,16 +1,19 @@
 """The protocol every sink kind implements (:class:`Kind`), what a correction is asked for
 (:class:`Bounds`), and what a kind hands the stages: its :class:`Correction`, a feed's
-:class:`FeedProgress`, the :class:`HistoryKeys` its history is grouped by (and ``dry-run`` its
-correction in DuckDB, :class:`~reconcile.kinds.preview.Updates`). :class:`OwnCollection` is what
+:class:`FeedProgress` (defined in :mod:`reconcile.model`, re-exported here), the
+:class:`HistoryKeys` its history is grouped by (and ``dry-run`` its correction in DuckDB,
+:class:`~reconcile.kinds.preview.Updates`). :class:`OwnCollection` is what
 the kinds with a desired collection of their own share. :mod:`reconcile.kinds` says what
 differs per kind."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from functools import cached_property
 from typing import TYPE_CHECKING, Any, Protocol
+
+from reconcile.model import FeedProgress  # re-exported: kinds.FeedProgress, kinds.protocol.FeedProgress
 
 if TYPE_CHECKING:
     from duckdb import DuckDBPyConnection
@@ -51,17 +54,6 @@ class HistoryKeys:
 QUERY_SOURCE = "the result of query.sql"
 CHANGELOG_SOURCE = "changelog.source"
 UPSERT_SOURCE = "upsert.source"
-
-
-@dataclass(frozen=True)
-class FeedProgress:
-    """What a batch of a kind that reads a command feed records of it (the manifest, the ledger,
-    the Delta commit, the log): the commands eligible in the batch, how many of them are late, and
-    the feed's highest offset read (the next batch's watermark)."""
-
-    commands: int
-    late_commands: int
-    source_offset: int | None
 
 
 @dataclass(frozen=True)
@@ -112,24 +104,8 @@ class Correction:
 
     @cached_property
     def progress(self) -> FeedProgress | None:
+        """The feed's progress (None: a kind that reads no feed)."""
         return None if self.read_progress is None else self.read_progress()
-
-    @property
-    def feed(self) -> dict[str, int | None]:
-        """The feed's progress as the manifest and the log record it (empty for other kinds)."""
-        return {} if self.progress is None else asdict(self.progress)
-
-    @property
-    def commands(self) -> int | None:
-        return None if self.progress is None else self.progress.commands
-
-    @property
-    def late_commands(self) -> int | None:
-        return None if self.progress is None else self.progress.late_commands
-
-    @property
-    def source_offset(self) -> int | None:
-        return None if self.progress is None else self.progress.source_offset
 
 
 class Kind(Protocol):

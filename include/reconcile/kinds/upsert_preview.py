@@ -23,6 +23,7 @@ from reconcile.kinds.preview import (
     spark_text,
     spark_type_of,
 )
+from reconcile.model import FeedProgress
 from reconcile.sql_names import duckdb_name
 
 
@@ -57,7 +58,7 @@ def _messages(cfg: UpsertSink, row: dict, t, o, is_delete: bool) -> tuple[str | 
     return f"{'; '.join(valued)} in {{{fields}}}", False
 
 
-def _commands(con, cfg: UpsertSink, lower: int, upper: int, watermark: int | None) -> dict:
+def _commands(con, cfg: UpsertSink, lower: int, upper: int, watermark: int | None) -> FeedProgress:
     """The temp table ``cmds``: the eligible commands as :func:`reconcile.kinds.upsert.commands`
     makes them; returns the feed's progress (commands, late, the offset read up to)."""
     register_source(
@@ -135,7 +136,7 @@ def _commands(con, cfg: UpsertSink, lower: int, upper: int, watermark: int | Non
         "FROM commands c LEFT JOIN command_errors e USING (_rid)"
     )
     offsets = [x for x in (watermark, top) if x is not None]
-    return {"commands": int(n), "late": int(n_late), "offset": max(offsets) if offsets else None}
+    return FeedProgress(commands=int(n), late_commands=int(n_late), source_offset=max(offsets) if offsets else None)
 
 
 def _correction(con, cfg: UpsertSink, lower: int, shard: str) -> str:

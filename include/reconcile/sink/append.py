@@ -68,7 +68,7 @@ from reconcile.sink.sync import gc_staged, sync
 from reconcile.sink.verify import log_differences, parse_manifest, staged_files
 from reconcile.storage import commits, footers, layout
 from reconcile.storage.delta import ShardTable
-from reconcile.storage.ledger import Ledger
+from reconcile.storage.ledger import Ledger, feed_of
 from reconcile.storage.ledger_rows import Batch, Shard
 
 log = logging.getLogger(__name__)
@@ -346,8 +346,9 @@ def commit(a: Appending) -> None:
         # its checksums as of upper - 1 (`check --verify`)
         **a.manifest.commit_meta(),
     }
-    if a.b.source_offset is not None or a.b.late_commands is not None:  # a feed's progress (the ledger's record)
-        meta.update(source_offset=a.b.source_offset, late_commands=a.b.late_commands)
+    feed = feed_of(a.b)  # a feed's progress (the ledger's record)
+    if feed is not None:
+        meta.update(source_offset=feed.source_offset, late_commands=feed.late_commands)
     failpoint("append.inside_delta_commit")
     with a.ledger.commit_lease(a.cfg.name, f"append of batch {a.batch_id} ({a.commit_id})") as lease:
         failpoint("append.inside_lease")

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 from reconcile import kinds
 from reconcile.config import SinkConfig
 from reconcile.kinds.preview import NotExact, duck_type, failed
+from reconcile.model import FeedProgress
 from reconcile.schedule import next_scheduled_frontier, now_ms
 from reconcile.sink import guard
 from reconcile.sink.mint import next_lower
@@ -42,7 +43,7 @@ class Preview:
     inserts: int
     retractions: int
     errors: int
-    feed: dict | None = None  # an upsert feed's progress: commands, late, offset
+    feed: FeedProgress | None = None  # an upsert feed's progress
 
 
 @dataclass
@@ -54,7 +55,7 @@ class SparkCorrection:
     rows: DataFrame
     inserts: int
     retractions: int
-    feed: dict | None = None  # an upsert feed's progress: commands, late, offset
+    feed: FeedProgress | None = None  # an upsert feed's progress
 
 
 @dataclass
@@ -136,9 +137,7 @@ def spark_correction(
         F.sum(F.when(F.col("_diff") < 0, -F.col("_diff")).otherwise(0)).alias("retractions"),
     )
     totals = per_part.agg(F.sum("inserts"), F.sum("retractions")).collect()[0]
-    feed = None
-    if result.commands is not None:  # observed by the job above
-        feed = {"commands": result.commands, "late": result.late_commands, "offset": result.source_offset}
+    feed = result.progress  # observed by the job above
     ordered = per_part.orderBy("_part")
     return SparkCorrection(ordered, corr.drop("_part"), int(totals[0] or 0), int(totals[1] or 0), feed)
 

@@ -458,7 +458,7 @@ def manifest_of(attempt: Attempt, staged: StagedFiles) -> Manifest:
         parts=parts,
         stage_id=attempt.stage_id,
         read_version=staged.read_version,
-        feed=staged.corr.feed,
+        feed=staged.corr.progress,
         drift=attempt.drift.record(attempt.cfg, staged.corr),
     )
 
@@ -478,11 +478,11 @@ def record(attempt: Attempt, staged: StagedFiles) -> WriteResult:
             level=logging.WARNING,
             **state,
         )
-    corr = staged.corr
-    if corr.late_commands:
+    feed = staged.corr.progress
+    if feed is not None and feed.late_commands:
         event(
             log,
-            f"{corr.late_commands} late command(s) (time below lower {iso(desc.lower)}, arrived after "
+            f"{feed.late_commands} late command(s) (time below lower {iso(desc.lower)}, arrived after "
             "their time's batch) are applied at lower",
             level=logging.WARNING,
             **state,
@@ -494,14 +494,14 @@ def record(attempt: Attempt, staged: StagedFiles) -> WriteResult:
         manifest.rows_err,
         staged.read_version,
         drift,
-        corr.source_offset,
-        corr.late_commands,
+        feed=feed,
         rows_net=manifest.rows_net,
     )
     won, _ = attempt.ledger.mark_staged(desc.batch_id, row, replaces=attempt.replaces)
     if not won:
         return attempt.lost()
     failpoint("write.after_staged")
-    msg = event(log, "staged batch", **row.summary(), partitions=attempt.cfg.partitions, **corr.feed, **state)
+    progress = {} if feed is None else feed.to_dict()
+    msg = event(log, "staged batch", **row.summary(), partitions=attempt.cfg.partitions, **progress, **state)
     parts = manifest.to_dict()["parts"]
     return WriteResult(Outcome.STAGED, msg, manifest.rows_ok, manifest.rows_err, drift, parts, desc.batch_id)

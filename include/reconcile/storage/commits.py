@@ -11,7 +11,7 @@ import json
 from dataclasses import dataclass
 from urllib.parse import unquote
 
-from reconcile.model import CommitRecord
+from reconcile.model import CommitRecord, FeedProgress
 
 META_KEY = "reconcile"
 MAINTENANCE = "maintenance"
@@ -62,8 +62,7 @@ def batch_commits(entries: list[tuple[int, dict | None]]) -> list[CommitRecord]:
             run_id=m.get("run_id"),
             rows_ok=m.get("rows_ok"),
             rows_err=m.get("rows_err"),
-            source_offset=m.get("source_offset"),
-            late_commands=m.get("late_commands"),
+            feed=FeedProgress.recorded(m.get("late_commands"), m.get("source_offset")),
             stage_id=m.get("stage_id"),
         )
         for v, m in entries

@@ -12,6 +12,10 @@ The Delta log is the source of truth for which batches were committed (see ``app
 ledger follows it. :meth:`Ledger.absorb_commit` rolls the metadata forward to a batch
 commit found in Delta, which is how a crash between the Delta commit and the metadata update is
 repaired by whichever writer comes next.
+
+A command feed's progress (:class:`~reconcile.model.FeedProgress`) is two columns of a batch's
+row, ``late_commands`` and ``source_offset`` (not ``commands``): :func:`feed_of` and
+:func:`late_commands_and_offset` map between them.
 """
 
 from __future__ import annotations
@@ -40,7 +44,17 @@ from reconcile.errors import (
 )
 from reconcile.failpoints import failpoint
 from reconcile.log import iso
-from reconcile.model import COMMITTED, MINTED, OPEN_STATES, STAGED, SUPERSEDED, BatchDescription, CommitRecord, Staged
+from reconcile.model import (
+    COMMITTED,
+    MINTED,
+    OPEN_STATES,
+    STAGED,
+    SUPERSEDED,
+    BatchDescription,
+    CommitRecord,
+    FeedProgress,
+    Staged,
+)
 from reconcile.storage.engine import current_revision, current_revision_safe, head, make_engine, upgrade
 from reconcile.storage.lease import CommitLeases
 from reconcile.storage.ledger_rows import Batch, Shard
@@ -51,6 +65,16 @@ _CHECKED: set[str] = set()  # database URLs whose schema this process found at h
 
 def now() -> datetime:
     return datetime.now(UTC)
+
+
+def feed_of(b: Batch) -> FeedProgress | None:
+    """A batch row's record of its feed's progress (no ``commands``); None when it has none."""
+    return FeedProgress.recorded(b.late_commands, b.source_offset)
+
+
+def late_commands_and_offset(feed: FeedProgress | None) -> tuple[int | None, int | None]:
+    """The ledger's two columns of a feed's progress, ``(late_commands, source_offset)``."""
+    return (None, None) if feed is None else (feed.late_commands, feed.source_offset)
 
 
 P = ParamSpec("P")
@@ -400,7 +424,7 @@ class Ledger(CommitLeases):
             b.manifest = staged.manifest
             b.rows_ok, b.rows_err = staged.rows_ok, staged.rows_err
             b.read_version, b.drift_rows = staged.read_version, staged.drift_rows
-            b.source_offset, b.late_commands = staged.source_offset, staged.late_commands
+            b.late_commands, b.source_offset = late_commands_and_offset(staged.feed)
             b.rows_net = staged.rows_net
             b.message = b.failure_kind = None
             b.updated_at = now()
@@ -495,10 +519,11 @@ class Ledger(CommitLeases):
             b.stage_id = rec.stage_id
         if rec.rows_ok is not None:
             b.rows_ok, b.rows_err = rec.rows_ok, rec.rows_err
-        if rec.source_offset is not None:
-            b.source_offset = rec.source_offset
-        if rec.late_commands is not None:
-            b.late_commands = rec.late_commands
+        late_commands, source_offset = late_commands_and_offset(rec.feed)
+        if source_offset is not None:
+            b.source_offset = source_offset
+        if late_commands is not None:
+            b.late_commands = late_commands
         b.updated_at = t
         try:
             s.flush()
