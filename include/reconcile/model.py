@@ -7,7 +7,7 @@ Plain values shared by every layer; this module imports nothing of the sink.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, ClassVar, Protocol
 
@@ -99,28 +99,25 @@ class FeedProgress:
     in a record that lacks it (the ledger's two columns are nullable each on its own).
 
     Serialized as flat keys of the manifest and of the ``staged batch`` log line (:meth:`to_dict`,
-    :meth:`from_dict`): ``keys`` are those written, all three unless it was read from a text that
-    held only some of them, which then reads back as it was."""
+    :meth:`from_dict`)."""
 
     KEYS: ClassVar[tuple[str, ...]] = ("commands", "late_commands", "source_offset")  # the flat keys, in order
 
     commands: int | None
     late_commands: int | None
     source_offset: int | None
-    keys: tuple[str, ...] = field(default=KEYS, compare=False, repr=False)
 
     def to_dict(self) -> dict[str, int | None]:
-        """The flat keys (``keys``; a None kept)."""
-        return {k: getattr(self, k) for k in self.KEYS if k in self.keys}
+        """The flat keys (a None kept)."""
+        return {k: getattr(self, k) for k in self.KEYS}
 
     @classmethod
     def from_dict(cls, raw: Mapping[str, Any]) -> FeedProgress | None:
         """The progress the flat keys of ``raw`` record (a manifest's); None when it holds none of
         them (another kind's, or a manifest older than feeds)."""
-        keys = tuple(k for k in cls.KEYS if k in raw)
-        if not keys:
+        if not any(k in raw for k in cls.KEYS):
             return None
-        return cls(raw.get("commands"), raw.get("late_commands"), raw.get("source_offset"), keys)
+        return cls(raw.get("commands"), raw.get("late_commands"), raw.get("source_offset"))
 
     @classmethod
     def recorded(cls, late_commands: int | None, source_offset: int | None) -> FeedProgress | None:
@@ -128,7 +125,7 @@ class FeedProgress:
         records neither."""
         if late_commands is None and source_offset is None:
             return None
-        return cls(None, late_commands, source_offset, ("late_commands", "source_offset"))
+        return cls(None, late_commands, source_offset)
 
 
 @dataclass(frozen=True)
