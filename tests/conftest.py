@@ -44,8 +44,11 @@ os.environ["PYTHONPATH"] = f"{ROOT / 'include'}{os.pathsep}{os.environ.get('PYTH
 # JVM's defaults (C1 only made the in-process tests 1.5x slower: 267 s -> 395 s). Off when
 # RECONCILE_TEST_SPARK=default or when JDK_JAVA_OPTIONS is already set.
 SHORT_LIVED_JVM_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
+# The long-lived ones (this process's session, the Connect server) map Spark's classes too.
+LONG_LIVED_JVM_OPTIONS = ""
 if os.environ.get("RECONCILE_TEST_JVM_ARCHIVE"):  # Spark's classes mapped, not parsed: tests/jvm_archive.py
-    SHORT_LIVED_JVM_OPTIONS += f" -XX:SharedArchiveFile={os.environ['RECONCILE_TEST_JVM_ARCHIVE']} -Xlog:cds*=off"
+    LONG_LIVED_JVM_OPTIONS = f"-XX:SharedArchiveFile={os.environ['RECONCILE_TEST_JVM_ARCHIVE']} -Xlog:cds*=off"
+    SHORT_LIVED_JVM_OPTIONS += " " + LONG_LIVED_JVM_OPTIONS
 SPARK_MODE = os.environ.get("RECONCILE_TEST_SPARK", "tiny")
 if SPARK_MODE == "tiny":
     os.environ.setdefault("JDK_JAVA_OPTIONS", SHORT_LIVED_JVM_OPTIONS)
@@ -72,7 +75,10 @@ def spark():
         conf.update(TINY_DATA_CONF)
     short_lived = os.environ.get("JDK_JAVA_OPTIONS") == SHORT_LIVED_JVM_OPTIONS
     if short_lived:  # not for this JVM: it lives as long as the test session
-        del os.environ["JDK_JAVA_OPTIONS"]
+        if LONG_LIVED_JVM_OPTIONS:
+            os.environ["JDK_JAVA_OPTIONS"] = LONG_LIVED_JVM_OPTIONS
+        else:
+            del os.environ["JDK_JAVA_OPTIONS"]
     try:
         session = get_session("reconcile-tests", conf)
     finally:
@@ -101,6 +107,7 @@ def connect_url(request, tmp_path_factory):
     import socket
 
     from reconcile import connect_server
+    from tiny_spark import TINY_DATA_CONF
 
     shared = _shared_dir(request.config)
     home = (shared or tmp_path_factory.getbasetemp()) / "connect-home"
@@ -115,7 +122,13 @@ def connect_url(request, tmp_path_factory):
                 s.bind(("127.0.0.1", 0))
                 port = s.getsockname()[1]
             env = {k: v for k, v in os.environ.items() if k != "JDK_JAVA_OPTIONS"}  # long-lived: full JIT
-            url = connect_server.start(port, "local[2]", home=home, env=env, warm=False)  # test_connect warms it
+            if os.environ.get("JDK_JAVA_OPTIONS") == SHORT_LIVED_JVM_OPTIONS and LONG_LIVED_JVM_OPTIONS:
+                env["JDK_JAVA_OPTIONS"] = LONG_LIVED_JVM_OPTIONS
+            # tables of a few dozen rows, as the in-process session's (tests/tiny_spark.py)
+            conf = {"spark.sql.shuffle.partitions": "2", **(TINY_DATA_CONF if SPARK_MODE == "tiny" else {})}
+            url = connect_server.start(
+                port, "local[2]", home=home, env=env, warm=False, conf=conf
+            )  # test_connect warms it
             (home / "port").write_text(str(port))
             record.write_text(url)
     yield url

@@ -42,15 +42,16 @@ def url(port: int, host: str = "127.0.0.1") -> str:
     return f"sc://{host}:{port}"
 
 
-def command(port: int, master: str) -> list[str]:
+def command(port: int, master: str, extra: dict[str, str] | None = None) -> list[str]:
     """spark-submit of a Connect server on ``port``: Delta, the sink's conf, sized like the
-    embedded default when ``master`` is local."""
+    embedded default when ``master`` is local; ``extra`` conf last (it wins)."""
     conf = {**SINK_CONF, **settings.metastore_conf(), "spark.connect.grpc.binding.port": str(port)}
     jars = settings.spark_jars()
     conf["spark.jars" if jars else "spark.jars.packages"] = ",".join(jars) if jars else settings.DELTA_PACKAGES
     if master.startswith("local"):
         conf.update(LOCAL_CONF)
         conf.update(LOCAL_SQL_CONF)
+    conf.update(extra or {})
     spark_submit = Path(sys.executable).parent / "spark-submit"
     args = [str(spark_submit if spark_submit.exists() else "spark-submit"), "--master", master, "--class", SERVER_CLASS]
     args += ["--name", f"reconcile-spark-connect-{port}"]
@@ -82,11 +83,12 @@ def start(
     env: dict[str, str] | None = None,
     warm: bool = True,
     timeout: float = 120.0,
+    conf: dict[str, str] | None = None,
 ) -> str:
     """Start a server on ``port`` unless one listens there already; returns its URL once it
     accepts connections and (``warm``) has run a throwaway batch (:func:`warm_up`). Its pid and
     log files are in ``<home>/spark-connect/`` (default ``$RECONCILE_HOME``); ``env`` replaces
-    the process environment of the server."""
+    the process environment of the server; ``conf``, Spark conf beyond the sink's."""
     if listening(port):
         return url(port)
     log = state_dir(home) / f"{port}.log"
@@ -95,7 +97,7 @@ def start(
     env.pop("PYSPARK_GATEWAY_PORT", None)
     with open(log, "ab") as out:
         proc = subprocess.Popen(
-            command(port, master or settings.spark_master()),
+            command(port, master or settings.spark_master(), conf),
             stdout=out,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
