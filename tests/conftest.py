@@ -104,10 +104,6 @@ def connect_url(request, tmp_path_factory):
     stops it at the end. pyspark is classic or Connect per process: its clients run in
     subprocesses (or Airflow's task processes), while this process reads with ``spark``."""
     import fcntl
-    import socket
-
-    from reconcile import connect_server
-    from tiny_spark import TINY_DATA_CONF
 
     shared = _shared_dir(request.config)
     home = (shared or tmp_path_factory.getbasetemp()) / "connect-home"
@@ -118,22 +114,34 @@ def connect_url(request, tmp_path_factory):
         if record.exists():
             url = record.read_text()
         else:
-            with socket.socket() as s:
-                s.bind(("127.0.0.1", 0))
-                port = s.getsockname()[1]
-            env = {k: v for k, v in os.environ.items() if k != "JDK_JAVA_OPTIONS"}  # long-lived: full JIT
-            if os.environ.get("JDK_JAVA_OPTIONS") == SHORT_LIVED_JVM_OPTIONS and LONG_LIVED_JVM_OPTIONS:
-                env["JDK_JAVA_OPTIONS"] = LONG_LIVED_JVM_OPTIONS
-            # tables of a few dozen rows, as the in-process session's (tests/tiny_spark.py)
-            conf = {"spark.sql.shuffle.partitions": "2", **(TINY_DATA_CONF if SPARK_MODE == "tiny" else {})}
-            url = connect_server.start(
-                port, "local[2]", home=home, env=env, warm=False, conf=conf
-            )  # test_connect warms it
-            (home / "port").write_text(str(port))
+            url = start_connect_server(home)  # test_connect warms it
             record.write_text(url)
     yield url
     if shared is None:
         _stop_connect(home)
+
+
+def start_connect_server(home: Path, environment: dict[str, str] | None = None) -> str:
+    """A Spark Connect server on a free port (local[2], the tests' tiny-data conf, a long-lived
+    JVM's options; ``environment`` added to this process's): its URL; its port in ``home/port``
+    for :func:`_stop_connect`."""
+    import socket
+
+    from reconcile import connect_server
+    from tiny_spark import TINY_DATA_CONF
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {k: v for k, v in os.environ.items() if k != "JDK_JAVA_OPTIONS"}  # long-lived: full JIT
+    if os.environ.get("JDK_JAVA_OPTIONS") == SHORT_LIVED_JVM_OPTIONS and LONG_LIVED_JVM_OPTIONS:
+        env["JDK_JAVA_OPTIONS"] = LONG_LIVED_JVM_OPTIONS
+    env.update(environment or {})
+    # tables of a few dozen rows, as the in-process session's (tests/tiny_spark.py)
+    conf = {"spark.sql.shuffle.partitions": "2", **(TINY_DATA_CONF if SPARK_MODE == "tiny" else {})}
+    url = connect_server.start(port, "local[2]", home=home, env=env, warm=False, conf=conf)
+    (home / "port").write_text(str(port))
+    return url
 
 
 def _stop_connect(home: Path) -> None:

@@ -31,13 +31,24 @@ def _causes(stderr: str) -> str:
     return "\n".join(lines[:15]) + "\n...\n" + stderr[-800:]
 
 
-def _env(remote: str | None) -> dict:
-    """The racers' environment: clients of the shared Spark Connect server at ``remote`` (the
-    races are on the ledger and the Delta log, which every process reaches on its own), or with
-    ``remote`` None, each its own local Spark JVM (the S3 tests keep that form)."""
+@pytest.fixture(scope="module")
+def s3_connect_url(s3_server_running, tmp_path_factory):
+    """A Spark Connect server that reads the test S3 server's credentials from its environment,
+    as a deployment's server does (the shared one started without them): the S3 racers' Spark."""
+    from conftest import _stop_connect, start_connect_server
+
+    home = tmp_path_factory.mktemp("s3-connect")
+    url = start_connect_server(home, s3_server_running.storage_options())
+    yield url
+    _stop_connect(home)
+
+
+def _env(remote: str) -> dict:
+    """The racers' environment: clients of the Spark Connect server at ``remote`` (the races are
+    on the ledger and the Delta log, which every process reaches on its own; a batch's append
+    needs no JVM; tests/test_crash.py kills a write in a JVM of its own, spark-submit's form)."""
     env = {k: v for k, v in os.environ.items() if k != "PYSPARK_GATEWAY_PORT"}
-    if remote:
-        env["RECONCILE_SPARK_REMOTE"] = remote
+    env["RECONCILE_SPARK_REMOTE"] = remote
     return env
 
 
@@ -61,19 +72,19 @@ def _racers(cfg, frontiers: list[int], env: dict) -> list[subprocess.CompletedPr
 
 @pytest.mark.parametrize("racers", [3])
 def test_racing_processes_commit_each_lower_once(spark, warehouse, tmp_path, store, monkeypatch, racers, connect_url):
-    # clients of one Connect server (the races are on the ledger and the Delta log); racers that
-    # are each their own JVM, spark-submit's form, race on S3 below
+    # clients of one Connect server (the races are on the ledger and the Delta log)
     race_runs(spark, tmp_path, store, monkeypatch, racers, connect_url)
 
 
-def test_racing_processes_commit_each_lower_once_on_s3(spark, s3_warehouse, tmp_path, sqlite_store, monkeypatch):
-    """The same with the warehouse on S3 (each racer its own JVM, reading the AWS environment)."""
-    race_runs(spark, tmp_path, sqlite_store, monkeypatch, 3, None)
+def test_racing_processes_commit_each_lower_once_on_s3(
+    spark, s3_warehouse, tmp_path, sqlite_store, monkeypatch, s3_connect_url
+):
+    """The same with the warehouse on S3 (the racers' appends and the server's writes on S3)."""
+    race_runs(spark, tmp_path, sqlite_store, monkeypatch, 3, s3_connect_url)
 
 
-def race_runs(spark, tmp_path, store, monkeypatch, racers: int, remote: str | None) -> None:
-    """``racers`` runs with different frontiers at once (clients of ``remote``, or each its own
-    JVM); then each lower is committed once, ``check`` right after them is clean, and one more
+def race_runs(spark, tmp_path, store, monkeypatch, racers: int, remote: str) -> None:
+    """``racers`` runs with different frontiers at once (clients of ``remote``); then each lower is committed once, ``check`` right after them is clean, and one more
     run agrees with the model."""
     monkeypatch.setenv("RECONCILE_SINKS_DIR", str(tmp_path))
     env = _env(remote)
@@ -203,13 +214,13 @@ def test_attempts_of_one_run_racing_commit_the_batch_once(
 
 
 def test_attempts_of_one_run_racing_commit_the_batch_once_on_s3(
-    spark, s3_warehouse, tmp_path, sqlite_store, monkeypatch
+    spark, s3_warehouse, tmp_path, sqlite_store, monkeypatch, s3_connect_url
 ):
-    """The same with the warehouse on S3 (each attempt its own JVM, reading the AWS environment)."""
-    race_attempts(spark, tmp_path, sqlite_store, monkeypatch, 0, None)
+    """The same with the warehouse on S3 (the attempts' appends and the server's writes on S3)."""
+    race_attempts(spark, tmp_path, sqlite_store, monkeypatch, 0, s3_connect_url)
 
 
-def race_attempts(spark, tmp_path, store, monkeypatch, round_: int, remote: str | None) -> None:
+def race_attempts(spark, tmp_path, store, monkeypatch, round_: int, remote: str) -> None:
     monkeypatch.setenv("RECONCILE_SINKS_DIR", str(tmp_path))
     env = _env(remote)
     cfg = make_sink(tmp_path, f"zombie_{store.engine.dialect.name}_{round_}", "changelog")
