@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -25,5 +26,8 @@ def test_ruff_format_is_applied():
 
 
 def test_mypy_passes_on_the_package():
-    r = _run("mypy")
+    # its cache in the user's (mypy checks each entry against the file): a fresh clone's check
+    # takes 0.5 s, not 11 s, once any checkout of this machine has run it
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "reconcile-sink" / "mypy"
+    r = _run("mypy", "--cache-dir", str(cache))
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-1000:]
