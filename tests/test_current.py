@@ -123,6 +123,7 @@ def test_query_sink_current_table_follows_every_batch(spark, where, vectors, tmp
     assert current_rows(cfg) == as_rows(model_kv(kept(QUERY_ROWS[-1])))
 
 
+@pytest.mark.slow  # the quick tier keeps the query sink's current table and the foreign writes
 @pytest.mark.parametrize("where", ["local", "s3"], indirect=True)
 def test_upsert_sink_current_table_holds_one_row_per_key(spark, where, tmp_path, sqlite_store, monkeypatch):
     monkeypatch.setenv("RECONCILE_SINKS_DIR", str(tmp_path))

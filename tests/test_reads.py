@@ -88,6 +88,7 @@ def test_query_sink_reads_without_a_jvm_as_spark_does(spark, warehouse, tmp_path
     assert same_reports(spark, sqlite_store, cfg, rng, ok, since, upper, ["v=a"])["note"]
 
 
+@pytest.mark.slow  # the quick tier keeps the query sink's reads
 def test_changelog_sink_reads_without_a_jvm_as_spark_does(spark, warehouse, tmp_path, sqlite_store):
     rng = random.Random(12)
     cfg, ok = changelog_shard(spark, sqlite_store, tmp_path, rng, batches=3)

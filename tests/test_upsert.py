@@ -91,6 +91,7 @@ def test_commands_at_or_after_upper_wait_and_late_commands_are_counted(spark, wa
     assert sqlite_store.batch_of_run(cfg.name, "r3").late_commands == 0
 
 
+@pytest.mark.slow  # the quick tier keeps the random feeds against the model
 def test_feedback_repairs_a_key_tampered_into_two_values(spark, warehouse, tmp_path, sqlite_store):
     from pyspark.sql import functions as F
 
