@@ -336,8 +336,8 @@ UPSERT_TABLE_METHODS = {"merge": merge_upsert, "merge_dv": merge_upsert, "expert
 
 
 class Bench:
-    def __init__(self, spark: SparkSession, store, root: Path, args):
-        self.spark, self.store, self.root, self.args = spark, store, root, args
+    def __init__(self, spark: SparkSession, ledger, root: Path, args):
+        self.spark, self.ledger, self.root, self.args = spark, ledger, root, args
         self.partitions = args.partitions or int(spark.conf.get("spark.sql.shuffle.partitions"))
         self.sizes: dict[int, dict] = {}  # query: per size, the prepared "before" and base tables
         self.loads: list[dict] = []
@@ -397,13 +397,13 @@ class Bench:
             for m in QUERY_TABLE_METHODS
         }
         name = f"{label.replace('-', '_').replace('%', 'pct').replace('.', '_')}_r{rep}"
-        load = sink_batch(spark, self.store, query_sink(work, name, prep["before"], self.partitions), 0)
+        load = sink_batch(spark, self.ledger, query_sink(work, name, prep["before"], self.partitions), 0)
         cfg = query_sink(work, name, prep["after"], self.partitions)
         order = rotated(QUERY_METHODS, shift)
         run: dict = {"repeat": rep, "order": order, "sink_load_s": round(load["sink_s"], 3)}
         for m in order:
             if m == "sink":
-                b = sink_batch(spark, self.store, cfg, 1)
+                b = sink_batch(spark, self.ledger, cfg, 1)
                 run.update({k: round(v, 3) for k, v in b.items() if k.endswith("_s")}, sink_updates=b["updates"])
             elif m == "floor":
                 parts = floor_parts(spark, prep["after"], prep["stored"], prep["change_rows"], str(work / "floor"))
@@ -412,7 +412,7 @@ class Bench:
             else:
                 run[f"{m}_s"] = round(timed(QUERY_TABLE_METHODS[m], spark, tables[m], prep["after"]), 3)
         t_check = time.perf_counter()
-        sink_rows, errors = sink_contents(spark, self.store, cfg, 1)
+        sink_rows, errors = sink_contents(spark, self.ledger, cfg, 1)
         read = spark.read.format("delta").load
         result = compare(
             spark.read.parquet(prep["after"]), {"sink": sink_rows, **{m: read(t) for m, t in tables.items()}}, COLUMNS
@@ -456,7 +456,7 @@ class Bench:
         loads: dict = {}
         for m in rotated(LOAD_METHODS, first_shift):
             if m == "sink":
-                loads["sink_s"] = round(sink_batch(spark, self.store, cfg, 0)["sink_s"], 3)
+                loads["sink_s"] = round(sink_batch(spark, self.ledger, cfg, 0)["sink_s"], 3)
             elif m == "plain_write":
                 loads["plain_write_s"] = round(timed(plain_load, spark, base, feed, 0), 3)
             else:
@@ -479,7 +479,7 @@ class Bench:
                 row: dict = {"cell": cell.name, "batch": b, "commands": count, "order": order}
                 for m in order:
                     if m == "sink":
-                        r = sink_batch(spark, self.store, cfg, b)
+                        r = sink_batch(spark, self.ledger, cfg, b)
                         row.update(sink_s=round(r["sink_s"], 3), sink_updates=r["updates"])
                     else:
                         row[f"{m}_s"] = round(timed(UPSERT_TABLE_METHODS[m], spark, tables[m], feed, b), 3)
@@ -491,7 +491,7 @@ class Bench:
                 b += 1
 
         t_check = time.perf_counter()
-        sink_rows, errors = sink_contents(spark, self.store, cfg, b - 1)
+        sink_rows, errors = sink_contents(spark, self.ledger, cfg, b - 1)
         read = spark.read.format("delta").load
         expected = latest_state(spark.read.parquet(feed))
         result = compare(expected, {"sink": sink_rows, **{m: read(t) for m, t in tables.items()}}, UPSERT_COLUMNS)
@@ -810,14 +810,14 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     cells = select_cells(args.cells, args.scale)
 
-    root, spark, store, session_start = start("bench-alternatives-", "bench-alternatives")
-    bench = Bench(spark, store, root, args)
+    root, spark, ledger, session_start = start("bench-alternatives-", "bench-alternatives")
+    bench = Bench(spark, ledger, root, args)
     info = machine(spark)
     bench.say(
         f"Spark session started in {session_start:.1f}s (driver {info['driver_memory']}, "
         f"{info['shuffle_partitions']} shuffle tasks, sinks {bench.partitions} partitions)"
     )
-    result = checked(lambda: bench.run(cells), root, store)
+    result = checked(lambda: bench.run(cells), root, ledger)
     if result is None:
         return 1
     result = {

@@ -97,16 +97,16 @@ def bench_append(work: Path, rows: int, change: float) -> dict:
     spec = kv_query_spec("cp_bench", src / "v1")
     (work / "cp_bench.yaml").write_text(yaml.safe_dump(spec))
     cfg = load_file(work / "cp_bench.yaml")
-    store = Ledger(f"sqlite:///{work / 'meta.db'}")
-    first = mint.run_mint(store, cfg, "run-1", 1, 200).description
-    write.run_write(spark, store, cfg, first.batch_id)
-    append.run_append(store, cfg, first.batch_id)
+    ledger = Ledger(f"sqlite:///{work / 'meta.db'}")
+    first = mint.run_mint(ledger, cfg, "run-1", 1, 200).description
+    write.run_write(spark, ledger, cfg, first.batch_id)
+    append.run_append(ledger, cfg, first.batch_id)
     spec["query"]["sources"]["src"]["path"] = str(src / "v2")
     (work / "cp_bench.yaml").write_text(yaml.safe_dump(spec))
     cfg = load_file(work / "cp_bench.yaml")
-    desc = mint.run_mint(store, cfg, "run-2", 1, 300).description
-    w = write.run_write(spark, store, cfg, desc.batch_id)
-    b = store.get_batch(desc.batch_id)
+    desc = mint.run_mint(ledger, cfg, "run-2", 1, 300).description
+    w = write.run_write(spark, ledger, cfg, desc.batch_id)
+    b = ledger.get_batch(desc.batch_id)
     staged = ShardTable(cfg).staging_path(desc.batch_id, b.stage_id)
     copy = work / "copy_of_staged"
     shutil.copytree(staged, copy)
@@ -126,22 +126,22 @@ def bench_append(work: Path, rows: int, change: float) -> dict:
         )
 
     copy_rows_s, _ = timed(copy_rows)
-    append_s, result = timed(append.run_append, store, cfg, desc.batch_id)
+    append_s, result = timed(append.run_append, ledger, cfg, desc.batch_id)
     assert result.outcome == "committed", result.message
 
     # a third batch (the first 1% changed back), appended as Airflow's task does: a new process
     spec["query"]["sources"]["src"]["path"] = str(src / "v1")
     (work / "cp_bench.yaml").write_text(yaml.safe_dump(spec))
     cfg = load_file(work / "cp_bench.yaml")
-    third = mint.run_mint(store, cfg, "run-3", 1, 400).description
-    write.run_write(spark, store, cfg, third.batch_id)
+    third = mint.run_mint(ledger, cfg, "run-3", 1, 400).description
+    write.run_write(spark, ledger, cfg, third.batch_id)
     env = {**os.environ, "RECONCILE_SINKS_DIR": str(work), "RECONCILE_METADATA_URL": f"sqlite:///{work / 'meta.db'}"}
     env.pop("PYSPARK_GATEWAY_PORT", None)
     cli = [sys.executable, "-m", "reconcile", "append", cfg.name, "--run-id", "run-3"]
     cold_s, proc = timed(lambda: subprocess.run(cli, env=env, capture_output=True, text=True))
     assert proc.returncode == 0 and "appended batch" in proc.stdout, proc.stderr[-2000:]
     n = frames.read_updates(spark, ShardTable(cfg)).count()
-    store.dispose()
+    ledger.dispose()
     return {
         "rows": rows,
         "change": change,

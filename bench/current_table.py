@@ -48,11 +48,11 @@ def _with_current(cfg, root: Path):
     return load_file(out)
 
 
-def _timed_batch(spark, store, cfg, batch: int) -> tuple[float, float | None]:
+def _timed_batch(spark, ledger, cfg, batch: int) -> tuple[float, float | None]:
     from reconcile.sink.run import run_batch
 
     t0 = time.perf_counter()
-    r = run_batch(spark, store, cfg, f"b{batch}", W.upper_of(batch))
+    r = run_batch(spark, ledger, cfg, f"b{batch}", W.upper_of(batch))
     total = time.perf_counter() - t0
     if r.append is None or r.append.outcome != "committed":
         raise RuntimeError(f"{cfg.name}: {r.message}")
@@ -123,7 +123,7 @@ def main(
     rows: int, keys: int, commands: int, trials: int, out: Path, upsert_trials: int = 6, cells: str = "query,upsert"
 ) -> dict:
     logging.basicConfig(level=logging.WARNING)
-    root, spark, store, started = W.start("bench-current-", "bench-current")
+    root, spark, ledger, started = W.start("bench-current-", "bench-current")
     partitions = int(spark.conf.get("spark.sql.shuffle.partitions"))
     result: dict = {"rows": rows, "keys": keys, "commands": commands, "trials": trials, "upsert_trials": upsert_trials}
 
@@ -140,10 +140,10 @@ def main(
                 cfg = W.query_sink(root, f"q_{trial}", str(desired), partitions)
                 if which == "current":
                     cfg = _with_current(cfg, root)
-                _timed_batch(spark, store, cfg, 1)
+                _timed_batch(spark, ledger, cfg, 1)
                 shutil.rmtree(desired)
                 shutil.copytree(root / "after", desired)
-                s, m = _timed_batch(spark, store, cfg, 2)
+                s, m = _timed_batch(spark, ledger, cfg, 2)
                 q[which].append(s)
                 if m is not None:
                     q["maintain"].append(m)
@@ -162,9 +162,9 @@ def main(
                 cfg = W.upsert_sink(root, f"u_{trial}", feed, partitions)
                 if which == "current":
                     cfg = _with_current(cfg, root)
-                _timed_batch(spark, store, cfg, 0)
+                _timed_batch(spark, ledger, cfg, 0)
                 W.commands(spark, keys, 1, commands, 7).write.mode("append").parquet(feed)
-                s, m = _timed_batch(spark, store, cfg, 1)
+                s, m = _timed_batch(spark, ledger, cfg, 1)
                 u[which].append(s)
                 if m is not None:
                     u["maintain"].append(m)

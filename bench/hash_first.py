@@ -36,7 +36,7 @@ def main(rows: int, trials: int, out: Path) -> dict:
 
     logging.basicConfig(level=logging.WARNING)
     os.environ["RECONCILE_HASH_FIRST_MIN_ROWS"] = "1"  # hash first at every size: the method under test
-    root, spark, store, started = W.start("bench-hash-first-", "bench-hash-first")
+    root, spark, ledger, started = W.start("bench-hash-first-", "bench-hash-first")
     W.generate(spark.range(rows), 1).write.parquet(str(root / "before"))
     before = spark.read.parquet(str(root / "before"))
     W.change(spark, before, 1, "x", rows // 100, rows).write.parquet(str(root / "after"))
@@ -56,12 +56,12 @@ def main(rows: int, trials: int, out: Path) -> dict:
             shutil.copytree(root / "before", desired)
             cfg = W.query_sink(root, name, str(desired), partitions)
             Q.hash_first = hash_first
-            run_batch(spark, store, cfg, "b1", W.upper_of(1))
+            run_batch(spark, ledger, cfg, "b1", W.upper_of(1))
             shutil.rmtree(desired)
             shutil.copytree(root / "after", desired)
             Q.hash_first = hash_first if method == "hash_first" else exact
             t0 = time.perf_counter()
-            r = run_batch(spark, store, cfg, "b2", W.upper_of(2))
+            r = run_batch(spark, ledger, cfg, "b2", W.upper_of(2))
             seconds[method].append(round(time.perf_counter() - t0, 2))
             updates[method].add(r.write.rows_ok + r.write.rows_err)
             print(f"trial {trial} {method}: {seconds[method][-1]:.2f} s", flush=True)

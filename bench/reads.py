@@ -70,12 +70,12 @@ def build(work: Path, rows: int) -> dict[str, str]:
     from reconcile.storage.ledger import Ledger
 
     spark = get_session("bench-reads")
-    store = Ledger(env["RECONCILE_METADATA_URL"])
+    ledger = Ledger(env["RECONCILE_METADATA_URL"])
     cfg = load_sink("demo_orders")
     for day in range(3):
         demo.write_orders(day)
         end = to_millis(datetime(2026, 1, 2 + day, tzinfo=UTC))
-        run_batch(spark, store, cfg, f"demo-{day}", end)
+        run_batch(spark, ledger, cfg, f"demo-{day}", end)
 
     src = work / "src"
     write_kv_sources(spark, src, rows, F.col("id") % 100 == 0)
@@ -83,8 +83,8 @@ def build(work: Path, rows: int) -> dict[str, str]:
     for i, (version, frontier) in enumerate((("v1", 200), ("v2", 300))):
         spec["query"]["sources"]["src"]["path"] = str(src / version)
         (work / "sinks" / "million.yaml").write_text(yaml.safe_dump(spec))
-        run_batch(spark, store, load_sink("million"), f"million-{i}", frontier)
-    store.dispose()
+        run_batch(spark, ledger, load_sink("million"), f"million-{i}", frontier)
+    ledger.dispose()
     spark.stop()
     return env
 

@@ -68,14 +68,14 @@ def nearest(batches: int, targets=(1, 50, 100, 200)) -> list[int]:
     return sorted(set(picked))
 
 
-def run_flat(spark: SparkSession, store, root: Path, args) -> dict:
+def run_flat(spark: SparkSession, ledger, root: Path, args) -> dict:
     from reconcile.sink.compact import run_compact
 
     modes = {"off": None, "on": {"history_hours": 0}}
     current = str(root / "desired_0")
     generate(spark.range(args.size), args.seed).write.parquet(current)
     cfgs = {m: query_sink(root, f"flat_{m}", current, args.partitions, ret) for m, ret in modes.items()}
-    load = {m: round(sink_batch(spark, store, cfg, 0)["sink_s"], 3) for m, cfg in cfgs.items()}
+    load = {m: round(sink_batch(spark, ledger, cfg, 0)["sink_s"], 3) for m, cfg in cfgs.items()}
     print(
         f"loaded {args.size:,} rows: "
         + ", ".join(f"compaction {m} {s:.2f}s" for m, s in load.items())
@@ -102,12 +102,12 @@ def run_flat(spark: SparkSession, store, root: Path, args) -> dict:
         line = f"batch {b}:"
         for m, ret in modes.items():
             cfgs[m] = query_sink(root, f"flat_{m}", current, args.partitions, ret)
-            r = {k: round(v, 3) for k, v in sink_batch(spark, store, cfgs[m], b).items()}
+            r = {k: round(v, 3) for k, v in sink_batch(spark, ledger, cfgs[m], b).items()}
             costs[m].append({"batch": b, **r})
             line += f"  {m} {r['sink_s']:.2f}s"
             if ret is not None and b % args.compact_every == 0:
                 t = time.perf_counter()
-                c = run_compact(spark, store, cfgs[m])
+                c = run_compact(spark, ledger, cfgs[m])
                 seconds = time.perf_counter() - t
                 compactions.append(
                     {"after_batch": b, "seconds": round(seconds, 3), "outcome": c.outcome, "message": c.message}
@@ -118,7 +118,7 @@ def run_flat(spark: SparkSession, store, root: Path, args) -> dict:
     final = spark.read.parquet(current)
     problems = []
     for m, cfg in cfgs.items():
-        rows, errors = sink_contents(spark, store, cfg, args.batches)
+        rows, errors = sink_contents(spark, ledger, cfg, args.batches)
         problems += problems_of(compare(final, {f"compaction {m}": rows}, cfg.column_names))
         problems += [f"compaction {m}: {errors} error updates"] if errors else []
     if problems:
@@ -196,7 +196,7 @@ def cpu_seconds() -> float:
     return total
 
 
-def run_checksum_cost(spark: SparkSession, store, root: Path, args) -> dict:
+def run_checksum_cost(spark: SparkSession, ledger, root: Path, args) -> dict:
     """The query sink's load and change batches with the self-checks off and on, alternating."""
     from reconcile import checksums
     from reconcile.sink.check import verify_checksums
@@ -214,16 +214,16 @@ def run_checksum_cost(spark: SparkSession, store, root: Path, args) -> dict:
             checksums.ENABLED = mode == "on"
             name = f"ck_{mode}_{rnd}"
             c0 = cpu_seconds()
-            load = sink_batch(spark, store, query_sink(root, name, before, args.partitions), 0)
+            load = sink_batch(spark, ledger, query_sink(root, name, before, args.partitions), 0)
             c1 = cpu_seconds()
             cfg = query_sink(root, name, after, args.partitions)
-            batch = sink_batch(spark, store, cfg, 1)
+            batch = sink_batch(spark, ledger, cfg, 1)
             load["cpu_s"], batch["cpu_s"] = c1 - c0, cpu_seconds() - c1
             if batch["updates"] != expected:
                 raise Mismatch(f"{name}: the correction has {batch['updates']} rows, expected {expected}")
             if mode == "on":
                 t = time.perf_counter()
-                lines, counts = verify_checksums(store, cfg, spark)
+                lines, counts = verify_checksums(ledger, cfg, spark)
                 if lines or counts["verified"] != 2:
                     raise Mismatch(f"{name}: check --verify found {lines[:3]} ({counts})")
                 if rnd:
@@ -302,13 +302,13 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("one mode: --flat or --checksum-cost (the sink against MERGE and overwrite: bench/alternatives.py)")
 
     told = {"spark.sql.shuffle.partitions": str(args.partitions)} if args.partitions else None
-    root, spark, store, session_start = start("bench-reconcile-", "bench-reconcile", told)
+    root, spark, ledger, session_start = start("bench-reconcile-", "bench-reconcile", told)
     args.partitions = int(spark.conf.get("spark.sql.shuffle.partitions"))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     info = machine(spark)
     mode = run_checksum_cost if args.checksum_cost else run_flat
-    result = checked(lambda: mode(spark, store, root, args), root, store)
+    result = checked(lambda: mode(spark, ledger, root, args), root, ledger)
     if result is None:
         return 1
 

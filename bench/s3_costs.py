@@ -133,7 +133,7 @@ def write_sink(spec: dict):
     return load_file(path)
 
 
-def bench_append(spark, store, server, work: Path, rows: int, change: float) -> dict:
+def bench_append(spark, ledger, server, work: Path, rows: int, change: float) -> dict:
     """1. in the module's doc (the server's access log: ``work / 's3-access.log'``)."""
     from pyspark.sql import functions as F
 
@@ -159,16 +159,16 @@ def bench_append(spark, store, server, work: Path, rows: int, change: float) -> 
     requests = Requests(work / "s3-access.log")
 
     t = time.perf_counter()
-    first = mint.run_mint(store, cfg, "run-1", 1, 200).description
-    write.run_write(spark, store, cfg, first.batch_id)
-    assert append.run_append(store, cfg, first.batch_id).outcome == "committed"
+    first = mint.run_mint(ledger, cfg, "run-1", 1, 200).description
+    write.run_write(spark, ledger, cfg, first.batch_id)
+    assert append.run_append(ledger, cfg, first.batch_id).outcome == "committed"
     first_s = time.perf_counter() - t
 
     def staged(run_id: str, source: str, frontier: int):
         spec["query"]["sources"]["src"]["path"] = str(src / source)
         c = write_sink(spec)
-        desc = mint.run_mint(store, c, run_id, 1, frontier).description
-        w = write.run_write(spark, store, c, desc.batch_id)
+        desc = mint.run_mint(ledger, c, run_id, 1, frontier).description
+        w = write.run_write(spark, ledger, c, desc.batch_id)
         return c, desc, w
 
     cfg, desc, w = staged("run-2", "v2", 300)
@@ -176,7 +176,7 @@ def bench_append(spark, store, server, work: Path, rows: int, change: float) -> 
     requests.take()
     la = load()
     append_s = time.perf_counter()
-    result = append.run_append(store, cfg, desc.batch_id)
+    result = append.run_append(ledger, cfg, desc.batch_id)
     append_s = time.perf_counter() - append_s
     append_requests = requests.take()
     assert result.outcome == "committed", result.message
@@ -210,7 +210,7 @@ def bench_append(spark, store, server, work: Path, rows: int, change: float) -> 
     }
 
 
-def build_shard(spark, store, work: Path, name: str, batches: int) -> dict:
+def build_shard(spark, ledger, work: Path, name: str, batches: int) -> dict:
     """A query sink that committed ``batches`` batches: a 6-row source, one row changed per batch
     (each batch: 2 updates, one Delta version)."""
     from reconcile.sink.run import run_batch
@@ -223,7 +223,7 @@ def build_shard(spark, store, work: Path, name: str, batches: int) -> dict:
     for i in range(batches):
         rows = [{"k": k, "v": f"v{k}-{i if k == i % 6 else 0}"} for k in range(6)]
         (src / "part-0.json").write_text("".join(json.dumps(r) + "\n" for r in rows))
-        run = run_batch(spark, store, cfg, f"b-{i}", 200 + 100 * i)
+        run = run_batch(spark, ledger, cfg, f"b-{i}", 200 + 100 * i)
         assert run.append is not None and run.append.outcome == "committed", run
         appends.append(run.seconds["append"])
     return {
@@ -370,16 +370,16 @@ def main() -> int:
             from reconcile.storage.ledger import Ledger
 
             spark = get_session("bench-s3-costs")
-            store = Ledger(os.environ["RECONCILE_METADATA_URL"])
+            ledger = Ledger(os.environ["RECONCILE_METADATA_URL"])
             if "append" in parts:
-                out["append"] = bench_append(spark, store, server, work, args.rows, args.change)
+                out["append"] = bench_append(spark, ledger, server, work, args.rows, args.change)
                 print(json.dumps(out), flush=True)
             if "reads" in parts:
-                out["reads"] = build_shard(spark, store, work, "s3_reads", args.batches)
+                out["reads"] = build_shard(spark, ledger, work, "s3_reads", args.batches)
                 print(json.dumps(out), flush=True)
                 out["reads"].update(bench_reads(work / "s3-access.log", "s3_reads", args.repeat))
                 print(json.dumps(out), flush=True)
-            store.dispose()
+            ledger.dispose()
             spark.stop()
         if "airflow" in parts:
             from control_plane import free_port

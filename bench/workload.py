@@ -239,11 +239,11 @@ def upsert_sink(root: Path, name: str, feed: str, partitions: int):
     return write_sink(root, data, partitions)
 
 
-def sink_batch(spark: SparkSession, store, cfg, batch: int) -> dict:
+def sink_batch(spark: SparkSession, ledger, cfg, batch: int) -> dict:
     """One batch of the sink (interval ``batch``): mint, write, append, each timed."""
     from reconcile.sink.run import run_batch
 
-    r = run_batch(spark, store, cfg, f"b{batch}", upper_of(batch))
+    r = run_batch(spark, ledger, cfg, f"b{batch}", upper_of(batch))
     w, a = r.write, r.append
     if w is None:
         raise RuntimeError(f"{cfg.name}: nothing minted: {r.mint.message}")
@@ -258,7 +258,7 @@ def sink_batch(spark: SparkSession, store, cfg, batch: int) -> dict:
     }
 
 
-def sink_contents(spark: SparkSession, store, cfg, batch: int) -> tuple[DataFrame, int]:
+def sink_contents(spark: SparkSession, ledger, cfg, batch: int) -> tuple[DataFrame, int]:
     """The sink's rows after ``batch`` (with their counts as :data:`WEIGHT`) and the number of
     updates in its log holding an error. Read as of the batch's upper - 1, or as of since if compaction
     moved since there (history_hours: 0)."""
@@ -266,7 +266,7 @@ def sink_contents(spark: SparkSession, store, cfg, batch: int) -> tuple[DataFram
     from reconcile.storage.delta import ShardTable
 
     table = ShardTable(cfg)
-    t = max(upper_of(batch) - 1, store.get_shard(cfg.name).since)
+    t = max(upper_of(batch) - 1, ledger.get_shard(cfg.name).since)
     ok, _ = frames.read_as_of(spark, table, t)
     errors = frames.read_updates(spark, table).where(F.col("_error").isNotNull()).count()
     return ok.withColumnRenamed("_count", WEIGHT), errors
@@ -340,7 +340,7 @@ def start(prefix: str, app: str, conf: dict[str, str] | None = None):
     return root, spark, Ledger(f"sqlite:///{root / 'metadata.db'}"), time.perf_counter() - t0
 
 
-def checked(work, root: Path, store):
+def checked(work, root: Path, ledger):
     """``work()``'s result, or None when a check failed (said on stderr); the temporary files are
     kept when it did not finish."""
     try:
@@ -352,7 +352,7 @@ def checked(work, root: Path, store):
         print(f"(temporary files kept in {root})", file=sys.stderr)
         raise
     finally:
-        store.dispose()
+        ledger.dispose()
 
 
 # -- the machine ----------------------------------------------------------------------------------
