@@ -118,7 +118,7 @@ class Schedule:
     def __init__(
         self,
         spark,
-        store: Ledger,
+        ledger: Ledger,
         root: Path,
         seed: int,
         index: int,
@@ -127,7 +127,7 @@ class Schedule:
         current: bool = False,
     ):
         assert kind in KINDS, kind
-        self.spark, self.store, self.stats, self.kind, self.current = spark, store, stats, kind, current
+        self.spark, self.ledger, self.stats, self.kind, self.current = spark, ledger, stats, kind, current
         self.rng = random.Random(f"{seed}:{index}")
         self.current_rng = random.Random(f"{seed}:{index}:current")
         self.tag = f"seed={seed} schedule={index}" + ("" if kind == "query" else f" kind={kind}")
@@ -210,7 +210,7 @@ class Schedule:
                 f.write(json.dumps(c) + "\n")
 
     def committed_upper(self) -> int:
-        committed = self.store.batches(self.cfg.name, (COMMITTED,))
+        committed = self.ledger.batches(self.cfg.name, (COMMITTED,))
         return max((b.upper for b in committed), default=self.cfg.as_of)
 
     def change_feed(self) -> None:
@@ -239,7 +239,7 @@ class Schedule:
         if crash:
             failpoints.arm(crash, "raise@1")
         try:
-            pipeline.run_batch(self.spark, self.store, self.cfg, run_id, frontier, attempt=attempt)
+            pipeline.run_batch(self.spark, self.ledger, self.cfg, run_id, frontier, attempt=attempt)
         except SinkError as exc:  # expected: crashes, lost races, superseded descriptions
             log.info("%s run %s ended with %s", self.tag, run_id, type(exc).__name__)
         finally:
@@ -253,7 +253,7 @@ class Schedule:
         (or by a zombie thread of the same step, which read the same source); one seen before
         keeps the source it had."""
         with self.lock:
-            for b in self.store.batches(self.cfg.name):
+            for b in self.ledger.batches(self.cfg.name):
                 if b.run_id == run_id and b.stage_id and b.stage_id not in self.stages_seen:
                     self.stages_seen.add(b.stage_id)
                     self.source_of[b.batch_id] = snapshot
@@ -322,9 +322,9 @@ class Schedule:
             self.tamper()
         elif op == "read_only":
             self.stats.read_only_toggles += 1
-            self.store.ensure_shard(self.cfg.name, self.cfg.as_of)
-            shard = self.store.get_shard(self.cfg.name)
-            self.store.set_read_only(self.cfg.name, not shard.read_only)
+            self.ledger.ensure_shard(self.cfg.name, self.cfg.as_of)
+            shard = self.ledger.get_shard(self.cfg.name)
+            self.ledger.set_read_only(self.cfg.name, not shard.read_only)
         elif op == "rerun" and self.past_runs:
             self.stats.runs += 1
             self.one_run(*self.rng.choice(self.past_runs))
@@ -346,7 +346,7 @@ class Schedule:
             self.stats.crashes += 1
             failpoints.arm(crash, "raise@1")
         try:
-            compact.run_compact(self.spark, self.store, self.cfg, vacuum_files=False)
+            compact.run_compact(self.spark, self.ledger, self.cfg, vacuum_files=False)
         except SinkError as exc:  # an armed fail point, a since that cannot move yet
             log.info("%s compaction ended with %s", self.tag, type(exc).__name__)
         finally:
@@ -371,7 +371,7 @@ class Schedule:
             else:
                 df = df.limit(1).withColumn("k", F.lit(100 + k).cast("bigint")).withColumn("v", F.lit("foreign"))
             df.write.format("delta").mode("append").save(path)
-        self.tampered_below = self.store.get_shard(self.cfg.name).upper
+        self.tampered_below = self.ledger.get_shard(self.cfg.name).upper
 
     def tamper_upsert(self) -> bool:
         """A foreign writer on the upsert shard (delta-spark or delta-rs): delete every row of a
@@ -416,7 +416,7 @@ class Schedule:
                 rows = [(100 + self.rng.choice(KEYS), "foreign", t, 1)]
             write_deltalake(path, self.arrow(rows), mode="append", storage_options=options)
         log.info("%s tampered: %s", self.tag, choice)
-        self.tampered_below = self.store.get_shard(self.cfg.name).upper
+        self.tampered_below = self.ledger.get_shard(self.cfg.name).upper
         self.staged_before_tamper = set(self.stages_seen)
         return True
 
@@ -457,12 +457,12 @@ class Schedule:
     def check(self, final: bool = False) -> list[str]:
         if not ShardTable(self.cfg).exists():
             return []
-        sync(self.store, ShardTable(self.cfg))
+        sync(self.ledger, ShardTable(self.cfg))
         problems = [
-            v for v in check.violations(self.store, self.cfg, spark=self.spark) if final or "staged files" not in v
+            v for v in check.violations(self.ledger, self.cfg, spark=self.spark) if final or "staged files" not in v
         ]
-        committed = self.store.batches(self.cfg.name, (COMMITTED,))
-        since = self.store.get_shard(self.cfg.name).since
+        committed = self.ledger.batches(self.cfg.name, (COMMITTED,))
+        since = self.ledger.get_shard(self.cfg.name).since
         updates = (
             frames.read_updates(self.spark, ShardTable(self.cfg)).select("k", "v", "_error", "_time", "_diff").collect()
         )
@@ -549,12 +549,12 @@ class Schedule:
             if problems:
                 return problems
         # settle: read-only off, one last run; everything must be clean and converged
-        self.store.ensure_shard(self.cfg.name, self.cfg.as_of)
-        self.store.set_read_only(self.cfg.name, False)
+        self.ledger.ensure_shard(self.cfg.name, self.cfg.as_of)
+        self.ledger.set_read_only(self.cfg.name, False)
         run_id, frontier = self.next_run()
         self.one_run(run_id, frontier)
         problems = self.check(final=True)
-        upper = self.store.get_shard(self.cfg.name).upper
+        upper = self.ledger.get_shard(self.cfg.name).upper
         if upper != frontier:  # e.g. a batch commit the metadata can never absorb stalls the shard
             problems.append(
                 f"{self.tag}: not converged: the settling run {run_id} left the shard's "
@@ -583,11 +583,11 @@ def run_schedules(
     root = Path(tempfile.mkdtemp(prefix="reconcile-chaos-"))
     old_wh = os.environ.get("RECONCILE_WAREHOUSE")
     os.environ["RECONCILE_WAREHOUSE"] = warehouse or str(root / "warehouse")
-    store = Ledger(store_url or f"sqlite:///{root / 'metadata.db'}")
+    ledger = Ledger(store_url or f"sqlite:///{root / 'metadata.db'}")
     try:
         for i in range(first, first + count):
             stats.schedules += 1
-            sched = Schedule(spark, store, root, seed, i, stats, kind, current)
+            sched = Schedule(spark, ledger, root, seed, i, stats, kind, current)
             problems = sched.run(steps)
             if problems:
                 stats.divergences.extend(problems)
@@ -602,7 +602,7 @@ def run_schedules(
                 )
             shutil.rmtree(sched.dir, ignore_errors=True)
     finally:
-        store.dispose()
+        ledger.dispose()
         if old_wh is None:
             os.environ.pop("RECONCILE_WAREHOUSE", None)
         else:

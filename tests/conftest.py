@@ -219,7 +219,7 @@ def metadata_url(request, tmp_path):
     return request.getfixturevalue("pg_url")
 
 
-def _open_store(url, monkeypatch):
+def _open_ledger(url, monkeypatch):
     """A Ledger on ``url``, also made the process's RECONCILE_METADATA_URL."""
     from reconcile.storage.ledger import Ledger
 
@@ -230,13 +230,13 @@ def _open_store(url, monkeypatch):
 
 
 @pytest.fixture
-def store(metadata_url, monkeypatch):
-    yield from _open_store(metadata_url, monkeypatch)
+def ledger(metadata_url, monkeypatch):
+    yield from _open_ledger(metadata_url, monkeypatch)
 
 
 @pytest.fixture
-def sqlite_store(sqlite_url, monkeypatch):
-    yield from _open_store(sqlite_url, monkeypatch)
+def sqlite_ledger(sqlite_url, monkeypatch):
+    yield from _open_ledger(sqlite_url, monkeypatch)
 
 
 @pytest.fixture(scope="session")

@@ -68,9 +68,9 @@ def write_json_rows(directory: Path, rows: Iterable[dict], schema_hint: dict | N
             f.write(json.dumps(r) + "\n")
 
 
-def run_stages(spark, store, cfg: SinkConfig, run_id: str, frontier: int, *, attempt: int = 1):
+def run_stages(spark, ledger, cfg: SinkConfig, run_id: str, frontier: int, *, attempt: int = 1):
     """:func:`reconcile.sink.run.run_batch` for one run; returns its (mint, write, append) results."""
-    r = pipeline.run_batch(spark, store, cfg, run_id, frontier, attempt=attempt)
+    r = pipeline.run_batch(spark, ledger, cfg, run_id, frontier, attempt=attempt)
     return r.mint, r.write, r.append
 
 
@@ -208,13 +208,13 @@ def changelog_model(runs, t) -> Counter:
     return Counter({k: n for k, n in out.items() if n != 0})
 
 
-def committed_run(spark, store, cfg: SinkConfig, run_id: str, frontier: int):
+def committed_run(spark, ledger, cfg: SinkConfig, run_id: str, frontier: int):
     """One run that must mint, stage and commit its batch; returns the committed batch."""
-    m, w, a = run_stages(spark, store, cfg, run_id, frontier)
+    m, w, a = run_stages(spark, ledger, cfg, run_id, frontier)
     assert m.description is not None, m.message
     assert w.outcome == "staged", w.message
     assert a.outcome == "committed", a.message
-    return store.get_batch(m.description.batch_id)
+    return ledger.get_batch(m.description.batch_id)
 
 
 def append_foreign_row(spark, cfg: SinkConfig, time: int, diff: int = 1) -> None:
@@ -260,24 +260,24 @@ class Snapshot:
     committed: tuple  # batch ids in state committed in the ledger
 
 
-def snapshot(spark, store, cfg) -> Snapshot:
+def snapshot(spark, ledger, cfg) -> Snapshot:
     """What a failed stage must leave as it was (compare a snapshot before with one after)."""
     from reconcile.storage.commits import batch_commits
     from reconcile.storage.delta import ShardTable
 
     try:
-        upper = store.get_shard(cfg.name).upper
+        upper = ledger.get_shard(cfg.name).upper
     except ShardNotFound:
         upper = None
     version, commits = None, ()
     if ShardTable(cfg).exists():
         version, entries = ShardTable(cfg).history_since(-1)
         commits = tuple((c.lower, c.upper, c.batch_id) for c in batch_commits(entries))
-    committed = tuple(b.batch_id for b in store.batches(cfg.name, (COMMITTED,)))
+    committed = tuple(b.batch_id for b in ledger.batches(cfg.name, (COMMITTED,)))
     return Snapshot(upper, version, commits, committed)
 
 
-def leftover_staged(store, cfg: SinkConfig) -> list[str]:
+def leftover_staged(ledger, cfg: SinkConfig) -> list[str]:
     """Staged directories that should be gone: every directory under the table's ``batches/``
     must be the committed attempt of a committed batch, or belong to a batch that can still be
     committed (open, lower at or after the shard's upper)."""
@@ -285,10 +285,10 @@ def leftover_staged(store, cfg: SinkConfig) -> list[str]:
     from reconcile.storage import files
     from reconcile.storage.delta import ShardTable
 
-    upper = store.get_shard(cfg.name).upper
+    upper = ledger.get_shard(cfg.name).upper
     out = []
     for batch_id in files.list_dirs(ShardTable(cfg).staging_root):
-        b = store.get_batch(batch_id, cfg.name)
+        b = ledger.get_batch(batch_id, cfg.name)
         stages = files.list_dirs(ShardTable(cfg).staging_path(batch_id))
         if b.state == COMMITTED:
             out += [f"{batch_id}/{s}" for s in stages if s != b.stage_id]

@@ -101,7 +101,7 @@ def check_diffs(spark, cfg, rng: random.Random, state_at, since: int, upper: int
 # -- building shards -----------------------------------------------------------------------------------
 
 
-def query_shard(spark, store, tmp_path, rng: random.Random, batches: int):
+def query_shard(spark, ledger, tmp_path, rng: random.Random, batches: int):
     """A query sink refreshed ``batches`` times with random snapshots (duplicates, null values,
     sometimes a row that does not fit: an error row); returns its config, the ok-rows model and
     the error rows' model."""
@@ -112,7 +112,7 @@ def query_shard(spark, store, tmp_path, rng: random.Random, batches: int):
         rows += [{"k": None, "v": "bad"}] * rng.choice([0, 0, 1, 2])  # k is not nullable
         write_json_rows(tmp_path / "src", rows)
         frontier = AS_OF + 100 * (i + 1)
-        run_stages(spark, store, cfg, f"run-{i}", frontier)
+        run_stages(spark, ledger, cfg, f"run-{i}", frontier)
         runs.append((frontier, rows))
 
     def snapshot(t: int) -> list[dict]:
@@ -128,7 +128,7 @@ def query_shard(spark, store, tmp_path, rng: random.Random, batches: int):
     return cfg, ok, err
 
 
-def changelog_shard(spark, store, tmp_path, rng: random.Random, batches: int):
+def changelog_shard(spark, ledger, tmp_path, rng: random.Random, batches: int):
 
     cfg = make_sink(tmp_path, "hc", kind="changelog")
     runs: list[tuple[int, list[dict]]] = []
@@ -147,7 +147,7 @@ def changelog_shard(spark, store, tmp_path, rng: random.Random, batches: int):
         ]
         source += new
         write_json_rows(tmp_path / "log", source)
-        run_stages(spark, store, cfg, f"run-{i}", frontier)
+        run_stages(spark, ledger, cfg, f"run-{i}", frontier)
         runs.append((frontier, new))
 
     def ok(t: int) -> Counter:
@@ -156,7 +156,7 @@ def changelog_shard(spark, store, tmp_path, rng: random.Random, batches: int):
     return cfg, ok
 
 
-def upsert_shard(spark, store, tmp_path, rng: random.Random, batches: int):
+def upsert_shard(spark, ledger, tmp_path, rng: random.Random, batches: int):
     from upsert_model import UpsertModel, cmd, feed_rows, upsert_sink
 
     cfg = upsert_sink(tmp_path, name="hu")
@@ -176,7 +176,7 @@ def upsert_shard(spark, store, tmp_path, rng: random.Random, batches: int):
             offset += 1
             feed.append(cmd(None, "unkeyed", lower + 5, offset))  # an error row of its own
         feed_rows(tmp_path, feed)
-        run_stages(spark, store, cfg, f"run-{i}", frontier)
+        run_stages(spark, ledger, cfg, f"run-{i}", frontier)
         model.batch(feed, lower, frontier)
 
     def ok(t: int) -> Counter:

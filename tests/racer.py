@@ -22,13 +22,13 @@ from reconcile.storage.ledger import Ledger
 
 def main(sink: str, attempt: int, runs: list[str]) -> int:
     cfg = load_sink(sink)
-    store = Ledger(settings.metadata_url())
+    ledger = Ledger(settings.metadata_url())
     spark = get_session(f"racer-{attempt}", {"spark.sql.shuffle.partitions": "2"})
     for spec in runs:
         run_id, frontier = spec.split(":")
         written = []
         try:
-            r = run_batch(spark, store, cfg, run_id, int(frontier), attempt=attempt, on_written=written.append)
+            r = run_batch(spark, ledger, cfg, run_id, int(frontier), attempt=attempt, on_written=written.append)
             if r.write is None:
                 print(f"RESULT {run_id} mint nothing: {r.mint.message}", flush=True)
                 continue
@@ -38,7 +38,7 @@ def main(sink: str, attempt: int, runs: list[str]) -> int:
         except SinkError as exc:
             stage = "append" if written else "write"
             print(f"RESULT {run_id} {stage} {type(exc).__name__}: {exc}", flush=True)
-    store.dispose()
+    ledger.dispose()
     return 0
 
 

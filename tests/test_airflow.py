@@ -175,8 +175,8 @@ def test_dag_test_three_intervals_then_rerun_is_noop(airflow_db, dag_child, spar
         assert tis["compact"] == ("success" if i == 2 else "skipped"), tis
     assert "compact on Spark Connect" in run["log"], run["log"][-4000:]
 
-    store = Ledger(f"sqlite:///{tmp_path / 'meta.db'}")
-    since = store.get_shard(name).since
+    ledger = Ledger(f"sqlite:///{tmp_path / 'meta.db'}")
+    since = ledger.get_shard(name).since
     assert since == int(days[-1].timestamp() * 1000) - 36 * 3600 * 1000  # upper - 36 h
     for rows, day in zip(sources, days):  # history stays readable as of every upper - 1 >= since
         if int(day.timestamp() * 1000) - 1 >= since:
@@ -184,10 +184,10 @@ def test_dag_test_three_intervals_then_rerun_is_noop(airflow_db, dag_child, spar
     times = {r["_time"] for r in update_log(cfg)}
     assert min(times) == since  # the updates before since were folded into it
     # every invariant, the committed rows' checksums read back by this process's classic session
-    assert check.violations(store, cfg, spark=spark) == []
+    assert check.violations(ledger, cfg, spark=spark) == []
 
-    assert store.get_shard(name).upper == int(days[-1].timestamp() * 1000)
-    committed = [b for b in store.batches(name) if b.state == "committed"]
+    assert ledger.get_shard(name).upper == int(days[-1].timestamp() * 1000)
+    committed = [b for b in ledger.batches(name) if b.state == "committed"]
     assert [b.lower for b in committed] == [cfg.as_of] + [int(d.timestamp() * 1000) for d in days[:-1]]
     version = ShardTable(cfg).latest_version()
 
@@ -204,7 +204,7 @@ def test_dag_test_three_intervals_then_rerun_is_noop(airflow_db, dag_child, spar
         **{"compaction_due": "skipped", "compact": "skipped"},
     }, tis
     assert ShardTable(cfg).latest_version() == version
-    assert store.get_shard(name).upper == int(days[-1].timestamp() * 1000)
+    assert ledger.get_shard(name).upper == int(days[-1].timestamp() * 1000)
 
     # The shard is an Asset: the append declares it, and each committed batch left one event
     # saying how far the shard is (the no-op rerun none).
@@ -225,7 +225,7 @@ def test_dag_test_three_intervals_then_rerun_is_noop(airflow_db, dag_child, spar
     assert [(x["lower"], x["upper"]) for x in extras] == [(b.lower, b.upper) for b in committed]
     assert [x["delta_version"] for x in extras] == [b.delta_version for b in committed]
     assert extras[1]["rows_ok"] == committed[1].rows_ok and extras[1]["upper_iso"] == "2026-01-03T00:00:00.000Z"
-    store.dispose()
+    ledger.dispose()
 
 
 @pytest.mark.slow
@@ -263,9 +263,9 @@ def test_dag_test_runs_an_upsert_sink(airflow_db, dag_child, tmp_path, monkeypat
     model.batch(feed, d1, d2)
     for t in (d1 - 1, d1, d1 + 5, d2 - 1):
         assert ok_rows(shard_as_of(cfg, t)) == model.as_of(t), t
-    store = Ledger(f"sqlite:///{tmp_path / 'meta.db'}")
-    assert [b.late_commands for b in store.batches(name, ("committed",))] == [0, 1]
-    store.dispose()
+    ledger = Ledger(f"sqlite:///{tmp_path / 'meta.db'}")
+    assert [b.late_commands for b in ledger.batches(name, ("committed",))] == [0, 1]
+    ledger.dispose()
 
 
 @pytest.mark.slow
@@ -289,14 +289,14 @@ def test_an_outdated_batch_skips_the_rest_of_its_run_with_the_reason(airflow_db,
     rows = [{"k": 1, "v": "a"}, {"k": 2, "v": "b"}]
     write_json_rows(data, rows)
     day1, day2 = datetime(2026, 1, 2, tzinfo=UTC), datetime(2026, 1, 3, tzinfo=UTC)
-    store = Ledger(url)
+    ledger = Ledger(url)
     failpoints.arm("append.after_delta_commit", "raise")
     try:
         with pytest.raises(FailPointHit):
-            run_stages(spark, store, cfg, "manual__other", int(day2.timestamp() * 1000))
+            run_stages(spark, ledger, cfg, "manual__other", int(day2.timestamp() * 1000))
     finally:
         failpoints.disarm_all()
-    assert store.get_shard(name).upper == cfg.as_of  # the ledger is behind the Delta log
+    assert ledger.get_shard(name).upper == cfg.as_of  # the ledger is behind the Delta log
 
     run = dag.test(logical_date=day1)
     assert run.state == DagRunState.SUCCESS
@@ -308,12 +308,12 @@ def test_an_outdated_batch_skips_the_rest_of_its_run_with_the_reason(airflow_db,
         "compaction_due": "skipped",
         "compact": "skipped",
     }, tis
-    batch = store.batch_of_run(name, run.run_id)
-    other = store.batch_of_run(name, "manual__other")
+    batch = ledger.batch_of_run(name, run.run_id)
+    other = ledger.batch_of_run(name, "manual__other")
     assert batch.state == "superseded" and f"outdated: batch {other.batch_id} committed" in batch.message, batch.message
-    assert store.get_shard(name).upper == int(day2.timestamp() * 1000)  # write's sync rolled it forward
+    assert ledger.get_shard(name).upper == int(day2.timestamp() * 1000)  # write's sync rolled it forward
     assert shard_as_of(cfg, int(day2.timestamp() * 1000) - 1) == model_kv(rows)
-    store.dispose()
+    ledger.dispose()
 
 
 @pytest.mark.slow
@@ -347,8 +347,8 @@ def test_a_narrower_winner_leaves_the_wider_run_skipped_with_the_true_reason(
 
     narrow = dag_child.test(name, day2, env)
     _assert_state(narrow, DagRunState.SUCCESS)  # the narrower batch wins
-    store = Ledger(url)
-    assert store.get_shard(name).upper == int(day2.timestamp() * 1000)
+    ledger = Ledger(url)
+    assert ledger.get_shard(name).upper == int(day2.timestamp() * 1000)
 
     # only the append, which runs no Spark stage: the sink's environment is all it needs
     cli_env = {k: v for k, v in __import__("os").environ.items() if k != "PYSPARK_GATEWAY_PORT"}
@@ -365,9 +365,9 @@ def test_a_narrower_winner_leaves_the_wider_run_skipped_with_the_true_reason(
     rest = f"[{iso(int(day2.timestamp() * 1000))}, {iso(int(day3.timestamp() * 1000))})"
     assert f"the next scheduled run appends {rest}" in text, text[-3000:]
     assert "the superseding run appends this interval" not in text
-    assert store.get_shard(name).upper == int(day2.timestamp() * 1000)  # nothing more was committed
+    assert ledger.get_shard(name).upper == int(day2.timestamp() * 1000)  # nothing more was committed
     assert shard_as_of(cfg, int(day2.timestamp() * 1000) - 1) == model_kv(rows)
-    store.dispose()
+    ledger.dispose()
 
 
 @pytest.mark.slow
@@ -398,9 +398,9 @@ def test_the_correction_guard_stops_a_run_until_a_run_approves_it(airflow_db, da
 
     approved = dag_child.test(name, datetime(2026, 1, 4, tzinfo=UTC), env, run_conf={"approve_correction": True})
     _assert_state(approved, DagRunState.SUCCESS)
-    store = Ledger(url)
-    batch = store.batch_of_run(name, approved["run_id"])
+    ledger = Ledger(url)
+    batch = ledger.batch_of_run(name, approved["run_id"])
     assert batch.state == "committed" and batch.approved.startswith(f"run {approved['run_id']}")
-    assert store.batch_of_run(name, blocked["run_id"]).state == "superseded"
+    assert ledger.batch_of_run(name, blocked["run_id"]).state == "superseded"
     assert shard_as_of(cfg, batch.upper - 1) == model_kv(full[:1])
-    store.dispose()
+    ledger.dispose()

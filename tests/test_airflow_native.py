@@ -112,9 +112,9 @@ def test_a_missed_deadline_logs_and_hands_the_line_to_the_teams_notifier(tmp_pat
     monkeypatch.setenv("RECONCILE_SINKS_DIR", str(tmp_path / "sinks"))
     monkeypatch.setenv("RECONCILE_METADATA_URL", f"sqlite:///{tmp_path / 'meta.db'}")
     _sink(tmp_path / "sinks", tmp_path / "src", "late")
-    store = Ledger(os.environ["RECONCILE_METADATA_URL"])
-    store.ensure_shard("late", 1767225600000)
-    store.dispose()
+    ledger = Ledger(os.environ["RECONCILE_METADATA_URL"])
+    ledger.ensure_shard("late", 1767225600000)
+    ledger.dispose()
     context = {"dag_run": {"dag_run_id": "scheduled__x", "state": "running"}, "deadline": {"deadline_time": "T"}}
 
     line = callbacks.lag_deadline_missed(
@@ -308,7 +308,7 @@ def test_approval_rejection_timeout_deadline_and_notes_in_a_running_airflow(airf
     stack, api, home, alerts = airflow_up
     for key in ("RECONCILE_WAREHOUSE", "RECONCILE_METADATA_URL", "RECONCILE_SINKS_DIR"):
         monkeypatch.setenv(key, stack.env[key])
-    store = Ledger(stack.env["RECONCILE_METADATA_URL"])
+    ledger = Ledger(stack.env["RECONCILE_METADATA_URL"])
     cfg = {n: load_file(home / "sinks" / f"{n}.yaml") for n in ("na_ok", "na_no", "na_wait", "na_late")}
 
     # 1. The first run of each sink fills its shard (a new shard: no guard) and its note says so;
@@ -317,7 +317,7 @@ def test_approval_rejection_timeout_deadline_and_notes_in_a_running_airflow(airf
     for name, run_id in first.items():
         run = _finished(api, name, run_id)
         assert run["state"] == "success", (name, api.tis(name, run_id))
-        batch = store.batch_of_run(name, run_id)
+        batch = ledger.batch_of_run(name, run_id)
         assert batch.state == "committed"
         assert run["note"].startswith(
             f"sink {name}: batch {batch.batch_id} [{_iso(batch.lower)}, {_iso(batch.upper)}) is committed "
@@ -351,7 +351,7 @@ def test_approval_rejection_timeout_deadline_and_notes_in_a_running_airflow(airf
     second = {n: api.trigger(n) for n in versions}
     for name, run_id in second.items():
         _awaiting(api, name, run_id, home / "scheduler.log")
-        batch = store.batch_of_run(name, run_id)
+        batch = ledger.batch_of_run(name, run_id)
         ask = api.hitl(name, run_id)
         assert ask["subject"] == f"Sink {name}: commit a correction of 90.0% of the shard?"
         assert f"batch `{batch.batch_id}` of run `{run_id}`" in ask["body"]
@@ -367,7 +367,7 @@ def test_approval_rejection_timeout_deadline_and_notes_in_a_running_airflow(airf
     # Approved: the approval is in the ledger under the user who answered; the batch committed.
     run = _finished(api, "na_ok", second["na_ok"])
     assert run["state"] == "success", api.tis("na_ok", second["na_ok"])
-    batch = store.batch_of_run("na_ok", second["na_ok"])
+    batch = ledger.batch_of_run("na_ok", second["na_ok"])
     assert batch.state == "committed" and batch.approved.startswith(f"oncall in Airflow (run {second['na_ok']}) at ")
     assert shard_as_of(cfg["na_ok"], batch.upper - 1) == model_kv(FULL[:1])
     assert run["note"].startswith(f"sink na_ok: batch {batch.batch_id} [") and " is committed " in run["note"]
@@ -379,7 +379,7 @@ def test_approval_rejection_timeout_deadline_and_notes_in_a_running_airflow(airf
     tis = api.tis("na_no", second["na_no"])
     assert tis["approve_correction"] == "failed" and tis["append"] == "upstream_failed", tis
     assert ShardTable(cfg["na_no"]).latest_version() == versions["na_no"]
-    batch = store.batch_of_run("na_no", second["na_no"])
+    batch = ledger.batch_of_run("na_no", second["na_no"])
     assert batch.state == "staged" and batch.approved is None
     note = run["note"]
     assert note.startswith("approve_correction: rejected by oncall in Airflow: correction guard: batch ")
@@ -394,7 +394,7 @@ def test_approval_rejection_timeout_deadline_and_notes_in_a_running_airflow(airf
     note = run["note"]
     assert note.startswith("approve_correction: nobody answered the approval within 0.25 minutes: correction guard")
     assert ShardTable(cfg["na_wait"]).latest_version() == versions["na_wait"]
-    batch = store.batch_of_run("na_wait", second["na_wait"])
+    batch = ledger.batch_of_run("na_wait", second["na_wait"])
     approve, clear = re.findall(r"`([^`]+)`", note)[:2]
     assert approve == f"python -m reconcile approve na_wait {batch.batch_id}"
     assert clear == "airflow tasks clear na_wait -t approve_correction -d -f -y", note
@@ -403,7 +403,7 @@ def test_approval_rejection_timeout_deadline_and_notes_in_a_running_airflow(airf
         assert out.returncode == 0, out.stdout + out.stderr
     run = _finished(api, "na_wait", second["na_wait"])
     assert run["state"] == "success", api.tis("na_wait", second["na_wait"])
-    batch = store.batch_of_run("na_wait", second["na_wait"])
+    batch = ledger.batch_of_run("na_wait", second["na_wait"])
     assert batch.state == "committed" and "(reconcile approve) at " in batch.approved
     assert api.tis("na_wait", second["na_wait"])["approve_correction"] == "success"  # passed without asking
     assert shard_as_of(cfg["na_wait"], batch.upper - 1) == model_kv(FULL[:1])
@@ -412,7 +412,7 @@ def test_approval_rejection_timeout_deadline_and_notes_in_a_running_airflow(airf
     run_id = api.trigger("na_no", {"read_only": True})
     run = _finished(api, "na_no", run_id)
     assert run["state"] == "success" and run["note"].startswith("nothing to do: "), run["note"]
-    store.dispose()
+    ledger.dispose()
 
 
 def _iso(ms: int) -> str:

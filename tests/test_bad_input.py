@@ -69,14 +69,14 @@ BAD_PG_URL = "postgresql+psycopg://nobody:secret@127.0.0.1:1/none"
 # --- helpers ----------------------------------------------------------------------------------
 
 
-def assert_nothing_committed(spark, store, cfg, before: Snapshot, *, unstaged: str | None = None) -> None:
+def assert_nothing_committed(spark, ledger, cfg, before: Snapshot, *, unstaged: str | None = None) -> None:
     """The shard's upper, its Delta versions and the committed batches are as ``before``;
     ``unstaged``: a batch that must have no staged files."""
-    after = snapshot(spark, store, cfg)
+    after = snapshot(spark, ledger, cfg)
     assert after == before, f"something was committed: {before} -> {after}"
     if unstaged is not None:
         assert files.list_files(ShardTable(cfg).staging_path(unstaged)) == {}
-        assert store.get_batch(unstaged).state != COMMITTED
+        assert ledger.get_batch(unstaged).state != COMMITTED
 
 
 def new_sink(spark, tmp_path: Path, name: str, kind: str = "query", rows=ROWS, **fields):
@@ -88,20 +88,20 @@ def new_sink(spark, tmp_path: Path, name: str, kind: str = "query", rows=ROWS, *
     return cfg
 
 
-def staged_batch(spark, store, cfg, run_id: str = "run-1", frontier: int = 200):
+def staged_batch(spark, ledger, cfg, run_id: str = "run-1", frontier: int = 200):
     """Mint and stage a batch; returns (description, its staged files {relative path: size})."""
-    desc = mint.run_mint(store, cfg, run_id, 1, frontier).description
+    desc = mint.run_mint(ledger, cfg, run_id, 1, frontier).description
     assert desc is not None
-    w = write.run_write(spark, store, cfg, desc.batch_id)
+    w = write.run_write(spark, ledger, cfg, desc.batch_id)
     assert w.outcome == "staged", w.message
-    staged = files.list_files(stage_dir(store, cfg, desc.batch_id))
+    staged = files.list_files(stage_dir(ledger, cfg, desc.batch_id))
     assert staged, "the batch staged no files"
     return desc, staged
 
 
-def stage_dir(store, cfg, batch_id: str) -> str:
+def stage_dir(ledger, cfg, batch_id: str) -> str:
     """The directory of the write attempt whose files the batch's manifest names."""
-    return ShardTable(cfg).staging_path(batch_id, store.get_batch(batch_id).stage_id)
+    return ShardTable(cfg).staging_path(batch_id, ledger.get_batch(batch_id).stage_id)
 
 
 def shard_rows(spark, cfg, t: int) -> Counter:
@@ -117,9 +117,9 @@ def error_rows(rows: Counter) -> dict[str, int]:
     return {err: n for (k, v, err), n in rows.items() if err is not None and k is None and v is None}
 
 
-def set_batch(store, batch_id: str, **values) -> None:
+def set_batch(ledger, batch_id: str, **values) -> None:
     """Tamper with a ledger row, as an operator (or a bug) might."""
-    with store.tx() as s:
+    with ledger.tx() as s:
         s.execute(update(Batch).where(Batch.batch_id == batch_id).values(**values))
 
 
@@ -152,21 +152,21 @@ def test_path_traversal_in_a_source_name_is_a_config_error(tmp_path, source_name
 
 
 def test_a_missing_source_path_is_a_source_error_the_task_records_as_final(
-    spark, warehouse, tmp_path, sqlite_store, monkeypatch
+    spark, warehouse, tmp_path, sqlite_ledger, monkeypatch
 ):
-    store = sqlite_store
+    ledger = sqlite_ledger
     cfg = new_sink(spark, tmp_path, "nosource", rows=None)  # tmp_path/src never created
     assert not (tmp_path / "src").exists()
-    desc = mint.run_mint(store, cfg, "run-1", 1, 200).description
-    before = snapshot(spark, store, cfg)
+    desc = mint.run_mint(ledger, cfg, "run-1", 1, 200).description
+    before = snapshot(spark, ledger, cfg)
 
     with pytest.raises(SourceError) as info:
-        write.run_write(spark, store, cfg, desc.batch_id)
+        write.run_write(spark, ledger, cfg, desc.batch_id)
     text = assert_one_line(info.value, "nosource")
     assert "query.sources.src" in text and str(tmp_path / "src") in text
     assert "fix the source" in text
-    assert_nothing_committed(spark, store, cfg, before, unstaged=desc.batch_id)
-    assert store.get_batch(desc.batch_id).state == MINTED
+    assert_nothing_committed(spark, ledger, cfg, before, unstaged=desc.batch_id)
+    assert ledger.get_batch(desc.batch_id).state == MINTED
 
     # through the task entry point: the failure is recorded as final, with the same line
     monkeypatch.setenv("RECONCILE_SINKS_DIR", str(tmp_path))
@@ -174,7 +174,7 @@ def test_a_missing_source_path_is_a_source_error_the_task_records_as_final(
         tasks.stage_for_run("nosource", "run-1", spark=spark)
     assert tasks.failure_verdict("nosource", "run-1") == (True, str(again.value))
     assert tasks.failure_verdict("nosource", "run-1", desc.batch_id) == (True, str(again.value))
-    assert_nothing_committed(spark, store, cfg, before, unstaged=desc.batch_id)
+    assert_nothing_committed(spark, ledger, cfg, before, unstaged=desc.batch_id)
 
 
 @pytest.mark.parametrize(
@@ -186,30 +186,30 @@ def test_a_missing_source_path_is_a_source_error_the_task_records_as_final(
     ids=["lacks_column", "extra_column"],
 )
 def test_a_query_result_not_matching_the_schema_is_a_source_error(
-    spark, warehouse, tmp_path, sqlite_store, sql, expect
+    spark, warehouse, tmp_path, sqlite_ledger, sql, expect
 ):
-    store = sqlite_store
+    ledger = sqlite_ledger
     query = {"sources": {"src": {"format": "json", "path": "src"}}, "sql": sql}
     cfg = new_sink(spark, tmp_path, "mismatch", query=query)
-    desc = mint.run_mint(store, cfg, "run-1", 1, 200).description
-    before = snapshot(spark, store, cfg)
+    desc = mint.run_mint(ledger, cfg, "run-1", 1, 200).description
+    before = snapshot(spark, ledger, cfg)
     with pytest.raises(SourceError) as info:
-        write.run_write(spark, store, cfg, desc.batch_id)
+        write.run_write(spark, ledger, cfg, desc.batch_id)
     text = assert_one_line(info.value, "mismatch")
     assert expect in text and "query.sql" in text
-    assert_nothing_committed(spark, store, cfg, before, unstaged=desc.batch_id)
+    assert_nothing_committed(spark, ledger, cfg, before, unstaged=desc.batch_id)
 
 
-def test_a_changelog_source_without_its_diff_column_is_a_source_error(spark, warehouse, tmp_path, sqlite_store):
-    store = sqlite_store
+def test_a_changelog_source_without_its_diff_column_is_a_source_error(spark, warehouse, tmp_path, sqlite_ledger):
+    ledger = sqlite_ledger
     cfg = new_sink(spark, tmp_path, "nodiff", kind="changelog", rows=[{"k": 1, "v": "a", "ts": 150}])
-    desc = mint.run_mint(store, cfg, "run-1", 1, 200).description
-    before = snapshot(spark, store, cfg)
+    desc = mint.run_mint(ledger, cfg, "run-1", 1, 200).description
+    before = snapshot(spark, ledger, cfg)
     with pytest.raises(SourceError) as info:
-        write.run_write(spark, store, cfg, desc.batch_id)
+        write.run_write(spark, ledger, cfg, desc.batch_id)
     text = assert_one_line(info.value, "nodiff")
     assert "changelog.source lacks column(s) ['diff']" in text
-    assert_nothing_committed(spark, store, cfg, before, unstaged=desc.batch_id)
+    assert_nothing_committed(spark, ledger, cfg, before, unstaged=desc.batch_id)
 
 
 @pytest.mark.parametrize(
@@ -221,23 +221,23 @@ def test_a_changelog_source_without_its_diff_column_is_a_source_error(spark, war
     ],
     ids=["parse", "table", "column"],
 )
-def test_query_sql_that_does_not_run_is_a_source_error(spark, warehouse, tmp_path, sqlite_store, sql):
-    store = sqlite_store
+def test_query_sql_that_does_not_run_is_a_source_error(spark, warehouse, tmp_path, sqlite_ledger, sql):
+    ledger = sqlite_ledger
     query = {"sources": {"src": {"format": "json", "path": "src"}}, "sql": sql}
     cfg = new_sink(spark, tmp_path, "badsql", query=query)
-    desc = mint.run_mint(store, cfg, "run-1", 1, 200).description
-    before = snapshot(spark, store, cfg)
+    desc = mint.run_mint(ledger, cfg, "run-1", 1, 200).description
+    before = snapshot(spark, ledger, cfg)
     with pytest.raises(SourceError) as info:
-        write.run_write(spark, store, cfg, desc.batch_id)
+        write.run_write(spark, ledger, cfg, desc.batch_id)
     text = assert_one_line(info.value, "badsql")
     assert "query.sql does not run" in text
-    assert_nothing_committed(spark, store, cfg, before, unstaged=desc.batch_id)
+    assert_nothing_committed(spark, ledger, cfg, before, unstaged=desc.batch_id)
 
 
-def test_query_sql_that_is_a_command_is_refused_before_it_runs(spark, warehouse, tmp_path, sqlite_store):
-    store = sqlite_store
+def test_query_sql_that_is_a_command_is_refused_before_it_runs(spark, warehouse, tmp_path, sqlite_ledger):
+    ledger = sqlite_ledger
     cfg = new_sink(spark, tmp_path, "dml")
-    m, w, a = run_stages(spark, store, cfg, "run-1", 200)
+    m, w, a = run_stages(spark, ledger, cfg, "run-1", 200)
     assert a.outcome == "committed"
     evil = make_sink(
         tmp_path,
@@ -248,20 +248,20 @@ def test_query_sql_that_is_a_command_is_refused_before_it_runs(spark, warehouse,
             "sql": f"DELETE FROM delta.`{ShardTable(cfg).path}`",
         },
     )
-    desc = mint.run_mint(store, evil, "run-2", 1, 300).description
-    before = snapshot(spark, store, evil)
+    desc = mint.run_mint(ledger, evil, "run-2", 1, 300).description
+    before = snapshot(spark, ledger, evil)
     with pytest.raises(SourceError) as info:
-        write.run_write(spark, store, evil, desc.batch_id)
+        write.run_write(spark, ledger, evil, desc.batch_id)
     assert_one_line(info.value, "dml")
-    assert_nothing_committed(spark, store, evil, before, unstaged=desc.batch_id)
+    assert_nothing_committed(spark, ledger, evil, before, unstaged=desc.batch_id)
     assert sum(shard_rows(spark, cfg, 199).values()) == len(ROWS)
 
 
 # --- rows that do not fit become error rows: stored, counted, never dropped -------------------
 
 
-def test_values_that_do_not_fit_the_type_become_error_rows(spark, warehouse, tmp_path, sqlite_store):
-    store = sqlite_store
+def test_values_that_do_not_fit_the_type_become_error_rows(spark, warehouse, tmp_path, sqlite_ledger):
+    ledger = sqlite_ledger
     rows = [
         {"k": 1, "v": "ok"},
         {"k": "abc", "v": "text"},
@@ -269,9 +269,9 @@ def test_values_that_do_not_fit_the_type_become_error_rows(spark, warehouse, tmp
         {"k": "9223372036854775808", "v": "overflow"},
     ]
     cfg = new_sink(spark, tmp_path, "types", rows=rows)
-    m, w, a = run_stages(spark, store, cfg, "run-1", 200)
+    m, w, a = run_stages(spark, ledger, cfg, "run-1", 200)
     assert a.outcome == "committed", a.message
-    batch = store.get_batch(m.description.batch_id)
+    batch = ledger.get_batch(m.description.batch_id)
     assert (batch.rows_ok, batch.rows_err) == (1, 3)
     assert (w.rows_ok, w.rows_err) == (1, 3)
 
@@ -283,7 +283,7 @@ def test_values_that_do_not_fit_the_type_become_error_rows(spark, warehouse, tmp
     for raw in ('"abc"', '"1.5"', '"9223372036854775808"'):
         [msg] = [e for e in errors if raw in e]
         assert "column 'k' does not fit bigint" in msg
-    assert store.get_shard(cfg.name).upper == 200
+    assert ledger.get_shard(cfg.name).upper == 200
 
     # a fraction read as a double (not a string) is an error too, not truncated to 1
     df = spark.createDataFrame([(1.5, "x"), (2.0, "y")], "k double, v string")
@@ -295,13 +295,13 @@ def test_values_that_do_not_fit_the_type_become_error_rows(spark, warehouse, tmp
     assert "column 'k' does not fit bigint" in bad["_error"] and "1.5" in bad["_error"]
 
 
-def test_nulls_in_a_non_nullable_column_become_error_rows(spark, warehouse, tmp_path, sqlite_store):
-    store = sqlite_store
+def test_nulls_in_a_non_nullable_column_become_error_rows(spark, warehouse, tmp_path, sqlite_ledger):
+    ledger = sqlite_ledger
     rows = [{"k": None, "v": "null key"}, {"v": "absent key"}, {"k": 3, "v": None}, {"k": 4, "v": "d"}]
     cfg = new_sink(spark, tmp_path, "nulls", rows=rows)
-    m, w, a = run_stages(spark, store, cfg, "run-1", 200)
+    m, w, a = run_stages(spark, ledger, cfg, "run-1", 200)
     assert a.outcome == "committed", a.message
-    batch = store.get_batch(m.description.batch_id)
+    batch = ledger.get_batch(m.description.batch_id)
     assert (batch.rows_ok, batch.rows_err) == (2, 2)
 
     shard = shard_rows(spark, cfg, 199)
@@ -312,8 +312,8 @@ def test_nulls_in_a_non_nullable_column_become_error_rows(spark, warehouse, tmp_
     assert any('"null key"' in e for e in errors) and any('"absent key"' in e for e in errors)
 
 
-def test_zero_null_and_fractional_diffs_become_error_rows(spark, warehouse, tmp_path, sqlite_store):
-    store = sqlite_store
+def test_zero_null_and_fractional_diffs_become_error_rows(spark, warehouse, tmp_path, sqlite_ledger):
+    ledger = sqlite_ledger
     rows = [
         change(1, "zero", 150, 0),
         change(2, "null", 150, None),
@@ -322,9 +322,9 @@ def test_zero_null_and_fractional_diffs_become_error_rows(spark, warehouse, tmp_
         change(5, "later", 250, 0),  # beyond the frontier: waits for the next batch
     ]
     cfg = new_sink(spark, tmp_path, "diffs", kind="changelog", rows=rows)
-    m, w, a = run_stages(spark, store, cfg, "run-1", 200)
+    m, w, a = run_stages(spark, ledger, cfg, "run-1", 200)
     assert a.outcome == "committed", a.message
-    batch = store.get_batch(m.description.batch_id)
+    batch = ledger.get_batch(m.description.batch_id)
     assert (batch.rows_ok, batch.rows_err) == (1, 3)
 
     log = [r.asDict() for r in frames.read_updates(spark, ShardTable(cfg)).collect()]
@@ -336,12 +336,12 @@ def test_zero_null_and_fractional_diffs_become_error_rows(spark, warehouse, tmp_
         assert "diff column 'diff' is null, zero or not an integer" in e
 
     # the next batch picks up the late bad row as an error row as well
-    m2, w2, a2 = run_stages(spark, store, cfg, "run-2", 300)
-    assert a2.outcome == "committed" and store.get_batch(m2.description.batch_id).rows_err == 1
+    m2, w2, a2 = run_stages(spark, ledger, cfg, "run-2", 300)
+    assert a2.outcome == "committed" and ledger.get_batch(m2.description.batch_id).rows_err == 1
 
 
-def test_non_integer_times_in_a_changelog_become_error_rows(spark, warehouse, tmp_path, sqlite_store):
-    store = sqlite_store
+def test_non_integer_times_in_a_changelog_become_error_rows(spark, warehouse, tmp_path, sqlite_ledger):
+    ledger = sqlite_ledger
     rows = [
         change(1, "text", "abc", 1),
         change(2, "fraction", "150.5", 1),
@@ -349,9 +349,9 @@ def test_non_integer_times_in_a_changelog_become_error_rows(spark, warehouse, tm
         change(4, "ok", "120", 1),
     ]
     cfg = new_sink(spark, tmp_path, "times", kind="changelog", rows=rows)
-    m, w, a = run_stages(spark, store, cfg, "run-1", 200)
+    m, w, a = run_stages(spark, ledger, cfg, "run-1", 200)
     assert a.outcome == "committed", a.message
-    batch = store.get_batch(m.description.batch_id)
+    batch = ledger.get_batch(m.description.batch_id)
     assert (batch.rows_ok, batch.rows_err) == (1, 3)
 
     log = [r.asDict() for r in frames.read_updates(spark, ShardTable(cfg)).collect()]
@@ -366,21 +366,21 @@ def test_non_integer_times_in_a_changelog_become_error_rows(spark, warehouse, tm
 # --- a desired frontier that is not ahead of the shard ----------------------------------------
 
 
-def test_a_frontier_not_ahead_of_the_upper_mints_nothing(tmp_path, store):
+def test_a_frontier_not_ahead_of_the_upper_mints_nothing(tmp_path, ledger):
     cfg = make_sink(tmp_path, "behind", as_of=100)
-    store.ensure_shard(cfg.name, cfg.as_of)
-    store.compare_and_set_upper(cfg.name, 0, 300)  # as if batches up to 300 were committed
-    ledger = [b.batch_id for b in store.batches(cfg.name)]
+    ledger.ensure_shard(cfg.name, cfg.as_of)
+    ledger.compare_and_set_upper(cfg.name, 0, 300)  # as if batches up to 300 were committed
+    ids_before = [b.batch_id for b in ledger.batches(cfg.name)]
 
     for frontier in (50, 100, 299, 300):
-        m = mint.run_mint(store, cfg, f"late-{frontier}", 1, frontier)
+        m = mint.run_mint(ledger, cfg, f"late-{frontier}", 1, frontier)
         assert m.description is None
         assert "nothing to do" in m.message and "already covered" in m.message
         assert f"desired frontier {iso(frontier)} is not ahead of lower {iso(300)}" in m.message
         assert "\n" not in m.message and "sink=behind" in m.message
-    assert store.get_shard(cfg.name).upper == 300
-    assert [b.batch_id for b in store.batches(cfg.name)] == ledger == []
-    assert store.batch_of_run(cfg.name, "late-300") is None
+    assert ledger.get_shard(cfg.name).upper == 300
+    assert [b.batch_id for b in ledger.batches(cfg.name)] == ids_before == []
+    assert ledger.batch_of_run(cfg.name, "late-300") is None
 
 
 # --- the ledger database is unreachable -----------------------------------------------------
@@ -405,18 +405,18 @@ def test_an_unreachable_metadata_database_message_is_one_line():
 
 
 def test_every_store_call_after_the_database_went_away_is_metadata_unavailable(tmp_path):
-    store = Ledger(BAD_PG_URL, auto_migrate=False)  # the database went away after start
+    ledger = Ledger(BAD_PG_URL, auto_migrate=False)  # the database went away after start
     try:
         cfg = make_sink(tmp_path, "gone")
         with pytest.raises(MetadataUnavailable):  # writes go through tx(): typed
-            mint.run_mint(store, cfg, "run-1", 1, 200)
+            mint.run_mint(ledger, cfg, "run-1", 1, 200)
         with pytest.raises(MetadataUnavailable):
-            store.get_shard("gone")
+            ledger.get_shard("gone")
         for read in (
-            lambda: store.get_batch("b"),
-            lambda: store.batch_of_run("gone", "run-1"),
-            lambda: store.batches("gone"),
-            lambda: store.committed_batch("gone", 0),
+            lambda: ledger.get_batch("b"),
+            lambda: ledger.batch_of_run("gone", "run-1"),
+            lambda: ledger.batches("gone"),
+            lambda: ledger.committed_batch("gone", 0),
         ):
             try:
                 read()
@@ -425,18 +425,18 @@ def test_every_store_call_after_the_database_went_away_is_metadata_unavailable(t
             except SQLAlchemyError as exc:
                 pytest.fail(f"untyped {type(exc).__name__}: {str(exc).splitlines()[0]}")
     finally:
-        store.dispose()
+        ledger.dispose()
 
 
 # --- no shard row / no batch ------------------------------------------------------------------
 
 
 def test_a_missing_shard_row_is_refused_and_tasks_of_a_run_without_a_batch_touch_nothing(
-    spark, warehouse, tmp_path, store, monkeypatch
+    spark, warehouse, tmp_path, ledger, monkeypatch
 ):
     cfg = make_sink(tmp_path, "ghost")
     with pytest.raises(ShardNotFound) as info:
-        store.get_shard("ghost")
+        ledger.get_shard("ghost")
     text = assert_one_line(info.value, "ghost")
     assert (
         "no shard row" in text
@@ -444,7 +444,7 @@ def test_a_missing_shard_row_is_refused_and_tasks_of_a_run_without_a_batch_touch
         and "`python -m reconcile recover ghost`" in text
     )
     with pytest.raises(ShardNotFound) as info:
-        sync(store, ShardTable(cfg))
+        sync(ledger, ShardTable(cfg))
     assert_one_line(info.value, "ghost")
 
     # the Airflow tasks of a run that minted nothing say so, and touch nothing
@@ -452,228 +452,228 @@ def test_a_missing_shard_row_is_refused_and_tasks_of_a_run_without_a_batch_touch
     assert tasks.commit_for_run("ghost", "run-1") == "run run-1 minted no batch for sink 'ghost': nothing to append"
     assert tasks.stage_for_run("ghost", "run-1") == "run run-1 minted no batch for sink 'ghost': nothing to write"
     with pytest.raises(ShardNotFound):
-        store.get_shard("ghost")
+        ledger.get_shard("ghost")
     assert not ShardTable(cfg).exists()
 
     # a batch id that is not in the ledger
     with pytest.raises(BatchNotFound) as info:
-        append.run_append(store, cfg, "0-doesnotexist")
+        append.run_append(ledger, cfg, "0-doesnotexist")
     text = str(info.value)
     assert "\n" not in text and "'0-doesnotexist'" in text and "Remedy: a new run's mint describes a new batch" in text
     assert not ShardTable(cfg).exists()
 
 
-def test_a_batch_missing_from_the_ledger_names_the_sink(spark, warehouse, tmp_path, sqlite_store):
+def test_a_batch_missing_from_the_ledger_names_the_sink(spark, warehouse, tmp_path, sqlite_ledger):
     cfg = make_sink(tmp_path, "ghost")
     with pytest.raises(BatchNotFound) as info:
-        append.run_append(sqlite_store, cfg, "0-doesnotexist")
+        append.run_append(sqlite_ledger, cfg, "0-doesnotexist")
     assert_one_line(info.value, "ghost")
 
 
-def test_an_append_before_the_write_is_refused(spark, warehouse, tmp_path, sqlite_store):
-    store = sqlite_store
+def test_an_append_before_the_write_is_refused(spark, warehouse, tmp_path, sqlite_ledger):
+    ledger = sqlite_ledger
     cfg = new_sink(spark, tmp_path, "unstaged")
-    desc = mint.run_mint(store, cfg, "run-1", 1, 200).description
-    before = snapshot(spark, store, cfg)
+    desc = mint.run_mint(ledger, cfg, "run-1", 1, 200).description
+    before = snapshot(spark, ledger, cfg)
     with pytest.raises(StagedBatchInvalid) as info:
-        append.run_append(store, cfg, desc.batch_id)
+        append.run_append(ledger, cfg, desc.batch_id)
     text = assert_one_line(info.value, "unstaged")
     assert "minted but never staged" in text and "its write stages the batch" in text
-    assert_nothing_committed(spark, store, cfg, before, unstaged=desc.batch_id)
+    assert_nothing_committed(spark, ledger, cfg, before, unstaged=desc.batch_id)
 
 
 # --- staged batches that do not match their manifest ------------------------------------------
 
 
-def test_a_missing_or_extra_staged_file_is_refused_until_the_write_restages(spark, warehouse, tmp_path, sqlite_store):
-    store = sqlite_store
+def test_a_missing_or_extra_staged_file_is_refused_until_the_write_restages(spark, warehouse, tmp_path, sqlite_ledger):
+    ledger = sqlite_ledger
     cfg = new_sink(spark, tmp_path, "lostpart")
-    desc, files = staged_batch(spark, store, cfg)
-    before = snapshot(spark, store, cfg)
-    root = Path(stage_dir(store, cfg, desc.batch_id))
+    desc, files = staged_batch(spark, ledger, cfg)
+    before = snapshot(spark, ledger, cfg)
+    root = Path(stage_dir(ledger, cfg, desc.batch_id))
     victim = sorted(files)[0]
     content = (root / victim).read_bytes()
     (root / victim).unlink()
 
     with pytest.raises(StagedBatchInvalid) as info:
-        append.run_append(store, cfg, desc.batch_id)
+        append.run_append(ledger, cfg, desc.batch_id)
     text = assert_one_line(info.value, "lostpart")
     assert "misses file(s)" in text and victim in text and desc.batch_id in text
     assert "stage the batch anew" in text
-    assert_nothing_committed(spark, store, cfg, before)
-    assert store.get_batch(desc.batch_id).state == STAGED
+    assert_nothing_committed(spark, ledger, cfg, before)
+    assert ledger.get_batch(desc.batch_id).state == STAGED
 
     # the file is back, but an unexpected extra one is there: refused as well
     (root / victim).write_bytes(content)
     extra = root / victim.split("/")[0] / "part-99999-extra.snappy.parquet"
     extra.write_bytes(content)
     with pytest.raises(StagedBatchInvalid) as info:
-        append.run_append(store, cfg, desc.batch_id)
+        append.run_append(ledger, cfg, desc.batch_id)
     text = assert_one_line(info.value, "lostpart")
     assert "does not match its manifest" in text and "unexpected" in text and extra.name in text
-    assert_nothing_committed(spark, store, cfg, before)
+    assert_nothing_committed(spark, ledger, cfg, before)
 
     # the remedy: clear 'write' (re-stages), then 'append'
-    assert write.run_write(spark, store, cfg, desc.batch_id).outcome == "staged"
-    assert append.run_append(store, cfg, desc.batch_id).outcome == "committed"
-    assert store.get_shard(cfg.name).upper == 200
+    assert write.run_write(spark, ledger, cfg, desc.batch_id).outcome == "staged"
+    assert append.run_append(ledger, cfg, desc.batch_id).outcome == "committed"
+    assert ledger.get_shard(cfg.name).upper == 200
     assert shard_rows(spark, cfg, 199) == Counter({(r["k"], r["v"], None): 1 for r in ROWS})
-    assert leftover_staged(store, cfg) == []
+    assert leftover_staged(ledger, cfg) == []
 
 
-def test_a_missing_staged_folder_of_an_empty_batch_is_refused(spark, warehouse, tmp_path, sqlite_store):
-    store = sqlite_store
+def test_a_missing_staged_folder_of_an_empty_batch_is_refused(spark, warehouse, tmp_path, sqlite_ledger):
+    ledger = sqlite_ledger
     query = {"sources": {"src": {"format": "json", "path": "src"}}, "sql": "SELECT k, v FROM src WHERE false"}
     cfg = new_sink(spark, tmp_path, "emptylost", query=query)
-    desc = mint.run_mint(store, cfg, "run-1", 1, 200).description
-    w = write.run_write(spark, store, cfg, desc.batch_id)
+    desc = mint.run_mint(ledger, cfg, "run-1", 1, 200).description
+    w = write.run_write(spark, ledger, cfg, desc.batch_id)
     assert (w.outcome, w.rows_ok, w.rows_err) == ("staged", 0, 0)
-    before = snapshot(spark, store, cfg)
+    before = snapshot(spark, ledger, cfg)
     files.delete_path(ShardTable(cfg).staging_path(desc.batch_id))
     with pytest.raises(StagedBatchInvalid) as info:
-        append.run_append(store, cfg, desc.batch_id)
+        append.run_append(ledger, cfg, desc.batch_id)
     assert_one_line(info.value, "emptylost")
-    assert_nothing_committed(spark, store, cfg, before)
+    assert_nothing_committed(spark, ledger, cfg, before)
 
 
-def test_a_corrupted_staged_file_is_refused_whatever_its_size(spark, warehouse, tmp_path, sqlite_store):
-    store = sqlite_store
+def test_a_corrupted_staged_file_is_refused_whatever_its_size(spark, warehouse, tmp_path, sqlite_ledger):
+    ledger = sqlite_ledger
     cfg = new_sink(spark, tmp_path, "corrupt")
-    desc, files = staged_batch(spark, store, cfg)
-    before = snapshot(spark, store, cfg)
-    root = Path(stage_dir(store, cfg, desc.batch_id))
+    desc, files = staged_batch(spark, ledger, cfg)
+    before = snapshot(spark, ledger, cfg)
+    root = Path(stage_dir(ledger, cfg, desc.batch_id))
     first, *rest = sorted(files)
 
     # garbage of the same length: the sizes match, the content does not read
     (root / first).write_bytes(b"\x00garbage" * (files[first] // 8) + b"x" * (files[first] % 8))
     assert (root / first).stat().st_size == files[first]
     with pytest.raises(StagedBatchInvalid) as info:
-        append.run_append(store, cfg, desc.batch_id)
+        append.run_append(ledger, cfg, desc.batch_id)
     text = assert_one_line(info.value, "corrupt")
     assert f"staged batch {desc.batch_id}" in text and "changed after it was staged" in text and first in text
-    assert_nothing_committed(spark, store, cfg, before)
+    assert_nothing_committed(spark, ledger, cfg, before)
 
     # garbage of another length: refused from the manifest's sizes, before reading
     (root / first).write_bytes(b"garbage")
     with pytest.raises(StagedBatchInvalid) as info:
-        append.run_append(store, cfg, desc.batch_id)
+        append.run_append(ledger, cfg, desc.batch_id)
     text = assert_one_line(info.value, "corrupt")
     assert "does not match its manifest" in text and first in text
-    assert_nothing_committed(spark, store, cfg, before)
-    assert store.get_batch(desc.batch_id).state == STAGED
+    assert_nothing_committed(spark, ledger, cfg, before)
+    assert ledger.get_batch(desc.batch_id).state == STAGED
 
 
 def test_a_manifest_not_matching_its_files_is_refused_and_a_wrong_checksum_is_found_by_the_check(
-    spark, warehouse, tmp_path, sqlite_store
+    spark, warehouse, tmp_path, sqlite_ledger
 ):
-    store = sqlite_store
+    ledger = sqlite_ledger
     cfg = new_sink(spark, tmp_path, "manifest", partitions=8)  # 4 rows: some partitions are empty
-    desc, files = staged_batch(spark, store, cfg)
-    before = snapshot(spark, store, cfg)
-    original = json.loads(store.get_batch(desc.batch_id).manifest)
+    desc, files = staged_batch(spark, ledger, cfg)
+    before = snapshot(spark, ledger, cfg)
+    original = json.loads(ledger.get_batch(desc.batch_id).manifest)
     p, part = next((p, part) for p, part in sorted(original["parts"].items()) if part["rows"])
 
     # rows are checked against the files' footers, contents against their digests (no row read)
     tampered = json.loads(json.dumps(original))
     tampered["parts"][p]["rows"] = part["rows"] + 1
-    set_batch(store, desc.batch_id, manifest=json.dumps(tampered))
+    set_batch(ledger, desc.batch_id, manifest=json.dumps(tampered))
     with pytest.raises(StagedBatchInvalid) as info:
-        append.run_append(store, cfg, desc.batch_id)
+        append.run_append(ledger, cfg, desc.batch_id)
     text = assert_one_line(info.value, "manifest")
     assert f"staged partition {p} of batch {desc.batch_id}" in text and "the manifest says" in text
     assert str(part["rows"] + 1) in text
-    assert_nothing_committed(spark, store, cfg, before)
+    assert_nothing_committed(spark, ledger, cfg, before)
     tampered = json.loads(json.dumps(original))
     rel = next(iter(part["digests"]))
     tampered["parts"][p]["digests"][rel] = "0" * 64
-    set_batch(store, desc.batch_id, manifest=json.dumps(tampered))
+    set_batch(ledger, desc.batch_id, manifest=json.dumps(tampered))
     with pytest.raises(StagedBatchInvalid) as info:
-        append.run_append(store, cfg, desc.batch_id)
+        append.run_append(ledger, cfg, desc.batch_id)
     assert "changed after it was staged" in assert_one_line(info.value, "manifest") and rel in str(info.value)
-    assert_nothing_committed(spark, store, cfg, before)
+    assert_nothing_committed(spark, ledger, cfg, before)
 
     # a partition that the manifest says is empty, but holds the rows
     empty = next(q for q, part in sorted(original["parts"].items()) if not part["rows"])
     tampered = json.loads(json.dumps(original))
     tampered["parts"][empty]["rows"] = 1
-    set_batch(store, desc.batch_id, manifest=json.dumps(tampered))
+    set_batch(ledger, desc.batch_id, manifest=json.dumps(tampered))
     with pytest.raises(StagedBatchInvalid) as info:
-        append.run_append(store, cfg, desc.batch_id)
+        append.run_append(ledger, cfg, desc.batch_id)
     assert f"staged partition {empty} of batch" in assert_one_line(info.value, "manifest")
-    assert_nothing_committed(spark, store, cfg, before)
+    assert_nothing_committed(spark, ledger, cfg, before)
 
     # a checksum that does not describe the rows: the append (no row read) commits the files it
     # staged, and the deep check (rows read back) names the batch and partition
     tampered = json.loads(json.dumps(original))
     tampered["parts"][p]["checksum"] = str(int(part["checksum"]) + 1)
-    set_batch(store, desc.batch_id, manifest=json.dumps(tampered))
-    assert append.run_append(store, cfg, desc.batch_id).outcome == "committed"
-    assert check.violations(store, cfg) == []  # the log matches the manifest: files and rows
-    found = check.violations(store, cfg, spark=spark)
+    set_batch(ledger, desc.batch_id, manifest=json.dumps(tampered))
+    assert append.run_append(ledger, cfg, desc.batch_id).outcome == "committed"
+    assert check.violations(ledger, cfg) == []  # the log matches the manifest: files and rows
+    found = check.violations(ledger, cfg, spark=spark)
     assert len(found) == 1 and f"batch {desc.batch_id}" in found[0] and f"partition {p}" in found[0], found
 
 
 @pytest.mark.parametrize("manifest", [None, "{}", "{not json"], ids=["null", "no_parts", "not_json"])
-def test_a_malformed_manifest_is_staged_batch_invalid(spark, warehouse, tmp_path, sqlite_store, manifest):
-    store = sqlite_store
+def test_a_malformed_manifest_is_staged_batch_invalid(spark, warehouse, tmp_path, sqlite_ledger, manifest):
+    ledger = sqlite_ledger
     cfg = new_sink(spark, tmp_path, "nomanifest")
-    desc = mint.run_mint(store, cfg, "run-1", 1, 200).description
-    set_batch(store, desc.batch_id, state=STAGED, manifest=manifest)
-    before = snapshot(spark, store, cfg)
+    desc = mint.run_mint(ledger, cfg, "run-1", 1, 200).description
+    set_batch(ledger, desc.batch_id, state=STAGED, manifest=manifest)
+    before = snapshot(spark, ledger, cfg)
     with pytest.raises(StagedBatchInvalid) as info:
-        append.run_append(store, cfg, desc.batch_id)
+        append.run_append(ledger, cfg, desc.batch_id)
     assert_one_line(info.value, "nomanifest")
-    assert_nothing_committed(spark, store, cfg, before)
+    assert_nothing_committed(spark, ledger, cfg, before)
 
 
 # --- stale batches and lowers that do not increase --------------------------------------------
 
 
 def test_a_stale_staged_batch_of_an_older_lower_is_covered_and_its_files_removed(
-    spark, warehouse, tmp_path, sqlite_store
+    spark, warehouse, tmp_path, sqlite_ledger
 ):
-    store = sqlite_store
+    ledger = sqlite_ledger
     cfg = new_sink(spark, tmp_path, "stale")
-    a, _ = staged_batch(spark, store, cfg, "run-a", 200)
-    m, w, b = run_stages(spark, store, cfg, "run-b", 300)  # a newer run covers [0, 300)
+    a, _ = staged_batch(spark, ledger, cfg, "run-a", 200)
+    m, w, b = run_stages(spark, ledger, cfg, "run-b", 300)  # a newer run covers [0, 300)
     assert b.outcome == "committed" and m.description.lower == a.lower
-    assert store.get_batch(a.batch_id).state == SUPERSEDED
-    before = snapshot(spark, store, cfg)
+    assert ledger.get_batch(a.batch_id).state == SUPERSEDED
+    before = snapshot(spark, ledger, cfg)
     assert before.upper == 300
 
-    result = append.run_append(store, cfg, a.batch_id)
+    result = append.run_append(ledger, cfg, a.batch_id)
     assert result.outcome == "covered", result.message
     assert "already covered" in result.message and "\n" not in result.message
-    assert_nothing_committed(spark, store, cfg, before, unstaged=a.batch_id)
+    assert_nothing_committed(spark, ledger, cfg, before, unstaged=a.batch_id)
     assert a.batch_id not in files.list_dirs(ShardTable(cfg).staging_root)
     # rewriting the stale batch is a no-op as well
-    assert write.run_write(spark, store, cfg, a.batch_id).outcome == "skipped"
-    assert_nothing_committed(spark, store, cfg, before, unstaged=a.batch_id)
+    assert write.run_write(spark, ledger, cfg, a.batch_id).outcome == "skipped"
+    assert_nothing_committed(spark, ledger, cfg, before, unstaged=a.batch_id)
 
     lowers = [c.lower for c in batch_commits(ShardTable(cfg).history_since(-1)[1])]
     assert lowers == [0] and len(set(lowers)) == len(lowers)
     assert shard_rows(spark, cfg, 299) == Counter({(r["k"], r["v"], None): 1 for r in ROWS})
 
 
-def test_a_lower_behind_the_upper_is_never_committed(spark, warehouse, tmp_path, sqlite_store):
-    store = sqlite_store
+def test_a_lower_behind_the_upper_is_never_committed(spark, warehouse, tmp_path, sqlite_ledger):
+    ledger = sqlite_ledger
     cfg = new_sink(spark, tmp_path, "oldlower", as_of=100)
-    a, _ = staged_batch(spark, store, cfg, "run-a", 400)  # [100, 400), staged
-    m, w, b = run_stages(spark, store, cfg, "run-b", 300)  # [100, 300) commits
+    a, _ = staged_batch(spark, ledger, cfg, "run-a", 400)  # [100, 400), staged
+    m, w, b = run_stages(spark, ledger, cfg, "run-b", 300)  # [100, 300) commits
     assert b.outcome == "committed"
     # a stale writer that never saw the supersession: its ledger row still says 'staged'
-    set_batch(store, a.batch_id, state=STAGED, message=None)
-    before = snapshot(spark, store, cfg)
+    set_batch(ledger, a.batch_id, state=STAGED, message=None)
+    before = snapshot(spark, ledger, cfg)
     assert before.upper == 300 and [c[0] for c in before.commits] == [100]
 
     with pytest.raises(LostRace) as info:
-        append.run_append(store, cfg, a.batch_id)
+        append.run_append(ledger, cfg, a.batch_id)
     assert isinstance(info.value, DescriptionOutdated)
     text = assert_one_line(info.value, "oldlower")
     assert f"upper to {iso(300)}" in text and "nothing was written" in text and a.batch_id in text
     assert "`airflow dags trigger oldlower`" in text  # the rest [300, 400) comes with a new run
-    assert_nothing_committed(spark, store, cfg, before, unstaged=a.batch_id)
-    assert store.get_batch(a.batch_id).state == SUPERSEDED
+    assert_nothing_committed(spark, ledger, cfg, before, unstaged=a.batch_id)
+    assert ledger.get_batch(a.batch_id).state == SUPERSEDED
 
     # Delta itself refuses a batch commit whose lower (txnVersion) is not above the last one
     staged = tmp_path / "warehouse" / cfg.name / "batches" / "fake"
@@ -684,8 +684,8 @@ def test_a_lower_behind_the_upper_is_never_committed(spark, warehouse, tmp_path,
     for lower in (50, 100):
         meta = {"batch_id": f"fake-{lower}", "lower": lower, "upper": 350, "run_id": "x"}
         assert ShardTable(cfg).commit_files(files, meta, lower) is None
-        assert_nothing_committed(spark, store, cfg, before)
-    assert sync(store, ShardTable(cfg)).upper == 300
+        assert_nothing_committed(spark, ledger, cfg, before)
+    assert sync(ledger, ShardTable(cfg)).upper == 300
     assert (9, "zz", None) not in shard_rows(spark, cfg, 399)
 
 
@@ -693,31 +693,31 @@ def test_a_lower_behind_the_upper_is_never_committed(spark, warehouse, tmp_path,
 
 
 @pytest.mark.slow  # three rounds of batches, Spark rewriting the table twice
-def test_a_schema_changed_behind_the_sinks_back_is_refused_until_restored(spark, warehouse, tmp_path, sqlite_store):
-    store = sqlite_store
+def test_a_schema_changed_behind_the_sinks_back_is_refused_until_restored(spark, warehouse, tmp_path, sqlite_ledger):
+    ledger = sqlite_ledger
     cfg = new_sink(spark, tmp_path, "altered")
-    desc, _ = staged_batch(spark, store, cfg)
+    desc, _ = staged_batch(spark, ledger, cfg)
     good_version = ShardTable(cfg).latest_version()
     spark.sql(f"ALTER TABLE delta.`{ShardTable(cfg).path}` ADD COLUMNS (extra STRING)")
-    before = snapshot(spark, store, cfg)
+    before = snapshot(spark, ledger, cfg)
     assert before.version == good_version + 1
 
     with pytest.raises(ShardSchemaChanged) as info:
-        append.run_append(store, cfg, desc.batch_id)
+        append.run_append(ledger, cfg, desc.batch_id)
     text = assert_one_line(info.value, "altered")
     assert "'extra'" in text and "RESTORE" in text
-    assert_nothing_committed(spark, store, cfg, before)
+    assert_nothing_committed(spark, ledger, cfg, before)
 
-    nxt = mint.run_mint(store, cfg, "run-2", 1, 300).description
+    nxt = mint.run_mint(ledger, cfg, "run-2", 1, 300).description
     with pytest.raises(ShardSchemaChanged):
-        write.run_write(spark, store, cfg, nxt.batch_id)
-    assert_nothing_committed(spark, store, cfg, before, unstaged=nxt.batch_id)
+        write.run_write(spark, ledger, cfg, nxt.batch_id)
+    assert_nothing_committed(spark, ledger, cfg, before, unstaged=nxt.batch_id)
 
     # the remedy works: RESTORE to the last version the sink wrote, then the sink goes on
     spark.sql(f"RESTORE TABLE delta.`{ShardTable(cfg).path}` TO VERSION AS OF {good_version}")
-    m, w, a = run_stages(spark, store, cfg, "run-3", 300)
+    m, w, a = run_stages(spark, ledger, cfg, "run-3", 300)
     assert a.outcome == "committed", a.message
-    assert store.get_shard(cfg.name).upper == 300
+    assert ledger.get_shard(cfg.name).upper == 300
     assert shard_rows(spark, cfg, 299) == Counter({(r["k"], r["v"], None): 1 for r in ROWS})
 
 

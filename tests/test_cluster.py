@@ -147,7 +147,7 @@ def test_airflow_submits_query_and_upsert_batches_to_the_cluster(
 
 
 def test_a_driver_killed_mid_write_on_the_cluster_then_recovered(
-    spark_cluster, spark, warehouse, tmp_path, sqlite_store
+    spark_cluster, spark, warehouse, tmp_path, sqlite_ledger
 ):
     """The driver dies after executors staged files (exit 137, no cleanup); the retry stages
     its own attempt and commits it once; the dead attempt's files are collected."""
@@ -169,12 +169,12 @@ def test_a_driver_killed_mid_write_on_the_cluster_then_recovered(
         timeout=600,
     )
     assert killed.returncode == 137, killed.stderr[-3000:]
-    assert sqlite_store.get_shard(cfg.name).upper < 200
+    assert sqlite_ledger.get_shard(cfg.name).upper < 200
     again = subprocess.run(run, env=env, capture_output=True, text=True, timeout=600)
     assert again.returncode == 0, again.stderr[-3000:]
     assert "appended batch" in again.stdout, again.stdout
-    assert sqlite_store.get_shard(cfg.name).upper == 200
+    assert sqlite_ledger.get_shard(cfg.name).upper == 200
     assert shard_as_of(cfg, 199) == Counter((r["k"], r["v"], None) for r in rows)
-    assert check.violations(sqlite_store, cfg, spark=spark) == []
-    assert leftover_staged(sqlite_store, cfg) == []
+    assert check.violations(sqlite_ledger, cfg, spark=spark) == []
+    assert leftover_staged(sqlite_ledger, cfg) == []
     assert _apps(ui)["reconcile-run-ck"] == 2

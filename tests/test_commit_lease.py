@@ -33,10 +33,10 @@ from reconcile.storage.ledger_rows import Shard
 AS_OF = 100
 
 
-def lease_row(store, name: str) -> tuple[int, str | None, int | None, int]:
+def lease_row(ledger, name: str) -> tuple[int, str | None, int | None, int]:
     """(epoch, holder, until, the database's clock now) of the shard's commit lease."""
-    q = select(Shard.commit_epoch, Shard.commit_holder, Shard.commit_until, store._clock_ms())
-    with store.engine.connect() as c:
+    q = select(Shard.commit_epoch, Shard.commit_holder, Shard.commit_until, ledger._clock_ms())
+    with ledger.engine.connect() as c:
         epoch, holder, until, now = c.execute(q.where(Shard.name == name)).one()
     return epoch, holder, until, now
 
@@ -53,12 +53,12 @@ from pathlib import Path
 from reconcile.storage.ledger import Ledger
 
 url, name, me, turns, journal, go = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5], Path(sys.argv[6])
-store = Ledger(url)
+ledger = Ledger(url)
 fd = os.open(journal, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
 while not go.exists():
     time.sleep(0.005)
 for _ in range(turns):
-    with store.commit_lease(name, me, ttl=20, wait=120) as lease:
+    with ledger.commit_lease(name, me, ttl=20, wait=120) as lease:
         os.write(fd, f"enter {lease.epoch} {me}\\n".encode())
         lease.fence()
         time.sleep(0.01)  # a commit's worth of holding it
@@ -66,13 +66,13 @@ for _ in range(turns):
 """
 
 
-def test_writers_in_several_processes_take_turns_with_increasing_epochs(store, tmp_path):
-    store.ensure_shard("turns", AS_OF)
+def test_writers_in_several_processes_take_turns_with_increasing_epochs(ledger, tmp_path):
+    ledger.ensure_shard("turns", AS_OF)
     journal, go = tmp_path / "journal", tmp_path / "go"
     n, turns = 4, 5
     procs = [
         subprocess.Popen(
-            [sys.executable, "-c", TAKER, store.url, "turns", f"p{i}", str(turns), str(journal), str(go)],
+            [sys.executable, "-c", TAKER, ledger.url, "turns", f"p{i}", str(turns), str(journal), str(go)],
             stderr=subprocess.PIPE,
             text=True,
         )
@@ -89,17 +89,17 @@ def test_writers_in_several_processes_take_turns_with_increasing_epochs(store, t
     # every taking got the next epoch (distinct, increasing in the order the lease was held)
     assert [int(e[1]) for e in lines[::2]] == list(range(1, n * turns + 1))
     assert {e[2] for e in lines[::2]} == {f"p{i}" for i in range(n)}
-    epoch, holder, until, _ = lease_row(store, "turns")
+    epoch, holder, until, _ = lease_row(ledger, "turns")
     assert (epoch, holder, until) == (n * turns, None, None)  # let go by the last holder
 
 
-def test_a_lapsed_lease_is_taken_with_a_higher_epoch_and_fences_its_old_holder_out(store):
-    store.ensure_shard("lapse", AS_OF)
-    a = store.take_commit_lease("lapse", "writer A", ttl=0.4)
+def test_a_lapsed_lease_is_taken_with_a_higher_epoch_and_fences_its_old_holder_out(ledger):
+    ledger.ensure_shard("lapse", AS_OF)
+    a = ledger.take_commit_lease("lapse", "writer A", ttl=0.4)
     a.fence()  # holds: renewed for another 0.4 s
 
     with pytest.raises(CommitLeaseBusy) as busy:
-        store.take_commit_lease("lapse", "writer B", ttl=10, wait=0.1)
+        ledger.take_commit_lease("lapse", "writer B", ttl=10, wait=0.1)
     assert "writer A" in assert_one_line(busy.value, "lapse")
 
     time.sleep(0.6)  # A pauses past its TTL
@@ -107,28 +107,28 @@ def test_a_lapsed_lease_is_taken_with_a_higher_epoch_and_fences_its_old_holder_o
         a.fence()  # nobody took it yet: lapsed is lost all the same
     assert "lapsed" in assert_one_line(lapsed.value, "lapse")
 
-    b = store.take_commit_lease("lapse", "writer B", ttl=10, wait=0)
+    b = ledger.take_commit_lease("lapse", "writer B", ttl=10, wait=0)
     assert b.epoch == a.epoch + 1
     with pytest.raises(CommitLeaseLost) as taken:
         a.fence()
     text_ = assert_one_line(taken.value, "lapse")
     assert "writer B" in text_ and f"epoch {b.epoch}" in text_ and "nothing was committed" in text_
-    assert store.release_commit_lease(a) is False  # A cannot let go of B's lease
+    assert ledger.release_commit_lease(a) is False  # A cannot let go of B's lease
     b.fence()  # B still holds it
-    assert store.release_commit_lease(b) is True
-    c = store.take_commit_lease("lapse", "writer C", ttl=10, wait=0)
+    assert ledger.release_commit_lease(b) is True
+    c = ledger.take_commit_lease("lapse", "writer C", ttl=10, wait=0)
     assert c.epoch == b.epoch + 1
 
 
-def test_a_waiting_writer_takes_the_lease_as_soon_as_it_is_let_go(store):
-    store.ensure_shard("handover", AS_OF)
+def test_a_waiting_writer_takes_the_lease_as_soon_as_it_is_let_go(ledger):
+    ledger.ensure_shard("handover", AS_OF)
     taken: dict = {}
 
     def second():
-        with store.commit_lease("handover", "writer B", ttl=30, wait=60) as lease:
+        with ledger.commit_lease("handover", "writer B", ttl=30, wait=60) as lease:
             taken["at"], taken["epoch"] = time.monotonic(), lease.epoch
 
-    with store.commit_lease("handover", "writer A", ttl=30) as first:
+    with ledger.commit_lease("handover", "writer A", ttl=30) as first:
         thread = threading.Thread(target=second)
         thread.start()
         time.sleep(0.5)
@@ -166,7 +166,7 @@ def test_migration_0006_gives_existing_shards_a_free_lease_and_downgrades(metada
 # --- the fence in the Delta commit ------------------------------------------------------------
 
 
-def test_a_failing_fence_commits_nothing(warehouse, tmp_path, sqlite_store):
+def test_a_failing_fence_commits_nothing(warehouse, tmp_path, sqlite_ledger):
     """``commit_files`` calls the fence right before putting the commit file: what it raises
     ends the commit, and the log is unchanged; a fence that holds lets the commit through."""
     import pyarrow as pa
@@ -186,15 +186,15 @@ def test_a_failing_fence_commits_nothing(warehouse, tmp_path, sqlite_store):
     pq.write_table(pa.table(cols), f"{table.path}/{rel}")
     staged = [(rel, os.path.getsize(f"{table.path}/{rel}"), {"numRecords": 1})]
     before = table.latest_version()
-    sqlite_store.ensure_shard("fenced", AS_OF)
-    held = sqlite_store.take_commit_lease("fenced", "writer A", ttl=0.2)
+    sqlite_ledger.ensure_shard("fenced", AS_OF)
+    held = sqlite_ledger.take_commit_lease("fenced", "writer A", ttl=0.2)
     time.sleep(0.4)  # lapsed
     with pytest.raises(CommitLeaseLost):
         table.commit_files(staged, {"batch_id": "b1", "lower": 100, "upper": 200}, 100, fence=held.fence)
     assert table.latest_version() == before
 
     calls = []
-    ok = sqlite_store.take_commit_lease("fenced", "writer B", ttl=10)
+    ok = sqlite_ledger.take_commit_lease("fenced", "writer B", ttl=10)
     version = table.commit_files(
         staged, {"batch_id": "b1", "lower": 100, "upper": 200}, 100, fence=lambda: calls.append(ok.fence())
     )
@@ -202,16 +202,16 @@ def test_a_failing_fence_commits_nothing(warehouse, tmp_path, sqlite_store):
 
 
 def test_the_write_creates_the_shard_s_table_under_the_lease_and_only_after_its_holder_let_go(
-    spark, warehouse, tmp_path, store
+    spark, warehouse, tmp_path, ledger
 ):
     """Version 0 is a commit like any other: the write that creates the table waits while
     another writer holds the shard's commit lease, and takes the next epoch; a creator whose
     lease another writer has taken creates nothing."""
     name = "created_in_turn"
-    store.ensure_shard(name, AS_OF)
-    with store.commit_lease(name, "another writer", ttl=30) as other:
+    ledger.ensure_shard(name, AS_OF)
+    with ledger.commit_lease(name, "another writer", ttl=30) as other:
         done: dict = {}
-        thread = threading.Thread(target=lambda: done.update(result=staged_batch(spark, store, tmp_path, name)))
+        thread = threading.Thread(target=lambda: done.update(result=staged_batch(spark, ledger, tmp_path, name)))
         thread.start()
         time.sleep(2.0)
         assert not ShardTable(make_sink(tmp_path, name)).exists(), "created while another writer held the lease"
@@ -221,16 +221,16 @@ def test_the_write_creates_the_shard_s_table_under_the_lease_and_only_after_its_
     table = ShardTable(cfg)
     assert table.commit_info(0)["operation"] == "CREATE TABLE"
     assert table.commit_info(0)["timestamp"] >= int(released * 1000) - 5
-    epoch, holder, _, _ = lease_row(store, name)
+    epoch, holder, _, _ = lease_row(ledger, name)
     assert (epoch, holder) == (other.epoch + 1, None)  # taken once more (the creation), let go
 
     stale = ShardTable(make_sink(tmp_path, "fenced_creation"))
-    store.ensure_shard("fenced_creation", AS_OF)
+    ledger.ensure_shard("fenced_creation", AS_OF)
 
     def lease_taken_over():
-        lease = store.take_commit_lease("fenced_creation", "creator A", ttl=0.2)
+        lease = ledger.take_commit_lease("fenced_creation", "creator A", ttl=0.2)
         time.sleep(0.4)
-        store.take_commit_lease("fenced_creation", "writer B", ttl=30, wait=0)
+        ledger.take_commit_lease("fenced_creation", "writer B", ttl=30, wait=0)
         return _held(lease)
 
     with pytest.raises(CommitLeaseLost):
@@ -254,11 +254,11 @@ class _held:
 # --- appends holding the lease ----------------------------------------------------------------
 
 
-def staged_batch(spark, store, tmp_path, name: str):
+def staged_batch(spark, ledger, tmp_path, name: str):
     cfg = make_sink(tmp_path, name)
     write_json_rows(tmp_path / "src", [{"k": i, "v": f"v{i}"} for i in range(10)])
-    desc = mint.run_mint(store, cfg, "run-1", 1, 200).description
-    assert write.run_write(spark, store, cfg, desc.batch_id).outcome == "staged"
+    desc = mint.run_mint(ledger, cfg, "run-1", 1, 200).description
+    assert write.run_write(spark, ledger, cfg, desc.batch_id).outcome == "staged"
     return cfg, desc
 
 
@@ -278,21 +278,21 @@ def batch_commits(cfg) -> list[dict]:
     return [m for m in metas if m and m.get("op") == "batch"]
 
 
-def test_a_paused_append_whose_lease_was_taken_cannot_commit(spark, warehouse, tmp_path, store):
+def test_a_paused_append_whose_lease_was_taken_cannot_commit(spark, warehouse, tmp_path, ledger):
     """Append A takes the lease (TTL 1 s) and stops (SIGSTOP, before its fence); its lease lapses
     and append B of the same batch takes it, then stops too. A resumes: its fence fails, it
     commits nothing. B resumes and commits the batch, once, with its own epoch."""
-    cfg, desc = staged_batch(spark, store, tmp_path, "paused")
+    cfg, desc = staged_batch(spark, ledger, tmp_path, "paused")
     a = start_append(tmp_path, cfg, ttl=1, failpoints="append.inside_lease=sleep:4")
     try:
-        epoch_a, holder_a, *_ = wait_for("A to take the lease", lambda: (r := lease_row(store, cfg.name))[1] and r)
+        epoch_a, holder_a, *_ = wait_for("A to take the lease", lambda: (r := lease_row(ledger, cfg.name))[1] and r)
         os.kill(a.pid, signal.SIGSTOP)  # A is paused inside its lease, before the fence
         a_stopped = time.monotonic()
-        wait_for("A's lease to lapse", lambda: (r := lease_row(store, cfg.name))[2] < r[3])
+        wait_for("A's lease to lapse", lambda: (r := lease_row(ledger, cfg.name))[2] < r[3])
         b = start_append(tmp_path, cfg, ttl=60, failpoints="append.inside_lease=sleep:4")
         try:
             epoch_b, holder_b, *_ = wait_for(
-                "B to take the lease", lambda: (r := lease_row(store, cfg.name))[0] > epoch_a and r
+                "B to take the lease", lambda: (r := lease_row(ledger, cfg.name))[0] > epoch_a and r
             )
             os.kill(b.pid, signal.SIGSTOP)
             assert epoch_b == epoch_a + 1 and holder_b != holder_a
@@ -313,7 +313,7 @@ def test_a_paused_append_whose_lease_was_taken_cannot_commit(spark, warehouse, t
 
     (only,) = batch_commits(cfg)
     assert only["batch_id"] == desc.batch_id and only["commit_epoch"] == epoch_b
-    assert store.get_batch(desc.batch_id).state == COMMITTED
+    assert ledger.get_batch(desc.batch_id).state == COMMITTED
     # A's retry finds what B committed
     again = start_append(tmp_path, cfg, ttl=30)
     out, err = again.communicate(timeout=120)
@@ -321,13 +321,13 @@ def test_a_paused_append_whose_lease_was_taken_cannot_commit(spark, warehouse, t
     assert len(batch_commits(cfg)) == 1
 
 
-def test_a_writer_killed_holding_the_lease_blocks_the_next_no_longer_than_its_ttl(spark, warehouse, tmp_path, store):
+def test_a_writer_killed_holding_the_lease_blocks_the_next_no_longer_than_its_ttl(spark, warehouse, tmp_path, ledger):
     ttl = 6.0
-    cfg, desc = staged_batch(spark, store, tmp_path, "killed")
+    cfg, desc = staged_batch(spark, ledger, tmp_path, "killed")
     a = start_append(tmp_path, cfg, ttl=ttl, failpoints="append.inside_lease=kill")
     out, err = a.communicate(timeout=120)
     assert a.returncode == 137, (out, err)
-    epoch_a, holder_a, until_a, now = lease_row(store, cfg.name)
+    epoch_a, holder_a, until_a, now = lease_row(ledger, cfg.name)
     assert holder_a is not None and until_a > now  # the dead writer still holds it
 
     b = start_append(tmp_path, cfg, ttl=30)
@@ -336,9 +336,9 @@ def test_a_writer_killed_holding_the_lease_blocks_the_next_no_longer_than_its_tt
     assert "took over a commit lease that lapsed" in err
     (only,) = batch_commits(cfg)
     assert only["batch_id"] == desc.batch_id and only["commit_epoch"] == epoch_a + 1
-    version = store.get_batch(desc.batch_id).delta_version
+    version = ledger.get_batch(desc.batch_id).delta_version
     committed_at = ShardTable(cfg).commit_info(version)["timestamp"]
     # B committed once A's lease lapsed, and soon after (it polls at most every 0.25 s)
     assert until_a <= committed_at < until_a + 5000, (until_a, committed_at)
-    epoch, holder, until, _ = lease_row(store, cfg.name)
+    epoch, holder, until, _ = lease_row(ledger, cfg.name)
     assert (epoch, holder, until) == (epoch_a + 1, None, None)

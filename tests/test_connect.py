@@ -71,7 +71,7 @@ def test_the_server_command_reuses_a_running_server_warms_it_up_and_reports_it(c
     assert f"listening at {connect_url}" in out
 
 
-def test_query_sink_with_drift_over_connect(spark, connect_url, warehouse, tmp_path, sqlite_store):
+def test_query_sink_with_drift_over_connect(spark, connect_url, warehouse, tmp_path, sqlite_ledger):
 
     cfg = make_sink(tmp_path, "cq")
     runs = [
@@ -89,16 +89,16 @@ def test_query_sink_with_drift_over_connect(spark, connect_url, warehouse, tmp_p
     for frontier, rows in runs:
         want = model_kv(rows) + (drift if frontier == 300 else Counter())
         assert shard_as_of(cfg, frontier - 1) == want, frontier
-    assert check.violations(sqlite_store, cfg, spark=spark) == []
+    assert check.violations(sqlite_ledger, cfg, spark=spark) == []
     # the batches written over Connect recorded their checksums: check --verify finds the foreign
     # row at 250 in the shard as of batch 2's upper - 1 (299), and nothing else
-    lines, counts = check.verify_checksums(sqlite_store, cfg, spark)
-    second = sqlite_store.batches(cfg.name, ("committed",))[1].batch_id
+    lines, counts = check.verify_checksums(sqlite_ledger, cfg, spark)
+    second = sqlite_ledger.batches(cfg.name, ("committed",))[1].batch_id
     assert counts["verified"] == 3 and len(lines) == 1 and f"batch {second} " in lines[0], lines
-    assert leftover_staged(sqlite_store, cfg) == []
+    assert leftover_staged(sqlite_ledger, cfg) == []
 
 
-def test_upsert_random_feed_over_connect(spark, connect_url, warehouse, tmp_path, sqlite_store):
+def test_upsert_random_feed_over_connect(spark, connect_url, warehouse, tmp_path, sqlite_ledger):
     from upsert_model import UpsertModel, check_against, cmd, feed_rows, upsert_sink
 
     rng = random.Random(7)
@@ -116,12 +116,12 @@ def test_upsert_random_feed_over_connect(spark, connect_url, warehouse, tmp_path
         model.batch(feed, lower, upper)
         check_against(spark, cfg, model, [lower, (lower + upper) // 2, upper - 1])
         lower = upper
-    assert check.violations(sqlite_store, cfg, spark=spark) == []
-    lines, counts = check.verify_checksums(sqlite_store, cfg, spark)
+    assert check.violations(sqlite_ledger, cfg, spark=spark) == []
+    lines, counts = check.verify_checksums(sqlite_ledger, cfg, spark)
     assert lines == [] and counts["verified"] == 3, (lines, counts)
 
 
-def test_changelog_sink_over_connect(spark, connect_url, warehouse, tmp_path, sqlite_store):
+def test_changelog_sink_over_connect(spark, connect_url, warehouse, tmp_path, sqlite_ledger):
 
     cfg = make_sink(tmp_path, "clog", kind="changelog")
     source: list[dict] = []
@@ -131,7 +131,7 @@ def test_changelog_sink_over_connect(spark, connect_url, warehouse, tmp_path, sq
         committed_remote(connect_url, tmp_path, cfg.name, f"run-{i}", frontier)
         for t in (frontier - 1, frontier - 50):
             assert shard_as_of(cfg, t) == changelog_model(CHANGELOG_NEW[: i + 1], t), t
-    lines, counts = check.verify_checksums(sqlite_store, cfg, spark)
+    lines, counts = check.verify_checksums(sqlite_ledger, cfg, spark)
     assert lines == [] and counts["verified"] == 3, (lines, counts)
 
 
@@ -144,7 +144,7 @@ def test_changelog_sink_over_connect(spark, connect_url, warehouse, tmp_path, sq
         "SELECT k, v FROM src) AS q, (SELECT 1",
     ],
 )
-def test_a_command_in_query_sql_is_refused_before_it_runs(spark, connect_url, warehouse, tmp_path, sqlite_store, sql):
+def test_a_command_in_query_sql_is_refused_before_it_runs(spark, connect_url, warehouse, tmp_path, sqlite_ledger, sql):
     """Over Connect ``spark.sql`` runs a command at once, and no parser is in this process: the
     text must analyse as a subquery first (text that balances the wrapper's parentheses passes
     that check, and then does not parse alone). A one-line error, nothing written anywhere."""
@@ -158,11 +158,11 @@ def test_a_command_in_query_sql_is_refused_before_it_runs(spark, connect_url, wa
     assert len(lines) == 1 and re.search("query.sql (must be one query|does not run)", lines[0]), proc.stderr
     assert "Traceback" not in proc.stderr
     assert not probe.exists()
-    assert [b.state for b in sqlite_store.batches(cfg.name)] != ["committed"]
+    assert [b.state for b in sqlite_ledger.batches(cfg.name)] != ["committed"]
     assert not ShardTable(cfg).exists() or ShardTable(cfg).latest_version() == 0  # at most the empty table
 
 
-def test_queries_in_every_form_pass_over_connect(spark, connect_url, warehouse, tmp_path, sqlite_store):
+def test_queries_in_every_form_pass_over_connect(spark, connect_url, warehouse, tmp_path, sqlite_ledger):
     rows = [{"k": 1, "v": "a"}, {"k": 2, "v": "b"}]
     write_json_rows(tmp_path / "src", rows)
     for i, sql in enumerate(
@@ -178,7 +178,7 @@ def test_queries_in_every_form_pass_over_connect(spark, connect_url, warehouse, 
         assert shard_as_of(cfg, 199) == model_kv(rows), sql
 
 
-def test_killed_client_then_retry(spark, connect_url, warehouse, tmp_path, sqlite_store, monkeypatch):
+def test_killed_client_then_retry(spark, connect_url, warehouse, tmp_path, sqlite_ledger, monkeypatch):
     """A client killed after the server staged its files (the server's query is not the
     client's process: it may even finish after the kill). The retry stages its own attempt, the
     batch commits once, and the killed attempt's files are deleted as uncommittable."""
@@ -186,10 +186,10 @@ def test_killed_client_then_retry(spark, connect_url, warehouse, tmp_path, sqlit
     cfg = make_sink(tmp_path, "killed")
     rows0 = [{"k": 1, "v": "a"}]
     write_json_rows(tmp_path / "src", rows0)
-    run_stages(spark, sqlite_store, cfg, "run-0", 200)
+    run_stages(spark, sqlite_ledger, cfg, "run-0", 200)
     rows1 = [{"k": 1, "v": "A"}, {"k": 2, "v": "b"}]
     write_json_rows(tmp_path / "src", rows1)
-    desc = mint.run_mint(sqlite_store, cfg, "run-1", 1, 300).description
+    desc = mint.run_mint(sqlite_ledger, cfg, "run-1", 1, 300).description
     env = {
         **os.environ,
         "RECONCILE_FAILPOINTS": "write.after_partition_staged=kill",
@@ -199,13 +199,13 @@ def test_killed_client_then_retry(spark, connect_url, warehouse, tmp_path, sqlit
     job = [sys.executable, str(ROOT / "jobs" / "write_correction.py"), "--sink", cfg.name, "--run-id", "run-1"]
     proc = subprocess.run(job, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 137, proc.stderr[-2000:]
-    assert write.run_write(spark, sqlite_store, cfg, desc.batch_id).outcome == "staged"
-    assert append.run_append(sqlite_store, cfg, desc.batch_id).outcome == "committed"
-    gc_staged(sqlite_store, ShardTable(cfg))
-    assert leftover_staged(sqlite_store, cfg) == []
+    assert write.run_write(spark, sqlite_ledger, cfg, desc.batch_id).outcome == "staged"
+    assert append.run_append(sqlite_ledger, cfg, desc.batch_id).outcome == "committed"
+    gc_staged(sqlite_ledger, ShardTable(cfg))
+    assert leftover_staged(sqlite_ledger, cfg) == []
     assert shard_as_of(cfg, 199) == model_kv(rows0)
     assert shard_as_of(cfg, 299) == model_kv(rows1)
-    assert check.violations(sqlite_store, cfg, spark=spark) == []
+    assert check.violations(sqlite_ledger, cfg, spark=spark) == []
 
 
 def test_a_server_this_process_started_counts_as_stopped_once_it_exits():

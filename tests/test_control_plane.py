@@ -45,14 +45,14 @@ def cli_without_jvm(sinks: Path, *args: str) -> subprocess.CompletedProcess:
     return proc
 
 
-def test_append_commits_the_staged_files_as_they_are_without_a_jvm(spark, warehouse, tmp_path, sqlite_store):
-    store = sqlite_store
+def test_append_commits_the_staged_files_as_they_are_without_a_jvm(spark, warehouse, tmp_path, sqlite_ledger):
+    ledger = sqlite_ledger
     cfg = make_sink(tmp_path, "adopt", partitions=4)
     rows = [{"k": i, "v": f"v{i}"} for i in range(40)]
     write_json_rows(tmp_path / "src", rows)
-    desc = mint.run_mint(store, cfg, "run-1", 1, 200).description
-    assert write.run_write(spark, store, cfg, desc.batch_id).outcome == "staged"
-    b = store.get_batch(desc.batch_id)
+    desc = mint.run_mint(ledger, cfg, "run-1", 1, 200).description
+    assert write.run_write(spark, ledger, cfg, desc.batch_id).outcome == "staged"
+    b = ledger.get_batch(desc.batch_id)
     before = files.list_files(ShardTable(cfg).path)
     staged = {
         layout.staged_relative(b.batch_id, b.stage_id, rel): size
@@ -65,7 +65,7 @@ def test_append_commits_the_staged_files_as_they_are_without_a_jvm(spark, wareho
     assert proc.returncode == 0, proc.stderr
     assert "appended batch" in proc.stdout
 
-    version = store.get_batch(desc.batch_id).delta_version
+    version = ledger.get_batch(desc.batch_id).delta_version
     adds = commits.added_files(ShardTable(cfg).commit_actions(version))
     assert {a["path"]: a["size"] for a in adds} == staged  # exactly the staged files, as they are
     assert sum(json.loads(a["stats"])["numRecords"] for a in adds) == len(rows)
@@ -83,16 +83,16 @@ def test_append_commits_the_staged_files_as_they_are_without_a_jvm(spark, wareho
     assert "0 invariant violation(s)" in proc.stdout
 
 
-def test_a_second_append_of_a_committed_lower_is_refused_by_the_log(spark, warehouse, tmp_path, sqlite_store):
+def test_a_second_append_of_a_committed_lower_is_refused_by_the_log(spark, warehouse, tmp_path, sqlite_ledger):
     """The guard lives in the Delta log: committing the same lower again, or an older one, is
     skipped whatever the ledger says."""
-    store = sqlite_store
+    ledger = sqlite_ledger
     cfg = make_sink(tmp_path, "guarded")
     write_json_rows(tmp_path / "src", [{"k": 1, "v": "a"}])
-    desc = mint.run_mint(store, cfg, "run-1", 1, 200).description
-    write.run_write(spark, store, cfg, desc.batch_id)
+    desc = mint.run_mint(ledger, cfg, "run-1", 1, 200).description
+    write.run_write(spark, ledger, cfg, desc.batch_id)
     assert cli_without_jvm(tmp_path, "append", cfg.name, "--run-id", "run-1").returncode == 0
-    b = store.get_batch(desc.batch_id)
+    b = ledger.get_batch(desc.batch_id)
     files = [
         (a["path"], a["size"], json.loads(a["stats"]))
         for a in commits.added_files(ShardTable(cfg).commit_actions(b.delta_version))
@@ -103,10 +103,10 @@ def test_a_second_append_of_a_committed_lower_is_refused_by_the_log(spark, wareh
     assert ShardTable(cfg).latest_version() == latest
 
 
-def test_timestamps_far_from_the_epoch_read_the_same_everywhere(spark, warehouse, tmp_path, sqlite_store):
+def test_timestamps_far_from_the_epoch_read_the_same_everywhere(spark, warehouse, tmp_path, sqlite_ledger):
     """Staged files become table files: their timestamps are the Delta protocol's microseconds
     (not Parquet's INT96), so delta-rs reads what Spark reads, as do the file statistics."""
-    store = sqlite_store
+    ledger = sqlite_ledger
     schema = [
         {"name": "k", "type": "bigint", "nullable": False},
         {"name": "at", "type": "timestamp"},
@@ -129,8 +129,8 @@ def test_timestamps_far_from_the_epoch_read_the_same_everywhere(spark, warehouse
         {"k": 3, "at": None, "day": None, "amount": None},
     ]
     write_json_rows(tmp_path / "src", rows)
-    desc = mint.run_mint(store, cfg, "run-1", 1, 200).description
-    write.run_write(spark, store, cfg, desc.batch_id)
+    desc = mint.run_mint(ledger, cfg, "run-1", 1, 200).description
+    write.run_write(spark, ledger, cfg, desc.batch_id)
     assert cli_without_jvm(tmp_path, "append", cfg.name, "--run-id", "run-1").returncode == 0
 
     def parse(r):
@@ -153,7 +153,7 @@ def test_timestamps_far_from_the_epoch_read_the_same_everywhere(spark, warehouse
     assert got_spark == want
     # the commit's statistics bound the values (milliseconds, rounded outwards; a bound that
     # does not exist, past year 9999, is left out: readers then do not skip on it)
-    version = store.get_batch(desc.batch_id).delta_version
+    version = ledger.get_batch(desc.batch_id).delta_version
     stats = [json.loads(a["stats"]) for a in commits.added_files(ShardTable(cfg).commit_actions(version))]
     bounds = [(s["minValues"]["at"], s["maxValues"]["at"]) for s in stats if "at" in s.get("minValues", {})]
     assert "1600-01-01T00:00:00.000Z" in [lo for lo, _ in bounds]

@@ -329,7 +329,7 @@ def test_changelog_source_fractional_numbers_are_errors(spark, tmp_path):
 
 @pytest.mark.parametrize("bits", [64, 2])
 def test_hash_first_batches_match_the_model_even_when_keys_collide(
-    bits, spark, warehouse, tmp_path, sqlite_store, monkeypatch, caplog
+    bits, spark, warehouse, tmp_path, sqlite_ledger, monkeypatch, caplog
 ):
     """A query sink's batches compare 128-bit row keys first and shuffle only the changed rows in
     full. With the key narrowed to 2 bits a half (a test build: nearly every pair of rows collides),
@@ -351,7 +351,7 @@ def test_hash_first_batches_match_the_model_even_when_keys_collide(
         write_json_rows(tmp_path / "src", rows)
         with caplog.at_level(logging.INFO, logger="reconcile"):
             caplog.clear()
-            run_stages(spark, sqlite_store, cfg, f"r{i}", 200 + 100 * i)
+            run_stages(spark, sqlite_ledger, cfg, f"r{i}", 200 + 100 * i)
         again += sum("comparing every row in full" in r.getMessage() for r in caplog.records)
         passes += sum(r.getMessage().startswith("hash-first pass 1: ") for r in caplog.records)
         assert shard_as_of(cfg, 199 + 100 * i) == Counter((r["k"], r["v"], None) for r in rows), f"batch {i}"

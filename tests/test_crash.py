@@ -49,10 +49,10 @@ def run_job_killed_at(stage: str, cfg, run_id: str, point: str, remote: str | No
     return proc
 
 
-def assert_converged(spark, store, cfg, history: list[tuple[int, list[dict]]]) -> None:
+def assert_converged(spark, ledger, cfg, history: list[tuple[int, list[dict]]]) -> None:
     for upper, rows in history:
         assert shard_as_of(cfg, upper - 1) == model_kv(rows), f"as of {upper - 1}"
-    assert check.violations(store, cfg, spark=spark) == []
+    assert check.violations(ledger, cfg, spark=spark) == []
 
 
 CASES = [
@@ -71,23 +71,23 @@ CASES = [
 
 @pytest.mark.parametrize("stage, point, recovery", CASES, ids=[f"{p}-{r}" for _, p, r in CASES])
 def test_killed_process_then_recovery(
-    spark, warehouse, tmp_path, sqlite_store, monkeypatch, stage, point, recovery, connect_url
+    spark, warehouse, tmp_path, sqlite_ledger, monkeypatch, stage, point, recovery, connect_url
 ):
     # one write is killed in a JVM of its own (spark-submit's form), the others as Connect clients
     remote = None if point == "write.after_partition_staged" else connect_url
-    crash_and_recover(spark, tmp_path, sqlite_store, monkeypatch, stage, point, recovery, remote)
+    crash_and_recover(spark, tmp_path, sqlite_ledger, monkeypatch, stage, point, recovery, remote)
 
 
 @pytest.mark.parametrize("stage, point, recovery", CASES, ids=[f"{p}-{r}" for _, p, r in CASES])
 def test_killed_process_then_recovery_on_s3(
-    spark, s3_warehouse, tmp_path, sqlite_store, monkeypatch, stage, point, recovery
+    spark, s3_warehouse, tmp_path, sqlite_ledger, monkeypatch, stage, point, recovery
 ):
     """The same on a warehouse on S3: the killed job reads the AWS environment as a deployment's
     does (a write in a JVM of its own)."""
-    crash_and_recover(spark, tmp_path, sqlite_store, monkeypatch, stage, point, recovery, None)
+    crash_and_recover(spark, tmp_path, sqlite_ledger, monkeypatch, stage, point, recovery, None)
 
 
-def crash_and_recover(spark, tmp_path, store, monkeypatch, stage, point, recovery, remote) -> None:
+def crash_and_recover(spark, tmp_path, ledger, monkeypatch, stage, point, recovery, remote) -> None:
     """Run the stage's job killed at ``point`` (a write as a client of ``remote``, or in a JVM of
     its own), recover as ``recovery`` says, run one more batch, and check the shard against the
     model at every committed upper."""
@@ -97,15 +97,15 @@ def crash_and_recover(spark, tmp_path, store, monkeypatch, stage, point, recover
     rows0 = [{"k": 1, "v": "a"}, {"k": 2, "v": "b"}]
     if point != "append.after_advance_as_of":  # that point needs the shard's first batch
         write_json_rows(tmp_path / "src", rows0)
-        run_stages(spark, store, cfg, "run-0", 200)
+        run_stages(spark, ledger, cfg, "run-0", 200)
         history.append((200, rows0))
     base = history[-1][0] if history else cfg.as_of
 
     rows1 = [{"k": 1, "v": "A"}, {"k": 3, "v": "c"}, {"k": 3, "v": "c"}]
     write_json_rows(tmp_path / "src", rows1)
-    desc = mint.run_mint(store, cfg, "run-1", 1, base + 100).description
+    desc = mint.run_mint(ledger, cfg, "run-1", 1, base + 100).description
     if stage == "append":
-        write.run_write(spark, store, cfg, desc.batch_id)
+        write.run_write(spark, ledger, cfg, desc.batch_id)
     run_job_killed_at(stage, cfg, "run-1", point, remote)
 
     if recovery == "retry":  # Airflow retries the task that died, then runs what follows it
@@ -113,22 +113,22 @@ def crash_and_recover(spark, tmp_path, store, monkeypatch, stage, point, recover
             # killed after its manifest was recorded, the attempt's files are the batch: the retry
             # keeps them; killed before, the retry stages its own
             want = "already_staged" if point == "write.after_staged" else "staged"
-            assert write.run_write(spark, store, cfg, desc.batch_id).outcome == want
-        result = append.run_append(store, cfg, store.batch_of_run(cfg.name, "run-1").batch_id)
+            assert write.run_write(spark, ledger, cfg, desc.batch_id).outcome == want
+        result = append.run_append(ledger, cfg, ledger.batch_of_run(cfg.name, "run-1").batch_id)
         assert result.outcome in ("committed", "recovered"), result
         history.append((base + 100, rows1))
     elif recovery == "rerun":  # on call clears the whole run: mint, write, append again
-        _, w, a = run_stages(spark, store, cfg, "run-1", base + 100, attempt=2)
+        _, w, a = run_stages(spark, ledger, cfg, "run-1", base + 100, attempt=2)
         assert a.outcome in ("already_committed", "recovered", "committed"), a
         history.append((base + 100, rows1))
     else:  # nothing is cleared: the next scheduled run repairs and goes on
         history.append((base + 100, rows1))
     rows2 = [{"k": 3, "v": "c"}, {"k": 4, "v": "d"}]
     write_json_rows(tmp_path / "src", rows2)
-    _, w, a = run_stages(spark, store, cfg, "run-2", base + 200)
+    _, w, a = run_stages(spark, ledger, cfg, "run-2", base + 200)
     assert a.outcome == "committed", a
     history.append((base + 200, rows2))
-    assert_converged(spark, store, cfg, history)
+    assert_converged(spark, ledger, cfg, history)
     if recovery == "next_run" and stage == "append":
         # The killed batch had reached Delta: it was rolled forward, not appended twice.
         lowers = [c.lower for c in batch_commits(ShardTable(cfg).history_since(-1)[1])]
@@ -145,19 +145,19 @@ UPSERT_CASES = [
 
 @pytest.mark.parametrize("stage, point, recovery", UPSERT_CASES, ids=[f"{p}-{r}" for _, p, r in UPSERT_CASES])
 def test_killed_upsert_process_then_recovery(
-    spark, warehouse, tmp_path, sqlite_store, monkeypatch, stage, point, recovery, connect_url
+    spark, warehouse, tmp_path, sqlite_ledger, monkeypatch, stage, point, recovery, connect_url
 ):
     """The feed's watermark travels with the Delta commit: a batch rolled forward after a crash
     keeps its late commands from being applied a second time."""
     from upsert_model import UpsertModel, feed_rows, ok_rows, upsert_sink
 
-    store = sqlite_store
+    ledger = sqlite_ledger
     monkeypatch.setenv("RECONCILE_SINKS_DIR", str(tmp_path))
     cfg = upsert_sink(tmp_path, name=f"crash_ups_{point.replace('.', '_')}"[:60])
     model = UpsertModel()
     feed = [{"k": 1, "v": "a", "ts": 150, "off": 1}, {"k": 2, "v": "b", "ts": 160, "off": 2}]
     feed_rows(tmp_path, feed)
-    run_stages(spark, store, cfg, "run-0", 200)
+    run_stages(spark, ledger, cfg, "run-0", 200)
     model.batch(feed, 100, 200)
 
     # run-1 sees a late command for key 1 (time 120 < lower 200) and a newer one at 250
@@ -167,30 +167,30 @@ def test_killed_upsert_process_then_recovery(
         {"k": 2, "v": None, "ts": 260, "off": 5},
     ]
     feed_rows(tmp_path, feed)
-    desc = mint.run_mint(store, cfg, "run-1", 1, 300).description
+    desc = mint.run_mint(ledger, cfg, "run-1", 1, 300).description
     if stage == "append":
-        write.run_write(spark, store, cfg, desc.batch_id)
+        write.run_write(spark, ledger, cfg, desc.batch_id)
     run_job_killed_at(stage, cfg, "run-1", point, connect_url)
     if recovery == "retry":
         if stage == "write":
             # killed after its manifest was recorded, the attempt's files are the batch: the retry
             # keeps them; killed before, the retry stages its own
             want = "already_staged" if point == "write.after_staged" else "staged"
-            assert write.run_write(spark, store, cfg, desc.batch_id).outcome == want
-        result = append.run_append(store, cfg, store.batch_of_run(cfg.name, "run-1").batch_id)
+            assert write.run_write(spark, ledger, cfg, desc.batch_id).outcome == want
+        result = append.run_append(ledger, cfg, ledger.batch_of_run(cfg.name, "run-1").batch_id)
         assert result.outcome in ("committed", "recovered"), result
     model.batch(feed, 200, 300)
 
     feed += [{"k": 3, "v": "c", "ts": 350, "off": 6}]
     feed_rows(tmp_path, feed)
-    _, _, a = run_stages(spark, store, cfg, "run-2", 400)
+    _, _, a = run_stages(spark, ledger, cfg, "run-2", 400)
     assert a.outcome == "committed", a
     model.batch(feed, 300, 400)
     for t in (199, 200, 299, 399):
         assert ok_rows(shard_as_of(cfg, t)) == model.as_of(t), f"as of {t}"
     assert model.as_of(399)[(1, "newer", None)] == 1
-    assert sum(b.late_commands or 0 for b in store.batches(cfg.name, ("committed",))) == model.late == 1
-    assert check.violations(store, cfg, spark=spark) == []
+    assert sum(b.late_commands or 0 for b in ledger.batches(cfg.name, ("committed",))) == model.late == 1
+    assert check.violations(ledger, cfg, spark=spark) == []
 
 
 def test_failpoints_are_off_by_default_and_reject_unknown_names():

@@ -85,7 +85,7 @@ def where(request):
     indirect=["where"],
     ids=["local", "local-cow", "s3"],
 )
-def test_query_sink_current_table_follows_every_batch(spark, where, vectors, tmp_path, sqlite_store):
+def test_query_sink_current_table_follows_every_batch(spark, where, vectors, tmp_path, sqlite_ledger):
     cfg = make_sink(
         tmp_path, "cur_q", current={"deletion_vectors": vectors}, query=SKIPPING, retention={"vacuum_hours": 0}
     )
@@ -94,7 +94,7 @@ def test_query_sink_current_table_follows_every_batch(spark, where, vectors, tmp
     for i, rows in enumerate(QUERY_ROWS):
         write_json_rows(tmp_path / "src", rows)
         frontier += 100
-        _, _, appended = run_stages(spark, sqlite_store, cfg, f"r{i}", frontier)
+        _, _, appended = run_stages(spark, sqlite_ledger, cfg, f"r{i}", frontier)
         assert appended.current is not None
         want = as_rows(model_kv(kept(rows)))
         assert current_rows(cfg) == as_rows(shard_as_of(cfg, frontier - 1)) == want, f"batch {i}"
@@ -108,7 +108,7 @@ def test_query_sink_current_table_follows_every_batch(spark, where, vectors, tmp
     # retractions mark rows (deletion vectors) or rewrite the files they fall in (copy-on-write)
     assert marked > 0 if vectors else (marked == 0 and rewritten > 0)
     # an unchanged source: an empty batch, nothing rewritten
-    _, _, appended = run_stages(spark, sqlite_store, cfg, "same", frontier + 100)
+    _, _, appended = run_stages(spark, sqlite_ledger, cfg, "same", frontier + 100)
     assert appended.current.files_rewritten == 0 and appended.current.rows_added == 0
     # the vacuum deletes the files the current table's log removed, and nothing it names
     from reconcile.sink import compact
@@ -118,14 +118,14 @@ def test_query_sink_current_table_follows_every_batch(spark, where, vectors, tmp
     dt = ct.snapshot()
     named = {p for p, _ in ct.data_files(dt)} | {file_name(d) for d in ct.vectors(dt).values()}
     assert set(files.list_files(ct.path)) - named - {p for p in files.list_files(ct.path) if p.startswith("_delta_log")}
-    compact.vacuum(sqlite_store, ShardTable(cfg))
+    compact.vacuum(sqlite_ledger, ShardTable(cfg))
     assert {p for p in files.list_files(ct.path) if not p.startswith("_delta_log")} == named
     assert current_rows(cfg) == as_rows(model_kv(kept(QUERY_ROWS[-1])))
 
 
 @pytest.mark.slow  # the quick tier keeps the query sink's current table and the foreign writes
 @pytest.mark.parametrize("where", ["local", "s3"], indirect=True)
-def test_upsert_sink_current_table_holds_one_row_per_key(spark, where, tmp_path, sqlite_store, monkeypatch):
+def test_upsert_sink_current_table_holds_one_row_per_key(spark, where, tmp_path, sqlite_ledger, monkeypatch):
     monkeypatch.setenv("RECONCILE_SINKS_DIR", str(tmp_path))
     cfg = upsert_sink(tmp_path, "cur_u", upsert={"delete": {"column": "op", "values": ["delete"]}}, current=True)
     model = UpsertModel(delete_field="op", delete_values=("delete",))
@@ -141,7 +141,7 @@ def test_upsert_sink_current_table_holds_one_row_per_key(spark, where, tmp_path,
             cmd(i + 40, f"new{i}", lower + 7, off + 3, op="set"),
         ]
         write_json_rows(tmp_path / "feed", feed + [{**HINT, "op": "set"}])
-        _, _, appended = run_stages(spark, sqlite_store, cfg, f"r{i}", upper)
+        _, _, appended = run_stages(spark, sqlite_ledger, cfg, f"r{i}", upper)
         marked += appended.current.files_marked
         model.batch(feed, lower, upper)
         frontier = upper
@@ -153,7 +153,7 @@ def test_upsert_sink_current_table_holds_one_row_per_key(spark, where, tmp_path,
 @pytest.mark.slow  # a crash test: the quick tier leaves those out
 @pytest.mark.parametrize("where", ["local", "s3"], indirect=True)
 def test_a_kill_between_the_shard_commit_and_the_current_commit_is_completed(
-    spark, where, tmp_path, sqlite_store, monkeypatch
+    spark, where, tmp_path, sqlite_ledger, monkeypatch
 ):
     """A kill at each of the current table's fail points, on the commit that creates it (delta-rs)
     and on the ones that mark retracted rows (the sink's own deletion vector commits)."""
@@ -167,8 +167,8 @@ def test_a_kill_between_the_shard_commit_and_the_current_commit_is_completed(
         point = points[i]
         from reconcile.sink import mint, write
 
-        m = mint.run_mint(sqlite_store, cfg, f"k{i}", 1, frontier)
-        write.run_write(spark, sqlite_store, cfg, m.description.batch_id)
+        m = mint.run_mint(sqlite_ledger, cfg, f"k{i}", 1, frontier)
+        write.run_write(spark, sqlite_ledger, cfg, m.description.batch_id)
         if point:
             env = {**os.environ, "RECONCILE_FAILPOINTS": f"{point}=kill"}
             proc = subprocess.run(
@@ -188,20 +188,20 @@ def test_a_kill_between_the_shard_commit_and_the_current_commit_is_completed(
         else:
             from reconcile.sink import append
 
-            append.run_append(sqlite_store, cfg, m.description.batch_id)
+            append.run_append(sqlite_ledger, cfg, m.description.batch_id)
         assert reflected(cfg) == ShardTable(cfg).latest_version()
         assert current_rows(cfg) == as_rows(shard_as_of(cfg, frontier - 1))
 
 
 def test_foreign_writes_are_undone_and_a_lost_current_table_is_rebuilt(
-    spark, warehouse, tmp_path, sqlite_store, monkeypatch, capsys
+    spark, warehouse, tmp_path, sqlite_ledger, monkeypatch, capsys
 ):
     from deltalake import DeltaTable, write_deltalake
 
     monkeypatch.setenv("RECONCILE_SINKS_DIR", str(tmp_path))
     cfg = make_sink(tmp_path, "cur_foreign", current=True)
     write_json_rows(tmp_path / "src", QUERY_ROWS[0])
-    run_stages(spark, sqlite_store, cfg, "r0", 200)
+    run_stages(spark, sqlite_ledger, cfg, "r0", 200)
     path = CurrentTable(cfg).path
     # a consumer writes into the current table: deletes a row, adds one
     DeltaTable(path).delete("k = 1")
@@ -219,15 +219,15 @@ def test_foreign_writes_are_undone_and_a_lost_current_table_is_rebuilt(
     page = ui.render_sink(cfg.name)
     assert "current table reconcile.cur_foreign" in page and "<span class=bad>foreign commits" in page
     write_json_rows(tmp_path / "src", QUERY_ROWS[1])
-    _, _, appended = run_stages(spark, sqlite_store, cfg, "r1", 300)
+    _, _, appended = run_stages(spark, sqlite_ledger, cfg, "r1", 300)
     assert appended.current.outcome == "rebuilt" and "foreign" in appended.current.why
     assert current_rows(cfg) == as_rows(shard_as_of(cfg, 299))
     # a foreign write into the shard: the current table follows the shard, then the repair
     DeltaTable(ShardTable(cfg).path).delete("k = 4")
-    out = current_sink.maintain(sqlite_store, cfg, ShardTable(cfg))
+    out = current_sink.maintain(sqlite_ledger, cfg, ShardTable(cfg))
     assert out.outcome == "rebuilt" and "foreign commit to the shard" in out.why
     assert current_rows(cfg) == as_rows(shard_as_of(cfg, 299))
-    run_stages(spark, sqlite_store, cfg, "r2", 400)
+    run_stages(spark, sqlite_ledger, cfg, "r2", 400)
     assert current_rows(cfg) == as_rows(shard_as_of(cfg, 399)) == as_rows(model_kv(QUERY_ROWS[1]))
     capsys.readouterr()
     assert cli.main(["check", cfg.name]) == 0 and "current-state table" not in capsys.readouterr().out
@@ -253,7 +253,7 @@ def test_foreign_writes_are_undone_and_a_lost_current_table_is_rebuilt(
 
 
 @pytest.mark.slow  # twelve batches (the quick tier's readers: test_query_sink_current_table_follows_every_batch)
-def test_readers_see_a_plain_table(spark, warehouse, tmp_path, sqlite_store, monkeypatch):
+def test_readers_see_a_plain_table(spark, warehouse, tmp_path, sqlite_ledger, monkeypatch):
     """Spark, Polars, DuckDB and delta-rs read the current table as plain rows, after batches that
     marked rows with deletion vectors (files of 8 rows: several vectors in one commit, and files
     more than half deleted rewritten), past a checkpoint, and after a vacuum at zero retention."""
@@ -272,13 +272,13 @@ def test_readers_see_a_plain_table(spark, warehouse, tmp_path, sqlite_store, mon
         if i:
             rows = [r for r in rows if r["k"] not in (i, 39 - i)] + [{"k": 100 + i, "v": "new"}]
         write_json_rows(tmp_path / "src", rows)
-        _, _, appended = run_stages(spark, sqlite_store, cfg, f"r{i}", 100 * (i + 2))
+        _, _, appended = run_stages(spark, sqlite_ledger, cfg, f"r{i}", 100 * (i + 2))
         marked += appended.current.files_marked
         rewritten += appended.current.files_rewritten if i else 0
         assert current_rows(cfg) == Counter((r["k"], r["v"]) for r in rows), f"batch {i}"
     ct = CurrentTable(cfg)
     path = ct.path
-    compact.vacuum(sqlite_store, ShardTable(cfg))
+    compact.vacuum(sqlite_ledger, ShardTable(cfg))
     dt = ct.snapshot()
     assert marked >= 12 and rewritten >= 1 and ct.vectors(dt), "rows marked; files half deleted rewritten"
     assert any(".checkpoint." in n for n in files.list_names(f"{path}/_delta_log")), "past a checkpoint"
@@ -299,7 +299,7 @@ def test_readers_see_a_plain_table(spark, warehouse, tmp_path, sqlite_store, mon
     # a dbt-style downstream model over it
     totals = con.execute(f"SELECT v, count(*) AS n FROM delta_scan('{path}') GROUP BY v ORDER BY v").fetchall()
     assert totals == sorted(Counter(v for _, v in want).items())
-    bad, found = current_sink.findings(cfg, ShardTable(cfg), sqlite_store.batches(cfg.name, (COMMITTED,)), deep=True)
+    bad, found = current_sink.findings(cfg, ShardTable(cfg), sqlite_ledger.batches(cfg.name, (COMMITTED,)), deep=True)
     assert bad == [] and found == []
 
 

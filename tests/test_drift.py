@@ -46,7 +46,7 @@ def _foreign(cfg, *, delete: str | None = None, rows: list[tuple] = (), overwrit
 
 
 @pytest.fixture(params=["local"])
-def drilled(request, spark, tmp_path, sqlite_store, monkeypatch):
+def drilled(request, spark, tmp_path, sqlite_ledger, monkeypatch):
     """Six batches of an upsert sink, in the warehouse the test asks for (``local`` or ``s3``)."""
     request.getfixturevalue("warehouse" if request.param == "local" else "s3_warehouse")
     monkeypatch.setenv("RECONCILE_SINKS_DIR", str(tmp_path))
@@ -67,17 +67,17 @@ def drilled(request, spark, tmp_path, sqlite_store, monkeypatch):
         if i:
             feed.append(cmd((i + 11) % 20, f"late{i}", lower - 50, off + 5, op="set"))  # late
         _feed(tmp_path, feed)
-        run_stages(spark, sqlite_store, cfg, f"r{i}", upper)
+        run_stages(spark, sqlite_ledger, cfg, f"r{i}", upper)
         model.batch(feed, lower, upper)
         frontier = upper
     check_against(spark, cfg, model, [frontier - 1])
     return cfg, model, feed, frontier
 
 
-def _run(spark, store, cfg, model, feed, lower, tmp_path, extra=()):
+def _run(spark, ledger, cfg, model, feed, lower, tmp_path, extra=()):
     feed = feed + list(extra)
     _feed(tmp_path, feed)
-    run_stages(spark, store, cfg, f"run-{lower}", lower + 100)
+    run_stages(spark, ledger, cfg, f"run-{lower}", lower + 100)
     model.batch(feed, lower, lower + 100)
     return feed, lower + 100
 
@@ -89,7 +89,7 @@ def _report(capsys, *args) -> tuple[int, str]:
 
 @pytest.mark.parametrize("drilled", ["local", "s3"], indirect=True)
 def test_the_next_run_repairs_every_shape_of_foreign_write_and_every_report_agrees(
-    drilled, spark, sqlite_store, tmp_path, capsys
+    drilled, spark, sqlite_ledger, tmp_path, capsys
 ):
     cfg, model, feed, frontier = drilled
     state = model.as_of(frontier - 1)
@@ -112,7 +112,7 @@ def test_the_next_run_repairs_every_shape_of_foreign_write_and_every_report_agre
     assert '{"k": 13}' in out and '{"k": 999}' in out, out
 
     feed, frontier = _run(
-        spark, sqlite_store, cfg, model, feed, frontier, tmp_path, [cmd(1, "after", frontier + 1, 999, op="set")]
+        spark, sqlite_ledger, cfg, model, feed, frontier, tmp_path, [cmd(1, "after", frontier + 1, 999, op="set")]
     )
     check_against(spark, cfg, model, [frontier - 1])
     code, out = _report(capsys, "check", cfg.name)
@@ -135,7 +135,7 @@ def test_the_next_run_repairs_every_shape_of_foreign_write_and_every_report_agre
 
 
 def test_a_foreign_write_an_older_batch_read_without_repairing_it_is_not_called_repaired_until_a_batch_does(
-    drilled, spark, sqlite_store, tmp_path, capsys, monkeypatch
+    drilled, spark, sqlite_ledger, tmp_path, capsys, monkeypatch
 ):
     """A shard written before upsert batches repaired by key: its batch read the foreign version
     but repaired nothing (no drift record); the reports say so, and the next batch repairs it."""
@@ -146,14 +146,14 @@ def test_a_foreign_write_an_older_batch_read_without_repairing_it_is_not_called_
     with monkeypatch.context() as m:  # today's batch, as the code before it wrote it: no repair, no record
         m.setattr(drift.Drift, "record", lambda self, cfg, corr: None)
         m.setattr(drift, "find", lambda *a, **k: drift.Drift())
-        feed, frontier = _run(spark, sqlite_store, cfg, model, feed, frontier, tmp_path)
+        feed, frontier = _run(spark, sqlite_ledger, cfg, model, feed, frontier, tmp_path)
     assert 17 not in {k for k, _v, _e in ok_rows(shard_as_of(cfg, frontier - 1))}  # left in place
     code, out = _report(capsys, "check", cfg.name)
     assert "repaired at version" not in out and "not yet repaired" in out, out
     code, out = _report(capsys, "status", cfg.name, "--json")
     assert len(json.loads(out)["foreign_unrepaired"]) == 1
 
-    feed, frontier = _run(spark, sqlite_store, cfg, model, feed, frontier, tmp_path)
+    feed, frontier = _run(spark, sqlite_ledger, cfg, model, feed, frontier, tmp_path)
     check_against(spark, cfg, model, [frontier - 1])
     code, out = _report(capsys, "check", cfg.name)
     assert "repaired at version" in out and "not yet repaired" not in out, out
@@ -165,7 +165,7 @@ def state_value(state, k):
 
 @pytest.mark.slow  # the quick tier keeps this module's lighter tests
 def test_a_key_the_feed_no_longer_holds_is_not_repairable_and_said_so_until_its_command_returns(
-    drilled, spark, sqlite_store, tmp_path, capsys
+    drilled, spark, sqlite_ledger, tmp_path, capsys
 ):
     cfg, model, feed, frontier = drilled
     state = model.as_of(frontier - 1)
@@ -173,7 +173,7 @@ def test_a_key_the_feed_no_longer_holds_is_not_repairable_and_said_so_until_its_
     kept = [c for c in feed if c["k"] != 18]
     _foreign(cfg, delete="k = 18")
     _feed(tmp_path, kept)
-    run_stages(spark, sqlite_store, cfg, "r-retention", frontier + 100)
+    run_stages(spark, sqlite_ledger, cfg, "r-retention", frontier + 100)
     got = ok_rows(shard_as_of(cfg, frontier + 99))
     assert (18, state_value(state, 18), None) not in got  # not invented
     code, out = _report(capsys, "check", cfg.name)
@@ -183,7 +183,7 @@ def test_a_key_the_feed_no_longer_holds_is_not_repairable_and_said_so_until_its_
 
     # the key's last command is put back in the feed: the next batch repairs it
     _feed(tmp_path, feed)
-    run_stages(spark, sqlite_store, cfg, "r-back", frontier + 200)
+    run_stages(spark, sqlite_ledger, cfg, "r-back", frontier + 200)
     got = ok_rows(shard_as_of(cfg, frontier + 199))
     assert (18, state_value(state, 18), None) in got
     code, out = _report(capsys, "check", cfg.name)
@@ -193,7 +193,7 @@ def test_a_key_the_feed_no_longer_holds_is_not_repairable_and_said_so_until_its_
 @pytest.mark.parametrize("where", ["local", "s3"])
 @pytest.mark.parametrize("kind", ["query", "changelog"])
 def test_query_and_changelog_sinks_repair_every_shape_of_foreign_write_and_reports_agree(
-    kind, where, request, spark, tmp_path, sqlite_store, monkeypatch, capsys
+    kind, where, request, spark, tmp_path, sqlite_ledger, monkeypatch, capsys
 ):
     from helpers import CHANGELOG_NEW, change, changelog_model, make_sink, model_query, normalize_errors
 
@@ -219,7 +219,7 @@ def test_query_and_changelog_sinks_repair_every_shape_of_foreign_write_and_repor
         if new is not None:
             log += new
             write_json_rows(tmp_path / "log", log)
-        run_stages(spark, sqlite_store, cfg, f"r{frontier}", frontier)
+        run_stages(spark, sqlite_ledger, cfg, f"r{frontier}", frontier)
     state = normalize_errors(shard_as_of(cfg, 299), cfg)
     assert state == model(299)
     some = sorted(k for k, _v, _e in state)
@@ -233,7 +233,7 @@ def test_query_and_changelog_sinks_repair_every_shape_of_foreign_write_and_repor
         runs.append((400, [change(1, "a3", 350, 1)]))
         log += runs[-1][1]
         write_json_rows(tmp_path / "log", log)
-    run_stages(spark, sqlite_store, cfg, "r400", 400)
+    run_stages(spark, sqlite_ledger, cfg, "r400", 400)
     assert normalize_errors(shard_as_of(cfg, 399), cfg) == model(399)
     code, out = _report(capsys, "check", cfg.name)
     assert code == 0 and out.count("repaired at version") == 3 and "not yet repaired" not in out, out

@@ -115,7 +115,7 @@ def by_row(cfg, rows) -> Counter:
 
 
 @pytest.mark.parametrize("grouped", [False, True], ids=["rows", "grouped"])
-def test_the_preview_equals_spark_s_correction_and_the_model(spark, warehouse, tmp_path, sqlite_store, grouped):
+def test_the_preview_equals_spark_s_correction_and_the_model(spark, warehouse, tmp_path, sqlite_ledger, grouped):
     rng = random.Random(7 + grouped)
     schema, sql = (GROUPED, GROUPED_SQL) if grouped else (SCHEMA, SQL)
     cfg = make_sink(
@@ -131,7 +131,7 @@ def test_the_preview_equals_spark_s_correction_and_the_model(spark, warehouse, t
         assert got.rows == sorted(got.rows, key=lambda r: r["_error"] is not None), "ok rows first"
         assert all(r["_time"] == upper - 1 for r in got.rows)
         persist = frames.read_updates(spark, table) if table.exists() else spark.createDataFrame([], frames.schema(cfg))
-        by_spark = batch_correction(spark, sqlite_store, cfg, persist, lower, upper).updates.collect()
+        by_spark = batch_correction(spark, sqlite_ledger, cfg, persist, lower, upper).updates.collect()
         assert by_row(cfg, got.rows) == by_row(cfg, [r.asDict() for r in by_spark]), (i, rows)
         want = model(cfg, plain_result(rows, grouped), shard)
         assert by_row(cfg, got.rows) == want, (i, rows)
@@ -140,7 +140,7 @@ def test_the_preview_equals_spark_s_correction_and_the_model(spark, warehouse, t
             sum(v for v in want.values() if v > 0),
             sum(-v for v in want.values() if v < 0),
         )
-        run_stages(spark, sqlite_store, cfg, f"run-{i}", upper)
+        run_stages(spark, sqlite_ledger, cfg, f"run-{i}", upper)
         shard.update(want)
         shard = +shard
     assert shard, "the shard holds rows"
@@ -173,7 +173,7 @@ def changelog_model(cfg, log: list[dict], shard_updates: list[dict], lower: int,
     return Counter({k: v for k, v in out.items() if v})
 
 
-def test_a_change_log_s_preview_equals_spark_s_correction_and_the_model(spark, warehouse, tmp_path, sqlite_store):
+def test_a_change_log_s_preview_equals_spark_s_correction_and_the_model(spark, warehouse, tmp_path, sqlite_ledger):
     rng = random.Random(5)
     cfg = make_sink(tmp_path, "pvc", kind="changelog")
     table = ShardTable(cfg)
@@ -192,19 +192,19 @@ def test_a_change_log_s_preview_equals_spark_s_correction_and_the_model(spark, w
         write_json_rows(tmp_path / "log", [*log, {"k": 7, "v": "z", "ts": 10_000, "diff": 1}])  # typed fields
         got = dry_run.correction(cfg, table, lower, upper, limit=1000)
         persist = frames.read_updates(spark, table) if table.exists() else spark.createDataFrame([], frames.schema(cfg))
-        by_spark = batch_correction(spark, sqlite_store, cfg, persist, lower, upper).updates.collect()
+        by_spark = batch_correction(spark, sqlite_ledger, cfg, persist, lower, upper).updates.collect()
 
         def timed(rows) -> Counter:
             return Counter({(*[r[c] for c in cfg.column_names], r["_error"], r["_time"]): r["_diff"] for r in rows})
 
         assert timed(got.rows) == timed([r.asDict() for r in by_spark]), (i, log)
         assert timed(got.rows) == changelog_model(cfg, log, update_log(cfg) if table.exists() else [], lower, upper)
-        run_stages(spark, sqlite_store, cfg, f"run-{i}", upper)
+        run_stages(spark, sqlite_ledger, cfg, f"run-{i}", upper)
     assert update_log(cfg), "the shard holds updates"
 
 
 @pytest.mark.parametrize("deletes", ["null-values", "marker"])
-def test_an_upsert_sink_s_preview_equals_spark_s_correction(spark, warehouse, tmp_path, sqlite_store, deletes):
+def test_an_upsert_sink_s_preview_equals_spark_s_correction(spark, warehouse, tmp_path, sqlite_ledger, deletes):
     """Random feeds over four batches (late commands past the watermark, replays, deletes, keys
     updated twice in a batch, commands without a key, time or offset, values that do not fit):
     the preview's correction and feed progress equal Spark's for the run."""
@@ -239,10 +239,10 @@ def test_an_upsert_sink_s_preview_equals_spark_s_correction(spark, warehouse, tm
             feed.append(dict(rng.choice(feed)))  # a replay
         hint = {**HINT, **({"op": "u"} if deletes == "marker" else {})}
         write_json_rows(tmp_path / "feed", [*feed, hint])
-        wm = sqlite_store.watermark(cfg.name)
+        wm = sqlite_ledger.watermark(cfg.name)
         got = dry_run.correction(cfg, table, lower, upper, limit=1000, watermark=wm)
         persist = frames.read_updates(spark, table) if table.exists() else spark.createDataFrame([], frames.schema(cfg))
-        result = batch_correction(spark, sqlite_store, cfg, persist, lower, upper)
+        result = batch_correction(spark, sqlite_ledger, cfg, persist, lower, upper)
         by_spark = [r.asDict() for r in result.updates.collect()]
         progress = result.progress
 
@@ -251,11 +251,11 @@ def test_an_upsert_sink_s_preview_equals_spark_s_correction(spark, warehouse, tm
 
         assert timed(got.rows) == timed(by_spark), (i, feed)
         assert got.feed == progress, (i, feed)
-        run_stages(spark, sqlite_store, cfg, f"run-{i}", upper)
+        run_stages(spark, sqlite_ledger, cfg, f"run-{i}", upper)
     assert update_log(cfg), "the shard holds updates"
 
 
-def test_the_demo_sink_s_preview_equals_spark_s_correction(spark, warehouse, tmp_path, sqlite_store, monkeypatch):
+def test_the_demo_sink_s_preview_equals_spark_s_correction(spark, warehouse, tmp_path, sqlite_ledger, monkeypatch):
     """Every example sink in include/sinks (the demo's), over the demo's three days of orders."""
     from reconcile import demo
     from reconcile.config_loading import load_file
@@ -271,9 +271,9 @@ def test_the_demo_sink_s_preview_equals_spark_s_correction(spark, warehouse, tmp
         lower, upper = cfg.as_of + i * day, cfg.as_of + (i + 1) * day
         got = dry_run.correction(cfg, table, lower, upper, limit=1000)
         persist = frames.read_updates(spark, table) if table.exists() else spark.createDataFrame([], frames.schema(cfg))
-        by_spark = batch_correction(spark, sqlite_store, cfg, persist, lower, upper).updates.collect()
+        by_spark = batch_correction(spark, sqlite_ledger, cfg, persist, lower, upper).updates.collect()
         assert got.rows and by_row(cfg, got.rows) == by_row(cfg, [r.asDict() for r in by_spark]), i
-        run_stages(spark, sqlite_store, cfg, f"demo-{i}", upper)
+        run_stages(spark, sqlite_ledger, cfg, f"demo-{i}", upper)
 
 
 def test_a_query_s_duckdb_sql_is_kept_per_sql_and_sqlglot_version(tmp_path, monkeypatch):
@@ -301,7 +301,7 @@ def test_a_query_s_duckdb_sql_is_kept_per_sql_and_sqlglot_version(tmp_path, monk
     assert preview.duckdb_sql(cfg) == sql
 
 
-def test_the_preview_refuses_what_it_could_get_wrong(tmp_path, warehouse, sqlite_store):
+def test_the_preview_refuses_what_it_could_get_wrong(tmp_path, warehouse, sqlite_ledger):
     write_json_rows(tmp_path / "src", [{"k": 1, "v": "a", "x": 1.5}])
     write_json_rows(tmp_path / "mixed", [{"k": 1, "v": 1.50}, {"k": 2, "v": "b"}])  # Spark: v "1.50"
     (tmp_path / "csv").mkdir()
@@ -336,7 +336,7 @@ def test_the_preview_refuses_what_it_could_get_wrong(tmp_path, warehouse, sqlite
 
 
 def test_dry_run_prints_the_preview_or_says_why_spark_computes_it(
-    spark, warehouse, tmp_path, sqlite_store, monkeypatch, capsys
+    spark, warehouse, tmp_path, sqlite_ledger, monkeypatch, capsys
 ):
     monkeypatch.setenv("RECONCILE_SINKS_DIR", str(tmp_path))
     write_json_rows(tmp_path / "src", [{"k": 1, "v": "a"}, {"k": None, "v": "x"}, {"k": 1, "v": "a"}])
@@ -346,7 +346,7 @@ def test_dry_run_prints_the_preview_or_says_why_spark_computes_it(
     assert "computed by DuckDB" in out and "nothing was written" in out, out
     assert "2 update(s): 3 row(s) inserted, 0 retracted, 1 error update(s)" in out, out
     assert 'column \'k\' is null but not nullable in row {"v":"x"}' in out, out
-    assert sqlite_store.batches(cfg.name) == []  # a dry run mints nothing
+    assert sqlite_ledger.batches(cfg.name) == []  # a dry run mints nothing
 
     (tmp_path / "csv").mkdir()
     (tmp_path / "csv" / "a.csv").write_text("k,v\n1,a\n2,b\n")

@@ -94,9 +94,9 @@ def test_the_view_sql_on_random_update_logs(tmp_path, updates):
 
 
 @pytest.mark.parametrize("seed", [1, 2])
-def test_query_sink_history_and_diff(spark, warehouse, tmp_path, sqlite_store, seed):
+def test_query_sink_history_and_diff(spark, warehouse, tmp_path, sqlite_ledger, seed):
     rng, batches = random.Random(seed), 3
-    cfg, ok, err = query_shard(spark, sqlite_store, tmp_path, rng, batches=batches)
+    cfg, ok, err = query_shard(spark, sqlite_ledger, tmp_path, rng, batches=batches)
     upper = AS_OF + 100 * batches
     want = model_versions(ok, AS_OF, upper)
     assert same_history_everywhere(spark, cfg) == want
@@ -110,20 +110,20 @@ def test_query_sink_history_and_diff(spark, warehouse, tmp_path, sqlite_store, s
 
     # compaction: exact from since on; what ended before since is gone
     since = AS_OF + 100 * rng.randint(1, batches - 1) + rng.choice([-1, 0, 17])
-    run_compact(spark, sqlite_store, cfg, since=since, vacuum_files=False)
+    run_compact(spark, sqlite_ledger, cfg, since=since, vacuum_files=False)
     assert same_history_everywhere(spark, cfg) == model_versions(ok, since, upper)
     check_diffs(spark, cfg, rng, ok, since, upper, pairs=1)
 
 
-def test_changelog_sink_history_and_diff(spark, warehouse, tmp_path, sqlite_store):
+def test_changelog_sink_history_and_diff(spark, warehouse, tmp_path, sqlite_ledger):
     rng = random.Random(7)
-    cfg, ok = changelog_shard(spark, sqlite_store, tmp_path, rng, batches=3)
+    cfg, ok = changelog_shard(spark, sqlite_ledger, tmp_path, rng, batches=3)
     upper = AS_OF + 300
     want = model_versions(ok, AS_OF, upper)
     assert same_history_everywhere(spark, cfg) == want
     assert any(v[2] != 1 for v in want)  # multiplicities (and negative counts) are versions too
     check_diffs(spark, cfg, rng, ok, AS_OF, upper)
-    run_compact(spark, sqlite_store, cfg, since=AS_OF + 150, vacuum_files=False)
+    run_compact(spark, sqlite_ledger, cfg, since=AS_OF + 150, vacuum_files=False)
     assert same_history_everywhere(spark, cfg) == model_versions(ok, AS_OF + 150, upper)
 
 
@@ -138,10 +138,10 @@ def _versions_of(report: dict, names: list[str]) -> Counter:
 
 
 @pytest.mark.slow  # the quick tier keeps this module's lighter tests
-def test_upsert_sink_history_per_key_diff_and_cli(spark, warehouse, tmp_path, sqlite_store, monkeypatch, capsys):
+def test_upsert_sink_history_per_key_diff_and_cli(spark, warehouse, tmp_path, sqlite_ledger, monkeypatch, capsys):
     monkeypatch.setenv("RECONCILE_SINKS_DIR", str(tmp_path))
     rng = random.Random(3)
-    cfg, ok = upsert_shard(spark, sqlite_store, tmp_path, rng, batches=4)
+    cfg, ok = upsert_shard(spark, sqlite_ledger, tmp_path, rng, batches=4)
     upper = AS_OF + 400
     want = numbered_per_key(model_versions(ok, AS_OF, upper))
     assert same_history_everywhere(spark, cfg) == want
@@ -204,7 +204,7 @@ def test_upsert_sink_history_per_key_diff_and_cli(spark, warehouse, tmp_path, sq
 
     # after compaction: exact from since on, a note; times before since refused in one line
     since = AS_OF + 150 + rng.randint(0, 200)
-    run_compact(spark, sqlite_store, cfg, since=since, vacuum_files=False)
+    run_compact(spark, sqlite_ledger, cfg, since=since, vacuum_files=False)
     assert same_history_everywhere(spark, cfg) == numbered_per_key(model_versions(ok, since, upper))
     capsys.readouterr()
     assert cli.main(["history", cfg.name]) == 0
@@ -220,12 +220,12 @@ def test_upsert_sink_history_per_key_diff_and_cli(spark, warehouse, tmp_path, sq
     assert got == model_diff(ok, since, upper - 1)
 
 
-def test_cli_errors_history_and_diff_of_a_query_sink(spark, warehouse, tmp_path, sqlite_store, monkeypatch, capsys):
+def test_cli_errors_history_and_diff_of_a_query_sink(spark, warehouse, tmp_path, sqlite_ledger, monkeypatch, capsys):
     monkeypatch.setenv("RECONCILE_SINKS_DIR", str(tmp_path))
     cfg = make_sink(tmp_path, "he")
     for i, rows in enumerate(([{"k": 1, "v": "a"}, {"k": None, "v": "x"}], [{"k": 1, "v": "a"}, {"k": 1, "v": "a"}])):
         write_json_rows(tmp_path / "src", rows)
-        run_stages(spark, sqlite_store, cfg, f"run-{i}", 200 + 100 * i)
+        run_stages(spark, sqlite_ledger, cfg, f"run-{i}", 200 + 100 * i)
     capsys.readouterr()
     assert cli.main(["history", cfg.name, "--json"]) == 0
     report = json.loads(capsys.readouterr().out)

@@ -113,7 +113,7 @@ def test_upgrade_downgrade_upgrade(metadata_url):
         upgrade(engine)
         assert current_revision(engine) == head()
         assert reconcile_tables(engine) == TABLES
-        # the re-created schema works: a store on it needs no migration and can mint
+        # the re-created schema works: a ledger on it needs no migration and can mint
         s = Ledger(metadata_url, auto_migrate=False)
         desc, why = maybe_mint(s, "again", AS_OF, "run-1", 1, 200)
         assert desc is not None and (desc.lower, desc.upper) == (AS_OF, 200), why
@@ -122,9 +122,9 @@ def test_upgrade_downgrade_upgrade(metadata_url):
         engine.dispose()
 
 
-def test_models_agree_with_the_migrated_schema(store):
-    insp = inspect(store.engine)
-    assert reconcile_tables(store.engine) == set(Base.metadata.tables) == TABLES
+def test_models_agree_with_the_migrated_schema(ledger):
+    insp = inspect(ledger.engine)
+    assert reconcile_tables(ledger.engine) == set(Base.metadata.tables) == TABLES
     for name, table in Base.metadata.tables.items():
         db_cols = {c["name"]: c for c in insp.get_columns(name)}
         assert set(db_cols) == {c.name for c in table.columns}, name
@@ -145,7 +145,7 @@ def test_models_agree_with_the_migrated_schema(store):
     from alembic.autogenerate import compare_metadata
     from alembic.migration import MigrationContext
 
-    with store.engine.connect() as conn:
+    with ledger.engine.connect() as conn:
         diffs = compare_metadata(MigrationContext.configure(conn), Base.metadata)
     diffs = [d for d in diffs if not (isinstance(d, tuple) and "alembic_version" in str(d))]
     assert diffs == []
@@ -154,41 +154,41 @@ def test_models_agree_with_the_migrated_schema(store):
 # --- compare-and-set and the ledger guards ----------------------------------------------------
 
 
-def test_compare_and_set_upper(store):
-    store.ensure_shard("cas", AS_OF)
-    assert store.get_shard("cas").upper == 0
+def test_compare_and_set_upper(ledger):
+    ledger.ensure_shard("cas", AS_OF)
+    assert ledger.get_shard("cas").upper == 0
 
-    store.compare_and_set_upper("cas", 0, 200)
-    assert store.get_shard("cas").upper == 200
+    ledger.compare_and_set_upper("cas", 0, 200)
+    assert ledger.get_shard("cas").upper == 200
 
     with pytest.raises(errors.UpperMismatch) as info:
-        store.compare_and_set_upper("cas", 100, 300)
+        ledger.compare_and_set_upper("cas", 100, 300)
     assert info.value.current == 200 and info.value.expected == 100
     assert "200" in str(info.value) and "'cas'" in str(info.value)
-    assert store.get_shard("cas").upper == 200  # unchanged by the failed CAS
+    assert ledger.get_shard("cas").upper == 200  # unchanged by the failed CAS
 
-    store.compare_and_set_upper("cas", 200, 300)
-    assert store.get_shard("cas").upper == 300
+    ledger.compare_and_set_upper("cas", 200, 300)
+    assert ledger.get_shard("cas").upper == 300
 
 
-def test_partial_unique_index_refuses_a_second_committed_batch_per_lower(store):
-    store.ensure_shard("uq", AS_OF)
+def test_partial_unique_index_refuses_a_second_committed_batch_per_lower(ledger):
+    ledger.ensure_shard("uq", AS_OF)
     first = CommitRecord(version=1, batch_id="100-first", lower=AS_OF, upper=200, run_id="r1")
-    assert store.absorb_commit("uq", first) is True
-    assert store.get_shard("uq").upper == 200
+    assert ledger.absorb_commit("uq", first) is True
+    assert ledger.get_shard("uq").upper == 200
 
     # a later Delta version claiming the same lower for another batch: the index refuses it
     second = CommitRecord(version=2, batch_id="100-second", lower=AS_OF, upper=200, run_id="r2")
     with pytest.raises(errors.InconsistentState) as info:
-        store.absorb_commit("uq", second)
+        ledger.absorb_commit("uq", second)
     assert "lower 1970-01-01T00:00:00.100Z (100)" in str(info.value) and "Remedy:" in str(info.value)
     # the refused absorb rolled back completely
-    shard = store.get_shard("uq")
+    shard = ledger.get_shard("uq")
     assert (shard.upper, shard.delta_version) == (200, 1)
-    assert [(b.batch_id, b.state) for b in store.batches("uq")] == [("100-first", COMMITTED)]
+    assert [(b.batch_id, b.state) for b in ledger.batches("uq")] == [("100-first", COMMITTED)]
 
 
-def test_unique_index_is_partial_on_committed_state(store):
+def test_unique_index_is_partial_on_committed_state(ledger):
     """The database itself refuses two committed rows per (shard, lower), and only committed ones."""
     t = datetime.now(UTC)
 
@@ -197,7 +197,7 @@ def test_unique_index_is_partial_on_committed_state(store):
             batch_id=batch_id, shard=shard, lower=AS_OF, upper=200, state=state, attempt=1, created_at=t, updated_at=t
         )
 
-    with Session(store.engine) as s, s.begin():
+    with Session(ledger.engine) as s, s.begin():
         s.add_all(
             [
                 row("a", SUPERSEDED),
@@ -208,33 +208,33 @@ def test_unique_index_is_partial_on_committed_state(store):
             ]
         )
     with pytest.raises(IntegrityError):
-        with Session(store.engine) as s, s.begin():
+        with Session(ledger.engine) as s, s.begin():
             s.add(row("f", COMMITTED))
-    assert sorted(b.batch_id for b in store.batches("ix")) == ["a", "b", "c", "d"]
+    assert sorted(b.batch_id for b in ledger.batches("ix")) == ["a", "b", "c", "d"]
 
 
-def test_absorb_commit_is_idempotent(store):
+def test_absorb_commit_is_idempotent(ledger):
     rec = CommitRecord(version=3, batch_id="100-x", lower=AS_OF, upper=250, run_id="r", rows_ok=4, rows_err=1)
-    store.ensure_shard("idem", AS_OF)
-    assert store.absorb_commit("idem", rec) is True
-    assert store.absorb_commit("idem", rec) is False
-    shard = store.get_shard("idem")
+    ledger.ensure_shard("idem", AS_OF)
+    assert ledger.absorb_commit("idem", rec) is True
+    assert ledger.absorb_commit("idem", rec) is False
+    shard = ledger.get_shard("idem")
     assert (shard.upper, shard.delta_version) == (250, 3)
-    b = store.get_batch("100-x")
+    b = ledger.get_batch("100-x")
     assert (b.state, b.delta_version, b.lower, b.upper, b.rows_ok, b.rows_err) == (COMMITTED, 3, AS_OF, 250, 4, 1)
-    assert len(store.batches("idem")) == 1
+    assert len(ledger.batches("idem")) == 1
 
 
-def test_absorb_commit_records_a_feed_s_progress_in_two_columns(store):
+def test_absorb_commit_records_a_feed_s_progress_in_two_columns(ledger):
     """The ledger keeps a feed's late commands and offset (not its commands); the offset is the watermark."""
-    store.ensure_shard("fp", AS_OF)
+    ledger.ensure_shard("fp", AS_OF)
     feed = FeedProgress.recorded(2, 41)
     rec = CommitRecord(version=1, batch_id="100-fp", lower=AS_OF, upper=200, run_id="r", feed=feed)
-    assert store.absorb_commit("fp", rec) is True
-    b = store.get_batch("100-fp")
+    assert ledger.absorb_commit("fp", rec) is True
+    b = ledger.get_batch("100-fp")
     assert (b.late_commands, b.source_offset) == (2, 41)
     assert feed_of(b) == feed == FeedProgress(None, 2, 41)
-    assert store.watermark("fp") == 41
+    assert ledger.watermark("fp") == 41
     assert FeedProgress.recorded(None, None) is None
 
 
@@ -258,89 +258,91 @@ def test_a_manifest_keeps_a_feed_s_flat_keys():
     assert Manifest.from_json(other.to_json()).feed is None
 
 
-def test_absorb_commit_supersedes_open_batches_below_the_new_upper(store):
-    a, _ = maybe_mint(store, "sup", AS_OF, "run-a", 1, 300)
+def test_absorb_commit_supersedes_open_batches_below_the_new_upper(ledger):
+    a, _ = maybe_mint(ledger, "sup", AS_OF, "run-a", 1, 300)
     rec = CommitRecord(version=1, batch_id="100-winner", lower=AS_OF, upper=200, run_id="run-w")
-    assert store.absorb_commit("sup", rec) is True
-    assert store.get_batch(a.batch_id).state == SUPERSEDED
-    assert "100-winner" in store.get_batch(a.batch_id).message
+    assert ledger.absorb_commit("sup", rec) is True
+    assert ledger.get_batch(a.batch_id).state == SUPERSEDED
+    assert "100-winner" in ledger.get_batch(a.batch_id).message
 
 
 # --- concurrency ------------------------------------------------------------------------------
 
 
-def test_concurrent_compare_and_set_has_exactly_one_winner(store):
-    store.ensure_shard("race", AS_OF)
+def test_concurrent_compare_and_set_has_exactly_one_winner(ledger):
+    ledger.ensure_shard("race", AS_OF)
     n = 8
-    results = race(n, lambda i: store.compare_and_set_upper("race", 0, 1000 + i))
+    results = race(n, lambda i: ledger.compare_and_set_upper("race", 0, 1000 + i))
     winners = [i for i, r in results if r is None]
     assert len(winners) == 1, results
     won = 1000 + winners[0]
-    assert store.get_shard("race").upper == won
+    assert ledger.get_shard("race").upper == won
     losers = [r for i, r in results if i != winners[0]]
     assert all(isinstance(r, errors.UpperMismatch) and r.current == won for r in losers), losers
 
 
-def test_attempts_advancing_a_new_shard_to_as_of_all_go_on(store):
+def test_attempts_advancing_a_new_shard_to_as_of_all_go_on(ledger):
     """Attempts of the same first batch advance a new shard's upper to as_of at once: one moves
     it, none fails, and an upper already past as_of is never moved back."""
-    store.ensure_shard("asof", AS_OF)
-    results = race(6, lambda i: store.advance_to_as_of("asof", AS_OF))
+    ledger.ensure_shard("asof", AS_OF)
+    results = race(6, lambda i: ledger.advance_to_as_of("asof", AS_OF))
     assert sorted(r for _, r in results) == [0] + [AS_OF] * 5, results
-    assert store.get_shard("asof").upper == AS_OF
-    store.compare_and_set_upper("asof", AS_OF, 300)
-    assert store.advance_to_as_of("asof", AS_OF) == 300 and store.get_shard("asof").upper == 300
+    assert ledger.get_shard("asof").upper == AS_OF
+    ledger.compare_and_set_upper("asof", AS_OF, 300)
+    assert ledger.advance_to_as_of("asof", AS_OF) == 300 and ledger.get_shard("asof").upper == 300
 
 
-def test_concurrent_mints_share_a_lower_and_leave_one_open(store):
-    store.ensure_shard("mints", AS_OF)
+def test_concurrent_mints_share_a_lower_and_leave_one_open(ledger):
+    ledger.ensure_shard("mints", AS_OF)
     n = 6
-    results = race(n, lambda i: maybe_mint(store, "mints", AS_OF, f"run-{i}", 1, 500))
+    results = race(n, lambda i: maybe_mint(ledger, "mints", AS_OF, f"run-{i}", 1, 500))
     descs = [r[0] if isinstance(r, tuple) else r for _, r in results]
     assert all(d is not None and not isinstance(d, Exception) for d in descs), results
     assert {(d.lower, d.upper) for d in descs} == {(AS_OF, 500)}
     assert len({d.batch_id for d in descs}) == n
 
-    ledger = store.batches("mints")
-    assert len(ledger) == n
-    still_open = [b for b in ledger if b.state in OPEN_STATES]
+    batches = ledger.batches("mints")
+    assert len(batches) == n
+    still_open = [b for b in batches if b.state in OPEN_STATES]
     assert len(still_open) == 1 and still_open[0].state == MINTED
-    assert all(b.state == SUPERSEDED for b in ledger if b is not still_open[0])
+    assert all(b.state == SUPERSEDED for b in batches if b is not still_open[0])
     # the mints were linearized: "superseded by" links every description to the next one minted,
     # one chain through all n, ending at the one left open
     successor = {
-        b.batch_id: re.search(r"superseded by batch (\S+)", b.message).group(1) for b in ledger if b.state == SUPERSEDED
+        b.batch_id: re.search(r"superseded by batch (\S+)", b.message).group(1)
+        for b in batches
+        if b.state == SUPERSEDED
     }
     first = (set(successor) - set(successor.values())).pop()
     chain = [first]
     while chain[-1] in successor:
         chain.append(successor[chain[-1]])
     assert len(chain) == n and chain[-1] == still_open[0].batch_id
-    assert store.get_shard("mints").last_minted_lower == AS_OF
+    assert ledger.get_shard("mints").last_minted_lower == AS_OF
 
 
-def test_concurrent_first_mints_of_a_new_shard(store):
+def test_concurrent_first_mints_of_a_new_shard(ledger):
     """Several runs of a brand-new sink mint at once: the shard row is created once, no error."""
     n = 4
-    results = race(n, lambda i: maybe_mint(store, "fresh", AS_OF, f"run-{i}", 1, 500))
+    results = race(n, lambda i: maybe_mint(ledger, "fresh", AS_OF, f"run-{i}", 1, 500))
     failures = [r for _, r in results if isinstance(r, Exception)]
     assert failures == [], failures
-    ledger = store.batches("fresh")
-    assert len(ledger) == n and len([b for b in ledger if b.state in OPEN_STATES]) == 1
+    batches = ledger.batches("fresh")
+    assert len(batches) == n and len([b for b in batches if b.state in OPEN_STATES]) == 1
 
 
-def test_mint_while_another_process_creates_the_shard_row(store):
+def test_mint_while_another_process_creates_the_shard_row(ledger):
     """Another writer's transaction creates the new shard's row and has not committed yet.
 
     The mint must wait for it and then use that row: a check-then-insert would find no row
     (the insert is invisible), insert too and fail on the primary key once the other commits.
     """
-    other = make_engine(store.url)
+    other = make_engine(ledger.url)
     result: dict = {}
 
     def mint():
         try:
-            result["mint"] = maybe_mint(store, "fresh", AS_OF, "run-late", 1, 500)
+            result["mint"] = maybe_mint(ledger, "fresh", AS_OF, "run-late", 1, 500)
         except Exception as exc:  # noqa: BLE001 - asserted below
             result["mint"] = exc
 
@@ -362,7 +364,7 @@ def test_mint_while_another_process_creates_the_shard_row(store):
     desc, why = result["mint"] if isinstance(result["mint"], tuple) else (result["mint"], None)
     assert not isinstance(desc, Exception), repr(desc)
     assert desc is not None and (desc.lower, desc.upper) == (AS_OF, 500), why
-    assert [b.batch_id for b in store.batches("fresh")] == [desc.batch_id]
+    assert [b.batch_id for b in ledger.batches("fresh")] == [desc.batch_id]
 
 
 # --- failures ---------------------------------------------------------------------------------
@@ -380,10 +382,10 @@ def test_unreachable_database_is_metadata_unavailable():
     assert isinstance(info.value, errors.Retryable)
 
 
-def test_missing_shard_and_batch_are_named(store):
+def test_missing_shard_and_batch_are_named(ledger):
     with pytest.raises(errors.ShardNotFound, match="'ghost'"):
-        store.get_shard("ghost")
+        ledger.get_shard("ghost")
     with pytest.raises(errors.ShardNotFound):
-        store.set_read_only("ghost", True)
+        ledger.set_read_only("ghost", True)
     with pytest.raises(errors.BatchNotFound, match="nope"):
-        store.get_batch("nope")
+        ledger.get_batch("nope")

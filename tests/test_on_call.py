@@ -41,19 +41,19 @@ def _immutable(path, on: bool) -> bool:
 
 
 def test_a_failure_is_red_until_resolved_and_its_cause_names_the_os_error(
-    spark, warehouse, tmp_path, store, monkeypatch, capsys
+    spark, warehouse, tmp_path, ledger, monkeypatch, capsys
 ):
     from reconcile.airflow.tasks import batch_line, commit_for_run
     from reconcile.errors import SinkError
     from reconcile.sink import mint, write
 
     monkeypatch.setenv("RECONCILE_SINKS_DIR", str(tmp_path))
-    cfg = make_sink(tmp_path, f"oncall_fail_{store.engine.dialect.name}")
+    cfg = make_sink(tmp_path, f"oncall_fail_{ledger.engine.dialect.name}")
     write_json_rows(tmp_path / "src", [{"k": 1, "v": "a"}])
-    run_stages(spark, store, cfg, "run-1", 200)
+    run_stages(spark, ledger, cfg, "run-1", 200)
     write_json_rows(tmp_path / "src", [{"k": 1, "v": "a"}, {"k": 2, "v": "b"}])
-    desc = mint.run_mint(store, cfg, "run-2", 1, 300).description
-    assert write.run_write(spark, store, cfg, desc.batch_id).outcome == "staged"
+    desc = mint.run_mint(ledger, cfg, "run-2", 1, 300).description
+    assert write.run_write(spark, ledger, cfg, desc.batch_id).outcome == "staged"
     log_dir = ShardTable(cfg).log_path
     if not _immutable(log_dir, True):
         pytest.skip("chattr +i is not available here (needs root and a file system with the attribute)")
@@ -91,7 +91,7 @@ def test_a_failure_is_red_until_resolved_and_its_cause_names_the_os_error(
 
 
 def test_a_superseded_run_that_left_the_shard_behind_names_the_run_to_clear(
-    spark, warehouse, tmp_path, store, monkeypatch, capsys
+    spark, warehouse, tmp_path, ledger, monkeypatch, capsys
 ):
     """The catch-up race: the scheduled run's wide batch is superseded by a backfill's narrower
     one; the scheduled run ends green (superseded), the shard a day behind it. Status and pages
@@ -102,11 +102,11 @@ def test_a_superseded_run_that_left_the_shard_behind_names_the_run_to_clear(
     from reconcile.sink import mint, write
 
     monkeypatch.setenv("RECONCILE_SINKS_DIR", str(tmp_path))
-    cfg = make_sink(tmp_path, f"oncall_behind_{store.engine.dialect.name}", schedule="@daily")
+    cfg = make_sink(tmp_path, f"oncall_behind_{ledger.engine.dialect.name}", schedule="@daily")
     write_json_rows(tmp_path / "src", [{"k": 1, "v": "a"}])
-    wide = mint.run_mint(store, cfg, "scheduled__catchup", 1, 400).description
-    assert write.run_write(spark, store, cfg, wide.batch_id).outcome == "staged"
-    run_stages(spark, store, cfg, "backfill__day1", 200)  # supersedes the wide batch, commits [100, 200)
+    wide = mint.run_mint(ledger, cfg, "scheduled__catchup", 1, 400).description
+    assert write.run_write(spark, ledger, cfg, wide.batch_id).outcome == "staged"
+    run_stages(spark, ledger, cfg, "backfill__day1", 200)  # supersedes the wide batch, commits [100, 200)
     with pytest.raises(DescriptionOutdated):  # what the scheduled run's append met (Airflow: skipped, green)
         commit_for_run(cfg.name, "scheduled__catchup", wide.batch_id)
 
@@ -128,7 +128,7 @@ def test_a_superseded_run_that_left_the_shard_behind_names_the_run_to_clear(
     assert "class=bad" not in page and f"airflow dags clear {cfg.name} --run-id scheduled__catchup -y" in page
 
     assert cli.main(behind["commands"][1].split()[3:]) == 0  # `python -m reconcile run ...`, as printed
-    assert store.get_shard(cfg.name).upper == 400
+    assert ledger.get_shard(cfg.name).upper == 400
     capsys.readouterr()
     assert cli.main(["status", cfg.name, "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["behind"] is None
@@ -153,14 +153,14 @@ def _delta_rs_write(cfg, mode: str = "append", predicate: str | None = None) -> 
 
 
 def test_check_reports_foreign_commits_and_verify_tells_current_from_altered_history(
-    spark, warehouse, tmp_path, store, monkeypatch, capsys
+    spark, warehouse, tmp_path, ledger, monkeypatch, capsys
 ):
     monkeypatch.setenv("RECONCILE_SINKS_DIR", str(tmp_path))
-    cfg = make_sink(tmp_path, f"oncall_drift_{store.engine.dialect.name}")
+    cfg = make_sink(tmp_path, f"oncall_drift_{ledger.engine.dialect.name}")
     rows = [{"k": 1, "v": "a"}, {"k": 2, "v": "b"}, {"k": 3, "v": "c"}]
     write_json_rows(tmp_path / "src", rows)
-    run_stages(spark, store, cfg, "run-1", 200)
-    run_stages(spark, store, cfg, "run-2", 300)
+    run_stages(spark, ledger, cfg, "run-1", 200)
+    run_stages(spark, ledger, cfg, "run-2", 300)
     _delta_rs_write(cfg)  # a foreign append: version 3
     _delta_rs_write(cfg, predicate="k = 2")  # a foreign delete: version 4 (rewrites a file)
 
@@ -177,9 +177,9 @@ def test_check_reports_foreign_commits_and_verify_tells_current_from_altered_his
     assert deleted["operation"] == "DELETE" and deleted["rows_added"] is not None
     assert deleted["rows_removed"] - deleted["rows_added"] == 1  # one row deleted (the file rewritten)
 
-    run_stages(spark, store, cfg, "run-3", 400)  # repairs the drift
+    run_stages(spark, ledger, cfg, "run-3", 400)  # repairs the drift
     assert shard_as_of(cfg, 399) == {(r["k"], r["v"], None): 1 for r in rows}
-    repair = store.batch_of_run(cfg.name, "run-3")
+    repair = ledger.batch_of_run(cfg.name, "run-3")
     assert cli.main(["check", cfg.name]) == 0
     out = capsys.readouterr().out
     assert out.count(f"repaired at version {repair.delta_version} (batch {repair.batch_id}") == 2, out
@@ -193,24 +193,24 @@ def test_check_reports_foreign_commits_and_verify_tells_current_from_altered_his
     assert cli.main(["check", cfg.name, "--verify"]) == 0
     out = capsys.readouterr().out
     assert "verify: the current state verifies" in out, out
-    assert f"FINDING history altered: batch {store.batch_of_run(cfg.name, 'run-1').batch_id}" in out, out
+    assert f"FINDING history altered: batch {ledger.batch_of_run(cfg.name, 'run-1').batch_id}" in out, out
     assert f"repaired at version {repair.delta_version}" in out
     assert "VIOLATION" not in out
     assert cli.main(["check", cfg.name, "--verify", "--strict-history"]) == 1
     assert "VIOLATION history altered" in capsys.readouterr().out
 
 
-def test_staged_files_a_cleanup_removes_are_pending_until_the_horizon(spark, warehouse, tmp_path, store, monkeypatch):
+def test_staged_files_a_cleanup_removes_are_pending_until_the_horizon(spark, warehouse, tmp_path, ledger, monkeypatch):
     from reconcile.schedule import now_ms
     from reconcile.sink import check, mint, write
 
     monkeypatch.setenv("RECONCILE_SINKS_DIR", str(tmp_path))
-    cfg = make_sink(tmp_path, f"oncall_stale_{store.engine.dialect.name}", schedule="@hourly")
+    cfg = make_sink(tmp_path, f"oncall_stale_{ledger.engine.dialect.name}", schedule="@hourly")
     write_json_rows(tmp_path / "src", [{"k": 1, "v": "a"}])
-    loser = mint.run_mint(store, cfg, "loser", 1, 300).description
-    assert write.run_write(spark, store, cfg, loser.batch_id).outcome == "staged"
-    winner = mint.run_mint(store, cfg, "winner", 1, 200).description  # supersedes the loser's
-    assert write.run_write(spark, store, cfg, winner.batch_id).outcome == "staged"
+    loser = mint.run_mint(ledger, cfg, "loser", 1, 300).description
+    assert write.run_write(spark, ledger, cfg, loser.batch_id).outcome == "staged"
+    winner = mint.run_mint(ledger, cfg, "winner", 1, 200).description  # supersedes the loser's
+    assert write.run_write(spark, ledger, cfg, winner.batch_id).outcome == "staged"
     from reconcile.sink.sync import sync
     from reconcile.storage.delta import ShardTable as T
 
@@ -219,17 +219,17 @@ def test_staged_files_a_cleanup_removes_are_pending_until_the_horizon(spark, war
     from reconcile.sink import append
 
     monkeypatch.setattr(append, "gc_staged", lambda *a: [])
-    assert append.run_append(store, cfg, winner.batch_id).outcome == "committed"
-    sync(store, table)
-    assert check.violations(store, cfg)[-1].startswith(check.STALE)  # strictly: left over
-    report = check.run_check(store, cfg)
+    assert append.run_append(ledger, cfg, winner.batch_id).outcome == "committed"
+    sync(ledger, table)
+    assert check.violations(ledger, cfg)[-1].startswith(check.STALE)  # strictly: left over
+    report = check.run_check(ledger, cfg)
     assert report.violations == [], report.violations
     assert len(report.findings) == 1 and report.findings[0].startswith(
         f"pending cleanup: staged files of {loser.batch_id}"
     )
     assert "last written 0s ago" in report.findings[0] or "s ago" in report.findings[0]
     assert "a violation after 2h 0m" in report.findings[0]  # twice the hourly period
-    later = check.run_check(store, cfg, now=now_ms() + 3 * 3_600_000)
+    later = check.run_check(ledger, cfg, now=now_ms() + 3 * 3_600_000)
     assert len(later.violations) == 1 and "older than the cleanup horizon (2h 0m)" in later.violations[0]
 
 
@@ -245,7 +245,7 @@ with watched(sink, run_id, stage, 2):
 
 
 def test_a_killed_stage_leaves_a_line_of_what_the_sink_knows_and_a_finished_one_none(
-    spark, warehouse, tmp_path, sqlite_store, monkeypatch
+    spark, warehouse, tmp_path, sqlite_ledger, monkeypatch
 ):
     """A stage process killed outright says nothing itself; its watchdog writes one line into the
     same output (the task's log under Airflow: tests/test_scheduler.py): the run's batch, what is
@@ -259,8 +259,8 @@ def test_a_killed_stage_leaves_a_line_of_what_the_sink_knows_and_a_finished_one_
     monkeypatch.setenv("RECONCILE_SINKS_DIR", str(tmp_path))
     cfg = make_sink(tmp_path, "watched")
     write_json_rows(tmp_path / "src", [{"k": 1, "v": "a"}])
-    desc = mint.run_mint(sqlite_store, cfg, "run-1", 1, 200).description
-    assert write.run_write(spark, sqlite_store, cfg, desc.batch_id).outcome == "staged"
+    desc = mint.run_mint(sqlite_ledger, cfg, "run-1", 1, 200).description
+    assert write.run_write(spark, sqlite_ledger, cfg, desc.batch_id).outcome == "staged"
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "include")}
     env.pop("PYSPARK_GATEWAY_PORT", None)
 
@@ -292,7 +292,7 @@ def test_a_killed_stage_leaves_a_line_of_what_the_sink_knows_and_a_finished_one_
     assert "the run minted no batch; nothing was staged or committed" in unknown.stderr, unknown.stderr
 
 
-def test_status_json_into_a_pipe_closed_early_ends_without_a_traceback(spark, warehouse, tmp_path, sqlite_store):
+def test_status_json_into_a_pipe_closed_early_ends_without_a_traceback(spark, warehouse, tmp_path, sqlite_ledger):
     """``status --json | head``: the reader may close the pipe before the command writes (here it
     is closed at once, so every write fails); the command ends quietly (exit 0), as Unix tools do."""
     import os
@@ -300,7 +300,7 @@ def test_status_json_into_a_pipe_closed_early_ends_without_a_traceback(spark, wa
 
     cfg = make_sink(tmp_path, "oncall_pipe", partitions=1)
     write_json_rows(tmp_path / "src", [{"k": 1, "v": "a"}])
-    run_stages(spark, sqlite_store, cfg, "r1", 200)
+    run_stages(spark, sqlite_ledger, cfg, "r1", 200)
     env = {**os.environ, "RECONCILE_SINKS_DIR": str(tmp_path)}
     for reader in ("true", "head -c 1"):
         cmd = f"{sys.executable} -m reconcile status {cfg.name} --json | {reader}"
@@ -312,7 +312,7 @@ def test_status_json_into_a_pipe_closed_early_ends_without_a_traceback(spark, wa
 @pytest.mark.parametrize("mode", ["spark-submit", "connect"])
 @pytest.mark.slow  # a spark-submit JVM, or a Spark Connect server, of its own
 def test_a_write_the_warehouse_refuses_fails_final_in_one_line_naming_the_path_and_the_os_error(
-    mode, spark, warehouse, tmp_path, sqlite_store, monkeypatch, request
+    mode, spark, warehouse, tmp_path, sqlite_ledger, monkeypatch, request
 ):
     """The warehouse cannot be written for an existing shard (here: its staging folder made
     immutable). The job (spark-submit's form: its own JVM; or a client of the Connect server)
@@ -325,9 +325,9 @@ def test_a_write_the_warehouse_refuses_fails_final_in_one_line_naming_the_path_a
     monkeypatch.setenv("RECONCILE_SINKS_DIR", str(tmp_path))
     cfg = make_sink(tmp_path, f"oncall_refused_{mode.replace('-', '_')}")
     write_json_rows(tmp_path / "src", [{"k": 1, "v": "a"}])
-    run_stages(spark, sqlite_store, cfg, "run-1", 200)
+    run_stages(spark, sqlite_ledger, cfg, "run-1", 200)
     write_json_rows(tmp_path / "src", [{"k": 1, "v": "a"}, {"k": 2, "v": "b"}])
-    desc = mint.run_mint(sqlite_store, cfg, "run-2", 1, 300).description
+    desc = mint.run_mint(sqlite_ledger, cfg, "run-2", 1, 300).description
     staging = Path(ShardTable(cfg).path) / "batches"
     staging.mkdir(exist_ok=True)
     env = {k: v for k, v in __import__("os").environ.items() if k != "PYSPARK_GATEWAY_PORT"}
@@ -347,5 +347,5 @@ def test_a_write_the_warehouse_refuses_fails_final_in_one_line_naming_the_path_a
     assert "the warehouse refused a write" in last and str(staging) in last, last
     assert "Operation not permitted (os error 1)" in last, last
     assert "Traceback" not in last and len(last) < 800, last
-    b = sqlite_store.get_batch(desc.batch_id, cfg.name)
+    b = sqlite_ledger.get_batch(desc.batch_id, cfg.name)
     assert b.failure_kind == "final" and "the warehouse refused a write" in b.message

@@ -54,18 +54,18 @@ def _aged(path: Path, hours: float = 2) -> None:
     os.utime(path, (old, old))
 
 
-def test_a_written_compacted_vacuumed_shard_has_only_delta_rs_commits(spark, warehouse, tmp_path, sqlite_store):
+def test_a_written_compacted_vacuumed_shard_has_only_delta_rs_commits(spark, warehouse, tmp_path, sqlite_ledger):
     """Changelog sink, vacuum retention 0 h: two batches, a third staged but not yet appended,
     compaction to since 250 with vacuum, the third appended, compaction again. Every commit in
     the log is delta-rs's; the shard reads as the model as of every time >= since; vacuum deleted
     the replaced files and an old stray file but not the staged batch an append still committed."""
-    store = sqlite_store
+    ledger = sqlite_ledger
     cfg = make_sink(tmp_path, "one_committer", kind="changelog", retention={"history_hours": 0, "vacuum_hours": 0})
     source: list[dict] = []
     for i, (frontier, new) in enumerate(CHANGELOG_NEW[:2]):
         source += new
         write_json_rows(tmp_path / "log", source)
-        committed_run(spark, store, cfg, f"run-{i}", frontier)
+        committed_run(spark, ledger, cfg, f"run-{i}", frontier)
     replaced = _table_files(cfg)
     stray = Path(ShardTable(cfg).path) / "stray.parquet"  # a dead foreign writer's file, past the retention
     pq.write_table(pa.table({"k": [1]}), stray)
@@ -74,22 +74,22 @@ def test_a_written_compacted_vacuumed_shard_has_only_delta_rs_commits(spark, war
     # the third batch is staged (and its files past the retention) while compaction and vacuum run
     source += CHANGELOG_NEW[2][1]
     write_json_rows(tmp_path / "log", source)
-    desc = mint.run_mint(store, cfg, "run-2", 1, CHANGELOG_NEW[2][0]).description
+    desc = mint.run_mint(ledger, cfg, "run-2", 1, CHANGELOG_NEW[2][0]).description
     assert desc is not None
-    assert write.run_write(spark, store, cfg, desc.batch_id).outcome == "staged"
+    assert write.run_write(spark, ledger, cfg, desc.batch_id).outcome == "staged"
     staged = {f for f in _table_files(cfg) if f.startswith(f"batches/{desc.batch_id}/")}
     assert staged
     for f in staged:
         _aged(Path(ShardTable(cfg).path) / f)
 
-    first = compact.run_compact(spark, store, cfg, since=250)
+    first = compact.run_compact(spark, ledger, cfg, since=250)
     assert first.outcome == "compacted", first.message
     assert not replaced & _table_files(cfg), "the replaced batch files were vacuumed"
     assert not stray.exists()
     assert staged <= _table_files(cfg), "vacuum deleted a staged batch an append may still commit"
-    assert append.run_append(store, cfg, desc.batch_id).outcome == "committed"
+    assert append.run_append(ledger, cfg, desc.batch_id).outcome == "committed"
 
-    second = compact.run_compact(spark, store, cfg, since=350)
+    second = compact.run_compact(spark, ledger, cfg, since=350)
     assert second.outcome == "compacted", second.message
     for t in range(350, 450):
         assert shard_as_of(cfg, t) == changelog_model(CHANGELOG_NEW, t), f"as of {t}"
@@ -98,7 +98,7 @@ def test_a_written_compacted_vacuumed_shard_has_only_delta_rs_commits(spark, war
     referenced = _referenced(cfg)
     assert _table_files(cfg) == referenced
     assert len({f.split("/")[1] for f in referenced}) == 1 and all(f.startswith("compactions/") for f in referenced)
-    assert check.violations(store, cfg, spark=spark) == []
+    assert check.violations(ledger, cfg, spark=spark) == []
 
     infos = _commit_infos(cfg)
     assert [v for v, _ in infos] == list(range(len(infos)))
@@ -113,11 +113,11 @@ def test_a_written_compacted_vacuumed_shard_has_only_delta_rs_commits(spark, war
 
 
 @pytest.mark.slow  # the quick tier keeps this module's lighter tests
-def test_a_compaction_that_lost_or_died_leaves_no_files(spark, warehouse, tmp_path, sqlite_store, monkeypatch):
+def test_a_compaction_that_lost_or_died_leaves_no_files(spark, warehouse, tmp_path, sqlite_ledger, monkeypatch):
     """A compaction that loses to a batch deletes its rewrite; the directory of one that died
     before its commit stays while it could still commit (the log ends at the version it read)
     and is deleted once another commit took the version after it."""
-    store = sqlite_store
+    ledger = sqlite_ledger
     cfg = make_sink(tmp_path, "lost_compactions", kind="changelog", retention={"history_hours": 0})
     source: list[dict] = []
     runs = iter(enumerate(CHANGELOG_NEW))
@@ -126,7 +126,7 @@ def test_a_compaction_that_lost_or_died_leaves_no_files(spark, warehouse, tmp_pa
         i, (frontier, new) = next(runs)
         source.extend(new)
         write_json_rows(tmp_path / "log", source)
-        committed_run(spark, store, cfg, f"run-{i}", frontier)
+        committed_run(spark, ledger, cfg, f"run-{i}", frontier)
 
     next_run()
     next_run()
@@ -138,7 +138,7 @@ def test_a_compaction_that_lost_or_died_leaves_no_files(spark, warehouse, tmp_pa
         return real(cfg_, updates, since)
 
     monkeypatch.setattr(compact, "compacted", batch_sneaks_in)
-    raced = compact.run_compact(spark, store, cfg)
+    raced = compact.run_compact(spark, ledger, cfg)
     monkeypatch.setattr(compact, "compacted", real)
     assert raced.outcome == "raced", raced.message
     assert table.compaction_dirs() == []
@@ -153,11 +153,11 @@ def test_a_compaction_that_lost_or_died_leaves_no_files(spark, warehouse, tmp_pa
     foreign = Path(table.compaction_path("notes"))  # not a compaction's name: not the sink's
     foreign.mkdir()
     assert sync.stale_compactions(table) == []  # it may still commit as version latest + 1
-    done = compact.run_compact(spark, store, cfg, since=399)  # takes version latest + 1
+    done = compact.run_compact(spark, ledger, cfg, since=399)  # takes version latest + 1
     assert done.outcome == "compacted", done.message
     assert not dead.exists() and foreign.exists()
     assert table.compaction_dirs() == sorted([foreign.name, f"{latest}-{done_token(table, done.delta_version)}"])
-    assert check.violations(store, cfg, spark=spark) == []
+    assert check.violations(ledger, cfg, spark=spark) == []
 
 
 def done_token(table: ShardTable, version: int | None) -> str:

@@ -41,15 +41,15 @@ def test_next_scheduled_frontier(schedule, catchup, lower, now, expected):
     assert got == (None if expected is None else ms(expected))
 
 
-def test_status_shows_causes_iso_times_and_json(spark, warehouse, tmp_path, sqlite_store, monkeypatch, capsys):
+def test_status_shows_causes_iso_times_and_json(spark, warehouse, tmp_path, sqlite_ledger, monkeypatch, capsys):
     monkeypatch.setenv("RECONCILE_SINKS_DIR", str(tmp_path))
     cfg = make_sink(tmp_path, "ops")
     write_json_rows(tmp_path / "src", [{"k": 1, "v": "a"}])
-    run_stages(spark, sqlite_store, cfg, "run-1", 200)
+    run_stages(spark, sqlite_ledger, cfg, "run-1", 200)
     failpoints.arm("append.before_delta_commit", "raise")
     try:
         with pytest.raises(FailPointHit):
-            cli_free_append(spark, sqlite_store, cfg)
+            cli_free_append(spark, sqlite_ledger, cfg)
     finally:
         failpoints.disarm_all()
 
@@ -71,17 +71,17 @@ def test_status_shows_causes_iso_times_and_json(spark, warehouse, tmp_path, sqli
     assert first["state"] == "committed" and first["rows_ok"] == 1 and first["rows_net"] == 1
 
 
-def cli_free_append(spark, store, cfg):
+def cli_free_append(spark, ledger, cfg):
     """A run whose append fails retryably, its failure recorded as the DAG's task records it."""
     from reconcile.airflow.tasks import commit_for_run
     from reconcile.sink import mint, write
 
-    desc = mint.run_mint(store, cfg, "run-2", 1, 300).description
-    write.run_write(spark, store, cfg, desc.batch_id)
+    desc = mint.run_mint(ledger, cfg, "run-2", 1, 300).description
+    write.run_write(spark, ledger, cfg, desc.batch_id)
     commit_for_run(cfg.name, "run-2", desc.batch_id)
 
 
-def test_dry_run_describes_the_next_scheduled_batch(spark, warehouse, tmp_path, sqlite_store, monkeypatch, capsys):
+def test_dry_run_describes_the_next_scheduled_batch(spark, warehouse, tmp_path, sqlite_ledger, monkeypatch, capsys):
     monkeypatch.setenv("RECONCILE_SINKS_DIR", str(tmp_path))
     cfg = make_sink(tmp_path, "ops_dry", schedule="@daily", catchup=True, as_of="2026-01-01T00:00:00Z")
     write_json_rows(tmp_path / "src", [{"k": 1, "v": "a"}, {"k": 2, "v": "b"}])
@@ -90,4 +90,4 @@ def test_dry_run_describes_the_next_scheduled_batch(spark, warehouse, tmp_path, 
     lower, upper = ms("2026-01-01T00:00"), ms("2026-01-02T00:00")
     assert f"batch [{iso(lower)}, {iso(upper)}) (upper: the next scheduled run's (@daily, catchup))" in out, out
     assert "nothing was written" in out
-    assert sqlite_store.batches(cfg.name) == []  # a dry run mints nothing
+    assert sqlite_ledger.batches(cfg.name) == []  # a dry run mints nothing

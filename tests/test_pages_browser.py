@@ -60,10 +60,10 @@ def _history(url: str, name: str) -> None:
     from reconcile.storage.ledger import Ledger
     from reconcile.storage.ledger_rows import Batch, Shard
 
-    store = Ledger(url)
+    ledger = Ledger(url)
     at = datetime(2026, 1, 1, tzinfo=UTC)
     last = BATCHES - 1
-    with store.tx() as s:
+    with ledger.tx() as s:
         s.add(Shard(**{**Shard.initial(name, T0, at=at), "upper": T0 + last * HOUR, "delta_version": last}))
         for i in range(BATCHES):
             failed, resolved = i == last, i == RESOLVED
@@ -111,7 +111,7 @@ def _history(url: str, name: str) -> None:
                 updated_at=at + timedelta(hours=last, minutes=40),
             )
         )
-    store.dispose()
+    ledger.dispose()
 
 
 @pytest.fixture(scope="module")

@@ -58,27 +58,27 @@ def shard_pages(airflow_db, spark, tmp_path_factory):
     saved = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
     try:
-        store = Ledger(url)
+        ledger = Ledger(url)
         cfg = make_sink(tmp, "paged", schedule="@hourly", alert={"lag_minutes": 5})
         make_sink(tmp, "fresh")  # valid, never run: no shard yet
         (tmp / "broken.yaml").write_text("kind: nope\n")
         write_json_rows(tmp / "src", [{"k": 1, "v": "a"}, {"k": 2, "v": "b"}])
-        run_stages(spark, store, cfg, "scheduled__2026-01-01T01:00:00+00:00", 200)
+        run_stages(spark, ledger, cfg, "scheduled__2026-01-01T01:00:00+00:00", 200)
         foreign = spark.createDataFrame([(9, "zz", 150, 1, None)], frames.schema(cfg))
         foreign.write.format("delta").mode("append").save(ShardTable(cfg).path)  # drift, behind the sink's back
-        run_stages(spark, store, cfg, "scheduled__2026-01-01T02:00:00+00:00", 300)
+        run_stages(spark, ledger, cfg, "scheduled__2026-01-01T02:00:00+00:00", 300)
         failpoints.arm("append.before_delta_commit", "raise")
         try:
             from reconcile.airflow.tasks import commit_for_run
             from reconcile.sink import mint, write
 
-            desc = mint.run_mint(store, cfg, "manual__failed", 1, 400).description
-            write.run_write(spark, store, cfg, desc.batch_id)
+            desc = mint.run_mint(ledger, cfg, "manual__failed", 1, 400).description
+            write.run_write(spark, ledger, cfg, desc.batch_id)
             with pytest.raises(FailPointHit):
                 commit_for_run(cfg.name, "manual__failed", desc.batch_id)
         finally:
             failpoints.disarm_all()
-        store.dispose()
+        ledger.dispose()
     finally:
         for k, v in saved.items():
             if v is None:
@@ -199,7 +199,7 @@ def test_the_nav_entry_is_in_airflows_plugin_list(shard_pages):
     assert want.items() <= views[0].items(), views
 
 
-def test_the_ledger_pages_through_its_keyset_index_with_10000_batches(tmp_path, sqlite_store, monkeypatch):
+def test_the_ledger_pages_through_its_keyset_index_with_10000_batches(tmp_path, sqlite_ledger, monkeypatch):
     from sqlalchemy import event
     from sqlalchemy.engine import Engine
 
@@ -210,7 +210,7 @@ def test_the_ledger_pages_through_its_keyset_index_with_10000_batches(tmp_path, 
     monkeypatch.setenv("RECONCILE_WAREHOUSE", str(tmp_path / "wh"))
     cfg = make_sink(tmp_path, "big")
     t = datetime(2026, 1, 1, tzinfo=UTC)
-    with sqlite_store.tx() as s:
+    with sqlite_ledger.tx() as s:
         s.add(Shard(**Shard.initial(cfg.name, 100, at=t)))
         s.add_all(
             Batch(
@@ -230,7 +230,7 @@ def test_the_ledger_pages_through_its_keyset_index_with_10000_batches(tmp_path, 
             )
             for i in range(10_000)
         )
-    with sqlite_store.tx() as s:
+    with sqlite_ledger.tx() as s:
         s.get(Shard, cfg.name).upper = 100 + 10 * 10_000
     pages: list[tuple[str, object]] = []
 
@@ -250,12 +250,12 @@ def test_the_ledger_pages_through_its_keyset_index_with_10000_batches(tmp_path, 
     # each page is read through the keyset index, never by sorting the shard's batches (how long
     # a page takes is a benchmark's question: a wall-clock bound here failed on a busy machine)
     statement, parameters = pages[-1]
-    with sqlite_store.engine.connect() as conn:
+    with sqlite_ledger.engine.connect() as conn:
         plan = " ".join(str(r) for r in conn.exec_driver_sql("EXPLAIN QUERY PLAN " + statement, parameters).all())
     assert "ix_reconcile_batches_keyset" in plan and "TEMP B-TREE" not in plan, plan
 
 
-def test_batch_page_and_previous_committed_on_both_databases(store):
+def test_batch_page_and_previous_committed_on_both_databases(ledger):
     """Keyset pages newest first (several batches may share a lower) and the committed batch
     below a lower, on SQLite and PostgreSQL."""
     from reconcile.storage.ledger_rows import Batch, Shard
@@ -263,7 +263,7 @@ def test_batch_page_and_previous_committed_on_both_databases(store):
     t = datetime(2026, 1, 1, tzinfo=UTC)
     states = {"a": "superseded", "b": "committed", "c": "committed", "d": "minted", "e": "committed"}
     lowers = {"a": 10, "b": 10, "c": 20, "d": 30, "e": 30}
-    with store.tx() as s:
+    with ledger.tx() as s:
         s.add(Shard(**Shard.initial("kp", 10, at=t)))
         s.add_all(
             Batch(
@@ -278,11 +278,11 @@ def test_batch_page_and_previous_committed_on_both_databases(store):
             )  # fmt: skip
             for k, state in states.items()
         )
-    ids = [b.batch_id for b in store.batch_page("kp", limit=10)]
+    ids = [b.batch_id for b in ledger.batch_page("kp", limit=10)]
     assert ids == ["30-e", "30-d", "20-c", "10-b", "10-a"]
-    assert [b.batch_id for b in store.batch_page("kp", before=(30, "30-d"), limit=2)] == ["20-c", "10-b"]
-    assert [b.batch_id for b in store.batch_page("kp", before=(30, ""), limit=10)] == ["20-c", "10-b", "10-a"]
-    assert store.last_batch("kp").batch_id == "30-e"
-    assert store.previous_committed("kp", 30).batch_id == "20-c"
-    assert store.previous_committed("kp", 20).batch_id == "10-b"
-    assert store.previous_committed("kp", 10) is None
+    assert [b.batch_id for b in ledger.batch_page("kp", before=(30, "30-d"), limit=2)] == ["20-c", "10-b"]
+    assert [b.batch_id for b in ledger.batch_page("kp", before=(30, ""), limit=10)] == ["20-c", "10-b", "10-a"]
+    assert ledger.last_batch("kp").batch_id == "30-e"
+    assert ledger.previous_committed("kp", 30).batch_id == "20-c"
+    assert ledger.previous_committed("kp", 20).batch_id == "10-b"
+    assert ledger.previous_committed("kp", 10) is None

@@ -71,24 +71,24 @@ def _racers(cfg, frontiers: list[int], env: dict) -> list[subprocess.CompletedPr
 
 
 @pytest.mark.parametrize("racers", [3])
-def test_racing_processes_commit_each_lower_once(spark, warehouse, tmp_path, store, monkeypatch, racers, connect_url):
+def test_racing_processes_commit_each_lower_once(spark, warehouse, tmp_path, ledger, monkeypatch, racers, connect_url):
     # clients of one Connect server (the races are on the ledger and the Delta log)
-    race_runs(spark, tmp_path, store, monkeypatch, racers, connect_url)
+    race_runs(spark, tmp_path, ledger, monkeypatch, racers, connect_url)
 
 
 def test_racing_processes_commit_each_lower_once_on_s3(
-    spark, s3_warehouse, tmp_path, sqlite_store, monkeypatch, s3_connect_url
+    spark, s3_warehouse, tmp_path, sqlite_ledger, monkeypatch, s3_connect_url
 ):
     """The same with the warehouse on S3 (the racers' appends and the server's writes on S3)."""
-    race_runs(spark, tmp_path, sqlite_store, monkeypatch, 3, s3_connect_url)
+    race_runs(spark, tmp_path, sqlite_ledger, monkeypatch, 3, s3_connect_url)
 
 
-def race_runs(spark, tmp_path, store, monkeypatch, racers: int, remote: str) -> None:
+def race_runs(spark, tmp_path, ledger, monkeypatch, racers: int, remote: str) -> None:
     """``racers`` runs with different frontiers at once (clients of ``remote``); then each lower is committed once, ``check`` right after them is clean, and one more
     run agrees with the model."""
     monkeypatch.setenv("RECONCILE_SINKS_DIR", str(tmp_path))
     env = _env(remote)
-    cfg = make_sink(tmp_path, f"race_{store.engine.dialect.name}")
+    cfg = make_sink(tmp_path, f"race_{ledger.engine.dialect.name}")
     rows = [{"k": 1, "v": "a"}, {"k": 2, "v": "b"}, {"k": 2, "v": "b"}]
     write_json_rows(tmp_path / "src", rows)
     frontiers = [300] * (racers - 1) + [400]
@@ -109,18 +109,18 @@ def race_runs(spark, tmp_path, store, monkeypatch, racers: int, remote: str) -> 
     assert checked.returncode == 0, checked.stdout + checked.stderr[-2000:]
     assert "0 invariant violation(s)" in checked.stdout, checked.stdout
     # One more run settles whatever the race left; then everything agrees with the model.
-    run_stages(spark, store, cfg, "settle", 500)
+    run_stages(spark, ledger, cfg, "settle", 500)
     assert shard_as_of(cfg, 499) == Counter({(1, "a", None): 1, (2, "b", None): 2})
-    assert check.violations(store, cfg, spark=spark) == []
+    assert check.violations(ledger, cfg, spark=spark) == []
 
 
 def test_racing_processes_on_an_upsert_sink_apply_every_command_once(
-    spark, warehouse, tmp_path, store, monkeypatch, connect_url
+    spark, warehouse, tmp_path, ledger, monkeypatch, connect_url
 ):
     from upsert_model import UpsertModel, feed_rows, ok_rows, upsert_sink
 
     monkeypatch.setenv("RECONCILE_SINKS_DIR", str(tmp_path))
-    cfg = upsert_sink(tmp_path, name=f"race_upsert_{store.engine.dialect.name}")
+    cfg = upsert_sink(tmp_path, name=f"race_upsert_{ledger.engine.dialect.name}")
     feed = [
         {"k": k, "v": v, "ts": ts, "off": i}
         for i, (k, v, ts) in enumerate(
@@ -140,7 +140,7 @@ def test_racing_processes_on_an_upsert_sink_apply_every_command_once(
     env = _env(connect_url)
     for r in _racers(cfg, [300, 300, 400], env):
         assert r.returncode in (0, 3), f"racer crashed: {r.returncode}\n{r.stdout[-1500:]}\n{_causes(r.stderr)}"
-    run_stages(spark, store, cfg, "settle", 500)
+    run_stages(spark, ledger, cfg, "settle", 500)
     commits = batch_commits(ShardTable(cfg).history_since(-1)[1])
     assert len({c.lower for c in commits}) == len(commits)
     # Whichever racer won each lower, every command was applied once, in time order.
@@ -148,7 +148,7 @@ def test_racing_processes_on_an_upsert_sink_apply_every_command_once(
     model.batch(feed, cfg.as_of, 500)
     for c in commits:
         assert ok_rows(shard_as_of(cfg, c.upper - 1)) == model.as_of(c.upper - 1), c
-    assert check.violations(store, cfg, spark=spark) == []
+    assert check.violations(ledger, cfg, spark=spark) == []
 
 
 # -- attempts of the *same* run at once: a zombie task and its retries ----------------------------
@@ -204,26 +204,26 @@ def _attempts(cfg, runs: list[tuple[str, int]], attempts: int, env: dict) -> tup
 
 @pytest.mark.parametrize("round_", range(REPEAT))
 def test_attempts_of_one_run_racing_commit_the_batch_once(
-    spark, warehouse, tmp_path, store, monkeypatch, round_, connect_url
+    spark, warehouse, tmp_path, ledger, monkeypatch, round_, connect_url
 ):
     """Three processes run the same three runs (same run ids, so the same batches): a new shard,
     then an existing one. Every committed batch holds exactly its correction: as of each
     committed ``upper - 1`` the shard equals the model, each batch matches its manifest, no
     process crashes and no loser is told to clear ``write``."""
-    race_attempts(spark, tmp_path, store, monkeypatch, round_, connect_url)
+    race_attempts(spark, tmp_path, ledger, monkeypatch, round_, connect_url)
 
 
 def test_attempts_of_one_run_racing_commit_the_batch_once_on_s3(
-    spark, s3_warehouse, tmp_path, sqlite_store, monkeypatch, s3_connect_url
+    spark, s3_warehouse, tmp_path, sqlite_ledger, monkeypatch, s3_connect_url
 ):
     """The same with the warehouse on S3 (the attempts' appends and the server's writes on S3)."""
-    race_attempts(spark, tmp_path, sqlite_store, monkeypatch, 0, s3_connect_url)
+    race_attempts(spark, tmp_path, sqlite_ledger, monkeypatch, 0, s3_connect_url)
 
 
-def race_attempts(spark, tmp_path, store, monkeypatch, round_: int, remote: str) -> None:
+def race_attempts(spark, tmp_path, ledger, monkeypatch, round_: int, remote: str) -> None:
     monkeypatch.setenv("RECONCILE_SINKS_DIR", str(tmp_path))
     env = _env(remote)
-    cfg = make_sink(tmp_path, f"zombie_{store.engine.dialect.name}_{round_}", "changelog")
+    cfg = make_sink(tmp_path, f"zombie_{ledger.engine.dialect.name}_{round_}", "changelog")
     bounds = [100, 300, 400, 500]
     rows = _changelog(200, bounds, seed=round_)
     write_json_rows(tmp_path / "log", rows)
@@ -253,14 +253,14 @@ def race_attempts(spark, tmp_path, store, monkeypatch, round_: int, remote: str)
                 f"as of {c.upper - 1} (batch {c.batch_id}): the shard holds {sum(got.values())} "
                 f"rows, the model {sum(want.values())}"
             )
-    problems += [f"check: {v}" for v in check.violations(store, cfg, spark=spark)]
+    problems += [f"check: {v}" for v in check.violations(ledger, cfg, spark=spark)]
     assert problems == [], "\n".join(problems)
 
 
 # -- the same interleavings, made deterministic in one process --------------------------------------
 
 
-def _paused_write(spark, store, cfg, batch_id: str, monkeypatch):
+def _paused_write(spark, ledger, cfg, batch_id: str, monkeypatch):
     """Start a write of ``batch_id`` in a thread that stops right after staging its files (the
     fail point ``write.after_partition_staged``); returns (release, join -> WriteResult)."""
     import threading
@@ -279,7 +279,7 @@ def _paused_write(spark, store, cfg, batch_id: str, monkeypatch):
         return real(name)
 
     monkeypatch.setattr(write, "failpoint", hook)
-    t = threading.Thread(target=lambda: result.update(w=write.run_write(spark, store, cfg, batch_id)), name="zombie")
+    t = threading.Thread(target=lambda: result.update(w=write.run_write(spark, ledger, cfg, batch_id)), name="zombie")
     t.start()
     assert staged.wait(300), "the paused write never staged"
 
@@ -301,60 +301,60 @@ ROWS = [{"k": k, "v": v} for k, v in [(1, "a"), (2, "b"), (3, "c"), (3, "c"), (4
 MODEL = Counter({(1, "a", None): 1, (2, "b", None): 1, (3, "c", None): 2, (4, "d", None): 1})
 
 
-def test_a_zombie_write_that_loses_the_manifest_deletes_its_own_files(spark, warehouse, tmp_path, store, monkeypatch):
+def test_a_zombie_write_that_loses_the_manifest_deletes_its_own_files(spark, warehouse, tmp_path, ledger, monkeypatch):
     """The zombie stages first but records last: the retry's files are the batch, the zombie
     deletes its own and says so; the append commits exactly one copy."""
     from reconcile.sink import append, mint, write
 
     cfg = _query_sink(tmp_path, "zombie_loses", ROWS)
-    desc = mint.run_mint(store, cfg, "sched__1", 1, 300).description
-    join = _paused_write(spark, store, cfg, desc.batch_id, monkeypatch)
-    retry = write.run_write(spark, store, cfg, desc.batch_id)  # the retry (a second attempt)
+    desc = mint.run_mint(ledger, cfg, "sched__1", 1, 300).description
+    join = _paused_write(spark, ledger, cfg, desc.batch_id, monkeypatch)
+    retry = write.run_write(spark, ledger, cfg, desc.batch_id)  # the retry (a second attempt)
     assert retry.outcome == "staged", retry.message
     zombie = join()
     assert zombie.outcome == "already_staged", zombie.message
     assert "another attempt" in zombie.message and "recorded its staged files first" in zombie.message
     assert "clear" not in zombie.message
-    b = store.get_batch(desc.batch_id)
+    b = ledger.get_batch(desc.batch_id)
     assert files.list_dirs(ShardTable(cfg).staging_path(desc.batch_id)) == [b.stage_id]
-    a = append.run_append(store, cfg, desc.batch_id)
+    a = append.run_append(ledger, cfg, desc.batch_id)
     assert a.outcome == "committed", a.message
     assert shard_as_of(cfg, 299) == MODEL
-    assert check.violations(store, cfg, spark=spark) == []
+    assert check.violations(ledger, cfg, spark=spark) == []
 
 
-def test_a_zombie_write_finishing_after_the_commit_says_so(spark, warehouse, tmp_path, sqlite_store, monkeypatch):
+def test_a_zombie_write_finishing_after_the_commit_says_so(spark, warehouse, tmp_path, sqlite_ledger, monkeypatch):
     """The retry writes and appends while the zombie is still writing: the zombie finds the
     batch committed, deletes its files and says so, and nothing is left staged."""
     from reconcile.sink import append, mint, write
 
-    store = sqlite_store
+    ledger = sqlite_ledger
     cfg = _query_sink(tmp_path, "zombie_late", ROWS)
-    desc = mint.run_mint(store, cfg, "sched__1", 1, 300).description
-    join = _paused_write(spark, store, cfg, desc.batch_id, monkeypatch)
-    assert write.run_write(spark, store, cfg, desc.batch_id).outcome == "staged"
-    assert append.run_append(store, cfg, desc.batch_id).outcome == "committed"
+    desc = mint.run_mint(ledger, cfg, "sched__1", 1, 300).description
+    join = _paused_write(spark, ledger, cfg, desc.batch_id, monkeypatch)
+    assert write.run_write(spark, ledger, cfg, desc.batch_id).outcome == "staged"
+    assert append.run_append(ledger, cfg, desc.batch_id).outcome == "committed"
     zombie = join()
     assert zombie.outcome == "skipped", zombie.message
     assert "another attempt of this batch committed it" in zombie.message
-    again = append.run_append(store, cfg, desc.batch_id)  # the zombie's own append
+    again = append.run_append(ledger, cfg, desc.batch_id)  # the zombie's own append
     assert again.outcome == "already_committed", again.message
     assert shard_as_of(cfg, 299) == MODEL
-    assert check.violations(store, cfg, spark=spark) == []  # includes: no staged files left
+    assert check.violations(ledger, cfg, spark=spark) == []  # includes: no staged files left
 
 
 def test_a_committed_batch_that_differs_from_its_manifest_is_reported(
-    spark, warehouse, tmp_path, sqlite_store, monkeypatch
+    spark, warehouse, tmp_path, sqlite_ledger, monkeypatch
 ):
     """What the old race committed (the union of two attempts' files) is caught twice: by the
     append's post-commit check and by ``check``, each naming the batch."""
     from reconcile.errors import InconsistentState
     from reconcile.sink import append, mint, write
 
-    store = sqlite_store
+    ledger = sqlite_ledger
     cfg = _query_sink(tmp_path, "union", ROWS)
-    desc = mint.run_mint(store, cfg, "sched__1", 1, 300).description
-    assert write.run_write(spark, store, cfg, desc.batch_id).outcome == "staged"
+    desc = mint.run_mint(ledger, cfg, "sched__1", 1, 300).description
+    assert write.run_write(spark, ledger, cfg, desc.batch_id).outcome == "staged"
     real = append.inspect_staged
 
     def union(*args):  # every staged file twice: a second attempt's copy beside the first's
@@ -369,16 +369,16 @@ def test_a_committed_batch_that_differs_from_its_manifest_is_reported(
 
     monkeypatch.setattr(append, "inspect_staged", union)
     with pytest.raises(InconsistentState) as info:
-        append.run_append(store, cfg, desc.batch_id)
+        append.run_append(ledger, cfg, desc.batch_id)
     text = str(info.value)
     assert "\n" not in text and desc.batch_id in text and "does not match the batch's manifest" in text
     assert shard_as_of(cfg, 299) == MODEL + MODEL  # committed twice over: the broken promise
-    problems = check.violations(store, cfg, spark=spark)
+    problems = check.violations(ledger, cfg, spark=spark)
     assert len(problems) >= 1 and all(desc.batch_id in p and "the manifest says" in p for p in problems), problems
     monkeypatch.setattr(append, "inspect_staged", real)
     # the next batch repairs the contents; the broken batch stays reported (the log keeps it)
     from helpers import run_stages
 
-    run_stages(spark, store, cfg, "sched__2", 400)
+    run_stages(spark, ledger, cfg, "sched__2", 400)
     assert shard_as_of(cfg, 399) == MODEL
-    assert [p for p in check.violations(store, cfg, spark=spark) if desc.batch_id not in p] == []
+    assert [p for p in check.violations(ledger, cfg, spark=spark) if desc.batch_id not in p] == []

@@ -82,7 +82,7 @@ def same_everywhere(spark, cfg, t: int) -> Counter:
     return by_delta_rs
 
 
-def test_query_sink_before_and_after_compaction(spark, warehouse, tmp_path, sqlite_store):
+def test_query_sink_before_and_after_compaction(spark, warehouse, tmp_path, sqlite_ledger):
     cfg = make_sink(tmp_path, "rq", retention={"history_hours": 0, "vacuum_hours": 0})
     runs = [
         (200, [{"k": 1, "v": "é"}, {"k": 2, "v": ""}, {"k": 2, "v": ""}]),
@@ -91,47 +91,47 @@ def test_query_sink_before_and_after_compaction(spark, warehouse, tmp_path, sqli
     ]
     for i, (frontier, rows) in enumerate(runs):
         write_json_rows(tmp_path / "src", rows)
-        run_stages(spark, sqlite_store, cfg, f"run-{i}", frontier)
+        run_stages(spark, sqlite_ledger, cfg, f"run-{i}", frontier)
     for frontier, rows in runs:
         assert same_everywhere(spark, cfg, frontier - 1) == model_kv(rows)
-    run_compact(spark, sqlite_store, cfg, since=299)
+    run_compact(spark, sqlite_ledger, cfg, since=299)
     for frontier, rows in runs[1:]:  # exact at and after since
         assert same_everywhere(spark, cfg, frontier - 1) == model_kv(rows)
 
 
-def test_changelog_sink_everywhere(spark, warehouse, tmp_path, sqlite_store):
+def test_changelog_sink_everywhere(spark, warehouse, tmp_path, sqlite_ledger):
 
     cfg = make_sink(tmp_path, "rc", kind="changelog")
     source: list[dict] = []
     for i, (frontier, new) in enumerate(CHANGELOG_NEW):
         source += new
         write_json_rows(tmp_path / "log", source)
-        run_stages(spark, sqlite_store, cfg, f"run-{i}", frontier)
+        run_stages(spark, sqlite_ledger, cfg, f"run-{i}", frontier)
     for t in (150, 199, 250, 299, 399):
         assert same_everywhere(spark, cfg, t) == changelog_model(CHANGELOG_NEW, t), t
 
 
-def test_upsert_sink_before_and_after_compaction(spark, warehouse, tmp_path, sqlite_store):
+def test_upsert_sink_before_and_after_compaction(spark, warehouse, tmp_path, sqlite_ledger):
     from upsert_model import UpsertModel, cmd, feed_rows, ok_rows, upsert_sink
 
     cfg = upsert_sink(tmp_path, name="ru", retention={"history_hours": 0, "vacuum_hours": 0})
     model = UpsertModel()
     feed = [cmd(1, "a", 110, 1), cmd(2, "b", 120, 2), cmd(1, None, 150, 3), cmd(3, "c", 180, 4)]
     feed_rows(tmp_path, feed)
-    run_stages(spark, sqlite_store, cfg, "r1", 200)
+    run_stages(spark, sqlite_ledger, cfg, "r1", 200)
     model.batch(feed, 100, 200)
     feed += [cmd(1, "again", 210, 5), cmd(2, "b2", 250, 6), cmd(3, None, 260, 7)]
     feed_rows(tmp_path, feed)
-    run_stages(spark, sqlite_store, cfg, "r2", 300)
+    run_stages(spark, sqlite_ledger, cfg, "r2", 300)
     model.batch(feed, 200, 300)
     for t in (115, 150, 199, 220, 299):
         assert ok_rows(same_everywhere(spark, cfg, t)) == model.as_of(t), t
-    run_compact(spark, sqlite_store, cfg, since=250)
+    run_compact(spark, sqlite_ledger, cfg, since=250)
     for t in (250, 299):
         assert ok_rows(same_everywhere(spark, cfg, t)) == model.as_of(t), t
 
 
-def test_extreme_values_read_the_same_in_duckdb_and_polars(spark, warehouse, tmp_path, sqlite_store):
+def test_extreme_values_read_the_same_in_duckdb_and_polars(spark, warehouse, tmp_path, sqlite_ledger):
     schema = [
         {"name": "k", "type": "bigint", "nullable": False},
         {"name": "at", "type": "timestamp"},
@@ -170,7 +170,7 @@ def test_extreme_values_read_the_same_in_duckdb_and_polars(spark, warehouse, tmp
         {"k": 3, "at": None, "day": None, "amount": None, "s": None, "ok": None, "x": None},
     ]
     write_json_rows(tmp_path / "src", rows)
-    run_stages(spark, sqlite_store, cfg, "run-1", 200)
+    run_stages(spark, sqlite_ledger, cfg, "run-1", 200)
 
     def norm(at):
         return None if at is None else (at if at.tzinfo else at.replace(tzinfo=UTC)).astimezone(UTC)
@@ -198,25 +198,25 @@ def test_extreme_values_read_the_same_in_duckdb_and_polars(spark, warehouse, tmp
 
 
 @pytest.mark.parametrize("mode", ["append", "overwrite"])
-def test_a_write_by_delta_rs_is_drift_the_next_batch_repairs(spark, warehouse, tmp_path, sqlite_store, mode):
+def test_a_write_by_delta_rs_is_drift_the_next_batch_repairs(spark, warehouse, tmp_path, sqlite_ledger, mode):
     from deltalake import write_deltalake
 
     cfg = make_sink(tmp_path, f"rw_{mode}")
     rows = [{"k": 1, "v": "a"}, {"k": 2, "v": "b"}]
     write_json_rows(tmp_path / "src", rows)
-    run_stages(spark, sqlite_store, cfg, "run-1", 200)
+    run_stages(spark, sqlite_ledger, cfg, "run-1", 200)
     foreign = arrow_updates([{"k": 7, "v": "zz", "t": 150}])
     write_deltalake(ShardTable(cfg).path, foreign, mode=mode)  # behind the sink's back
-    _, w, a = run_stages(spark, sqlite_store, cfg, "run-2", 300)
+    _, w, a = run_stages(spark, sqlite_ledger, cfg, "run-2", 300)
     assert a.outcome == "committed", a.message
     assert w.drift_rows == (1 if mode == "append" else 3)  # an overwrite also removed the 2 rows
     assert same_everywhere(spark, cfg, 299) == model_kv(rows)
-    assert check.violations(sqlite_store, cfg, spark=spark) == []
+    assert check.violations(sqlite_ledger, cfg, spark=spark) == []
 
 
 @pytest.mark.parametrize("feature", ["deletion_vectors", "column_mapping"])
 def test_the_write_reads_the_shard_through_delta_once_a_reader_feature_needs_it(
-    spark, warehouse, tmp_path, sqlite_store, feature
+    spark, warehouse, tmp_path, sqlite_ledger, feature
 ):
     """The write reads the shard's files as plain Parquet (the log replayed in-process) until the
     table needs Delta's own reader: a deletion vector written behind the sink's back must hide
@@ -225,7 +225,7 @@ def test_the_write_reads_the_shard_through_delta_once_a_reader_feature_needs_it(
 
     cfg = make_sink(tmp_path, f"read_{feature}")
     write_json_rows(tmp_path / "src", [{"k": k, "v": f"v{k}"} for k in range(6)])
-    run_stages(spark, sqlite_store, cfg, "run-1", 200)
+    run_stages(spark, sqlite_ledger, cfg, "run-1", 200)
     assert len(ShardTable(cfg).plain_files()) >= 1
     path = ShardTable(cfg).path
     if feature == "deletion_vectors":

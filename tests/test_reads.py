@@ -30,41 +30,41 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def same_reports(
-    spark, store, cfg, rng: random.Random, ok, since: int, upper: int, key: list[str], *, per_key: bool = False
+    spark, ledger, cfg, rng: random.Random, ok, since: int, upper: int, key: list[str], *, per_key: bool = False
 ) -> dict:
     """The versions read by DuckDB equal the model's from ``since`` to ``upper`` (numbered per key
     with ``per_key``), every read by DuckDB equals Spark's, and the ok rows equal the model
     ``ok``. Returns the versions report."""
-    rep = history.history_report(store, cfg, limit=1000)
+    rep = history.history_report(ledger, cfg, limit=1000)
     want = model_versions(ok, since, upper)
     if per_key:
         assert _versions(rep, ["k", "v", "version"]) == numbered_per_key(want)
     else:
         assert _versions(rep, ["k", "v"]) == want
     for errors in (False, True):
-        by_duckdb = history.history_report(store, cfg, errors=errors, limit=1000)
-        assert by_duckdb == history.history_report(store, cfg, spark=spark, errors=errors, limit=1000)
+        by_duckdb = history.history_report(ledger, cfg, errors=errors, limit=1000)
+        assert by_duckdb == history.history_report(ledger, cfg, spark=spark, errors=errors, limit=1000)
     for _ in range(2):
         t = rng.randrange(since, upper)
-        at = history.history_report(store, cfg, as_of=t, limit=1000)
-        assert at == history.history_report(store, cfg, spark=spark, as_of=t, limit=1000)
+        at = history.history_report(ledger, cfg, as_of=t, limit=1000)
+        assert at == history.history_report(ledger, cfg, spark=spark, as_of=t, limit=1000)
         assert Counter({tuple(v[c] for c in cfg.column_names): v["count"] for v in at["versions"]}) == ok(t)
-        shown = report.shard_contents(store, cfg, t, limit=1000)
-        assert shown == report.shard_contents(store, cfg, t, limit=1000, spark=spark)
+        shown = report.shard_contents(ledger, cfg, t, limit=1000)
+        assert shown == report.shard_contents(ledger, cfg, t, limit=1000, spark=spark)
         assert Counter({tuple(r[c] for c in cfg.column_names): r["count"] for r in shown["rows"]}) == ok(t)
-        errs = report.shard_contents(store, cfg, t, errors=True, limit=1000)
-        assert errs == report.shard_contents(store, cfg, t, errors=True, limit=1000, spark=spark)
+        errs = report.shard_contents(ledger, cfg, t, errors=True, limit=1000)
+        assert errs == report.shard_contents(ledger, cfg, t, errors=True, limit=1000, spark=spark)
         t1, t2 = sorted(rng.sample(range(since, upper), 2))
         for errors in (False, True):
-            d = history.diff_report(store, cfg, t1, t2, errors=errors, limit=1000)
-            assert d == history.diff_report(store, cfg, t1, t2, spark=spark, errors=errors, limit=1000)
-        ok_changes = history.diff_report(store, cfg, t1, t2, limit=1000)["changes"]
+            d = history.diff_report(ledger, cfg, t1, t2, errors=errors, limit=1000)
+            assert d == history.diff_report(ledger, cfg, t1, t2, spark=spark, errors=errors, limit=1000)
+        ok_changes = history.diff_report(ledger, cfg, t1, t2, limit=1000)["changes"]
         assert Counter({tuple(c[k] for k in cfg.column_names): c["diff"] for c in ok_changes}) == model_diff(ok, t1, t2)
-    keyed = history.history_report(store, cfg, keys=key, limit=1000)
-    assert keyed == history.history_report(store, cfg, spark=spark, keys=key, limit=1000)
+    keyed = history.history_report(ledger, cfg, keys=key, limit=1000)
+    assert keyed == history.history_report(ledger, cfg, spark=spark, keys=key, limit=1000)
     assert keyed["versions"], f"--key {key} matches some versions"
-    log = report.shard_contents(store, cfg, log=True, limit=3)  # truncated, in the same order
-    assert log == report.shard_contents(store, cfg, log=True, limit=3, spark=spark) and log["truncated"]
+    log = report.shard_contents(ledger, cfg, log=True, limit=3)  # truncated, in the same order
+    assert log == report.shard_contents(ledger, cfg, log=True, limit=3, spark=spark) and log["truncated"]
     return rep
 
 
@@ -76,36 +76,36 @@ def _versions(rep: dict, names: list[str]) -> Counter:
 
 
 @pytest.mark.slow  # the quick tier keeps this module's lighter tests
-def test_query_sink_reads_without_a_jvm_as_spark_does(spark, warehouse, tmp_path, sqlite_store):
+def test_query_sink_reads_without_a_jvm_as_spark_does(spark, warehouse, tmp_path, sqlite_ledger):
     rng = random.Random(11)
-    cfg, ok, err = query_shard(spark, sqlite_store, tmp_path, rng, batches=3)
+    cfg, ok, err = query_shard(spark, sqlite_ledger, tmp_path, rng, batches=3)
     upper = AS_OF + 300
-    errors = history.history_report(sqlite_store, cfg, errors=True, limit=1000)["versions"]
+    errors = history.history_report(sqlite_ledger, cfg, errors=True, limit=1000)["versions"]
     assert sum(v["count"] for v in errors if v["valid_to"] is None) == err(upper - 1)[("ERR",)]
-    same_reports(spark, sqlite_store, cfg, rng, ok, AS_OF, upper, ["k=2"])
+    same_reports(spark, sqlite_ledger, cfg, rng, ok, AS_OF, upper, ["k=2"])
     since = AS_OF + 150
-    run_compact(spark, sqlite_store, cfg, since=since, vacuum_files=False)
-    assert same_reports(spark, sqlite_store, cfg, rng, ok, since, upper, ["v=a"])["note"]
+    run_compact(spark, sqlite_ledger, cfg, since=since, vacuum_files=False)
+    assert same_reports(spark, sqlite_ledger, cfg, rng, ok, since, upper, ["v=a"])["note"]
 
 
 @pytest.mark.slow  # the quick tier keeps the query sink's reads
-def test_changelog_sink_reads_without_a_jvm_as_spark_does(spark, warehouse, tmp_path, sqlite_store):
+def test_changelog_sink_reads_without_a_jvm_as_spark_does(spark, warehouse, tmp_path, sqlite_ledger):
     rng = random.Random(12)
-    cfg, ok = changelog_shard(spark, sqlite_store, tmp_path, rng, batches=3)
-    same_reports(spark, sqlite_store, cfg, rng, ok, AS_OF, AS_OF + 300, ["k=1"])
+    cfg, ok = changelog_shard(spark, sqlite_ledger, tmp_path, rng, batches=3)
+    same_reports(spark, sqlite_ledger, cfg, rng, ok, AS_OF, AS_OF + 300, ["k=1"])
 
 
 @pytest.mark.slow  # the quick tier keeps this module's lighter tests
-def test_upsert_sink_reads_per_key_without_a_jvm_as_spark_does(spark, warehouse, tmp_path, sqlite_store):
+def test_upsert_sink_reads_per_key_without_a_jvm_as_spark_does(spark, warehouse, tmp_path, sqlite_ledger):
     rng = random.Random(13)
-    cfg, ok = upsert_shard(spark, sqlite_store, tmp_path, rng, batches=4)
-    same_reports(spark, sqlite_store, cfg, rng, ok, AS_OF, AS_OF + 400, ["2"], per_key=True)
-    errors = history.history_report(sqlite_store, cfg, errors=True, limit=1000)
+    cfg, ok = upsert_shard(spark, sqlite_ledger, tmp_path, rng, batches=4)
+    same_reports(spark, sqlite_ledger, cfg, rng, ok, AS_OF, AS_OF + 400, ["2"], per_key=True)
+    errors = history.history_report(sqlite_ledger, cfg, errors=True, limit=1000)
     assert errors["versions"], "the unkeyed command is an error row"
 
 
 def test_a_time_inside_a_query_batch_before_its_stamp_is_explained(
-    spark, warehouse, tmp_path, sqlite_store, monkeypatch, capsys
+    spark, warehouse, tmp_path, sqlite_ledger, monkeypatch, capsys
 ):
     """A query batch [200, 300) stamps its result at 299: ``diff --to 250`` (before the stamp)
     shows nothing of it and says why; ``--to 299`` shows it; ``history``/``show --as-of`` say
@@ -114,7 +114,7 @@ def test_a_time_inside_a_query_batch_before_its_stamp_is_explained(
     cfg = make_sink(tmp_path, "stamped")
     for i, rows in enumerate(([{"k": 1, "v": "a"}], [{"k": 1, "v": "a"}, {"k": 2, "v": "b"}])):
         write_json_rows(tmp_path / "src", rows)
-        run_stages(spark, sqlite_store, cfg, f"run-{i}", 200 + 100 * i)
+        run_stages(spark, sqlite_ledger, cfg, f"run-{i}", 200 + 100 * i)
     capsys.readouterr()
     assert cli.main(["diff", cfg.name, "--from", "199", "--to", iso(250).split(" ")[0]]) == 0
     out = capsys.readouterr().out
@@ -134,22 +134,22 @@ def test_a_time_inside_a_query_batch_before_its_stamp_is_explained(
     assert "note:" not in out and "  2  b  1" in out, out
 
 
-def test_a_deletion_vector_is_read_through_delta_rs(spark, warehouse, tmp_path, sqlite_store):
+def test_a_deletion_vector_is_read_through_delta_rs(spark, warehouse, tmp_path, sqlite_ledger):
     """A table only Delta's own readers read (a deletion vector written behind the sink's back):
     delta-rs scans it for DuckDB, and the reads still equal Spark's."""
     from reconcile.storage.delta import ShardTable
 
     cfg = make_sink(tmp_path, "dv")
     write_json_rows(tmp_path / "src", [{"k": k, "v": f"v{k}"} for k in range(6)])
-    run_stages(spark, sqlite_store, cfg, "run-1", 200)
+    run_stages(spark, sqlite_ledger, cfg, "run-1", 200)
     path = ShardTable(cfg).path
     spark.sql(f"ALTER TABLE delta.`{path}` SET TBLPROPERTIES ('delta.enableDeletionVectors' = 'true')")
     spark.sql(f"DELETE FROM delta.`{path}` WHERE k = 3")
     assert ShardTable(cfg).plain_files() is None
-    shown = report.shard_contents(sqlite_store, cfg, limit=100)
-    assert shown == report.shard_contents(sqlite_store, cfg, limit=100, spark=spark)
+    shown = report.shard_contents(sqlite_ledger, cfg, limit=100)
+    assert shown == report.shard_contents(sqlite_ledger, cfg, limit=100, spark=spark)
     assert [r["k"] for r in shown["rows"]] == [0, 1, 2, 4, 5]
-    assert history.history_report(sqlite_store, cfg) == history.history_report(sqlite_store, cfg, spark=spark)
+    assert history.history_report(sqlite_ledger, cfg) == history.history_report(sqlite_ledger, cfg, spark=spark)
 
 
 # -- as a user runs them -------------------------------------------------------------------------------
@@ -168,11 +168,11 @@ def reconcile(env: dict, *args: str, java: bool) -> subprocess.CompletedProcess:
 
 
 @pytest.fixture
-def cli_env(spark, warehouse, tmp_path, sqlite_store, sqlite_url):
+def cli_env(spark, warehouse, tmp_path, sqlite_ledger, sqlite_url):
     cfg = make_sink(tmp_path, "plain", schedule="@daily")
     for i, rows in enumerate(([{"k": 1, "v": "a"}, {"k": None, "v": "x"}], [{"k": 2, "v": "b"}])):
         write_json_rows(tmp_path / "src", rows)
-        run_stages(spark, sqlite_store, cfg, f"run-{i}", 200 + 100 * i)
+        run_stages(spark, sqlite_ledger, cfg, f"run-{i}", 200 + 100 * i)
     env = {
         "RECONCILE_SINKS_DIR": str(tmp_path),
         "RECONCILE_WAREHOUSE": str(warehouse),

@@ -171,10 +171,10 @@ def test_operating_recipes_run_verbatim(local_airflow, spark, monkeypatch):
     monkeypatch.setenv("RECONCILE_HOME", str(home))
     monkeypatch.setenv("RECONCILE_WAREHOUSE", str(home / "warehouse"))
     cfg = load_file(ROOT / "include" / "sinks" / "demo_orders.yaml")
-    store = Ledger(f"sqlite:///{home / 'metadata.db'}")
-    shard = store.get_shard("demo_orders")
+    ledger = Ledger(f"sqlite:///{home / 'metadata.db'}")
+    shard = ledger.get_shard("demo_orders")
     assert shard_as_of(cfg, shard.upper - 1) == _model(orders)
-    assert check.violations(store, cfg) == []
+    assert check.violations(ledger, cfg) == []
     version = shard.delta_version
 
     before = {r["run_id"]: len(_append_attempts(home, r["run_id"])) for r in runs}
@@ -184,9 +184,9 @@ def test_operating_recipes_run_verbatim(local_airflow, spark, monkeypatch):
         # limits backfill runs apart from scheduled ones; the docs say either may commit first):
         # its mint found the interval covered and skipped the rest, so a clear runs no append
         _clear_of_a_covered_run(env, target, runs, before)
-        assert store.get_shard("demo_orders").delta_version == version
+        assert ledger.get_shard("demo_orders").delta_version == version
         assert shard_as_of(cfg, shard.upper - 1) == _model(orders)
-        store.dispose()
+        ledger.dispose()
         return
     cleared = _bash(recipe("clear"), env)  # the run of 2026-01-03: its append and what follows
     assert cleared.returncode == 0, cleared.stderr[-2000:]
@@ -212,9 +212,9 @@ def test_operating_recipes_run_verbatim(local_airflow, spark, monkeypatch):
     assert "already committed in Delta version" in rerun or "nothing to" in rerun, rerun[-2000:]
     after = {r["run_id"]: len(_append_attempts(home, r["run_id"])) for r in runs}
     assert after == {r: n + (r == target) for r, n in before.items()}  # that run's append only
-    assert store.get_shard("demo_orders").delta_version == version
+    assert ledger.get_shard("demo_orders").delta_version == version
     assert shard_as_of(cfg, shard.upper - 1) == _model(orders)
-    store.dispose()
+    ledger.dispose()
 
 
 def _task_state(env: dict, run_id: str, task_id: str) -> str | None:

@@ -56,7 +56,7 @@ def test_the_rerun_without_airflow_names_the_run_and_parses():
     assert shlex.split(remedy.append_run("rem", "odd id; rm -rf /"))[-1] == "odd id; rm -rf /"
 
 
-def test_a_final_failure_in_a_run_ends_with_the_commands_for_that_run(tmp_path, sqlite_store, monkeypatch):
+def test_a_final_failure_in_a_run_ends_with_the_commands_for_that_run(tmp_path, sqlite_ledger, monkeypatch):
     """A run's task that fails for good names the complete command (the ledger records it too)."""
     from reconcile.airflow import tasks
     from reconcile.errors import BatchNotFound
@@ -64,7 +64,7 @@ def test_a_final_failure_in_a_run_ends_with_the_commands_for_that_run(tmp_path, 
     monkeypatch.setenv("RECONCILE_SINKS_DIR", str(tmp_path))
     monkeypatch.setenv("RECONCILE_WAREHOUSE", str(tmp_path / "wh"))
     make_sink(tmp_path, "rem")
-    sqlite_store.ensure_shard("rem", 100)
+    sqlite_ledger.ensure_shard("rem", 100)
     with pytest.raises(BatchNotFound) as info:
         tasks.commit_for_run("rem", "manual__x", "0-gone")
     assert str(info.value).endswith(
@@ -74,7 +74,7 @@ def test_a_final_failure_in_a_run_ends_with_the_commands_for_that_run(tmp_path, 
 
 
 def test_out_of_retries_names_the_exact_run_or_the_failed_state_and_the_rerun_without_airflow(
-    tmp_path, sqlite_store, monkeypatch
+    tmp_path, sqlite_ledger, monkeypatch
 ):
     from reconcile.airflow import tasks
 

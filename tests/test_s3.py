@@ -31,29 +31,29 @@ def _on_s3(cfg, s3_warehouse: str) -> ShardTable:
     return table
 
 
-def test_a_query_sink_on_s3_converges_and_checks_clean(spark, s3_warehouse, tmp_path, sqlite_store):
+def test_a_query_sink_on_s3_converges_and_checks_clean(spark, s3_warehouse, tmp_path, sqlite_ledger):
     cfg = make_sink(tmp_path, "q")
     table = _on_s3(cfg, s3_warehouse)
     rows = [{"k": 1, "v": "a"}, {"k": 2, "v": "b"}, {"k": None, "v": "bad"}]
     write_json_rows(tmp_path / "src", rows)
-    committed_run(spark, sqlite_store, cfg, "r1", 200)
+    committed_run(spark, sqlite_ledger, cfg, "r1", 200)
     assert normalize_errors(shard_as_of(cfg, 199), cfg) == model_query(rows, cfg)
 
     rows = [{"k": 1, "v": "a2"}, {"k": 3, "v": "c"}]
     write_json_rows(tmp_path / "src", rows)
-    b = committed_run(spark, sqlite_store, cfg, "r2", 300)
+    b = committed_run(spark, sqlite_ledger, cfg, "r2", 300)
     assert normalize_errors(shard_as_of(cfg, 299), cfg) == model_query(rows, cfg)
     assert normalize_errors(shard_as_of(cfg, 199), cfg) == model_query(
         [{"k": 1, "v": "a"}, {"k": 2, "v": "b"}, {"k": None, "v": "bad"}], cfg
     )
     # the batch's files were adopted where they were staged: inside the table on S3
     assert any(p.startswith(f"batches/{b.batch_id}/") for p in table.snapshot_files())
-    assert check.violations(sqlite_store, cfg, spark=spark) == []
-    lines, counts = check.verify_checksums(sqlite_store, cfg, spark)
+    assert check.violations(sqlite_ledger, cfg, spark=spark) == []
+    lines, counts = check.verify_checksums(sqlite_ledger, cfg, spark)
     assert lines == [] and counts["verified"] == 2
 
 
-def _changelog_on_s3(spark, store, tmp_path, s3_warehouse: str, name: str):
+def _changelog_on_s3(spark, ledger, tmp_path, s3_warehouse: str, name: str):
     """A changelog sink on S3 that committed every run of ``CHANGELOG_NEW``."""
     cfg = make_sink(tmp_path, name, kind="changelog")
     _on_s3(cfg, s3_warehouse)
@@ -61,35 +61,35 @@ def _changelog_on_s3(spark, store, tmp_path, s3_warehouse: str, name: str):
     for i, (frontier, new) in enumerate(CHANGELOG_NEW):
         source += new
         write_json_rows(tmp_path / "log", source)
-        committed_run(spark, store, cfg, f"r{i}", frontier)
+        committed_run(spark, ledger, cfg, f"r{i}", frontier)
     return cfg
 
 
-def test_a_changelog_sink_on_s3_matches_the_model_at_every_time(spark, s3_warehouse, tmp_path, sqlite_store):
-    cfg = _changelog_on_s3(spark, sqlite_store, tmp_path, s3_warehouse, "cl")
+def test_a_changelog_sink_on_s3_matches_the_model_at_every_time(spark, s3_warehouse, tmp_path, sqlite_ledger):
+    cfg = _changelog_on_s3(spark, sqlite_ledger, tmp_path, s3_warehouse, "cl")
     for t in range(100, 400, 7):
         assert shard_as_of(cfg, t) == changelog_model(CHANGELOG_NEW, t), f"as of {t}"
-    assert check.violations(sqlite_store, cfg, spark=spark) == []
+    assert check.violations(sqlite_ledger, cfg, spark=spark) == []
 
 
-def test_an_upsert_sink_on_s3_matches_the_model(spark, s3_warehouse, tmp_path, sqlite_store):
+def test_an_upsert_sink_on_s3_matches_the_model(spark, s3_warehouse, tmp_path, sqlite_ledger):
     cfg = upsert_sink(tmp_path)
     _on_s3(cfg, s3_warehouse)
     model = UpsertModel()
     feed = [cmd(1, "a", 150, 1), cmd(2, "b", 160, 2), cmd(1, "a2", 170, 3)]
     feed_rows(tmp_path, feed)
-    committed_run(spark, sqlite_store, cfg, "r1", 200)
+    committed_run(spark, sqlite_ledger, cfg, "r1", 200)
     model.batch(feed, 100, 200)
     feed += [cmd(2, None, 210, 4), cmd(1, "a3", 220, 5), cmd(3, "c", 130, 6)]  # the last one late
     feed_rows(tmp_path, feed)
-    committed_run(spark, sqlite_store, cfg, "r2", 300)
+    committed_run(spark, sqlite_ledger, cfg, "r2", 300)
     model.batch(feed, 200, 300)
     check_against(spark, cfg, model, [150, 170, 199, 200, 210, 220, 299])
-    assert check.violations(sqlite_store, cfg, spark=spark) == []
+    assert check.violations(sqlite_ledger, cfg, spark=spark) == []
 
 
 def test_drift_from_a_foreign_delta_rs_writer_on_s3_is_repaired_and_compaction_keeps_reads(
-    spark, s3_warehouse, tmp_path, sqlite_store
+    spark, s3_warehouse, tmp_path, sqlite_ledger
 ):
     from deltalake import write_deltalake
 
@@ -97,40 +97,40 @@ def test_drift_from_a_foreign_delta_rs_writer_on_s3_is_repaired_and_compaction_k
     table = _on_s3(cfg, s3_warehouse)
     rows = [{"k": 1, "v": "a"}, {"k": 2, "v": "b"}]
     write_json_rows(tmp_path / "src", rows)
-    committed_run(spark, sqlite_store, cfg, "r1", 200)
+    committed_run(spark, sqlite_ledger, cfg, "r1", 200)
     foreign = arrow_updates([{"k": 9, "v": "rogue", "t": 150}])
     write_deltalake(table.path, foreign, mode="append")  # behind the sink's back, on S3
     assert shard_as_of(cfg, 199)[(9, "rogue", None)] == 1
 
-    b = committed_run(spark, sqlite_store, cfg, "r2", 300)
+    b = committed_run(spark, sqlite_ledger, cfg, "r2", 300)
     assert b.drift_rows == 1
     assert normalize_errors(shard_as_of(cfg, 299), cfg) == model_query(rows, cfg)  # repaired
     for i, frontier in enumerate((400, 500), start=3):
-        committed_run(spark, sqlite_store, cfg, f"r{i}", frontier)
+        committed_run(spark, sqlite_ledger, cfg, f"r{i}", frontier)
     before = {t: shard_as_of(cfg, t) for t in (300, 399, 499)}
-    done = compact.run_compact(spark, sqlite_store, cfg, since=300)
+    done = compact.run_compact(spark, sqlite_ledger, cfg, since=300)
     assert done.outcome == "compacted", done.message
     assert {t: shard_as_of(cfg, t) for t in before} == before
-    assert check.violations(sqlite_store, cfg, spark=spark) == []
+    assert check.violations(sqlite_ledger, cfg, spark=spark) == []
 
 
-def test_staged_files_that_can_never_be_appended_are_deleted_from_s3(spark, s3_warehouse, tmp_path, sqlite_store):
+def test_staged_files_that_can_never_be_appended_are_deleted_from_s3(spark, s3_warehouse, tmp_path, sqlite_ledger):
     from reconcile.sink import mint, write
 
     cfg = make_sink(tmp_path, "gc")
     table = _on_s3(cfg, s3_warehouse)
     write_json_rows(tmp_path / "src", [{"k": 1, "v": "a"}])
-    old = mint.run_mint(sqlite_store, cfg, "old", 1, 200).description
-    assert write.run_write(spark, sqlite_store, cfg, old.batch_id).outcome == "staged"
+    old = mint.run_mint(sqlite_ledger, cfg, "old", 1, 200).description
+    assert write.run_write(spark, sqlite_ledger, cfg, old.batch_id).outcome == "staged"
     assert files.list_files(table.staging_path(old.batch_id))  # on S3
-    committed_run(spark, sqlite_store, cfg, "new", 300)  # supersedes it, commits [100, 300)
+    committed_run(spark, sqlite_ledger, cfg, "new", 300)  # supersedes it, commits [100, 300)
     assert table.staged_batches() == [b for b in table.staged_batches() if b != old.batch_id]
     assert not files.list_files(table.staging_path(old.batch_id))
     assert Counter(shard_as_of(cfg, 299)) == Counter({(1, "a", None): 1})
 
 
 def test_credentials_from_an_airflow_connection_reach_every_stage_and_no_output(
-    spark, s3_server_running, tmp_path, sqlite_store, monkeypatch
+    spark, s3_server_running, tmp_path, sqlite_ledger, monkeypatch
 ):
     """``RECONCILE_AWS_CONN_ID`` names an Airflow AWS connection: the stages read the warehouse
     with its credentials, and its secret is in no log line, no ledger row, no Delta commit, no
@@ -161,7 +161,7 @@ def test_credentials_from_an_airflow_connection_reach_every_stage_and_no_output(
     monkeypatch.setenv("RECONCILE_AWS_CONN_ID", "reconcile_s3")
     monkeypatch.setenv("RECONCILE_WAREHOUSE", server.url(f"wh-{uuid.uuid4().hex[:8]}"))
     monkeypatch.setenv("RECONCILE_SINKS_DIR", str(tmp_path))
-    monkeypatch.setenv("RECONCILE_METADATA_URL", str(sqlite_store.engine.url))
+    monkeypatch.setenv("RECONCILE_METADATA_URL", str(sqlite_ledger.engine.url))
     assert aws.export_connection()  # imports Airflow, which configures logging: capture after it
     logs, out = io.StringIO(), io.StringIO()
     handler = logging.StreamHandler(logs)
@@ -176,18 +176,18 @@ def test_credentials_from_an_airflow_connection_reach_every_stage_and_no_output(
     try:
         cfg = make_sink(tmp_path, "secret")
         write_json_rows(tmp_path / "src", [{"k": 1, "v": "a"}])
-        committed_run(spark, sqlite_store, cfg, "r1", 200)
+        committed_run(spark, sqlite_ledger, cfg, "r1", 200)
         assert shard_as_of(cfg, 199) == Counter({(1, "a", None): 1})
         with contextlib.redirect_stdout(out):
-            report.print_status(report.status_data(sqlite_store, cfg.name))
+            report.print_status(report.status_data(sqlite_ledger, cfg.name))
         pages = ui.render_overview() + ui.render_sink(cfg.name)
     finally:
         for k in conf:
             spark.conf.unset(k)
         root.removeHandler(handler)
         root.setLevel(level)
-    with sqlite_store.engine.connect() as c:
-        ledger = [
+    with sqlite_ledger.engine.connect() as c:
+        rows = [
             str(row) for t in ("reconcile_shards", "reconcile_batches") for row in c.execute(text(f"SELECT * FROM {t}"))
         ]
     table = ShardTable(cfg)
@@ -195,7 +195,7 @@ def test_credentials_from_an_airflow_connection_reach_every_stage_and_no_output(
     seen = {
         "logs": logs.getvalue(),
         "status": out.getvalue(),
-        "ledger": "\n".join(ledger),
+        "ledger": "\n".join(rows),
         "delta log": "\n".join(commits),
         "pages": pages,
     }
@@ -205,7 +205,7 @@ def test_credentials_from_an_airflow_connection_reach_every_stage_and_no_output(
     )  # the status and the stages' logs were seen
 
 
-def test_duckdb_and_delta_rs_read_the_shard_on_s3_as_of_a_time(spark, s3_warehouse, tmp_path, sqlite_store):
+def test_duckdb_and_delta_rs_read_the_shard_on_s3_as_of_a_time(spark, s3_warehouse, tmp_path, sqlite_ledger):
     """docs/object-stores.md's recipes: DuckDB (delta and httpfs extensions, an S3 secret) and
     delta-rs read the shard on S3 as of any time, equal to the model."""
     import os
@@ -218,10 +218,10 @@ def test_duckdb_and_delta_rs_read_the_shard_on_s3_as_of_a_time(spark, s3_warehou
     table = _on_s3(cfg, s3_warehouse)
     first = [{"k": 1, "v": "a"}, {"k": 2, "v": "b"}]
     write_json_rows(tmp_path / "src", first)
-    committed_run(spark, sqlite_store, cfg, "r1", 200)
+    committed_run(spark, sqlite_ledger, cfg, "r1", 200)
     second = [{"k": 1, "v": "a"}, {"k": 3, "v": "c"}]
     write_json_rows(tmp_path / "src", second)
-    committed_run(spark, sqlite_store, cfg, "r2", 300)
+    committed_run(spark, sqlite_ledger, cfg, "r2", 300)
 
     con = duckdb.connect()
     for ext in ("httpfs", "delta"):
@@ -275,7 +275,7 @@ def _reconcile(tmp_path, *args: str, **env: str):
 
 
 def test_show_history_diff_and_recover_read_the_shard_on_s3_as_a_user_runs_them(
-    spark, s3_warehouse, tmp_path, sqlite_store
+    spark, s3_warehouse, tmp_path, sqlite_ledger
 ):
     """The reads (new processes, no JVM) agree with the model at every time asked; a lost ledger
     is rebuilt by ``recover`` from the Delta log on S3 alone, and the sink goes on from there."""
@@ -284,7 +284,7 @@ def test_show_history_diff_and_recover_read_the_shard_on_s3_as_a_user_runs_them(
     from history_model import model_diff
     from reconcile.storage.ledger import Ledger
 
-    cfg = _changelog_on_s3(spark, sqlite_store, tmp_path, s3_warehouse, "reads")
+    cfg = _changelog_on_s3(spark, sqlite_ledger, tmp_path, s3_warehouse, "reads")
     upper = CHANGELOG_NEW[-1][0]
 
     def model(t: int) -> Counter:

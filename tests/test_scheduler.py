@@ -71,11 +71,11 @@ def airflow_services(tmp_path_factory, connect_url):
     slow = {**json_query(src), "sql": f"SELECT k, v FROM src WHERE {SLEEP_SQL}"}  # the write waits there
     daily_sink(sinks, "killed_write", schedule="none", as_of=AS_OF, catchup=False, query=slow, retries=0)
     stack = AirflowStack(home, postgres, sink_env(home, sinks, connect_url))
-    store = Ledger(stack.env["RECONCILE_METADATA_URL"])
+    ledger = Ledger(stack.env["RECONCILE_METADATA_URL"])
     for name in READ_ONLY_AT_START:
-        store.ensure_shard(name, AS_OF)
-        store.set_read_only(name, True)
-    store.dispose()
+        ledger.ensure_shard(name, AS_OF)
+        ledger.set_read_only(name, True)
+    ledger.dispose()
     logs = [_immutable_log(sinks, name, stack.env["RECONCILE_WAREHOUSE"]) for name in FAILING_APPENDS]
     try:
         stack.start()
@@ -164,13 +164,13 @@ def test_scheduler_runs_and_backfills_in_order(services):
     from reconcile.storage.ledger import Ledger
 
     env, sinks = services.env, services.sinks
-    store = Ledger(env["RECONCILE_METADATA_URL"])
+    ledger = Ledger(env["RECONCILE_METADATA_URL"])
     for dag_id in ("sched_covered", "sched_catchup"):
         _wait(services.stack, dag_id, lambda runs: _done(runs, "scheduled__", 1), "the scheduled run")
-    store.set_read_only("sched_catchup", False)
+    ledger.set_read_only("sched_catchup", False)
     covered = load_file(sinks / "sched_covered.yaml")
     version = ShardTable(covered).latest_version()
-    upper = store.get_shard("sched_covered").upper
+    upper = ledger.get_shard("sched_covered").upper
     assert upper > AS_OF + 300 * DAY  # the scheduled run reached today
 
     for dag_id in ("sched_covered", "sched_catchup"):
@@ -180,10 +180,10 @@ def test_scheduler_runs_and_backfills_in_order(services):
 
     # Covered intervals: no-op runs, nothing written.
     assert ShardTable(covered).latest_version() == version
-    assert store.get_shard("sched_covered").upper == upper
+    assert ledger.get_shard("sched_covered").upper == upper
     # New intervals: one batch per run, in order, each equal to the source.
     catchup = load_file(sinks / "sched_catchup.yaml")
-    batches = [b for b in store.batches("sched_catchup") if b.state == "committed"]
+    batches = [b for b in ledger.batches("sched_catchup") if b.state == "committed"]
     assert [(b.lower, b.upper) for b in sorted(batches, key=lambda b: b.created_at)] == [
         (AS_OF, AS_OF + DAY),
         (AS_OF + DAY, AS_OF + 2 * DAY),
@@ -191,7 +191,7 @@ def test_scheduler_runs_and_backfills_in_order(services):
     ]
     for b in batches:
         assert shard_as_of(catchup, b.upper - 1) == model_kv(ROWS)
-    store.dispose()
+    ledger.dispose()
 
 
 # --- every printed remedy, run as printed ----------------------------------------------------
@@ -280,7 +280,7 @@ def test_every_remedy_printed_for_a_failed_append_works_as_printed(services):
     from reconcile.storage.ledger import Ledger
 
     env, stack = services.env, services.stack
-    store = Ledger(env["RECONCILE_METADATA_URL"])
+    ledger = Ledger(env["RECONCILE_METADATA_URL"])
     # a manual run fails beside the scheduled run of rem_dated (once the DAG is parsed)
     _until("a manual run of rem_manual", lambda: stack.airflow("dags", "trigger", "rem_manual").returncode == 0)
     dated, printed, cfg = _failed_append(services, "rem_dated", "scheduled__")
@@ -291,10 +291,10 @@ def test_every_remedy_printed_for_a_failed_append_works_as_printed(services):
     ], printed
     status = _as_printed(services, "python -m reconcile status rem_dated").stdout
     assert printed[0] in status, status  # status names the same command
-    assert store.batch_of_run("rem_dated", dated).state != "committed"
+    assert ledger.batch_of_run("rem_dated", dated).state != "committed"
     _as_printed(services, printed[0])
     _until("the cleared append", lambda: _state(services, "rem_dated", dated, "append") == "success")
-    batch = store.batch_of_run("rem_dated", dated)
+    batch = ledger.batch_of_run("rem_dated", dated)
     assert (batch.state, batch.lower) == ("committed", AS_OF)
     assert _committed_in_delta_log(cfg, batch.batch_id) == batch.delta_version
     assert shard_as_of(cfg, batch.upper - 1) == model_kv(ROWS)
@@ -307,16 +307,16 @@ def test_every_remedy_printed_for_a_failed_append_works_as_printed(services):
         f"python -m reconcile append rem_manual --run-id {manual}",
     ], printed
     _as_printed(services, printed[1])  # exactly this run, without Airflow
-    batch = store.batch_of_run("rem_manual", manual)
+    batch = ledger.batch_of_run("rem_manual", manual)
     assert batch.state == "committed" and _state(services, "rem_manual", manual, "append") == "failed"
     assert _committed_in_delta_log(cfg, batch.batch_id) == batch.delta_version
     assert shard_as_of(cfg, batch.upper - 1) == model_kv(ROWS)
     _as_printed(services, printed[0])  # and Airflow's task, by its failed state
     _until("the cleared append", lambda: _state(services, "rem_manual", manual, "append") == "success")
-    assert store.batch_of_run("rem_manual", manual).delta_version == batch.delta_version  # committed once
+    assert ledger.batch_of_run("rem_manual", manual).delta_version == batch.delta_version  # committed once
     assert _committed_in_delta_log(cfg, batch.batch_id) == batch.delta_version
     _until("the run's end", lambda: (stack.dag_run("rem_manual", manual) or {}).get("state") == "success")
-    store.dispose()
+    ledger.dispose()
 
 
 def test_a_killed_write_task_s_log_says_what_the_sink_knows(services):
@@ -355,14 +355,14 @@ def test_a_killed_write_task_s_log_says_what_the_sink_knows(services):
         return text if marker in text else None
 
     log = _until("the sink's line in the killed write's log", written, timeout=120)
-    store = Ledger(services.env["RECONCILE_METADATA_URL"])
-    batch = store.batch_of_run(name, run_id)
-    store.dispose()
+    ledger = Ledger(services.env["RECONCILE_METADATA_URL"])
+    batch = ledger.batch_of_run(name, run_id)
+    ledger.dispose()
     assert "Likely out of memory error (OOM)" in log  # Airflow's line
     ours = [line for line in log.splitlines() if marker in line]
     assert len(ours) == 1, log
     assert f"(run {run_id}, try 1) was killed before it finished" in ours[0]
-    # What the store held when the line was written: nothing, or the dead attempt's directory
+    # What the warehouse held when the line was written: nothing, or the dead attempt's directory
     # once its Spark job (on the Connect server, which goes on after the client dies) began
     # writing files; an attempt the line names is there.
     from reconcile.config_loading import load_file

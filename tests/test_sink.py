@@ -54,9 +54,9 @@ def batch_commits(spark, cfg) -> list[dict]:
     return [meta for _, meta in entries if meta and meta.get("op") == "batch"]
 
 
-def assert_ledger(spark, store, cfg, frontiers: list[int]) -> None:
+def assert_ledger(spark, ledger, cfg, frontiers: list[int]) -> None:
     """Committed batches chain from as_of through every frontier, one per lower, in Delta too."""
-    committed = store.batches(cfg.name, (COMMITTED,))
+    committed = ledger.batches(cfg.name, (COMMITTED,))
     lowers = [b.lower for b in committed]
     uppers = [b.upper for b in committed]
     assert lowers == [cfg.as_of] + frontiers[:-1], [(b.lower, b.upper, b.batch_id) for b in committed]
@@ -64,7 +64,7 @@ def assert_ledger(spark, store, cfg, frontiers: list[int]) -> None:
     assert all(a < b for a, b in zip(lowers, lowers[1:])), "committed lowers must strictly increase"
     assert all(lo == prev for lo, prev in zip(lowers[1:], uppers)), "each lower is the previous upper"
     assert len(set(lowers)) == len(lowers), "one committed batch per lower"
-    assert store.get_shard(cfg.name).upper == frontiers[-1]
+    assert ledger.get_shard(cfg.name).upper == frontiers[-1]
     in_delta = batch_commits(spark, cfg)
     assert [(m["lower"], m["upper"], m["batch_id"]) for m in in_delta] == [
         (b.lower, b.upper, b.batch_id) for b in committed
@@ -95,13 +95,13 @@ QUERY_RUNS = [
 ]
 
 
-def test_consecutive_runs_follow_the_source(spark, warehouse, tmp_path, sqlite_store):
-    store = sqlite_store
+def test_consecutive_runs_follow_the_source(spark, warehouse, tmp_path, sqlite_ledger):
+    ledger = sqlite_ledger
     cfg = make_sink(tmp_path, "orders")
     frontiers: list[int] = []
     for i, (frontier, rows) in enumerate(QUERY_RUNS):
         write_json_rows(tmp_path / "src", rows)
-        batch = committed_run(spark, store, cfg, f"run-{i}", frontier)
+        batch = committed_run(spark, ledger, cfg, f"run-{i}", frontier)
         frontiers.append(frontier)
         assert (batch.lower, batch.upper) == ((frontiers[-2] if i else AS_OF), frontier)
         assert batch.drift_rows == 0
@@ -112,7 +112,7 @@ def test_consecutive_runs_follow_the_source(spark, warehouse, tmp_path, sqlite_s
         for earlier, earlier_rows in QUERY_RUNS[:i]:  # history is kept as it was
             assert query_as_of(log, cfg, earlier - 1) == model_query(earlier_rows, cfg), f"run {i}, as of {earlier - 1}"
         assert query_as_of(log, cfg, AS_OF - 1) == Counter()
-        assert_ledger(spark, store, cfg, frontiers)
+        assert_ledger(spark, ledger, cfg, frontiers)
 
     # the error row of run 3 is stored as data, with a readable message
     errors = [u for u in update_log(cfg) if u["_error"] is not None]
@@ -124,13 +124,13 @@ def test_consecutive_runs_follow_the_source(spark, warehouse, tmp_path, sqlite_s
 
 
 @pytest.mark.slow  # the quick tier keeps this module's lighter tests
-def test_drift_is_repaired_and_an_unchanged_source_appends_an_empty_batch(spark, warehouse, tmp_path, sqlite_store):
-    store = sqlite_store
+def test_drift_is_repaired_and_an_unchanged_source_appends_an_empty_batch(spark, warehouse, tmp_path, sqlite_ledger):
+    ledger = sqlite_ledger
     cfg = make_sink(tmp_path, "drifty")
     rows1 = [{"k": 1, "v": "a"}, {"k": 1, "v": "a"}, {"k": 2, "v": "b"}, {"k": 3, "v": "c"}]
     rows2 = [{"k": 1, "v": "a2"}, {"k": 2, "v": "b"}, {"k": 3, "v": "c"}, {"k": 4, "v": "d"}]
     write_json_rows(tmp_path / "src", rows1)
-    committed_run(spark, store, cfg, "run-1", 200)
+    committed_run(spark, ledger, cfg, "run-1", 200)
 
     # tamper with the Delta table behind the sink's back, using plain Spark/Delta
     path = ShardTable(cfg).path
@@ -151,7 +151,7 @@ def test_drift_is_repaired_and_an_unchanged_source_appends_an_empty_batch(spark,
 
     # the next run (with a changed source) repairs the drift and records how much it found
     write_json_rows(tmp_path / "src", rows2)
-    repaired = committed_run(spark, store, cfg, "run-2", 300)
+    repaired = committed_run(spark, ledger, cfg, "run-2", 300)
     assert repaired.drift_rows == tampered
     log = update_log(cfg)
     assert query_as_of(log, cfg, 299) == model_query(rows2, cfg)
@@ -160,42 +160,42 @@ def test_drift_is_repaired_and_an_unchanged_source_appends_an_empty_batch(spark,
 
     # a run without tampering and with an unchanged source: no drift, no data, the upper advances
     versions_before = ShardTable(cfg).latest_version()
-    m, w, a = run_stages(spark, store, cfg, "run-3", 400)
+    m, w, a = run_stages(spark, ledger, cfg, "run-3", 400)
     assert (m.description.lower, m.description.upper) == (300, 400)
     assert (w.outcome, w.rows_ok, w.rows_err, w.drift_rows) == ("staged", 0, 0, 0)
     assert a.outcome == "committed", a.message
-    empty = store.get_batch(m.description.batch_id)
+    empty = ledger.get_batch(m.description.batch_id)
     assert (empty.state, empty.drift_rows, empty.rows_ok) == (COMMITTED, 0, 0)
     log_after = update_log(cfg)
     assert [u for u in log_after if 300 <= u["_time"] < 400] == []
     assert sorted(map(str, log_after)) == sorted(map(str, log))  # no data rows written
     assert query_as_of(log_after, cfg, 399) == model_query(rows2, cfg)
     assert ShardTable(cfg).latest_version() > versions_before  # an empty Delta commit records the batch
-    assert_ledger(spark, store, cfg, [200, 300, 400])
+    assert_ledger(spark, ledger, cfg, [200, 300, 400])
 
 
-def test_drift_written_between_write_and_append_is_counted(spark, warehouse, tmp_path, sqlite_store):
-    store = sqlite_store
+def test_drift_written_between_write_and_append_is_counted(spark, warehouse, tmp_path, sqlite_ledger):
+    ledger = sqlite_ledger
     cfg = make_sink(tmp_path, "sneaky")
     rows = [{"k": 1, "v": "a"}, {"k": 2, "v": "b"}]
     write_json_rows(tmp_path / "src", rows)
-    committed_run(spark, store, cfg, "run-1", 200)
-    desc = mint.run_mint(store, cfg, "run-2", 1, 300).description
-    assert write.run_write(spark, store, cfg, desc.batch_id).outcome == "staged"
+    committed_run(spark, ledger, cfg, "run-1", 200)
+    desc = mint.run_mint(ledger, cfg, "run-2", 1, 300).description
+    assert write.run_write(spark, ledger, cfg, desc.batch_id).outcome == "staged"
     append_foreign_row(spark, cfg, 150)  # after the write read the shard, before the append
-    assert append.run_append(store, cfg, desc.batch_id).outcome == "committed"
+    assert append.run_append(ledger, cfg, desc.batch_id).outcome == "committed"
     assert query_as_of(update_log(cfg), cfg, 299)[(7, "zz", None)] == 1  # not repaired yet
 
-    repair = committed_run(spark, store, cfg, "run-3", 400)
+    repair = committed_run(spark, ledger, cfg, "run-3", 400)
     assert query_as_of(update_log(cfg), cfg, 399) == model_query(rows, cfg)  # repaired ...
     assert repair.drift_rows == 1  # ... and counted
 
 
-def test_commit_metadata_belongs_to_the_write_not_the_session(spark, warehouse, tmp_path, sqlite_store):
+def test_commit_metadata_belongs_to_the_write_not_the_session(spark, warehouse, tmp_path, sqlite_ledger):
     """Writers sharing one SparkSession (a compaction thread beside a batch, a notebook) must not
     stamp each other's commits: a batch commit stamped as anything else would never be absorbed
     and the shard's upper would stall (the CI failure of session 3)."""
-    store = sqlite_store
+    ledger = sqlite_ledger
     cfg = make_sink(tmp_path, "stamped")
     rows = [{"k": 1, "v": "a"}, {"k": 2, "v": "b"}]
     write_json_rows(tmp_path / "src", rows)
@@ -203,30 +203,30 @@ def test_commit_metadata_belongs_to_the_write_not_the_session(spark, warehouse, 
     other = json.dumps({"reconcile": {"op": "compact", "sink": cfg.name, "token": "other-thread"}})
     spark.conf.set(key, other)  # what another writer of this session has set, mid-write
     try:
-        committed_run(spark, store, cfg, "run-1", 200)
-        committed_run(spark, store, cfg, "run-2", 300)
+        committed_run(spark, ledger, cfg, "run-1", 200)
+        committed_run(spark, ledger, cfg, "run-2", 300)
         assert spark.conf.get(key, None) == other, "the sink must not touch the session's commit metadata"
     finally:
         spark.conf.unset(key)
     # version 0 (the table's creation, metadata only) may carry the session's setting; it holds no
     # data and no commit guard, so it is nobody's batch
     assert [m["op"] for _, m in ShardTable(cfg).history_since(-1)[1][1:]] == ["batch", "batch"]
-    assert_ledger(spark, store, cfg, [200, 300])
+    assert_ledger(spark, ledger, cfg, [200, 300])
     assert query_as_of(update_log(cfg), cfg, 299) == model_query(rows, cfg)
 
 
 def test_a_guarded_commit_without_batch_metadata_is_reported_and_never_doubled(
-    spark, warehouse, tmp_path, sqlite_store
+    spark, warehouse, tmp_path, sqlite_ledger
 ):
     """What a batch commit stamped with someone else's metadata looks like: a Delta version under
     the sink's commit guard that is not one of its batches. check names it, and the next append
     fails loudly (Delta skips its txnVersion) instead of writing the interval a second time."""
-    store = sqlite_store
+    ledger = sqlite_ledger
     cfg = make_sink(tmp_path, "unstamped")
     rows = [{"k": 1, "v": "a"}]
     write_json_rows(tmp_path / "src", rows)
-    committed_run(spark, store, cfg, "run-1", 200)
-    assert check.violations(store, cfg, spark=spark) == []
+    committed_run(spark, ledger, cfg, "run-1", 200)
+    assert check.violations(ledger, cfg, spark=spark) == []
     row = {"k": 2, "v": "b", "_error": None, "_time": 299, "_diff": 1}
     (
         spark.createDataFrame([row], frames.schema(cfg))
@@ -236,29 +236,29 @@ def test_a_guarded_commit_without_batch_metadata_is_reported_and_never_doubled(
         .option("txnVersion", 200)
         .save(ShardTable(cfg).path)
     )
-    found = check.violations(store, cfg, spark=spark)
+    found = check.violations(ledger, cfg, spark=spark)
     assert len(found) == 1 and "carries the sink's commit guard (txnVersion 200)" in found[0], found
     with pytest.raises(InconsistentState, match="Delta skipped the commit") as err:
-        run_stages(spark, store, cfg, "run-2", 300)
+        run_stages(spark, ledger, cfg, "run-2", 300)
     assert "reconcile check unstamped" in err.value.remedy
-    assert store.get_shard(cfg.name).upper == 200
+    assert ledger.get_shard(cfg.name).upper == 200
     assert [m["op"] for _, m in ShardTable(cfg).history_since(-1)[1] if m] == ["maintenance", "batch"]
 
 
-def test_maintenance_commits_are_not_drift(spark, warehouse, tmp_path, sqlite_store):
+def test_maintenance_commits_are_not_drift(spark, warehouse, tmp_path, sqlite_ledger):
     """VACUUM (which logs VACUUM START/END) and OPTIMIZE write foreign Delta versions that change
     no data: the next batch must not count them as drift (nor pay two full time-travel reads to
     measure it: the 2x batch after every compaction in BENCHMARKS.md)."""
-    store = sqlite_store
+    ledger = sqlite_ledger
     cfg = make_sink(tmp_path, "maintained")
     rows = [{"k": 1, "v": "a"}, {"k": 2, "v": "b"}]
     write_json_rows(tmp_path / "src", rows)
-    committed_run(spark, store, cfg, "run-1", 200)
-    committed_run(spark, store, cfg, "run-2", 300)  # a second file to compact
+    committed_run(spark, ledger, cfg, "run-1", 200)
+    committed_run(spark, ledger, cfg, "run-2", 300)  # a second file to compact
     table = DeltaTable.forPath(spark, ShardTable(cfg).path)
     table.optimize().executeCompaction()
     table.vacuum(168.0)
-    _, entries = ShardTable(cfg).history_since(store.get_shard(cfg.name).delta_version)
+    _, entries = ShardTable(cfg).history_since(ledger.get_shard(cfg.name).delta_version)
     assert [(m["op"], m["operation"]) for _, m in entries] == [
         ("maintenance", "OPTIMIZE"),
         ("maintenance", "VACUUM START"),
@@ -266,100 +266,100 @@ def test_maintenance_commits_are_not_drift(spark, warehouse, tmp_path, sqlite_st
     ]
     rows2 = rows + [{"k": 3, "v": "c"}]
     write_json_rows(tmp_path / "src", rows2)
-    batch = committed_run(spark, store, cfg, "run-3", 400)
+    batch = committed_run(spark, ledger, cfg, "run-3", 400)
     assert batch.drift_rows == 0 and batch.rows_ok == 1
     assert query_as_of(update_log(cfg), cfg, 399) == model_query(rows2, cfg)
 
 
-def test_foreign_update_at_or_after_the_upper_is_repaired(spark, warehouse, tmp_path, sqlite_store):
-    store = sqlite_store
+def test_foreign_update_at_or_after_the_upper_is_repaired(spark, warehouse, tmp_path, sqlite_ledger):
+    ledger = sqlite_ledger
     cfg = make_sink(tmp_path, "ahead")
     rows = [{"k": 1, "v": "a"}, {"k": 2, "v": "b"}]
     write_json_rows(tmp_path / "src", rows)
-    committed_run(spark, store, cfg, "run-1", 200)
+    committed_run(spark, ledger, cfg, "run-1", 200)
     append_foreign_row(spark, cfg, 250)  # at/after the shard's upper (200)
 
-    batch = committed_run(spark, store, cfg, "run-2", 300)
+    batch = committed_run(spark, ledger, cfg, "run-2", 300)
     assert query_as_of(update_log(cfg), cfg, 299) == model_query(rows, cfg)
     assert batch.drift_rows == 1
 
 
-def test_new_shard_starts_at_as_of_and_reruns_are_no_ops(spark, warehouse, tmp_path, sqlite_store):
-    store = sqlite_store
+def test_new_shard_starts_at_as_of_and_reruns_are_no_ops(spark, warehouse, tmp_path, sqlite_ledger):
+    ledger = sqlite_ledger
     cfg = make_sink(tmp_path, "fresh", as_of=1000)
     rows = [{"k": 1, "v": "a"}, {"k": 1, "v": "a"}, {"k": 2, "v": None}]
     write_json_rows(tmp_path / "src", rows)
 
     for frontier in (500, 1000):  # not ahead of as_of: nothing to mint, and the message says why
-        m = mint.run_mint(store, cfg, f"early-{frontier}", 1, frontier)
+        m = mint.run_mint(ledger, cfg, f"early-{frontier}", 1, frontier)
         assert m.description is None
         assert f"desired frontier {iso(frontier)} is not ahead of lower {iso(1000)}" in m.message
         assert "already covered" in m.message
-    assert store.get_shard(cfg.name).upper == 0
-    assert store.batches(cfg.name) == []
+    assert ledger.get_shard(cfg.name).upper == 0
+    assert ledger.batches(cfg.name) == []
 
-    batch = committed_run(spark, store, cfg, "run-1", 1500)
+    batch = committed_run(spark, ledger, cfg, "run-1", 1500)
     assert (batch.lower, batch.upper) == (cfg.as_of, 1500)
     log = update_log(cfg)
     assert query_as_of(log, cfg, 999) == Counter()
     assert query_as_of(log, cfg, 1499) == model_query(rows, cfg)
-    assert_ledger(spark, store, cfg, [1500])
+    assert_ledger(spark, ledger, cfg, [1500])
 
     # rerunning the append (or the write) of a committed batch changes nothing
     version = ShardTable(cfg).latest_version()
-    again = append.run_append(store, cfg, batch.batch_id)
+    again = append.run_append(ledger, cfg, batch.batch_id)
     assert again.outcome == "already_committed" and again.delta_version == batch.delta_version
-    rewrite = write.run_write(spark, store, cfg, batch.batch_id)
+    rewrite = write.run_write(spark, ledger, cfg, batch.batch_id)
     assert rewrite.outcome == "skipped" and "committed" in rewrite.message
     assert ShardTable(cfg).latest_version() == version
     assert [m["lower"] for m in batch_commits(spark, cfg)] == [cfg.as_of]
-    assert leftover_staged(store, cfg) == []
+    assert leftover_staged(ledger, cfg) == []
     assert query_as_of(update_log(cfg), cfg, 1499) == model_query(rows, cfg)
-    assert_ledger(spark, store, cfg, [1500])
+    assert_ledger(spark, ledger, cfg, [1500])
 
 
 # --- mint rules (metadata only) ---------------------------------------------------------------
 
 
-def test_mint_rules(tmp_path, sqlite_store):
-    store = sqlite_store
+def test_mint_rules(tmp_path, sqlite_ledger):
+    ledger = sqlite_ledger
     cfg = make_sink(tmp_path, "minty")
 
     # a retried mint of the same run returns the same description while the upper has not moved
-    first = mint.run_mint(store, cfg, "run-a", 1, 300)
-    again = mint.run_mint(store, cfg, "run-a", 2, 300)
+    first = mint.run_mint(ledger, cfg, "run-a", 1, 300)
+    again = mint.run_mint(ledger, cfg, "run-a", 2, 300)
     assert first.description is not None
     assert again.description == first.description
     assert "re-using" in again.message and first.description.batch_id in again.message
 
     # another run minting the same lower supersedes the older description
-    other = mint.run_mint(store, cfg, "run-b", 1, 300)
+    other = mint.run_mint(ledger, cfg, "run-b", 1, 300)
     assert other.description.batch_id != first.description.batch_id
     assert other.description.lower == first.description.lower == AS_OF
-    older = store.get_batch(first.description.batch_id)
+    older = ledger.get_batch(first.description.batch_id)
     assert older.state == SUPERSEDED and other.description.batch_id in older.message
-    assert store.get_batch(other.description.batch_id).state == MINTED
+    assert ledger.get_batch(other.description.batch_id).state == MINTED
     assert "superseding 1 older description" in other.message
 
     # once the upper moved, a retry of the same run describes the rest, from the new upper
-    store.compare_and_set_upper(cfg.name, 0, 200)
-    moved = mint.run_mint(store, cfg, "run-b", 2, 300)
+    ledger.compare_and_set_upper(cfg.name, 0, 200)
+    moved = mint.run_mint(ledger, cfg, "run-b", 2, 300)
     assert (moved.description.lower, moved.description.upper) == (200, 300)
     assert moved.description.batch_id != other.description.batch_id
 
     # read-only: the shard's flag, the run's flag, or the sink's config
-    store.set_read_only(cfg.name, True)
-    ro = mint.run_mint(store, cfg, "run-c", 1, 400)
+    ledger.set_read_only(cfg.name, True)
+    ro = mint.run_mint(ledger, cfg, "run-c", 1, 400)
     assert ro.description is None and "read-only" in ro.message
-    store.set_read_only(cfg.name, False)
-    ro_run = mint.run_mint(store, cfg, "run-c", 1, 400, read_only=True)
+    ledger.set_read_only(cfg.name, False)
+    ro_run = mint.run_mint(ledger, cfg, "run-c", 1, 400, read_only=True)
     assert ro_run.description is None and "read-only" in ro_run.message
     ro_cfg = make_sink(tmp_path, "minty", read_only=True)
-    assert mint.run_mint(store, ro_cfg, "run-c", 1, 400).description is None
-    assert store.get_batch(moved.description.batch_id).state == MINTED  # read-only touched nothing
+    assert mint.run_mint(ledger, ro_cfg, "run-c", 1, 400).description is None
+    assert ledger.get_batch(moved.description.batch_id).state == MINTED  # read-only touched nothing
 
     # read-only off again: the next run mints normally
-    resumed = mint.run_mint(store, cfg, "run-d", 1, 400)
+    resumed = mint.run_mint(ledger, cfg, "run-d", 1, 400)
     assert resumed.description is not None and (resumed.description.lower, resumed.description.upper) == (200, 400)
     assert "minted batch" in resumed.message
 
@@ -368,75 +368,75 @@ def test_mint_rules(tmp_path, sqlite_store):
 
 
 @pytest.mark.parametrize("older_upper, newer_upper", [(200, 300), (300, 200)], ids=["covered", "lost_race"])
-def test_outdated_batch_is_cleaned_up(spark, warehouse, tmp_path, sqlite_store, older_upper, newer_upper):
+def test_outdated_batch_is_cleaned_up(spark, warehouse, tmp_path, sqlite_ledger, older_upper, newer_upper):
     """Two runs describe the same lower; the newer commits; the older's append never writes."""
-    store = sqlite_store
+    ledger = sqlite_ledger
     cfg = make_sink(tmp_path, "outdated")
     rows = [{"k": 1, "v": "a"}, {"k": 2, "v": "b"}]
     write_json_rows(tmp_path / "src", rows)
 
-    older = mint.run_mint(store, cfg, "run-old", 1, older_upper).description
-    assert write.run_write(spark, store, cfg, older.batch_id).outcome == "staged"
+    older = mint.run_mint(ledger, cfg, "run-old", 1, older_upper).description
+    assert write.run_write(spark, ledger, cfg, older.batch_id).outcome == "staged"
     assert files.list_files(ShardTable(cfg).staging_path(older.batch_id))
-    newer_desc = mint.run_mint(store, cfg, "run-new", 1, newer_upper).description
+    newer_desc = mint.run_mint(ledger, cfg, "run-new", 1, newer_upper).description
     assert newer_desc.lower == older.lower
-    assert store.get_batch(older.batch_id).state == SUPERSEDED
+    assert ledger.get_batch(older.batch_id).state == SUPERSEDED
 
     # appending the older one before the newer one commits: a no-op when the newer covers it,
     # refused otherwise; cleaned up and nothing written either way
     if newer_upper >= older_upper:
-        assert append.run_append(store, cfg, older.batch_id).outcome == "superseded"
+        assert append.run_append(ledger, cfg, older.batch_id).outcome == "superseded"
     else:
         with pytest.raises(DescriptionOutdated):
-            append.run_append(store, cfg, older.batch_id)
+            append.run_append(ledger, cfg, older.batch_id)
     # its files stay until the shard's upper passes its lower: an append of it already in
     # flight may still commit them (the guard lets one batch of each lower through)
     assert files.list_files(ShardTable(cfg).staging_path(older.batch_id))
     assert batch_commits(spark, cfg) == []
-    assert store.get_shard(cfg.name).upper < AS_OF
-    assert store.get_batch(newer_desc.batch_id).state == MINTED  # the newer description stays valid
+    assert ledger.get_shard(cfg.name).upper < AS_OF
+    assert ledger.get_batch(newer_desc.batch_id).state == MINTED  # the newer description stays valid
 
     # the newer one commits; appending the older one again never writes
-    assert write.run_write(spark, store, cfg, newer_desc.batch_id).outcome == "staged"
-    assert append.run_append(store, cfg, newer_desc.batch_id).outcome == "committed"
-    newer = store.get_batch(newer_desc.batch_id)
+    assert write.run_write(spark, ledger, cfg, newer_desc.batch_id).outcome == "staged"
+    assert append.run_append(ledger, cfg, newer_desc.batch_id).outcome == "committed"
+    newer = ledger.get_batch(newer_desc.batch_id)
 
     if newer_upper >= older_upper:
-        result = append.run_append(store, cfg, older.batch_id)
+        result = append.run_append(ledger, cfg, older.batch_id)
         assert result.outcome == "covered"
         assert "already covered" in result.message
     else:
         with pytest.raises(LostRace) as info:
-            append.run_append(store, cfg, older.batch_id)
+            append.run_append(ledger, cfg, older.batch_id)
         assert f"upper to {iso(newer_upper)}" in str(info.value) and "nothing was written" in str(info.value)
         assert "Remedy:" in str(info.value)
 
-    assert store.get_batch(older.batch_id).state == SUPERSEDED
+    assert ledger.get_batch(older.batch_id).state == SUPERSEDED
     assert not files.list_files(ShardTable(cfg).staging_path(older.batch_id))
     assert older.batch_id not in files.list_dirs(ShardTable(cfg).staging_root)
     assert [m["batch_id"] for m in batch_commits(spark, cfg)] == [newer.batch_id]
     assert query_as_of(update_log(cfg), cfg, newer_upper - 1) == model_query(rows, cfg)
-    assert_ledger(spark, store, cfg, [newer_upper])
+    assert_ledger(spark, ledger, cfg, [newer_upper])
 
 
 @pytest.mark.parametrize("older_upper, newer_upper", [(200, 300), (300, 200)], ids=["covered", "narrower"])
 def test_superseded_batch_message_names_its_successor(
-    spark, warehouse, tmp_path, sqlite_store, older_upper, newer_upper
+    spark, warehouse, tmp_path, sqlite_ledger, older_upper, newer_upper
 ):
     """An older description appended before its successor commits: a successor that covers its
     interval makes it a no-op; a narrower one makes it fail harmlessly. Either way it says why."""
-    store = sqlite_store
+    ledger = sqlite_ledger
     cfg = make_sink(tmp_path, "early")
     write_json_rows(tmp_path / "src", [{"k": 1, "v": "a"}])
-    older = mint.run_mint(store, cfg, "run-old", 1, older_upper).description
-    assert write.run_write(spark, store, cfg, older.batch_id).outcome == "staged"
-    newer = mint.run_mint(store, cfg, "run-new", 1, newer_upper).description
+    older = mint.run_mint(ledger, cfg, "run-old", 1, older_upper).description
+    assert write.run_write(spark, ledger, cfg, older.batch_id).outcome == "staged"
+    newer = mint.run_mint(ledger, cfg, "run-new", 1, newer_upper).description
     if newer_upper >= older_upper:
-        result = append.run_append(store, cfg, older.batch_id)
+        result = append.run_append(ledger, cfg, older.batch_id)
         assert result.outcome == "superseded" and newer.batch_id in result.message, result
     else:
         with pytest.raises(DescriptionOutdated) as info:
-            append.run_append(store, cfg, older.batch_id)
+            append.run_append(ledger, cfg, older.batch_id)
         text = str(info.value)
         assert "superseded" in text and newer.batch_id in text, text
         # true in the narrower-winner case: the winner covers only part; the rest comes next
@@ -445,20 +445,20 @@ def test_superseded_batch_message_names_its_successor(
         assert "the superseding run appends this interval" not in text
     # its staged files stay until the shard's upper passes its lower (an append in flight may still commit them)
     assert ShardTable(cfg).staged_attempts(older.batch_id)
-    assert store.get_shard(cfg.name).upper <= cfg.as_of  # nothing was committed
+    assert ledger.get_shard(cfg.name).upper <= cfg.as_of  # nothing was committed
 
 
 def test_a_narrower_winner_of_an_unscheduled_sink_asks_for_the_run_to_be_cleared(
-    spark, warehouse, tmp_path, sqlite_store
+    spark, warehouse, tmp_path, sqlite_ledger
 ):
-    store = sqlite_store
+    ledger = sqlite_ledger
     cfg = make_sink(tmp_path, "manual_only", schedule="none")
     write_json_rows(tmp_path / "src", [{"k": 1, "v": "a"}])
-    older = mint.run_mint(store, cfg, "run-old", 1, 300).description
-    assert write.run_write(spark, store, cfg, older.batch_id).outcome == "staged"
-    mint.run_mint(store, cfg, "run-new", 1, 200)
+    older = mint.run_mint(ledger, cfg, "run-old", 1, 300).description
+    assert write.run_write(spark, ledger, cfg, older.batch_id).outcome == "staged"
+    mint.run_mint(ledger, cfg, "run-new", 1, 200)
     with pytest.raises(DescriptionOutdated) as info:
-        append.run_append(store, cfg, older.batch_id)
+        append.run_append(ledger, cfg, older.batch_id)
     assert f"a new run appends [{iso(200)}, {iso(300)}): `airflow dags trigger manual_only`" in str(info.value)
 
 
@@ -475,51 +475,51 @@ def test_a_narrower_winner_of_an_unscheduled_sink_asks_for_the_run_to_be_cleared
 )
 def test_crash_after_delta_commit_is_recovered(spark, warehouse, tmp_path, monkeypatch, request, kind, metadata):
     if metadata == "sqlite":
-        store = request.getfixturevalue("sqlite_store")
+        ledger = request.getfixturevalue("sqlite_ledger")
     else:  # the same end-to-end run with the ledger on PostgreSQL
         url = request.getfixturevalue("pg_url")
         monkeypatch.setenv("RECONCILE_METADATA_URL", url)
-        store = Ledger(url)
-        request.addfinalizer(store.dispose)
+        ledger = Ledger(url)
+        request.addfinalizer(ledger.dispose)
     cfg = make_sink(tmp_path, "crashy")
     rows1 = [{"k": 1, "v": "a"}, {"k": 2, "v": "b"}]
     rows2 = [{"k": 1, "v": "a"}, {"k": 3, "v": "c"}, {"k": 3, "v": "c"}]
     write_json_rows(tmp_path / "src", rows1)
-    committed_run(spark, store, cfg, "run-1", 200)
+    committed_run(spark, ledger, cfg, "run-1", 200)
 
     write_json_rows(tmp_path / "src", rows2)
-    desc = mint.run_mint(store, cfg, "run-2", 1, 300).description
-    assert write.run_write(spark, store, cfg, desc.batch_id).outcome == "staged"
+    desc = mint.run_mint(ledger, cfg, "run-2", 1, 300).description
+    assert write.run_write(spark, ledger, cfg, desc.batch_id).outcome == "staged"
     failpoints.arm(kind, "raise")
     try:
         with pytest.raises(FailPointHit, match=kind):
-            append.run_append(store, cfg, desc.batch_id)
+            append.run_append(ledger, cfg, desc.batch_id)
     finally:
         failpoints.disarm_all()
 
     # the Delta log holds the batch, the metadata does not know yet
     assert [m["batch_id"] for m in batch_commits(spark, cfg)][-1] == desc.batch_id
-    assert store.get_shard(cfg.name).upper == 200
-    assert store.get_batch(desc.batch_id).state == STAGED
+    assert ledger.get_shard(cfg.name).upper == 200
+    assert ledger.get_batch(desc.batch_id).state == STAGED
 
-    result = append.run_append(store, cfg, desc.batch_id)
+    result = append.run_append(ledger, cfg, desc.batch_id)
     assert result.outcome == "recovered", result.message
     assert "earlier attempt had committed this batch" in result.message
-    assert store.get_shard(cfg.name).upper == 300
-    assert store.get_batch(desc.batch_id).state == COMMITTED
+    assert ledger.get_shard(cfg.name).upper == 300
+    assert ledger.get_batch(desc.batch_id).state == COMMITTED
     assert [m["lower"] for m in batch_commits(spark, cfg)] == [AS_OF, 200]  # once, never twice
-    assert leftover_staged(store, cfg) == []
+    assert leftover_staged(ledger, cfg) == []
     log = update_log(cfg)
     assert query_as_of(log, cfg, 299) == model_query(rows2, cfg)
     assert query_as_of(log, cfg, 199) == model_query(rows1, cfg)
-    assert_ledger(spark, store, cfg, [200, 300])
+    assert_ledger(spark, ledger, cfg, [200, 300])
 
 
 # --- a changelog sink -------------------------------------------------------------------------
 
 
-def test_changelog_sink_history(spark, warehouse, tmp_path, sqlite_store):
-    store = sqlite_store
+def test_changelog_sink_history(spark, warehouse, tmp_path, sqlite_ledger):
+    ledger = sqlite_ledger
     cfg = make_sink(tmp_path, "events", kind="changelog")
     source: list[dict] = []
     frontiers: list[int] = []
@@ -531,7 +531,7 @@ def test_changelog_sink_history(spark, warehouse, tmp_path, sqlite_store):
     for i, (frontier, new) in enumerate(CHANGELOG_NEW):
         source += new
         write_json_rows(tmp_path / "log", source)
-        batch = committed_run(spark, store, cfg, f"run-{i}", frontier)
+        batch = committed_run(spark, ledger, cfg, f"run-{i}", frontier)
         frontiers.append(frontier)
         assert (batch.lower, batch.upper) == ((frontiers[-2] if i else AS_OF), frontier)
 
@@ -541,22 +541,22 @@ def test_changelog_sink_history(spark, warehouse, tmp_path, sqlite_store):
         runs = CHANGELOG_NEW[: i + 1]
         for t in range(AS_OF - 1, frontier):
             assert as_of(log, cfg, t) == changelog_model(runs, t), f"after run {i}, as of {t}"
-        assert_ledger(spark, store, cfg, frontiers)
+        assert_ledger(spark, ledger, cfg, frontiers)
 
     log = update_log(cfg)
     assert {(u["k"], u["_time"], u["_diff"]) for u in log if u["k"] in (6, 9)} == {(6, 250, 1), (9, 300, 1)}
     assert max(u["_diff"] for u in log) >= 2 and min(u["_diff"] for u in log) < 0
 
 
-def test_read_as_of_splits_ok_rows_and_errors(spark, warehouse, tmp_path, sqlite_store):
+def test_read_as_of_splits_ok_rows_and_errors(spark, warehouse, tmp_path, sqlite_ledger):
     """The reading API: consolidated rows with their multiplicity, errors apart, as of any time."""
     from reconcile.storage.frames import read_as_of
 
     cfg = make_sink(tmp_path, "reader")
     write_json_rows(tmp_path / "src", [{"k": 1, "v": "a"}, {"k": 1, "v": "a"}, {"k": None, "v": "x"}])
-    run_stages(spark, sqlite_store, cfg, "run-1", 200)
+    run_stages(spark, sqlite_ledger, cfg, "run-1", 200)
     write_json_rows(tmp_path / "src", [{"k": 2, "v": "b"}])
-    run_stages(spark, sqlite_store, cfg, "run-2", 300)
+    run_stages(spark, sqlite_ledger, cfg, "run-2", 300)
     ok, errs = read_as_of(spark, ShardTable(cfg), 199)
     assert sorted(tuple(r) for r in ok.collect()) == [(1, "a", 2)]
     assert [r["_count"] for r in errs.collect()] == [1] and "'k'" in errs.first()["_error"]

@@ -807,22 +807,22 @@ def test_changelog_and_upsert_counters_are_numbers_or_refused(spark, sinks_dir, 
 @example(
     case=Case([("double", "bigint", False), ("string", "date", True)], [[1.5, "2020-01-01"], [2.0, "x"], [None, None]])
 )
-def test_a_batch_commits_every_row_or_nothing(spark, warehouse, tmp_path, sqlite_store, case):
+def test_a_batch_commits_every_row_or_nothing(spark, warehouse, tmp_path, sqlite_ledger, case):
     name = new_name("batch")
     write_source(tmp_path / f"src_{name}", "parquet", case)
     cfg = query_sink(tmp_path, case, name, "parquet")
     ShardTable(cfg).ensure()
-    before = snapshot(spark, sqlite_store, cfg)
+    before = snapshot(spark, sqlite_ledger, cfg)
     bad = first_refused(case)
     try:
-        _, w, a = run_stages(spark, sqlite_store, cfg, "run-1", 200)
+        _, w, a = run_stages(spark, sqlite_ledger, cfg, "run-1", 200)
     except SourceError as exc:
         assert bad is not None, str(exc)
         assert_refusal(exc, cfg, case, bad)
-        after = snapshot(spark, sqlite_store, cfg)
+        after = snapshot(spark, sqlite_ledger, cfg)
         assert after.upper == cfg.as_of == 0  # mint made the shard's row; nothing moved it
         assert (after.version, after.commits, after.committed) == (before.version, (), ())
-        assert files.list_dirs(ShardTable(cfg).staging_root) in ([], [b.batch_id for b in sqlite_store.batches(name)])
+        assert files.list_dirs(ShardTable(cfg).staging_root) in ([], [b.batch_id for b in sqlite_ledger.batches(name)])
         return
     assert bad is None
     assert a is not None and a.outcome == "committed", a
@@ -849,7 +849,7 @@ CLI_CASES = {  # name: (format, source columns as written, sink type of c0, the 
 
 @pytest.mark.parametrize("which", list(CLI_CASES))
 def test_cli_run_prints_one_line_and_commits_nothing(
-    spark, warehouse, tmp_path, sqlite_store, monkeypatch, capfd, which
+    spark, warehouse, tmp_path, sqlite_ledger, monkeypatch, capfd, which
 ):
     fmt, data, sink_type, source_type = CLI_CASES[which]
     src = tmp_path / "src"
@@ -874,11 +874,11 @@ def test_cli_run_prints_one_line_and_commits_nothing(
     assert text.startswith(f"error: sink '{name}': the result of query.sql: column 'c0' is {source_type}, "), text
     assert f"which cannot become the sink's type {sink_type}" in text and "Remedy:" in text, text
     assert "Traceback" not in out + err and "Py4J" not in out + err and "Exception" not in out + err
-    assert sqlite_store.get_shard(name).upper == 0  # the batch was never appended
+    assert sqlite_ledger.get_shard(name).upper == 0  # the batch was never appended
     assert (
         ShardTable(cfg).latest_version() == version
         and commits.batch_commits(ShardTable(cfg).history_since(-1)[1]) == []
     )
-    assert files.list_dirs(ShardTable(cfg).staging_root) in ([], [b.batch_id for b in sqlite_store.batches(name)])
-    for b in sqlite_store.batches(name):
+    assert files.list_dirs(ShardTable(cfg).staging_root) in ([], [b.batch_id for b in sqlite_ledger.batches(name)])
+    for b in sqlite_ledger.batches(name):
         assert files.list_files(ShardTable(cfg).staging_path(b.batch_id)) == {}

@@ -16,25 +16,25 @@ from reconcile.storage.delta import ShardTable
 from upsert_model import HINT, UpsertModel, check_against, cmd, feed_rows, ok_rows, upsert_sink
 
 
-def test_inserts_updates_deletes_and_reinserts(spark, warehouse, tmp_path, sqlite_store):
+def test_inserts_updates_deletes_and_reinserts(spark, warehouse, tmp_path, sqlite_ledger):
     cfg = upsert_sink(tmp_path)
     model = UpsertModel()
     feed = [cmd(1, "a", 150, 1), cmd(2, "b", 160, 2), cmd(1, "a2", 170, 3)]
     feed_rows(tmp_path, feed)
-    run_stages(spark, sqlite_store, cfg, "r1", 200)
+    run_stages(spark, sqlite_ledger, cfg, "r1", 200)
     model.batch(feed, 100, 200)
     check_against(spark, cfg, model, [149, 150, 165, 170, 199])
 
     feed += [cmd(2, None, 210, 4), cmd(1, "a3", 220, 5), cmd(2, "b2", 230, 6), cmd(3, None, 240, 7)]
     feed_rows(tmp_path, feed)
-    run_stages(spark, sqlite_store, cfg, "r2", 300)
+    run_stages(spark, sqlite_ledger, cfg, "r2", 300)
     model.batch(feed, 200, 300)
     check_against(spark, cfg, model, [199, 210, 220, 230, 240, 299])
     assert model.as_of(299) == Counter({(1, "a3", None): 1, (2, "b2", None): 1})
-    assert check.violations(sqlite_store, cfg, spark=spark) == []
+    assert check.violations(sqlite_ledger, cfg, spark=spark) == []
 
 
-def test_highest_offset_wins_per_key_and_time_and_replays_change_nothing(spark, warehouse, tmp_path, sqlite_store):
+def test_highest_offset_wins_per_key_and_time_and_replays_change_nothing(spark, warehouse, tmp_path, sqlite_ledger):
     cfg = upsert_sink(tmp_path)
     model = UpsertModel()
     # out-of-order offsets in the file, duplicates, many commands per key in one batch
@@ -49,7 +49,7 @@ def test_highest_offset_wins_per_key_and_time_and_replays_change_nothing(spark, 
         cmd(2, "w", 190, 8),
     ]
     feed_rows(tmp_path, feed)
-    _, w, _ = run_stages(spark, sqlite_store, cfg, "r1", 200)
+    _, w, _ = run_stages(spark, sqlite_ledger, cfg, "r1", 200)
     model.batch(feed, 100, 200)
     check_against(spark, cfg, model, [119, 120, 135, 150, 189, 199])
     assert model.as_of(199) == Counter({(1, "late-off", None): 1, (2, "w", None): 1})
@@ -57,48 +57,48 @@ def test_highest_offset_wins_per_key_and_time_and_replays_change_nothing(spark, 
     # a replay of commands already applied (same offsets) changes nothing
     replay = feed + [cmd(1, "late-off", 150, 9), cmd(2, "y", 130, 5)]
     feed_rows(tmp_path, replay)
-    _, w2, _ = run_stages(spark, sqlite_store, cfg, "r2", 300)
+    _, w2, _ = run_stages(spark, sqlite_ledger, cfg, "r2", 300)
     model.batch(replay, 200, 300)
     assert w2.rows_ok == 0 and w2.rows_err == 0
     check_against(spark, cfg, model, [250, 299])
 
 
-def test_commands_at_or_after_upper_wait_and_late_commands_are_counted(spark, warehouse, tmp_path, sqlite_store):
+def test_commands_at_or_after_upper_wait_and_late_commands_are_counted(spark, warehouse, tmp_path, sqlite_ledger):
     cfg = upsert_sink(tmp_path)
     model = UpsertModel()
     feed = [cmd(1, "a", 150, 1), cmd(2, "future", 250, 2), cmd(3, "far", 400, 3)]
     feed_rows(tmp_path, feed)
-    run_stages(spark, sqlite_store, cfg, "r1", 200)
+    run_stages(spark, sqlite_ledger, cfg, "r1", 200)
     model.batch(feed, 100, 200)
     assert ok_rows(shard_as_of(cfg, 199)) == Counter({(1, "a", None): 1})
 
     # a late command: time 160 (< lower 200), arrived after batch 1 read the feed
     feed += [cmd(1, "late", 160, 4), cmd(4, "late-new", 120, 5)]
     feed_rows(tmp_path, feed)
-    _, w, _ = run_stages(spark, sqlite_store, cfg, "r2", 300)
+    _, w, _ = run_stages(spark, sqlite_ledger, cfg, "r2", 300)
     model.batch(feed, 200, 300)
     check_against(spark, cfg, model, [199, 200, 249, 250, 299])
-    b = sqlite_store.batch_of_run(cfg.name, "r2")
+    b = sqlite_ledger.batch_of_run(cfg.name, "r2")
     assert b.late_commands == 2 == model.late
     assert b.source_offset == 5
     # history before lower is not rewritten: the late value appears at lower
     assert ok_rows(shard_as_of(cfg, 199)) == Counter({(1, "a", None): 1})
     assert ok_rows(shard_as_of(cfg, 200))[(1, "late", None)] == 1
 
-    run_stages(spark, sqlite_store, cfg, "r3", 500)
+    run_stages(spark, sqlite_ledger, cfg, "r3", 500)
     model.batch(feed, 300, 500)
     check_against(spark, cfg, model, [399, 400, 499])
-    assert sqlite_store.batch_of_run(cfg.name, "r3").late_commands == 0
+    assert sqlite_ledger.batch_of_run(cfg.name, "r3").late_commands == 0
 
 
 @pytest.mark.slow  # the quick tier keeps the random feeds against the model
-def test_feedback_repairs_a_key_tampered_into_two_values(spark, warehouse, tmp_path, sqlite_store):
+def test_feedback_repairs_a_key_tampered_into_two_values(spark, warehouse, tmp_path, sqlite_ledger):
     from pyspark.sql import functions as F
 
     cfg = upsert_sink(tmp_path)
     feed = [cmd(1, "a", 150, 1), cmd(2, "b", 150, 2)]
     feed_rows(tmp_path, feed)
-    run_stages(spark, sqlite_store, cfg, "r1", 200)
+    run_stages(spark, sqlite_ledger, cfg, "r1", 200)
     # behind the sink's back: key 1 gets a second value, key 2 a duplicate
     tamper = frames.read_updates(spark, ShardTable(cfg)).where(F.col("k") == 1).withColumn("v", F.lit("rogue"))
     dup = frames.read_updates(spark, ShardTable(cfg)).where(F.col("k") == 2)
@@ -106,17 +106,17 @@ def test_feedback_repairs_a_key_tampered_into_two_values(spark, warehouse, tmp_p
     broken = upsert.violations(cfg, frames.read_updates(spark, ShardTable(cfg)), 199)
     assert any("key {'k': 1} has 2 values" in v for v in broken), broken
     assert any("has count 2" in v for v in broken), broken
-    assert any("has 2 values" in v for v in check.violations(sqlite_store, cfg, spark=spark))
+    assert any("has 2 values" in v for v in check.violations(sqlite_ledger, cfg, spark=spark))
 
     feed += [cmd(1, "a2", 210, 3), cmd(2, None, 220, 4)]
     feed_rows(tmp_path, feed)
-    run_stages(spark, sqlite_store, cfg, "r2", 300)
+    run_stages(spark, sqlite_ledger, cfg, "r2", 300)
     assert ok_rows(shard_as_of(cfg, 299)) == Counter({(1, "a2", None): 1})
     assert upsert.violations(cfg, frames.read_updates(spark, ShardTable(cfg)), 299) == []
 
 
 def test_error_values_keep_their_key_and_unkeyed_commands_are_error_rows_of_their_own(
-    spark, warehouse, tmp_path, sqlite_store
+    spark, warehouse, tmp_path, sqlite_ledger
 ):
     cfg = upsert_sink(
         tmp_path,
@@ -134,7 +134,7 @@ def test_error_values_keep_their_key_and_unkeyed_commands_are_error_rows_of_thei
         {"k": 4, "v": "e", "n": 4, "ts": "soon", "off": 5},  # a time that is not an integer
     ]
     write_json_rows(tmp_path / "feed", rows)
-    run_stages(spark, sqlite_store, cfg, "r1", 200)
+    run_stages(spark, sqlite_ledger, cfg, "r1", 200)
     got = shard_as_of(cfg, 199)
     assert ok_rows(got) == Counter({(1, "a", 1, None): 1})
     errors = {k: n for k, n in got.items() if k[-1] is not None}
@@ -148,13 +148,13 @@ def test_error_values_keep_their_key_and_unkeyed_commands_are_error_rows_of_thei
     # a good command for key 2 retracts its error value; the unkeyed errors are not repeated
     rows.append({"k": 2, "v": "fixed", "n": 2, "ts": 250, "off": 6})
     write_json_rows(tmp_path / "feed", rows)
-    run_stages(spark, sqlite_store, cfg, "r2", 300)
+    run_stages(spark, sqlite_ledger, cfg, "r2", 300)
     got = shard_as_of(cfg, 299)
     assert ok_rows(got) == Counter({(1, "a", 1, None): 1, (2, "fixed", 2, None): 1})
     assert Counter(k[0] for k, n in got.items() if k[-1] is not None for _ in range(n)) == Counter({3: 1, None: 2})
 
 
-def test_delete_column_marks_deletes(spark, warehouse, tmp_path, sqlite_store):
+def test_delete_column_marks_deletes(spark, warehouse, tmp_path, sqlite_ledger):
     cfg = upsert_sink(tmp_path, upsert={"delete": {"column": "op", "values": ["d", "D"]}})
     model = UpsertModel(delete_field="op", delete_values=("d", "D"))
     feed = [
@@ -165,14 +165,14 @@ def test_delete_column_marks_deletes(spark, warehouse, tmp_path, sqlite_store):
         cmd(3, "c", 170, 5, op="d"),
     ]
     write_json_rows(tmp_path / "feed", feed + [{**HINT, "op": "u"}])
-    run_stages(spark, sqlite_store, cfg, "r1", 200)
+    run_stages(spark, sqlite_ledger, cfg, "r1", 200)
     model.batch(feed, 100, 200)
     check_against(spark, cfg, model, [150, 160, 170, 199])
     assert model.as_of(199) == Counter({(2, None, None): 1})  # a null value is a value here
 
 
 @pytest.mark.parametrize("seed", [1, 2, 3])
-def test_random_feeds_match_the_model(spark, warehouse, tmp_path, sqlite_store, seed):
+def test_random_feeds_match_the_model(spark, warehouse, tmp_path, sqlite_ledger, seed):
     rng = random.Random(seed)
     cfg = upsert_sink(tmp_path, partitions=rng.choice([1, 3]))
     model = UpsertModel()
@@ -189,12 +189,12 @@ def test_random_feeds_match_the_model(spark, warehouse, tmp_path, sqlite_store, 
             feed.append(dict(rng.choice(feed)))  # a duplicate delivery
         rng.shuffle(feed)
         feed_rows(tmp_path, feed)
-        run_stages(spark, sqlite_store, cfg, f"r{run}", upper)
+        run_stages(spark, sqlite_ledger, cfg, f"r{run}", upper)
         model.batch(feed, lower, upper)
         check_against(spark, cfg, model, sorted({lower, (lower + upper) // 2, upper - 1}))
         lower = upper
-    assert check.violations(sqlite_store, cfg, spark=spark) == []
-    assert sum(b.late_commands or 0 for b in sqlite_store.batches(cfg.name)) == model.late
+    assert check.violations(sqlite_ledger, cfg, spark=spark) == []
+    assert sum(b.late_commands or 0 for b in sqlite_ledger.batches(cfg.name)) == model.late
 
 
 def _rows_read(spark) -> dict[int, int]:
@@ -204,7 +204,7 @@ def _rows_read(spark) -> dict[int, int]:
     return {int(s.stageId()): int(s.inputRecords()) for s in (stages.apply(i) for i in range(stages.size()))}
 
 
-def test_a_batch_reads_the_feed_once_and_skips_files_the_shard_has_applied(spark, warehouse, tmp_path, sqlite_store):
+def test_a_batch_reads_the_feed_once_and_skips_files_the_shard_has_applied(spark, warehouse, tmp_path, sqlite_ledger):
     """A Parquet file whose commands are all older than lower and at or below the watermark is
     not read (its statistics rule it out), and the other feed rows are read once per batch."""
     cfg = upsert_sink(tmp_path, upsert={"source": {"format": "parquet", "path": "feed"}})
@@ -218,7 +218,7 @@ def test_a_batch_reads_the_feed_once_and_skips_files_the_shard_has_applied(spark
 
     first = [cmd(k, f"a{k}", 100 + k, k) for k in range(40)]
     append(first)
-    run_stages(spark, sqlite_store, cfg, "r1", 200)
+    run_stages(spark, sqlite_ledger, cfg, "r1", 200)
     model.batch(first, 100, 200)
     # the second file: 8 commands of this batch, one late (time 150: before lower, offset above
     # the watermark), one waiting for the next batch (time 300)
@@ -228,25 +228,25 @@ def test_a_batch_reads_the_feed_once_and_skips_files_the_shard_has_applied(spark
     ]
     append(second)
     before = _rows_read(spark)
-    run_stages(spark, sqlite_store, cfg, "r2", 300)
+    run_stages(spark, sqlite_ledger, cfg, "r2", 300)
     read = sum(n for stage, n in _rows_read(spark).items() if stage not in before)
     model.batch(first + second, 200, 300)
     check_against(spark, cfg, model, [199, 200, 299])
-    b = sqlite_store.batch_of_run(cfg.name, "r2")
+    b = sqlite_ledger.batch_of_run(cfg.name, "r2")
     assert (b.late_commands, b.source_offset) == (1, 201)
     # the shard as of batch 1 (40 rows) once, the second file once, nothing of the first file
     assert read == len(first) + len(second), read
 
 
-def test_feed_missing_a_column_is_a_clear_error(spark, warehouse, tmp_path, sqlite_store):
+def test_feed_missing_a_column_is_a_clear_error(spark, warehouse, tmp_path, sqlite_ledger):
     cfg = upsert_sink(tmp_path)
     write_json_rows(tmp_path / "feed", [{"k": 1, "v": "a", "ts": 150}])
     with pytest.raises(SourceError, match=r"upsert.source lacks column\(s\) \['off'\]"):
-        run_stages(spark, sqlite_store, cfg, "r1", 200)
-    assert not sqlite_store.batches(cfg.name, ("committed",))
+        run_stages(spark, sqlite_ledger, cfg, "r1", 200)
+    assert not sqlite_ledger.batches(cfg.name, ("committed",))
 
 
-def test_cli_status_check_and_dry_run_of_an_upsert_sink(spark, warehouse, tmp_path, sqlite_store, monkeypatch, capsys):
+def test_cli_status_check_and_dry_run_of_an_upsert_sink(spark, warehouse, tmp_path, sqlite_ledger, monkeypatch, capsys):
     from reconcile import cli
 
     monkeypatch.setenv("RECONCILE_SINKS_DIR", str(tmp_path))

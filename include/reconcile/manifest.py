@@ -97,7 +97,7 @@ class Manifest:
     # -- serialized -----------------------------------------------------------------------------
 
     def to_dict(self) -> dict[str, Any]:
-        feed = {} if self.feed is None else self.feed.to_dict()
+        feed = FeedProgress.flat(self.feed)
         out: dict[str, Any] = {
             "batch_id": self.batch_id,
             "stage_id": self.stage_id,

@@ -111,6 +111,11 @@ class FeedProgress:
         """The flat keys (a None kept)."""
         return {k: getattr(self, k) for k in self.KEYS}
 
+    @staticmethod
+    def flat(feed: FeedProgress | None) -> dict[str, int | None]:
+        """The flat keys of ``feed``; none without a feed (a kind that reads none)."""
+        return {} if feed is None else feed.to_dict()
+
     @classmethod
     def from_dict(cls, raw: Mapping[str, Any]) -> FeedProgress | None:
         """The progress the flat keys of ``raw`` record (a manifest's); None when it holds none of

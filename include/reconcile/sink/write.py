@@ -50,7 +50,7 @@ from reconcile.errors import StagedBatchInvalid
 from reconcile.failpoints import failpoint
 from reconcile.log import event, iso
 from reconcile.manifest import Manifest, ManifestUnreadable, Part
-from reconcile.model import COMMITTED, OPEN_STATES, STAGED, BatchDescription, Outcome, Staged
+from reconcile.model import COMMITTED, OPEN_STATES, STAGED, BatchDescription, FeedProgress, Outcome, Staged
 from reconcile.sink import catalog
 from reconcile.sink import drift as drift_
 from reconcile.sink.sync import sync
@@ -501,7 +501,7 @@ def record(attempt: Attempt, staged: StagedFiles) -> WriteResult:
     if not won:
         return attempt.lost()
     failpoint("write.after_staged")
-    progress = {} if feed is None else feed.to_dict()
+    progress = FeedProgress.flat(feed)
     msg = event(log, "staged batch", **row.summary(), partitions=attempt.cfg.partitions, **progress, **state)
     parts = manifest.to_dict()["parts"]
     return WriteResult(Outcome.STAGED, msg, manifest.rows_ok, manifest.rows_err, drift, parts, desc.batch_id)
