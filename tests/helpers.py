@@ -7,6 +7,8 @@ under test.
 
 from __future__ import annotations
 
+import ast
+import gc
 import json
 from collections import Counter
 from collections.abc import Iterable, Iterator
@@ -430,3 +432,18 @@ def until(what: str, probe, timeout: float = 900, every: float = 1.0):
             return found
         time.sleep(every)
     pytest.fail(f"timed out waiting for {what}")
+
+
+def parse_source(path: Path) -> ast.Module:
+    """The syntax tree of the Python file ``path``, parsed with the cyclic garbage collector
+    paused. On Python 3.11 the AST builder's recursion count is shared by every parse in the
+    interpreter: a collection inside the parse can run py4j's finalizers, whose log line for a
+    stale gateway connection formats a traceback, which parses its source line for the caret
+    marks; the outer parse then fails with "AST constructor recursion depth mismatch"."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        return ast.parse(path.read_text(), filename=str(path))
+    finally:
+        if enabled:
+            gc.enable()

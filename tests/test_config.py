@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from helpers import parse_source
 from reconcile.config import TYPES, ChangelogSink, Column, QuerySink, Source, UpsertSink
 from reconcile.config_loading import load_dir, load_file
 from reconcile.config_messages import problems_of
@@ -533,13 +534,12 @@ def test_every_config_writer_of_the_tests_is_listed():
     """A function of the tests that builds a sink config (a dict with a "kind" key, or YAML text
     with a kind: line) is one whose configs the schema checks, or is listed as writing none."""
     import ast
-    import re
 
     found = set()
     for path in sorted((ROOT / "tests").glob("*.py")):
         if path.name == "test_config.py":
             continue
-        for node in ast.walk(ast.parse(path.read_text())):
+        for node in ast.walk(parse_source(path)):
             if not isinstance(node, ast.FunctionDef):
                 continue
             for inner in ast.walk(node):

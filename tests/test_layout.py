@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from helpers import parse_source
+
 PKG = Path(__file__).resolve().parents[1] / "include" / "reconcile"
 STAGES = {"mint", "write", "append", "compact", "check"}
 
@@ -27,7 +29,7 @@ def imports_of(path: Path) -> set[str]:
     """Every ``reconcile...`` module a file imports (``from reconcile.x import y`` counts both
     ``reconcile.x`` and ``reconcile.x.y``, since y may be a module)."""
     found = set()
-    for node in ast.walk(ast.parse(path.read_text())):
+    for node in ast.walk(parse_source(path)):
         if isinstance(node, ast.Import):
             found |= {a.name for a in node.names if a.name.startswith("reconcile")}
         elif isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("reconcile"):
@@ -84,7 +86,7 @@ def test_import_rules(name):
 
 def _sink_models() -> set[str]:
     """The config models of the sink kinds (the subclasses of ``SinkConfig`` in config.py)."""
-    tree = ast.parse((PKG / "config.py").read_text())
+    tree = parse_source(PKG / "config.py")
     return {
         node.name
         for node in tree.body
@@ -111,7 +113,7 @@ def kind_checks(path: Path, models: set[str], kinds: set[str]) -> list[str]:
         return any(isinstance(v, ast.Constant) and v.value in kinds for v in values)
 
     found: list[tuple[int, str]] = []
-    for node in ast.walk(ast.parse(path.read_text())):
+    for node in ast.walk(parse_source(path)):
         hit = (
             (
                 isinstance(node, ast.Call)
@@ -154,7 +156,7 @@ def modules_imported(path: Path) -> set[str]:
     reconcile.x import y`` imports the module ``reconcile.x.y`` if there is one, else
     ``reconcile.x``)."""
     found = set()
-    for node in ast.walk(ast.parse(path.read_text())):
+    for node in ast.walk(parse_source(path)):
         if isinstance(node, ast.Import):
             found |= {a.name for a in node.names}
         elif isinstance(node, ast.ImportFrom) and node.module:
@@ -203,7 +205,7 @@ def test_no_test_module_imports_another():
     names = {p.stem for p in tests.glob("test_*.py")}
     found = []
     for path in sorted(tests.glob("*.py")):
-        for node in ast.walk(ast.parse(path.read_text())):
+        for node in ast.walk(parse_source(path)):
             mods = [a.name for a in node.names] if isinstance(node, ast.Import) else []
             if isinstance(node, ast.ImportFrom) and node.module:
                 mods = [node.module]
