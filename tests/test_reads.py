@@ -134,6 +134,7 @@ def test_a_time_inside_a_query_batch_before_its_stamp_is_explained(
     assert "note:" not in out and "  2  b  1" in out, out
 
 
+@pytest.mark.slow  # test_deletion_vectors keeps the vector reads in the quick tier
 def test_a_deletion_vector_is_read_through_delta_rs(spark, warehouse, tmp_path, sqlite_ledger):
     """A table only Delta's own readers read (a deletion vector written behind the sink's back):
     delta-rs scans it for DuckDB, and the reads still equal Spark's."""
