@@ -1,13 +1,14 @@
 """Installed into an existing Airflow deployment exactly as docs/install.md says. The deployment: a
 fresh virtualenv where ``pip install apache-airflow==3.3.2`` brought whatever Airflow 3.3 brings
-today (uv installs it here: the same packages as pip's, 2 s instead of 17). install.md's own commands then run as printed (its ``install`` block, in a copy of this tree:
-the deployment's pip builds the wheel and installs it, no constraint file): no package the
-deployment had goes down or away (packaging's version order), and ``pip check`` passes. A fresh
-AIRFLOW_HOME whose dags folder holds only the two-line DAG file and whose plugins folder is empty:
-that deployment's own ``airflow`` CLI lists the plugin (registered by the package's entry point),
-install.md's ``parse`` block puts the sink's DAG in the database the CLI lists from, with no import
-errors, and ``airflow dags test`` commits the sink's first batch: the ledger (the installed
-``reconcile`` command) says committed, the Delta table holds the rows, and the state is in
+today (uv installs it here: the same packages as pip's, 2 s instead of 17). install.md's own
+commands then run as printed (its ``install`` block, in a copy of this tree: the deployment's pip
+builds the wheel and installs it, no constraint file): no package the deployment had goes down or
+away (packaging's version order), and ``pip check`` passes. A fresh AIRFLOW_HOME whose dags folder
+holds only the two-line DAG file and whose plugins folder is empty: that deployment's own
+``airflow`` CLI lists the plugin (registered by the package's entry point), install.md's ``parse``
+block puts the sink's DAG in the database the CLI lists from, with no import errors, and
+``airflow dags test`` commits the sink's first batch: the ledger (the installed ``reconcile``
+command) says committed, the Delta table holds the rows, and the state is in
 $AIRFLOW_HOME/reconcile/ (the installed default), not in the virtualenv.
 """
 
