@@ -644,6 +644,81 @@ def test_schema_refuses_what_the_loader_refuses(schema_check):
     assert accepted == LOADER_ONLY
 
 
+# --- one-line errors: shortened in the middle, the cause kept ----------------------------------
+
+DEEP = "/data/warehouse/" + "/".join(f"a_really_long_directory_name_{i:02d}" for i in range(10)) + "/orders.json"
+LONG_PATHS = {
+    "local": (DEEP, "/data/", "/orders.json"),
+    "file URI": ("file:" + DEEP, "file:/data/", "/orders.json"),
+    "s3": ("s3a://bucket/" + "p=1/" * 80 + "part-00000.parquet", "s3a://bucket/", "/part-00000.parquet"),
+    "https with query": (
+        "https://acct.blob.core.windows.net/c/" + "/".join(f"d{i}" for i in range(90)) + "/f.json?sv=1&sig=x",
+        "https://acct.blob.core.windows.net/",
+        "/f.json?sv=1&sig=x",
+    ),
+    "windows": ("C:\\data\\" + "\\".join(f"folder{i}" for i in range(40)) + "\\x.csv", "C:\\data\\", "\\x.csv"),
+    "one long name": ("/tmp/" + "n" * 300, "/tmp/", "n" * 20),
+}
+
+
+@pytest.mark.parametrize("path,start,end", LONG_PATHS.values(), ids=LONG_PATHS.keys())
+def test_a_long_path_is_cut_in_its_middle(path, start, end):
+    from reconcile.errors import short_path
+
+    assert len(path) > 250
+    short = short_path(path)
+    assert len(short) <= 80 and short.count("…") == 1, short
+    head, tail = short.split("…")
+    assert short.startswith(start) and short.endswith(end), short
+    assert path.startswith(head) and path.endswith(tail), short  # nothing changed but the middle cut
+    assert short_path(short) == short and short_path("/a/b.json") == "/a/b.json"
+
+
+def test_a_deep_path_keeps_its_root_and_last_components():
+    from reconcile.errors import short_path
+
+    assert short_path(DEEP) == "/data/warehouse/…/a_really_long_directory_name_09/orders.json"
+    assert short_path("/data/very/" + "deep/" * 100 + "dir/file.json", 26) == "/data/very/…/dir/file.json"
+
+
+def test_a_shortened_message_keeps_its_start_and_its_cause():
+    from reconcile.errors import brief, shorten
+
+    spark = f"\n[PATH_NOT_FOUND] Path does not exist: file:{DEEP}. SQLSTATE: 42K03\n\tat org.apache.Foo(Foo.java:1)"
+    for limit in (300, 120):
+        text = brief(RuntimeError(spark), limit)
+        assert len(text) <= limit and "\n" not in text, text
+        assert text.startswith("[PATH_NOT_FOUND] Path does not exist: file:/data/") and "/orders.json" in text, text
+    # a chain: what failed first, the root cause (its class and reason) last; long paths cut in the middle
+    try:
+        try:
+            raise FileNotFoundError(2, "No such file or directory", DEEP)
+        except OSError as inner:
+            raise RuntimeError(f"cannot read source query.sources.orders (json at {DEEP})") from inner
+    except RuntimeError as exc:
+        text = brief(exc, 300)
+    assert len(text) <= 300 and text.startswith("cannot read source query.sources.orders (json at /data/"), text
+    assert text.endswith(
+        "[Errno 2] No such file or directory: '/data/warehouse/…/a_really_long_directory_name_09/orders.json'"
+    )
+    # no path to cut: the middle goes, between words; the start and the end stay
+    words = " ".join(f"w{i}" for i in range(200))
+    cut = shorten(f"the write failed: {words} PERMISSION_DENIED", 100)
+    assert len(cut) <= 100 and cut.startswith("the write failed: w0 w1") and cut.endswith("w199 PERMISSION_DENIED")
+    assert " … " in cut and all(w in words.split() for w in cut.split()[3:-1] if w != "…")
+    assert shorten("fits  as\n it is", 100) == "fits as it is"
+
+
+def test_a_long_value_in_a_config_is_cut_not_its_field(tmp_path):
+    path = write(tmp_path, "orders_daily.yaml", variant(QUERY, partitions="p" * 3000))
+    (err,) = load_dir(tmp_path)[1]
+    (problem,) = problems_of(err)
+    text = str(problem)
+    assert "\n" not in text and len(text) < 700, text
+    assert text.startswith(f"sink 'orders_daily': config {path}: field 'partitions': ") and "got str 'ppp" in text
+    assert text.endswith("ppp' Remedy: fix the named field in the config file; nothing was written."), text
+
+
 # --- python -m reconcile validate ---------------------------------------------------------------
 
 
@@ -688,6 +763,11 @@ def test_validate_plans_query_sql_against_the_sources_schemas(tmp_path):
         paths[name] = write(tmp_path, f"{name}.yaml", {**data, "query": {"sources": source, "sql": sql}})
     gone = variant(QUERY, "name", **{"query.sources": {"gone": {"format": "parquet", "path": "nowhere"}}})
     paths["missing"] = write(tmp_path, "missing.yaml", gone)
+    # a path of 300+ characters that does not exist: cut in its middle, never its cause (issue 51)
+    deep = str(tmp_path / "/".join(f"a_really_long_directory_name_{i:02d}" for i in range(10)) / "orders.json")
+    deep_sql = "SELECT k, v FROM orders"
+    deep_data = variant(QUERY, "name", **{"query.sources": {"orders": {"format": "json", "path": deep}}})
+    paths["deep"] = write(tmp_path, "deep.yaml", {**deep_data, "query": {**deep_data["query"], "sql": deep_sql}})
     write(tmp_path, "ledger.yaml", CHANGELOG)  # not a query: not planned, no source read
 
     started = time.monotonic()
@@ -703,11 +783,11 @@ def test_validate_plans_query_sql_against_the_sources_schemas(tmp_path):
     assert run.stderr == "", run.stderr
     out = {line.split()[1].strip("'"): line for line in run.stdout.splitlines() if line.startswith("ok")}
     bad = {line.split("'")[1]: line for line in run.stdout.splitlines() if line.startswith("INVALID")}
-    assert set(out) == {"good", "ledger"} and set(bad) == {"typo", "extra", "undeclared", "missing"}, run.stdout
+    assert set(out) == {"good", "ledger"} and set(bad) == {"typo", "extra", "undeclared", "missing", "deep"}, run.stdout
     assert "SQL planned" in out["good"] and "SQL" not in out["ledger"]
     lines = run.stdout.splitlines()  # it says, before it waits, that it starts a JVM, and then how long it took
     assert lines[0] == (
-        "planning the SQL of 5 query sink(s) against their sources with a local Spark JVM (10-30 s to start; "
+        "planning the SQL of 6 query sink(s) against their sources with a local Spark JVM (10-30 s to start; "
         "--no-spark skips it)"
     ), lines
     planned = float(re.fullmatch(r"planned in (\d+\.\d) s", lines[1]).group(1))
@@ -721,4 +801,12 @@ def test_validate_plans_query_sql_against_the_sources_schemas(tmp_path):
     assert "`elsewhere` cannot be found" in bad["undeclared"]
     assert f"config {paths['missing']}: field 'query.sources.gone': " in bad["missing"]
     assert "Path does not exist" in bad["missing"]
-    print(f"validate with 5 query sinks planned in a new JVM: {took:.1f} s")
+    line = bad["deep"]
+    assert len(deep) > 300 and len(line) < 700, line
+    assert line.startswith(f"INVALID sink 'deep': config {paths['deep']}: field 'query.sources.orders': "), line
+    assert "[PATH_NOT_FOUND] Path does not exist: " in line, line  # the cause, Spark's class and words
+    end = "…/a_really_long_directory_name_09/orders.json"
+    for where in ("(json at ", "Path does not exist: file:"):  # the path's start and end, both times
+        assert f"{where}{deep[:20]}" in line and f"{end}" in line.split(where)[1].split()[0], line
+    assert line.endswith(" Remedy: fix the named field in the config file; nothing was written."), line
+    print(f"validate with 6 query sinks planned in a new JVM: {took:.1f} s")

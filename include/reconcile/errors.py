@@ -24,14 +24,74 @@ def _underlying(exc: BaseException) -> BaseException | None:
     return None if exc.__suppress_context__ else exc.__context__
 
 
+# A path or URL: a token of 2+ slashes (or backslashes), or one with a scheme (s3://, file:/).
+_PATHLIKE = re.compile(r"\S*(?:[/\\]\S*){2,}|\w+:/\S+")
+PATH_WIDTH = 80  # what a shortened path keeps: its start and its last components
+
+
+def short_path(path: str, width: int = PATH_WIDTH) -> str:
+    """``path`` (a file path or URL) in at most ``width`` characters, cut in its middle at
+    separators: ``/data/very/…/dir/file.json``. Its start (the root, a URL's scheme and bucket)
+    and its last components (the file, the folder it is in) are what tell one path from another;
+    the middle is where a deep tree's names repeat. A name too long for that is cut in its own
+    middle."""
+    if len(path) <= width:
+        return path
+    keep = width - 2  # for "…/" (or "…" alone)
+    pieces = [p for p in re.split(r"(?<=[/\\])", path) if p]  # each but the last ends on its separator
+    if len(pieces[-1]) > keep * 3 // 5:  # the last name alone is too long: cut by characters
+        head_n = keep * 2 // 5
+        return f"{path[:head_n]}…{path[len(path) - (keep + 1 - head_n) :]}"
+    root = "".join(pieces[: 3 if "://" in path else 2])  # s3://bucket/, /data/
+    budget = min(keep * 3 // 5, keep - (len(root) if len(root) <= keep // 2 else 0))
+    i = len(pieces) - 1
+    while i > 1 and len(pieces[i - 1]) + sum(map(len, pieces[i:])) <= budget:
+        i -= 1
+    tail = "".join(pieces[i:])
+    head, j = "", 0
+    while j < i and len(head) + len(pieces[j]) + len(tail) <= keep:
+        head += pieces[j]
+        j += 1
+    if len(head) < min(len(root), keep // 2):  # a long first name: its start rather than nothing
+        return f"{path[: keep + 1 - len(tail)]}…{tail}"
+    return f"{head}…{head[-1]}{tail}"
+
+
+def _short_paths(text: str, width: int = PATH_WIDTH) -> str:
+    return _PATHLIKE.sub(lambda m: short_path(m.group(0), width), text)
+
+
+def shorten(text: str, limit: int = 300, path_width: int = PATH_WIDTH) -> str:
+    """``text`` on one line in at most ``limit`` characters: first each path or URL longer than
+    ``path_width`` is cut in its middle (:func:`short_path`; narrower if that is not enough),
+    then, if the text is still too long, its own middle (between words where it can). Its start
+    (what failed) and its end (why: the reason, the error class, the root cause) are never cut;
+    a text within ``limit`` is returned as it is (on one line)."""
+    text = " ".join(text.split())
+    if len(text) <= limit:
+        return text
+    for width in (path_width, path_width // 2, 24):  # narrower while the text is too long
+        text = _short_paths(text, width)
+        if len(text) <= limit:
+            return text
+    head_n = (limit - 3) // 2
+    head, tail = text[:head_n], text[len(text) - (limit - 3 - head_n) :]
+    if " " in head[head_n // 2 :]:  # cut between words where one is near
+        head = head.rsplit(" ", 1)[0]
+    if " " in tail[: len(tail) // 2]:
+        tail = tail.split(" ", 1)[1]
+    return f"{head} … {tail}"
+
+
 def brief(exc: BaseException, limit: int = 300) -> str:
     """One line saying why: the first line of the exception's text (Spark's are long and start
     with '\n'), followed by the underlying cause it hides, so "Generic LocalFileSystem error"
     reads "Generic LocalFileSystem error: Unable to open file ...: Operation not permitted (os
     error 1)". The causes come from the text (delta-rs lists its sources on lines starting with
     ``↳``; a JVM's trace has ``Caused by:`` lines, the last one the root) and from the Python
-    exception chain (``__cause__``/``__context__``). Past ``limit`` the middle of the chain is
-    cut, never the root cause."""
+    exception chain (``__cause__``/``__context__``). Past ``limit`` long paths are cut in their
+    middle (:func:`shorten`), then the middle of the chain, never the first line's start nor the
+    root cause (its reason and error class, ``[PATH_NOT_FOUND] Path does not exist: ...``)."""
     lines = _lines(str(exc))
     if not lines:
         lines = [type(exc).__name__]
@@ -54,8 +114,11 @@ def brief(exc: BaseException, limit: int = 300) -> str:
     out = ": ".join(parts)
     if len(out) <= limit:
         return out
-    root = parts[-1][: limit // 2]
-    return f"{': '.join(parts[:-1])[: limit - len(root) - 6]} ...: {root}"
+    parts = [_short_paths(p) for p in parts]
+    if len(parts) == 1 or len(": ".join(parts)) <= limit:
+        return shorten(": ".join(parts), limit)
+    root = shorten(parts[-1], limit // 2)
+    return f"{shorten(': '.join(parts[:-1]), limit - len(root) - 2)}: {root}"
 
 
 class SinkError(Exception):

@@ -24,7 +24,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from reconcile.config import SinkConfig
-from reconcile.errors import ConfigError, SinkError, brief
+from reconcile.errors import ConfigError, SinkError, brief, shorten
 
 _SOURCE = re.compile(r"cannot read source (query\.sources\.[A-Za-z0-9_]+) ")
 
@@ -79,11 +79,10 @@ def session(log: Path):
 
 def _one_line(exc: BaseException, cfg: SinkConfig) -> tuple[str, str]:
     """(field, message) of a refusal: the sink's message without its sink prefix and remedy,
-    Spark's without the SQL state."""
-    text = brief(exc, 500)
-    if isinstance(exc, SinkError):
-        text = text.removeprefix(f"sink {cfg.name!r}: ").split(" Remedy: ")[0]
-    text = re.sub(r" SQLSTATE: \w+;?", "", text).rstrip(" ;")
+    Spark's without the SQL state; shortened (:func:`~reconcile.errors.shorten`: long paths in
+    their middle) to 500 characters, its cause kept."""
+    text = exc.message if isinstance(exc, SinkError) else brief(exc, 500)
+    text = shorten(re.sub(r" SQLSTATE: \w+;?", "", text).rstrip(" ;"), 500)
     found = _SOURCE.search(text)
     if found:
         return found.group(1), text

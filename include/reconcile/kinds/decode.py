@@ -18,7 +18,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import ArrayType, DataType, MapType, StructType
 
 from reconcile.config import SinkConfig, Source
-from reconcile.errors import SourceError, brief
+from reconcile.errors import SourceError, brief, shorten
 from reconcile.sql_names import spark_name
 
 
@@ -154,7 +154,7 @@ def _spark_reason(exc: BaseException) -> str:
     text = " ".join(str(exc).split(";\n")[0].split())
     text = text.split(" SQLSTATE:")[0]
     _, sep, rest = text.partition("due to data type mismatch: ")
-    return (rest if sep else text)[:300]
+    return shorten(rest if sep else text, 300)
 
 
 def require_castable(

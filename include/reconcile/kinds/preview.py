@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from reconcile.config import ChangelogSink, QuerySink, SinkConfig, Source
+from reconcile.errors import shorten
 from reconcile.model import FeedProgress
 from reconcile.sql_names import duckdb_name
 
@@ -190,7 +191,7 @@ def transpile(cfg: QuerySink) -> str:
                 node.replace(exp.Cast(this=node.this.copy(), to=node.args["to"].copy()))
         return tree.sql(dialect="duckdb", unsupported_level=ErrorLevel.RAISE)
     except SqlglotError as exc:
-        raise NotExact(f"sqlglot cannot write query.sql for DuckDB ({' '.join(str(exc).split())[:200]})") from None
+        raise NotExact(f"sqlglot cannot write query.sql for DuckDB ({shorten(str(exc), 200)})") from None
 
 
 def json_text(text: str) -> str:
@@ -249,7 +250,7 @@ def insert_rows(con, table: str, rows: list[str]) -> None:
 
 
 def failed(what: str, exc: Exception) -> NotExact:
-    return NotExact(f"DuckDB cannot {what} ({' '.join(str(exc).split())[:200]})")
+    return NotExact(f"DuckDB cannot {what} ({shorten(str(exc), 200)})")
 
 
 @dataclass(frozen=True)
