@@ -36,6 +36,7 @@ from pydantic import (
 )
 from pydantic.dataclasses import dataclass
 
+from reconcile.model import ROW_KEYS
 from reconcile.sql_names import spark_name
 
 NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
@@ -58,7 +59,7 @@ TYPE_ALIASES = {
 }  # fmt: skip
 KINDS = ("query", "changelog", "upsert")
 FORMATS = ("delta", "parquet", "csv", "json")
-RESERVED = ("_time", "_diff", "_error", "_part", "reconcile_part")
+RESERVED = ("_time", "_diff", "_error", "_part", "reconcile_part", *ROW_KEYS)
 SCHEDULE_PRESETS = ("@once", "@hourly", "@daily", "@weekly", "@monthly", "@yearly", "none")
 
 
@@ -398,6 +399,12 @@ class SinkConfig(BaseModel):
     as_of: Millis = Field(description="epoch ms or ISO date-time; default: start_date")
     catchup: StrictBool = False
     retries: NonNegative = 2
+    spark_conn_id: StrictStr | None = Field(
+        default=None,
+        pattern=r"^[A-Za-z0-9_.-]{1,250}$",
+        description="the Airflow connection the sink's write and compact tasks run on (a `spark` or `spark_connect` "
+        "one); default: RECONCILE_SPARK_CONN_ID, else spark_default",
+    )
     read_only: StrictBool = False
     retention: Retention = Retention()
     compaction: Compaction = Compaction()

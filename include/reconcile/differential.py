@@ -20,6 +20,7 @@ from pyspark.sql import DataFrame, Row
 from pyspark.sql import functions as F
 
 from reconcile.config import SinkConfig
+from reconcile.model import ROW_KEYS
 from reconcile.sql_names import spark_name
 
 log = logging.getLogger(__name__)
@@ -41,10 +42,10 @@ def partition_of(cfg: SinkConfig, partitions: int | SCol | None = None) -> SCol:
 
 
 def consolidate(cfg: SinkConfig, updates: DataFrame, *, partitioned: bool = True) -> DataFrame:
-    """Sum diffs per (row, _error, _time[, _part]); drop zero sums. A ``HASH_COLUMN`` the updates
-    carry (the row's hash) is kept: it is a function of the row."""
+    """Sum diffs per (row, _error, _time[, _part]); drop zero sums. A ``HASH_COLUMN`` and the row
+    key (:data:`~reconcile.model.ROW_KEYS`) the updates carry are kept: functions of the row."""
     keys = row_columns(cfg) + ["_time"] + (["_part"] if partitioned else [])
-    keys += [HASH_COLUMN] if HASH_COLUMN in updates.columns else []
+    keys += [k for k in (HASH_COLUMN, *ROW_KEYS) if k in updates.columns]
     return (
         updates.groupBy(*[F.col(spark_name(k)) for k in keys])
         .agg(F.sum("_diff").cast("bigint").alias("_diff"))
@@ -75,26 +76,30 @@ def difference(
 
     ``consolidated`` False (a shard that holds nothing yet, and a desired side whose updates are
     each +1): the updates as they come, identical rows as separate updates, no shuffle; the same
-    collection at every time, consolidated later by compaction."""
+    collection at every time, consolidated later by compaction.
+
+    The correction carries each row's key (:data:`~reconcile.model.ROW_KEYS`): stored where a
+    side carries it (persist read by :func:`reconcile.storage.frames.read_keyed`), else hashed."""
     cols = row_columns(cfg)
     keep = [F.col(spark_name(c)) for c in cols]
+    k1, k2 = (F.col(k) for k in ROW_KEYS)
+    part = F.pmod(k1, F.lit(cfg.partitions)).cast("int")
+
+    def side(df: DataFrame, diff: SCol) -> DataFrame:
+        hashed = checks is not None
+        return with_row_key(cfg, df).select(
+            *keep,
+            time.alias("_time"),
+            diff.cast("bigint").alias("_diff"),
+            k1,
+            k2,
+            *([k1.alias(HASH_COLUMN)] if hashed else []),
+            part.alias("_part"),
+        )
+
     if checks is None:
-        d = desired.select(*keep, time.alias("_time"), F.col("_diff").cast("bigint"))
-        p = persist.select(*keep, time.alias("_time"), (-F.col("_diff")).cast("bigint").alias("_diff"))
-        both = d.unionByName(p).withColumn("_part", partition_of(cfg))
+        both = side(desired, F.col("_diff")).unionByName(side(persist, -F.col("_diff")))
     else:
-        h = F.xxhash64(*keep)
-        part = F.pmod(h, F.lit(cfg.partitions)).cast("int")
-
-        def side(df: DataFrame, diff: SCol) -> DataFrame:
-            return df.select(
-                *keep,
-                time.alias("_time"),
-                diff.cast("bigint").alias("_diff"),
-                h.alias(HASH_COLUMN),
-                part.alias("_part"),
-            )
-
         d = checks.observe_hashed(side(desired, F.col("_diff")), "desired", {"desired": 1})
         p = side(persist, -F.col("_diff"))
         if checks.carried is None:
@@ -117,6 +122,22 @@ KEY_BITS_ENV = "RECONCILE_TEST_HASH_KEY_BITS"
 BROADCAST_KEYS = 2_000_000  # changed keys up to this count are broadcast to the second pass
 
 
+def row_key(cfg: SinkConfig) -> tuple[SCol, SCol]:
+    """A row's 128-bit key computed from the row: its row hash ``xxhash64(row, _error)`` (seed
+    42: the checksum's and the partition's) and a salted second hash of the same columns."""
+    keep = [F.col(spark_name(c)) for c in row_columns(cfg)]
+    return F.xxhash64(*keep), F.xxhash64(F.lit(KEY_SALT), *keep)
+
+
+def with_row_key(cfg: SinkConfig, df: DataFrame) -> DataFrame:
+    """``df`` with the row key columns: as it carries them (a shard's rows as read, their stored
+    key already checked or hashed), else computed from the row."""
+    if all(k in df.columns for k in ROW_KEYS):
+        return df
+    k1, k2 = row_key(cfg)
+    return df.withColumns({ROW_KEYS[0]: k1, ROW_KEYS[1]: k2})
+
+
 def _key(h: SCol) -> SCol:
     import os
 
@@ -130,32 +151,39 @@ def hash_first(
     """:func:`difference` for a correction whose updates all get one ``time`` (a query's), in two
     passes that shuffle full rows only where the collection changed:
 
-    1. both sides as ``(128-bit key, diff)``: the row hash (``xxhash64``, seed 42: the checksum's
-       and the partition's) and a salted second hash; summed per key; the keys whose sum is not 0
-       are the changed rows (a job of its own, cached: 24 bytes a row shuffled, not the row);
+    1. both sides as ``(128-bit row key, diff)`` (:func:`row_key`: the desired side's hashed once,
+       persist's as stored, :func:`reconcile.storage.frames.read_keyed`, so that persist is read
+       narrow: its key columns, ``_time`` and ``_diff``); summed per key; the keys whose sum is not
+       0 are the changed rows (a job of its own: 24 bytes a row shuffled, not the row);
     2. the rows of those keys on both sides (a broadcast semi-join up to :data:`BROADCAST_KEYS`
        keys), consolidated as :func:`difference` does.
 
-    The desired side is evaluated twice (once per pass). ``checks`` observes both sides' checksums
-    in pass 1, over the full row hash: a key collision (2^-128 per pair of rows) or a desired side
-    that changed between the passes makes the batch not add up, and the write computes it again
-    with :func:`difference`."""
+    The desired side is evaluated once: its rows with their key are cached by pass 1 (memory,
+    spilling to local disk) and pass 2 reads the changed ones from there; the cache is released
+    when the correction's write is done (:func:`release`). ``checks`` observes both sides'
+    checksums in pass 1, over the full row hash: a key collision (2^-128 per pair of rows) makes
+    the batch not add up, and the write computes it again with :func:`difference`."""
+    from pyspark import StorageLevel
+
     cols = row_columns(cfg)
     keep = [F.col(spark_name(c)) for c in cols]
-    h = F.xxhash64(*keep)
-    part = F.pmod(h, F.lit(cfg.partitions)).cast("int")
-    k1, k2 = _key(h), _key(F.xxhash64(F.lit(KEY_SALT), *keep))
+    k1, k2 = (F.col(k) for k in ROW_KEYS)
+    part = F.pmod(k1, F.lit(cfg.partitions)).cast("int")
+    wanted = with_row_key(cfg, desired).select(*keep, F.col("_diff"), k1, k2)
+    cached = wanted.persist(StorageLevel.MEMORY_AND_DISK)
+    _CACHED.append(cached)
 
     def narrow(df: DataFrame, diff: SCol) -> DataFrame:
         return df.select(
-            h.alias(HASH_COLUMN),
+            k1.alias(HASH_COLUMN),
             part.alias("_part"),
-            k1.alias("_k1"),
-            k2.alias("_k2"),
+            _key(k1).alias("_k1"),
+            _key(k2).alias("_k2"),
             diff.cast("bigint").alias("_diff"),
         )
 
-    d, p = narrow(desired, F.col("_diff")), narrow(persist, -F.col("_diff"))
+    stored = with_row_key(cfg, persist)
+    d, p = narrow(cached, F.col("_diff")), narrow(stored, -F.col("_diff"))
     if checks is not None:
         d = checks.observe_hashed(d, "desired", {"desired": 1})
         if checks.carried is None:
@@ -170,6 +198,7 @@ def hash_first(
         .select("_k1", "_k2")
         .cache()
     )
+    _CACHED.append(changed)
     session = spark or desired.sparkSession
     started = perf_counter()
     with checks.observing(session) if checks is not None else nullcontext():
@@ -182,16 +211,28 @@ def hash_first(
             *keep,
             time.alias("_time"),
             diff.cast("bigint").alias("_diff"),
-            h.alias(HASH_COLUMN),
+            k1,
+            k2,
+            k1.alias(HASH_COLUMN),
             part.alias("_part"),
-            k1.alias("_k1"),
-            k2.alias("_k2"),
+            _key(k1).alias("_k1"),
+            _key(k2).alias("_k2"),
         )
         return rows.join(keys, ["_k1", "_k2"], "left_semi").drop("_k1", "_k2")
 
-    both = full(desired, F.col("_diff")).unionByName(full(persist, -F.col("_diff")))
+    both = full(cached, F.col("_diff")).unionByName(full(stored, -F.col("_diff")))
     out = consolidate(cfg, both.repartition(cfg.partitions, "_part"))
     return out if checks is not None else out.drop(HASH_COLUMN)  # carried only for the staged write's checksums
+
+
+# The frames :func:`hash_first` cached, released by :func:`release` once the write is done.
+_CACHED: list[DataFrame] = []
+
+
+def release() -> None:
+    """Release what the last corrections cached (their write is done, or failed)."""
+    while _CACHED:
+        _CACHED.pop().unpersist()
 
 
 def one_row(df: DataFrame) -> Row:

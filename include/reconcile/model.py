@@ -11,6 +11,11 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, ClassVar, Protocol
 
+# The row key every update the sink writes carries (two BIGINTs: a row's 128-bit key, the
+# first half its row hash ``xxhash64(row, _error)``, the second a salted hash): hidden columns of
+# the shard after ``_time``, ``_diff``, ``_error`` (docs/design.md, "The row key stored").
+ROW_KEYS: tuple[str, str] = ("_rowkey1", "_rowkey2")
+
 
 class BatchState(StrEnum):
     """A description's life in the ledger: minted -> staged -> committed; an open (minted or

@@ -353,6 +353,7 @@ def commit(a: Appending) -> None:
     with a.ledger.commit_lease(a.cfg.name, f"append of batch {a.batch_id} ({a.commit_id})") as lease:
         failpoint("append.inside_lease")
         meta["commit_epoch"] = lease.epoch
+        a.table.add_row_keys(fence=lease.fence)  # a shard created before the row key was stored
         a.table.commit_files(a.files, meta, a.desc.lower, fence=lease.fence)
     failpoint("append.after_delta_commit")
 

@@ -51,7 +51,7 @@ from reconcile.differential import consolidate
 from reconcile.errors import SinkError
 from reconcile.failpoints import failpoint
 from reconcile.log import event, iso
-from reconcile.model import COMMITTED, Outcome
+from reconcile.model import COMMITTED, ROW_KEYS, Outcome
 from reconcile.sink.sync import gc_compactions, sync
 from reconcile.sql_names import spark_name
 from reconcile.storage import files, footers, frames, layout
@@ -160,7 +160,7 @@ def _owner_dir(path: str) -> str | None:
 
 def _write_rewrite(table: ShardTable, rewrite, name: str) -> None:
     """Spark writes the rewrite as plain Parquet files into the compaction's directory ``name``."""
-    cols = [spark_name(c) for c in table.cfg.column_names] + ["_error", "_time", "_diff"]
+    cols = [spark_name(c) for c in table.cfg.column_names] + ["_error", "_time", "_diff", *ROW_KEYS]
     rewrite.select(*cols).write.mode("error").parquet(table.compaction_path(name))
 
 
@@ -203,6 +203,9 @@ def run_compact(
         # An earlier compaction raised since and stopped before its rewrite: finish it.
         target = state["new_since"] = shard.since
 
+    if not table.keyed:  # a shard created before the row key was stored: its rewrite stores it
+        with ledger.commit_lease(cfg.name, "adding the row key columns before a compaction") as lease:
+            table.add_row_keys(fence=lease.fence)
     read_version = table.latest_version()
     recorded = table.last_txn_version(read_version)
     if recorded is None:
@@ -226,7 +229,7 @@ def run_compact(
     token = uuid.uuid4().hex
     name = layout.compaction_dir(read_version, token)
     meta = {"op": "compact", "since": target, "read_version": read_version, "token": token}
-    rewrite = compacted(cfg, frames.read_updates(spark, table, read_version), target)
+    rewrite = compacted(cfg, frames.read_keyed(spark, table, read_version)[0], target)
     written: list[tuple[str, int, dict]] = []
     committed: tuple[int, int] | None = None
     error: Exception | None = None

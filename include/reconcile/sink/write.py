@@ -43,7 +43,7 @@ from dataclasses import dataclass, field
 
 from pyspark.sql import DataFrame, SparkSession
 
-from reconcile import checksums, kinds
+from reconcile import checksums, differential, kinds
 from reconcile.checksums import BatchChecks, SelfCheckFailed
 from reconcile.config import SinkConfig
 from reconcile.errors import StagedBatchInvalid
@@ -324,7 +324,7 @@ def stage(attempt: Attempt) -> StagedFiles | WriteResult:
     fails while another attempt decided the batch, this attempt's files go and it says so."""
     try:
         read_version = attempt.read_version = attempt.table.latest_version()
-        persist = frames.read_updates(attempt.spark, attempt.table, read_version)
+        persist = read_persist(attempt, read_version)
         empty = frames.holds_nothing(attempt.table, read_version)
         attempt.drift = drift_.find(attempt.spark, attempt.ledger, attempt.table, read_version, attempt.desc.upper)
         carried = carried_checksums(attempt.ledger, attempt.table, attempt.desc.lower, read_version)
@@ -339,6 +339,18 @@ def stage(attempt: Attempt) -> StagedFiles | WriteResult:
             raise  # nobody else finished: this attempt's own failure
         return attempt.lost()
     return StagedFiles(corr, stats, sums, read_version, sizes, digests)
+
+
+def read_persist(attempt: Attempt, read_version: int) -> DataFrame:
+    """The shard as read at ``read_version``: for a kind that compares row keys first, with each
+    row's stored key (:func:`reconcile.storage.frames.read_keyed`; what it had to hash is said on
+    the batch's log), else its rows."""
+    if not kinds.of(attempt.cfg).hashes_first:
+        return frames.read_updates(attempt.spark, attempt.table, read_version)
+    persist, how = frames.read_keyed(attempt.spark, attempt.table, read_version)
+    level = logging.INFO if not how.hashed else logging.WARNING
+    event(log, f"persist at Delta version {read_version}: {how.line()}", level=level, **attempt.state)
+    return persist
 
 
 # Why a batch that did not add up is computed again, by what it changes (see _stage_until_it_adds_up).
@@ -419,10 +431,13 @@ def _stage_once(
     corr = batch_correction(
         attempt.spark, attempt.ledger, cfg, persist, desc.lower, desc.upper, checks, empty, attempt.drift.repair, exact
     )
-    with checksums.observable(attempt.spark):  # the checksums and an upsert feed's progress
-        _, stats = frames.write_staged(
-            attempt.spark, attempt.table, desc.batch_id, attempt.stage_id, corr.updates, checks
-        )
+    try:
+        with checksums.observable(attempt.spark):  # the checksums and an upsert feed's progress
+            _, stats = frames.write_staged(
+                attempt.spark, attempt.table, desc.batch_id, attempt.stage_id, corr.updates, checks
+            )
+    finally:
+        differential.release()  # what the correction cached
     if checks is None:
         return corr, stats, None
     sums = checks.totals()

@@ -25,8 +25,10 @@ from reconcile import settings
 from reconcile.config import SinkConfig
 from reconcile.errors import Retryable, ShardSchemaChanged, SinkError, brief
 from reconcile.log import iso
+from reconcile.model import ROW_KEYS
 from reconcile.storage import files
 from reconcile.storage.commits import (
+    MAINTENANCE,
     META_KEY,
     ForeignCommit,
     describe_commit,
@@ -243,6 +245,34 @@ class ShardTable:
             return None
         return [f"{self.path}/{n}" for n in names]
 
+    def keyed_files(self, version: int) -> tuple[list[str], list[str], int, int] | None:
+        """The data files of the table at ``version`` as paths Spark reads as plain Parquet (None
+        as :meth:`plain_files`), split into those whose stored row key a batch takes as stored and
+        the others, with the update rows of each: ``(keyed, other, keyed rows, other rows)``.
+
+        Keyed: written by the sink itself (under its batches' or compactions' directory, which
+        no other writer writes to) with a key on every row (the file's statistics count no null
+        in the key columns). A Parquet file is never changed once written, so the key each row of
+        such a file carries is the one the sink computed from that row."""
+        plain = self.plain_files(version)
+        if plain is None:
+            return None
+        adds = self.snapshot(version).get_add_actions(flatten=True)
+        names = adds.column_names
+        paths = [unquote(p) for p in adds.column("path").to_pylist()]
+        rows = adds.column("num_records").to_pylist()
+        nulls = [adds.column(f"null_count.{k}").to_pylist() if f"null_count.{k}" in names else None for k in ROW_KEYS]
+        keyed, other, n_keyed, n_other = [], [], 0, 0
+        for i, (name, full) in enumerate(zip(paths, plain, strict=True)):
+            own = name.startswith((f"{BATCHES_DIR}/", f"{COMPACTIONS_DIR}/"))
+            if own and all(n is not None and n[i] == 0 for n in nulls) and rows[i] is not None:
+                keyed.append(full)
+                n_keyed += int(rows[i])
+            else:
+                other.append(full)
+                n_other += int(rows[i] or 0)
+        return keyed, other, n_keyed, n_other
+
     def row_diffs(self):
         """The ``_diff`` column of the latest snapshot (an Arrow array)."""
         import pyarrow as pa
@@ -252,15 +282,49 @@ class ShardTable:
 
     # -- schema -------------------------------------------------------------------------------
 
-    def _columns(self) -> list[tuple[str, str]]:
+    def _columns(self, keyed: bool = True) -> list[tuple[str, str]]:
         cols = [(c.name, delta_type(c.type)) for c in self.cfg.columns]
-        return cols + [("_time", "long"), ("_diff", "long"), ("_error", "string")]
+        cols += [("_time", "long"), ("_diff", "long"), ("_error", "string")]
+        return cols + ([(k, "long") for k in ROW_KEYS] if keyed else [])
+
+    @staticmethod
+    def _fields(columns: list[tuple[str, str]]) -> list[dict]:
+        return [{"name": n, "type": t, "nullable": True, "metadata": {}} for n, t in columns]
 
     def _schema_json(self) -> str:
-        """The shard's Delta schema: the sink's columns, then ``_time``, ``_diff``, ``_error``.
-        Every column is nullable in the table (error rows null them), whatever the sink declares."""
-        fields = [{"name": n, "type": t, "nullable": True, "metadata": {}} for n, t in self._columns()]
-        return json.dumps({"type": "struct", "fields": fields})
+        """The shard's Delta schema: the sink's columns, then ``_time``, ``_diff``, ``_error`` and
+        the row key (:data:`~reconcile.model.ROW_KEYS`). Every column is nullable in the table
+        (error rows null them; files written before the row key was stored hold none)."""
+        return json.dumps({"type": "struct", "fields": self._fields(self._columns())})
+
+    @property
+    def keyed(self) -> bool:
+        """Whether the table's schema has the row key columns (every shard created or upgraded
+        since the row key is stored; :meth:`add_row_keys` upgrades one)."""
+        names = {f["name"] for f in json.loads(self.snapshot().schema().to_json())["fields"]}
+        return all(k in names for k in ROW_KEYS)
+
+    def add_row_keys(self, fence: Callable[[], None] | None = None) -> int | None:
+        """Add the row key columns to a shard created before they were stored: one metadata-only
+        Delta version (no data file added or removed; the sink's ``maintenance`` commit
+        metadata), made by the caller holding the commit lease (``fence`` checked right before).
+        Rows of the files written before read the key as null (hashed when read). Returns the
+        new version, or None when the table has them already."""
+        from deltalake import CommitProperties
+        from deltalake.schema import Field, PrimitiveType
+
+        if self.keyed:
+            return None
+        if fence is not None:
+            fence()
+        dt = self.snapshot()
+        meta = json.dumps({META_KEY: {"sink": self.name, "op": MAINTENANCE, "operation": "ADD ROW KEYS"}})
+        dt.alter.add_columns(
+            [Field(k, PrimitiveType("long"), nullable=True) for k in ROW_KEYS],
+            commit_properties=CommitProperties(custom_metadata={"userMetadata": meta}, max_commit_retries=0),
+        )
+        self._pinned = None
+        return self.snapshot().version()
 
     def ensure(self, lease: Callable[[], Any] | None = None) -> None:
         """Create the table if missing (delta-rs: no JVM); refuse one whose schema drifted.
@@ -313,7 +377,8 @@ class ShardTable:
         fields = json.loads(self.snapshot().schema().to_json())["fields"]
         have = [(f["name"].lower(), f["type"] if isinstance(f["type"], str) else json.dumps(f["type"])) for f in fields]
         want = [(n.lower(), t) for n, t in self._columns()]
-        if want != have:
+        legacy = [(n.lower(), t) for n, t in self._columns(keyed=False)]  # created before the row key was stored
+        if have not in (want, legacy):
             raise ShardSchemaChanged(
                 f"Delta table {self.path} has columns {have}, the sink expects {want}", sink=self.name
             )

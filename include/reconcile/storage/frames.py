@@ -5,6 +5,7 @@ uses :class:`reconcile.storage.delta.ShardTable`, which needs no JVM.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from functools import lru_cache
 
 from pyspark.sql import DataFrame, SparkSession
@@ -12,15 +13,18 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import StructType
 
 from reconcile.config import SinkConfig
-from reconcile.differential import HASH_COLUMN
+from reconcile.differential import HASH_COLUMN, with_row_key
+from reconcile.model import ROW_KEYS
 from reconcile.sql_names import spark_name
 from reconcile.storage.commits import added_files
 from reconcile.storage.delta import ShardTable
 from reconcile.storage.layout import PART_COLUMN
 
 
-def schema(cfg: SinkConfig, *, with_part: bool = False) -> StructType:
-    return _parse_ddl(cfg.ddl + (", `_part` INT" if with_part else ""))
+def schema(cfg: SinkConfig, *, with_part: bool = False, keyed: bool = False) -> StructType:
+    """The shard's columns (``keyed``: and the row key, :data:`~reconcile.model.ROW_KEYS`)."""
+    keys = "".join(f", {spark_name(k)} BIGINT" for k in ROW_KEYS) if keyed else ""
+    return _parse_ddl(cfg.ddl + keys + (", `_part` INT" if with_part else ""))
 
 
 @lru_cache(maxsize=256)
@@ -68,6 +72,46 @@ def read_updates(spark: SparkSession, table: ShardTable, version: int | None = N
     return reader.load(table.path)
 
 
+@dataclass(frozen=True)
+class KeyedRead:
+    """How :func:`read_keyed` read the shard: its update rows whose stored row key was taken as
+    stored (``stored``) and those hashed when read (``hashed``; None: not counted, the table was
+    read through Delta's reader)."""
+
+    stored: int
+    hashed: int | None
+
+    def line(self) -> str:
+        if self.hashed is None:
+            return "every row's key hashed when read (the table is read through Delta's reader)"
+        return f"{self.stored} row key(s) read as stored, {self.hashed} hashed when read"
+
+
+def read_keyed(spark: SparkSession, table: ShardTable, version: int) -> tuple[DataFrame, KeyedRead]:
+    """The shard's update log at Delta ``version`` with each row's key
+    (:data:`~reconcile.model.ROW_KEYS`): as stored in the files the sink wrote itself (under its
+    batches' and compactions' directories, every row with a key: :meth:`ShardTable.keyed_files`),
+    so that a read of the key, ``_time`` and ``_diff`` reads those columns only; hashed from the
+    row for every other file (a foreign writer's, or one written before the key was stored, whose
+    rows read it as null) and wherever the table must be read through Delta's reader."""
+    cfg = table.cfg
+    split = table.keyed_files(version)
+    if split is None:
+        return with_row_key(cfg, read_updates(spark, table, version).drop(*ROW_KEYS)), KeyedRead(0, None)
+    keyed, other, stored, hashed = split
+    sides = []
+    if keyed:
+        sides.append(spark.read.schema(schema(cfg, keyed=True)).parquet(*keyed))
+    if other:
+        sides.append(with_row_key(cfg, spark.read.schema(schema(cfg)).parquet(*other)))
+    if not sides:
+        return spark.createDataFrame([], schema(cfg, keyed=True)), KeyedRead(0, 0)
+    out = sides[0]
+    for more in sides[1:]:
+        out = out.unionByName(more)
+    return out, KeyedRead(stored, hashed)
+
+
 def read_as_of(spark: SparkSession, table: ShardTable, t: int) -> tuple[DataFrame, DataFrame]:
     """The shard as of time ``t``, consolidated: (ok rows with ``_count``, errors with ``_count``).
 
@@ -107,6 +151,7 @@ def write_staged(
             corr, more, tmp = checks.aggregates(corr, "correction")
             aggregates += more
         checks.attach(observation, "correction", {"shard": 1})
+    corr = corr if all(k in corr.columns for k in ROW_KEYS) else with_row_key(cfg, corr)
     observed = corr.observe(observation, *aggregates).drop(*tmp, HASH_COLUMN)
     observed.withColumnRenamed("_part", PART_COLUMN).write.mode("error").partitionBy(PART_COLUMN).parquet(path)
     got = observation.get
