@@ -340,7 +340,10 @@ def test_a_narrower_winner_leaves_the_wider_run_skipped_with_the_true_reason(
     wide = dag_child.test(name, day3, env, failpoints={"append.before_delta_commit": "raise"})
     _assert_state(wide, DagRunState.FAILED)
     logged = wide["log"]
-    assert "retries are used up: once the cause is fixed, clear the task (`airflow tasks clear" in logged
+    assert (
+        f"retries are used up: once the cause is fixed, clear the task (`airflow dags unpause {name} && airflow tasks clear"
+        in logged
+    )
     # the write's log: Spark's INFO chatter is off; the sink's outcome line is there
     assert "INFO SparkContext" not in logged and "INFO DAGScheduler" not in logged
     assert f"write: sink {name}: batch " in logged and ") is staged rows_ok=1" in logged

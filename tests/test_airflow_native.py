@@ -17,7 +17,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shlex
 import subprocess
 from pathlib import Path
 
@@ -397,9 +396,9 @@ def test_approval_rejection_timeout_deadline_and_notes_in_a_running_airflow(airf
     batch = ledger.batch_of_run("na_wait", second["na_wait"])
     approve, clear = re.findall(r"`([^`]+)`", note)[:2]
     assert approve == f"python -m reconcile approve na_wait {batch.batch_id}"
-    assert clear == "airflow tasks clear na_wait -t approve_correction -d -f -y", note
-    for command in (approve, clear):
-        out = subprocess.run(shlex.split(command), env=stack.env, capture_output=True, text=True, cwd=ROOT)
+    assert clear == "airflow dags unpause na_wait && airflow tasks clear na_wait -t approve_correction -d -f -y", note
+    for command in (approve, clear):  # as printed, by a shell
+        out = subprocess.run(["bash", "-c", command], env=stack.env, capture_output=True, text=True, cwd=ROOT)
         assert out.returncode == 0, out.stdout + out.stderr
     run = _finished(api, "na_wait", second["na_wait"])
     assert run["state"] == "success", api.tis("na_wait", second["na_wait"])

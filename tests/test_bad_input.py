@@ -440,7 +440,7 @@ def test_a_missing_shard_row_is_refused_and_tasks_of_a_run_without_a_batch_touch
     text = assert_one_line(info.value, "ghost")
     assert (
         "no shard row" in text
-        and "`airflow dags trigger ghost`" in text
+        and "`airflow dags unpause ghost && airflow dags trigger ghost`" in text
         and "`python -m reconcile recover ghost`" in text
     )
     with pytest.raises(ShardNotFound) as info:
@@ -671,7 +671,8 @@ def test_a_lower_behind_the_upper_is_never_committed(spark, warehouse, tmp_path,
     assert isinstance(info.value, DescriptionOutdated)
     text = assert_one_line(info.value, "oldlower")
     assert f"upper to {iso(300)}" in text and "nothing was written" in text and a.batch_id in text
-    assert "`airflow dags trigger oldlower`" in text  # the rest [300, 400) comes with a new run
+    # the rest [300, 400) comes with a new run (the DAG unpaused first: a paused DAG's run never starts)
+    assert "`airflow dags unpause oldlower && airflow dags trigger oldlower`" in text
     assert_nothing_committed(spark, ledger, cfg, before, unstaged=a.batch_id)
     assert ledger.get_batch(a.batch_id).state == SUPERSEDED
 

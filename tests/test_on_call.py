@@ -118,7 +118,7 @@ def test_a_superseded_run_that_left_the_shard_behind_names_the_run_to_clear(
     behind = data["behind"]
     assert behind["run_id"] == "scheduled__catchup" and (behind["from"]["ms"], behind["to"]["ms"]) == (200, 400)
     assert behind["commands"] == [
-        f"airflow dags clear {cfg.name} --run-id scheduled__catchup -y",
+        f"airflow dags unpause {cfg.name} && airflow dags clear {cfg.name} --run-id scheduled__catchup -y",
         f"python -m reconcile run {cfg.name} --frontier 400",
     ]
     assert cli.main(["status", cfg.name]) == 0

@@ -14,11 +14,16 @@ from reconcile import remedy
 DAY = datetime(2026, 1, 3, tzinfo=UTC)
 
 
-def _airflow_args(command: str):
+def _airflow_args(command: str, sink: str = "rem"):
+    """The arguments of the command after ``airflow dags unpause SINK &&`` (which every printed
+    Airflow command that starts a task begins with: a paused DAG runs nothing)."""
     from airflow.cli import cli_parser
 
-    words = shlex.split(command)
-    assert words[0] == "airflow"
+    first, _, rest = command.partition(" && ")
+    unpause = cli_parser.get_parser().parse_args(shlex.split(first)[1:])
+    assert (unpause.func.__name__, unpause.dag_id, unpause.treat_dag_id_as_regex) == ("dag_unpause", sink, False)
+    words = shlex.split(rest)
+    assert words[0] == "airflow" and "&&" not in words
     return cli_parser.get_parser().parse_args(words[1:])
 
 
@@ -68,7 +73,8 @@ def test_a_final_failure_in_a_run_ends_with_the_commands_for_that_run(tmp_path, 
     with pytest.raises(BatchNotFound) as info:
         tasks.commit_for_run("rem", "manual__x", "0-gone")
     assert str(info.value).endswith(
-        "To stage it anew: `airflow dags trigger rem` (a new run mints and stages the batch anew from the shard's upper)."
+        "To stage it anew: `airflow dags unpause rem && airflow dags trigger rem` (a new run mints and stages the "
+        "batch anew from the shard's upper)."
     )
     assert "\n" not in str(info.value)
 
@@ -82,8 +88,71 @@ def test_out_of_retries_names_the_exact_run_or_the_failed_state_and_the_rerun_wi
     make_sink(tmp_path, "rem")
     dated = tasks.out_of_retries("rem", "scheduled__x", "append", "append failed: x", DAY)
     assert (
-        "`airflow tasks clear rem -t append -d -y -s 2026-01-03T00:00:00+00:00 -e 2026-01-03T00:00:00+00:00`" in dated
+        "`airflow dags unpause rem && airflow tasks clear rem -t append -d -y -s 2026-01-03T00:00:00+00:00 "
+        "-e 2026-01-03T00:00:00+00:00`" in dated
     )
     assert "`python -m reconcile append rem --run-id scheduled__x`" in dated
     manual = tasks.out_of_retries("rem", "manual__y", "write", "write failed: x", None)
-    assert "`airflow tasks clear rem -t write -d -f -y`" in manual and "reconcile append" not in manual
+    assert "`airflow dags unpause rem && airflow tasks clear rem -t write -d -f -y`" in manual
+    assert "reconcile append" not in manual
+
+
+def test_every_airflow_command_that_starts_a_task_unpauses_the_dag_first():
+    """A paused DAG runs nothing (a clear or trigger exits 0 and the run sits queued); status,
+    which runs without Airflow, cannot know: the printed command unpauses it first."""
+    for command, action in (
+        (remedy.clear_task("rem", "write", DAY), "task_clear"),
+        (remedy.clear_task("rem", "write", None), "task_clear"),
+        (remedy.clear_run("rem", "scheduled__x"), "dag_clear"),
+        (remedy.trigger("rem"), "dag_trigger"),
+    ):
+        assert command.startswith("airflow dags unpause rem && airflow "), command
+        args = _airflow_args(command)
+        assert (args.func.__name__, args.dag_id) == (action, "rem"), command
+    for clause in (remedy.rerun("rem", "manual__y", "append"), remedy.restage("rem", "scheduled__x", DAY)):
+        assert all(c.startswith("airflow dags unpause rem && ") for c in _commands(clause) if "airflow" in c), clause
+    assert "unpause" not in remedy.append_run("rem", "r") + remedy.catch_up("rem", 5)  # no Airflow: works paused
+
+
+def _commands(text: str) -> list[str]:
+    import re
+
+    return re.findall(r"`([^`]+)`", text)
+
+
+def test_the_missing_spark_connection_remedy_defines_it_with_a_command_that_parses(tmp_path, monkeypatch):
+    """A write whose connection is not defined is final (no retry defines it), and says how to
+    define it: the `airflow connections add` command parses; an unreadable environment value is named."""
+    from airflow.cli import cli_parser
+    from airflow.sdk.exceptions import AirflowNotFoundException
+
+    from reconcile.airflow import tasks
+
+    err = tasks.final_failure(
+        AirflowNotFoundException("The conn_id `spark_x` isn't defined"), "rem", "write", "spark_x"
+    )
+    assert err is not None and not isinstance(err, tasks.Retryable)
+    text = str(err)
+    assert text.startswith("sink 'rem': the Airflow connection 'spark_x' the sink's write runs on isn't defined;"), text
+    add = _commands(text)[0]
+    args = cli_parser.get_parser().parse_args(shlex.split(add)[1:])
+    assert (args.func.__name__, args.conn_id, args.conn_type, args.conn_host) == (
+        "connections_add",
+        "spark_x",
+        "spark",
+        "local[*]",
+    )
+    assert "AIRFLOW_CONN_SPARK_X" in text and "is set" not in text and "\n" not in text
+    monkeypatch.setenv("AIRFLOW_CONN_SPARK_X", '{"conn_type": "spark", "host": "local[2]"}}')  # a stray brace
+    again = str(
+        tasks.final_failure(AirflowNotFoundException("The conn_id `spark_x` isn't defined"), "rem", "write", "spark_x")
+    )
+    assert "AIRFLOW_CONN_SPARK_X is set in the worker's environment, but Airflow cannot read it" in again
+    other = str(tasks.final_failure(AirflowNotFoundException("The conn_id `aws_x` isn't defined"), "rem", "mint"))
+    assert "'aws_x' the task reads isn't defined" in other and "airflow connections add aws_x" in other
+    from airflow.sdk.exceptions import AirflowException
+
+    assert (
+        tasks.final_failure(AirflowException("Cannot execute: spark-submit ... Error code is: 1"), "rem", "write")
+        is None
+    )

@@ -459,7 +459,10 @@ def test_a_narrower_winner_of_an_unscheduled_sink_asks_for_the_run_to_be_cleared
     mint.run_mint(ledger, cfg, "run-new", 1, 200)
     with pytest.raises(DescriptionOutdated) as info:
         append.run_append(ledger, cfg, older.batch_id)
-    assert f"a new run appends [{iso(200)}, {iso(300)}): `airflow dags trigger manual_only`" in str(info.value)
+    assert (
+        f"a new run appends [{iso(200)}, {iso(300)}): `airflow dags unpause manual_only && airflow dags trigger manual_only`"
+        in str(info.value)
+    )
 
 
 # --- a crash between the Delta commit and the metadata update ---------------------------------

@@ -187,7 +187,8 @@ class SchemaRecreated(MetadataUnavailable):
 
 class ShardNotFound(SinkError):
     remedy = (
-        "check the sink's name; a sink's first run creates its shard row (`airflow dags trigger {sink}`), "
+        "check the sink's name; a sink's first run creates its shard row "
+        "(`airflow dags unpause {sink} && airflow dags trigger {sink}`), "
         "a lost ledger database is rebuilt from the Delta log by `python -m reconcile recover {sink}`."
     )
 

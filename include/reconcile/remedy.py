@@ -13,6 +13,16 @@ a substring of the task ids (the serialized DAG's subset), so ``-t append`` is e
   (clearing is always safe: a rerun commits, finds committed or says why not); or, exactly that
   run, ``python -m reconcile append SINK --run-id RUN`` commits the run's staged batch without
   Airflow (its task stays failed until cleared, and then finds the batch committed).
+
+A paused DAG runs nothing: ``airflow tasks clear``, ``airflow dags clear`` and ``airflow dags
+trigger`` exit 0 on it, print nothing about it, and the run sits ``queued`` until the DAG is
+unpaused (a new sink's DAG starts paused, as every new DAG). Whoever prints a remedy (``status``
+runs without Airflow) cannot know whether the DAG is paused, so every Airflow command printed
+that starts a task is preceded by ``airflow dags unpause SINK &&`` (:func:`unpaused`): on a
+paused DAG it unpauses it (the run needs that: a paused DAG's cleared task never starts; its
+schedule resumes too), on an unpaused one it is a no-op that prints "No paused DAGs were found"
+and exits 0. So a command printed works verbatim in either state. The commands without Airflow
+(``python -m reconcile ...``) work on a paused DAG as on any.
 """
 
 from __future__ import annotations
@@ -32,13 +42,19 @@ def logical_date_text(logical_date: datetime | str | None) -> str | None:
     return logical_date if isinstance(logical_date, str) else logical_date.isoformat()
 
 
+def unpaused(sink: str, command: str) -> str:
+    """``command`` (an Airflow command that starts a task of ``sink``) as it works whether the
+    DAG is paused or not: ``airflow dags unpause SINK && command``."""
+    return f"airflow dags unpause {_q(sink)} && {command}"
+
+
 def clear_task(sink: str, task: str, logical_date: datetime | str | None = None) -> str:
     """``airflow tasks clear`` of ``task`` and its downstream: in the run of ``logical_date``, or
-    without one, wherever ``task`` failed."""
+    without one, wherever ``task`` failed (the DAG unpaused first: :func:`unpaused`)."""
     day = logical_date_text(logical_date)
     if day is None:
-        return f"airflow tasks clear {_q(sink)} -t {_q(task)} -d -f -y"
-    return f"airflow tasks clear {_q(sink)} -t {_q(task)} -d -y -s {_q(day)} -e {_q(day)}"
+        return unpaused(sink, f"airflow tasks clear {_q(sink)} -t {_q(task)} -d -f -y")
+    return unpaused(sink, f"airflow tasks clear {_q(sink)} -t {_q(task)} -d -y -s {_q(day)} -e {_q(day)}")
 
 
 def append_run(sink: str, run_id: str) -> str:
@@ -48,7 +64,7 @@ def append_run(sink: str, run_id: str) -> str:
 
 def clear_run(sink: str, run_id: str) -> str:
     """Clear a whole run by its id (scheduled or manual): its mint describes a batch anew."""
-    return f"airflow dags clear {_q(sink)} --run-id {_q(run_id)} -y"
+    return unpaused(sink, f"airflow dags clear {_q(sink)} --run-id {_q(run_id)} -y")
 
 
 def catch_up(sink: str, upper: int) -> str:
@@ -58,7 +74,7 @@ def catch_up(sink: str, upper: int) -> str:
 
 def trigger(sink: str) -> str:
     """A new run: its mint describes a batch from the shard's upper anew."""
-    return f"airflow dags trigger {_q(sink)}"
+    return unpaused(sink, f"airflow dags trigger {_q(sink)}")
 
 
 def rerun(sink: str, run_id: str, task: str, logical_date: datetime | str | None = None) -> str:
@@ -76,3 +92,14 @@ def restage(sink: str, run_id: str, logical_date: datetime | str | None = None) 
     if logical_date is not None:
         return f"`{clear_task(sink, 'write', logical_date)}` (run {run_id}'s write and append)"
     return f"`{trigger(sink)}` (a new run mints and stages the batch anew from the shard's upper)"
+
+
+def define_spark_connection(conn_id: str) -> str:
+    """How to define the Spark connection ``conn_id`` the stage tasks run on, as a clause."""
+    var = f"AIRFLOW_CONN_{conn_id.upper()}"
+    return (
+        f"define it: `airflow connections add {_q(conn_id)} --conn-type spark --conn-host {_q('local[*]')}` "
+        "(host: your Spark master; a Spark Connect server: --conn-type spark_connect --conn-host HOST "
+        f'--conn-port PORT), or set {var} (JSON: {{"conn_type": "spark", "host": "local[*]"}}) '
+        "in the environment of Airflow's scheduler and workers"
+    )

@@ -85,7 +85,7 @@ def status_data(ledger, name: str, limit: int = 10) -> dict:
         )
     return {
         "sink": name,
-        "needs_action": needs_action(every, shard.upper, unrepaired),
+        "needs_action": config_problem(name) + needs_action(every, shard.upper, unrepaired),
         "upper": stamp(shard.upper),
         "since": stamp(shard.since),
         "as_of": stamp(shard.as_of),
@@ -123,6 +123,28 @@ def _current_of(ledger, name: str) -> dict | None:
     if d is not None and d.get("upper") is not None:
         d["upper"] = stamp(d["upper"])
     return d
+
+
+def config_problem(name: str) -> list[str]:
+    """The sink's config file, if it exists but does not load: Airflow has no DAG for the sink
+    then (its ``invalid_sink_config__`` placeholder names the field) and no run writes, nor fails
+    where the ledger could record it. [] when it loads or there is no file of that name."""
+    from pathlib import Path
+
+    from reconcile.config_loading import load_sink
+    from reconcile.errors import ConfigError
+
+    try:
+        load_sink(name)
+    except ConfigError as exc:
+        if Path(exc.path).stem == name:
+            return [
+                f"the sink's config does not load, so Airflow runs no DAG {name} (it shows "
+                f"invalid_sink_config__{name} instead) and nothing is written: {exc}"
+            ]
+    except Exception:  # noqa: BLE001 - status answers from the ledger whatever the sinks folder holds
+        pass
+    return []
 
 
 def needs_action(every: list, shard_upper: int, unrepaired) -> list[str]:

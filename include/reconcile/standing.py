@@ -32,14 +32,9 @@ from reconcile import remedy
 from reconcile.log import iso
 from reconcile.model import COMMITTED, FINAL, OPEN_STATES, RETRYABLE, SUPERSEDED
 from reconcile.storage.commits import ForeignCommit
-from reconcile.storage.ledger_rows import Batch
+from reconcile.storage.ledger_rows import EARLIER, Batch, cause_of, failure_history
 
 OK, BAD, WARN, DONE = "ok", "bad", "warn", "done"
-
-
-def cause_of(message: str | None) -> str:
-    """A recorded message without its remedy (once settled, the remedy is no longer the thing to do)."""
-    return (message or "").partition(" Remedy: ")[0].strip()
 
 
 @dataclass(frozen=True)
@@ -56,23 +51,23 @@ class Standing:
 
 
 def standing(b, shard_upper: int) -> Standing:
-    """How batch ``b`` (a ledger row) stands, given the shard's upper now."""
+    """How batch ``b`` (a ledger row) stands, given the shard's upper now. A failure recorded on
+    it and settled since (committed, superseded, covered, or staged by a later write attempt) is
+    said as history: its cause, not its remedy (:func:`~reconcile.storage.ledger_rows.failure_history`)."""
     kind = f"{b.failure_kind}: " if b.failure_kind else ""
+    history = failure_history(b)
     if b.state == COMMITTED:
-        if b.failure_kind or b.message:
+        if history:
             at = f" at Delta version {b.delta_version}" if b.delta_version is not None else ""
-            return Standing(
-                OK, f"resolved (a later attempt committed it{at}); earlier failure: {kind}{cause_of(b.message)}"
-            )
+            return Standing(OK, f"resolved (a later attempt committed it{at}); {EARLIER}{history}")
         return Standing(OK)
     if b.state == SUPERSEDED:
         return Standing(DONE, cause_of(b.message) or "superseded", DONE)
     # an open description (minted or staged)
+    was = f"; {EARLIER}{history}" if history else ""
     if shard_upper >= b.upper:
-        was = f"; earlier failure: {kind}{cause_of(b.message)}" if b.message else ""
         return Standing(DONE, f"covered: a later batch took the shard to {iso(shard_upper)}{was}")
     if shard_upper > b.lower:
-        was = f"; earlier failure: {kind}{cause_of(b.message)}" if b.message else ""
         return Standing(DONE, f"outdated: another batch moved the shard past its lower{was}")
     if b.failure_kind == FINAL:
         return Standing(BAD, f"{kind}{b.message}", BAD)

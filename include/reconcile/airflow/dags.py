@@ -10,8 +10,9 @@ the callbacks (the run's note, the lag alert) :mod:`reconcile.airflow.callbacks`
   and ``append`` work on exactly that batch (only mint mints). A batch outdated by another writer
   before it is written, or covered by a newer description, ends the run's remaining tasks as
   skipped.
-- ``write`` is a spark-submit job (jobs/write_correction.py) on the ``spark_default``
-  connection (``local[*]`` on the embedded default, a Spark master in production); when that
+- ``write`` is a spark-submit job (jobs/write_correction.py) on the sink's Spark connection
+  (its ``spark_conn_id``, else ``RECONCILE_SPARK_CONN_ID``, else ``spark_default``: ``local[*]``
+  on the embedded default, a Spark master in production); when that
   connection is a ``spark_connect`` one, the same stage runs in the worker as a client of the
   Spark Connect server: no JVM starts for the run.
 - ``append`` (Python, no JVM) commits the staged files to the Delta log as they are.
@@ -32,8 +33,10 @@ the callbacks (the run's note, the lag alert) :mod:`reconcile.airflow.callbacks`
 - ``compaction_due`` (Python, metadata only, a short circuit) skips ``compact`` until ``compaction.every_batches``
   batches wait to be folded into ``since``; ``compact`` (jobs/compact_shard.py) then advances
   since, consolidates the history before it and vacuums (reconcile.compact).
-- Retries: transient failures retry; a failure the job recorded as final (an outdated batch,
-  bad input) fails at once with its one-line cause and remedy.
+- Retries: transient failures retry; a failure no retry fixes (the job recorded it as final:
+  an outdated batch, bad input, a refused warehouse; or a connection that is not defined) fails
+  at once with its one-line cause and remedy, recorded on the run's batch as final (``status``:
+  NEEDS ACTION; the run's note).
 - ``max_active_runs=1``: scheduled runs of a sink commit in order; Airflow 3 limits a backfill's runs
   apart (its own ``--max-active-runs``), so a backfill run and a scheduled one may race: the
   compare-and-append lets one commit, the other finds its batch outdated or its interval covered.
@@ -51,8 +54,14 @@ from airflow.sdk.definitions.callback import SyncCallback
 from airflow.sdk.definitions.deadline import DeadlineAlert, DeadlineReference
 from airflow.sdk.exceptions import AirflowFailException
 
-from reconcile.airflow.callbacks import lag_deadline_missed, note_run_failure, run_note
-from reconcile.airflow.operators import CorrectionApproval, ReconcileSparkSubmitOperator, append_task
+from reconcile.airflow.callbacks import lag_deadline_missed, note_run_failure
+from reconcile.airflow.operators import (
+    CorrectionApproval,
+    ReconcileSparkSubmitOperator,
+    append_task,
+    mint_task,
+    spark_conn_id,
+)
 from reconcile.config import SinkConfig
 from reconcile.config_loading import load_dir
 from reconcile.errors import ConfigError
@@ -160,25 +169,10 @@ def build_dag(cfg: SinkConfig) -> DAG:
 
         @task.short_circuit(task_id="mint")
         def mint(sink: str = cfg.name, **context) -> dict | bool:
-            from reconcile.airflow.tasks import mint_for_run
+            return mint_task(sink, context)
 
-            dag_run = context["dag_run"]
-            result = mint_for_run(
-                sink,
-                context["run_id"],
-                context["ti"].try_number,
-                dag_run.data_interval_end,
-                dag_run.start_date,
-                read_only=bool(context["params"].get("read_only")),
-            )
-            if result.description is None:  # the rest of the run is skipped at once
-                log.warning("mint: %s", result.message)
-                run_note(context, f"nothing to do: {result.message}")
-                return False
-            d = result.description
-            return {"batch_id": d.batch_id, "lower": d.lower, "upper": d.upper}
-
-        write = ReconcileSparkSubmitOperator(task_id="write", sink=cfg.name, stage="write")
+        spark = spark_conn_id(cfg)
+        write = ReconcileSparkSubmitOperator(task_id="write", sink=cfg.name, stage="write", conn_id=spark)
 
         shard = shard_asset(cfg)
 
@@ -204,7 +198,7 @@ def build_dag(cfg: SinkConfig) -> DAG:
             log.info("compaction %s: %s", "due" if due else "not due", why)
             return why if due else False
 
-        compact = ReconcileSparkSubmitOperator(task_id="compact", sink=cfg.name, stage="compact")
+        compact = ReconcileSparkSubmitOperator(task_id="compact", sink=cfg.name, stage="compact", conn_id=spark)
         committed = append()
         if asks:
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 import os
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
@@ -52,19 +52,28 @@ def run_on_connect(stage: str, sink: str, run_id: str, batch_id: str | None, rem
         raise AirflowFailException(f"{stage} failed (not retried): {exc}") from None
 
 
-class ReconcileSparkSubmitOperator(SparkSubmitOperator):
-    """One stage job on the sink's Spark connection: spark-submit of jobs/<stage>.py, or, on a
-    ``spark_connect`` connection, the stage run here as a Connect client. Turns a failure the
-    job recorded as final into a non-retried task failure with the job's one-line message."""
+def spark_conn_id(cfg) -> str:
+    """The Airflow connection the sink's ``write`` and ``compact`` run on: its ``spark_conn_id``,
+    else ``RECONCILE_SPARK_CONN_ID``, else ``spark_default``."""
+    return cfg.spark_conn_id or os.environ.get("RECONCILE_SPARK_CONN_ID", "spark_default")
 
-    def __init__(self, *, sink: str, stage: str, **kwargs):
+
+class ReconcileSparkSubmitOperator(SparkSubmitOperator):
+    """One stage job on the sink's Spark connection (``conn_id``, default
+    ``RECONCILE_SPARK_CONN_ID`` else ``spark_default``): spark-submit of jobs/<stage>.py, or, on
+    a ``spark_connect`` connection, the stage run here as a Connect client. A failure no retry
+    fixes (one the job recorded as final, a connection that is not defined:
+    :func:`reconcile.airflow.tasks.final_failure`) fails the task at once with its one-line
+    cause and remedy, recorded on the run's batch."""
+
+    def __init__(self, *, sink: str, stage: str, conn_id: str | None = None, **kwargs):
         script = {"write": "write_correction.py", "compact": "compact_shard.py"}[stage]
         super().__init__(
             application=str(JOBS / script),
             application_args=["--sink", sink, "--run-id", "{{ run_id }}", "--batch-id", BATCH_ID],
             conf=submit_conf(),
             name=f"reconcile-{sink}-{stage}",
-            conn_id=os.environ.get("RECONCILE_SPARK_CONN_ID", "spark_default"),
+            conn_id=conn_id or os.environ.get("RECONCILE_SPARK_CONN_ID", "spark_default"),
             **kwargs,
         )
         self.sink = sink
@@ -78,31 +87,45 @@ class ReconcileSparkSubmitOperator(SparkSubmitOperator):
 
     def _execute(self, context):
         from reconcile.airflow.aws import export_connection
-        from reconcile.airflow.tasks import batch_line, failure_verdict, nothing_left, out_of_retries
+        from reconcile.airflow.tasks import (
+            batch_line,
+            failure_verdict,
+            final_failure,
+            nothing_left,
+            out_of_retries,
+            record_final,
+        )
 
-        export_connection()  # the job (spark-submit's child, or this process) reads the environment
         run_id = context["run_id"]
         batch_id = (context["ti"].xcom_pull(task_ids="mint") or {}).get("batch_id")
-        if self.stage == "write":
-            why = nothing_left(self.sink, run_id, batch_id)
-            if why is not None:  # superseded before it was written: no Spark job at all
-                self.log.warning("write: nothing to do: %s", why)
-                run_note(context, f"nothing to do: {why}")
-                raise AirflowSkipException(f"write: nothing to do: {why}")
-            self.log.info("write: %s", batch_line(self.sink, run_id, batch_id)[1])
-        remote = spark_connect_url(self._conn_id)
+        since = datetime.now(UTC)  # a failure recorded before this attempt is not its verdict
         result: str | None
         try:
+            export_connection()  # the job (spark-submit's child, or this process) reads the environment
+            if self.stage == "write":
+                why = nothing_left(self.sink, run_id, batch_id)
+                if why is not None:  # superseded before it was written: no Spark job at all
+                    self.log.warning("write: nothing to do: %s", why)
+                    run_note(context, f"nothing to do: {why}")
+                    raise AirflowSkipException(f"write: nothing to do: {why}")
+                self.log.info("write: %s", batch_line(self.sink, run_id, batch_id)[1])
+            remote = spark_connect_url(self._conn_id)
             if remote:
                 result = run_on_connect(self.stage, self.sink, run_id, batch_id, remote)
                 self.log.info("%s on Spark Connect %s: %s", self.stage, remote, result)
             else:
                 result = super().execute(context)
-        except AirflowFailException as exc:
-            self.log.error("%s", exc)
+        except (AirflowFailException, AirflowSkipException) as exc:
+            if isinstance(exc, AirflowFailException):
+                self.log.error("%s", exc)
             raise
         except AirflowException as exc:
-            final, message = failure_verdict(self.sink, run_id, batch_id)
+            message: str | None
+            unfixable = final_failure(exc, self.sink, self.stage, self._conn_id)
+            if unfixable is not None:  # e.g. the connection is not defined: nothing ran
+                final, message = True, record_final(self.sink, run_id, batch_id, self.stage, unfixable, _day(context))
+            else:
+                final, message = failure_verdict(self.sink, run_id, batch_id, since)
             if final:
                 self.log.error("%s failed (not retried): %s", self.stage, message)
                 raise AirflowFailException(f"{self.stage} failed (not retried): {message}") from None
@@ -219,6 +242,44 @@ class CorrectionApproval(ApprovalOperator):
         reject_batch(stop, message)
         self.log.error("%s", message)
         raise AirflowFailException(message)
+
+
+def mint_task(sink: str, context) -> dict | bool:
+    """The mint task: describe the run's batch (see :func:`build_dag`); False when there is
+    nothing to do (the rest of the run is skipped). A failure no retry fixes
+    (:func:`reconcile.airflow.tasks.final_failure`: the ledger ahead of the Delta log, the
+    warehouse refusing access, a connection that is not defined) fails the task at once, its
+    cause and remedy ending with the command that reruns the run's mint; there is no batch yet
+    to record it on, so the task's log and the run's note say it."""
+    from reconcile.airflow.tasks import final_failure, mint_for_run, once_fixed
+
+    dag_run = context["dag_run"]
+    try:
+        result = mint_for_run(
+            sink,
+            context["run_id"],
+            context["ti"].try_number,
+            dag_run.data_interval_end,
+            dag_run.start_date,
+            read_only=bool(context["params"].get("read_only")),
+        )
+    except (AirflowFailException, AirflowSkipException):
+        raise
+    except Exception as exc:
+        unfixable = final_failure(exc, sink, "mint")
+        if unfixable is None:  # a retry may fix it
+            raise
+        then = once_fixed(sink, context["run_id"], "mint", unfixable, _day(context))
+        if then and then not in unfixable.remedy:
+            unfixable.add_remedy(then)
+        log.error("mint failed (not retried): %s", unfixable)
+        raise AirflowFailException(f"mint failed (not retried): {unfixable}") from None
+    if result.description is None:  # the rest of the run is skipped at once
+        log.warning("mint: %s", result.message)
+        run_note(context, f"nothing to do: {result.message}")
+        return False
+    d = result.description
+    return {"batch_id": d.batch_id, "lower": d.lower, "upper": d.upper}
 
 
 def append_task(shard: Asset, sink: str, scheduled: bool, context) -> str:

@@ -18,17 +18,18 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 
 from reconcile import remedy, settings
 from reconcile.config import SinkConfig
 from reconcile.config_loading import load_sink
 from reconcile.errors import Retryable, SinkError, storage_failure
 from reconcile.log import iso
-from reconcile.model import COMMITTED, FINAL, RETRYABLE, STAGED, SUPERSEDED, Outcome
+from reconcile.model import COMMITTED, FINAL, OPEN_STATES, RETRYABLE, STAGED, SUPERSEDED, Outcome
 from reconcile.report import iso_text
 from reconcile.schedule import desired_frontier
 from reconcile.sink.mint import MintResult, run_mint
@@ -270,19 +271,104 @@ def note_failure(ledger: Ledger, batch_id: str, exc: SinkError) -> None:
         log.warning("could not record the %s failure in the ledger: %s", kind, exc)
 
 
-def failure_verdict(sink: str, run_id: str, batch_id: str | None = None) -> tuple[bool, str | None]:
-    """(final?, message) of the run's batch after a failed task."""
+def failure_verdict(
+    sink: str, run_id: str, batch_id: str | None = None, since: datetime | None = None
+) -> tuple[bool, str | None]:
+    """(final?, message) of the run's open batch after a failed task: the failure its job
+    recorded (at or after ``since``, when given: this attempt's, not an earlier one's)."""
     try:
         ledger = open_ledger()
     except SinkError as exc:
         return False, str(exc)
     try:
         batch = run_batch_of(ledger, sink, run_id, batch_id)
-        if batch is None or not batch.message:
+        if batch is None or not batch.message or not batch.failure_kind or batch.state not in OPEN_STATES:
+            return False, None
+        at = batch.updated_at
+        if since is not None and at is not None and (at if at.tzinfo else at.replace(tzinfo=UTC)) < since:
             return False, None
         return batch.failure_kind == FINAL, batch.message
     finally:
         ledger.dispose()
+
+
+# -- failures no retry fixes ---------------------------------------------------------------------
+
+
+def missing_connection(exc: BaseException) -> str | None:
+    """The id of the Airflow connection ``exc`` says is not defined (Airflow's
+    ``AirflowNotFoundException``: "The conn_id `X` isn't defined"), else None."""
+    found = re.search(r"conn_id `([^`]+)` isn't defined", str(exc))
+    if found is None and type(exc).__name__ == "AirflowNotFoundException":
+        found = re.search(r"`([^`]+)`", str(exc))
+    return found.group(1) if found else None
+
+
+def connection_missing(sink: str, stage: str, conn_id: str, spark: bool) -> SinkError:
+    """The one-line failure of a stage whose Airflow connection ``conn_id`` (``spark``: the one its
+    Spark job runs on) is not defined, and how to define it; a value set in the environment that
+    Airflow cannot read (the usual cause) is named."""
+    var = f"AIRFLOW_CONN_{conn_id.upper()}"
+    unread = (
+        f" ({var} is set in the worker's environment, but Airflow cannot read it as a connection: "
+        "a JSON object or a URI)"
+        if os.environ.get(var)
+        else ""
+    )
+    how = (
+        remedy.define_spark_connection(conn_id)
+        if spark
+        else f"define it (`airflow connections add {conn_id} --conn-type TYPE ...`, or {var} in the environment "
+        "of Airflow's scheduler and workers)"
+    )
+    used = f"the sink's {stage} runs on" if spark else "the task reads"
+    return SinkError(
+        f"the Airflow connection {conn_id!r} {used} isn't defined{unread}; nothing was written",
+        sink=sink,
+        remedy=f"{how}.",
+    )
+
+
+def final_failure(exc: BaseException, sink: str, stage: str, spark_conn: str | None = None) -> SinkError | None:
+    """The one place that says whether a failure of a task's stage is one no retry fixes: the
+    failure as a one-line :class:`SinkError` with its cause and remedy, or None (a retry may fix
+    it: Airflow retries). Final: the sink's own failures but :class:`Retryable` ones (bad input,
+    an outdated batch, ...: each says so itself), an Airflow connection that is not defined
+    (Airflow's ``AirflowNotFoundException``), the warehouse refusing access (permissions, a
+    read-only or full file system: :func:`~reconcile.errors.storage_failure`). ``spark_conn``: the
+    connection the stage's Spark job runs on, if it has one."""
+    if isinstance(exc, Retryable):
+        return None
+    if isinstance(exc, SinkError):
+        return exc
+    conn_id = missing_connection(exc)
+    if conn_id is not None:
+        return connection_missing(sink, stage, conn_id, spark=conn_id == spark_conn)
+    return storage_failure(exc, sink)
+
+
+def record_final(
+    sink: str,
+    run_id: str,
+    batch_id: str | None,
+    stage: str,
+    exc: SinkError,
+    logical_date: datetime | None = None,
+) -> str:
+    """Record a final failure of the run's ``stage`` on its open batch (``FINAL``, its cause and
+    remedy, ending with the commands that rerun the run), for ``status`` and the pages; returns
+    the recorded line."""
+    then = once_fixed(sink, run_id, stage, exc, logical_date)
+    if then and then not in exc.remedy:
+        exc.add_remedy(then)
+    try:
+        with sink_and_ledger(sink) as (cfg, ledger):
+            batch = run_batch_of(ledger, cfg.name, run_id, batch_id)
+            if batch is not None and batch.state in OPEN_STATES:
+                note_failure(ledger, batch.batch_id, exc)
+    except Exception as err:  # noqa: BLE001 - the task fails with its cause whether or not it is recorded
+        log.warning("could not record run %s's %s failure on its batch: %s", run_id, stage, err)
+    return str(exc)
 
 
 # -- the correction guard's approval in Airflow --------------------------------------------------

@@ -57,7 +57,7 @@ from reconcile.model import (
 )
 from reconcile.storage.engine import current_revision, current_revision_safe, head, make_engine, upgrade
 from reconcile.storage.lease import CommitLeases
-from reconcile.storage.ledger_rows import Batch, Shard
+from reconcile.storage.ledger_rows import Batch, Shard, with_history
 
 log = logging.getLogger(__name__)
 _CHECKED: set[str] = set()  # database URLs whose schema this process found at head
@@ -303,9 +303,7 @@ class Ledger(CommitLeases):
             t = now()
             for b in open_batches:
                 if b.batch_id in decision.supersede:
-                    b.state = SUPERSEDED
-                    b.message = decision.superseded_why
-                    b.updated_at = t
+                    _supersede(b, decision.superseded_why, t)
             s.add(
                 Batch(
                     batch_id=new.batch_id,
@@ -426,7 +424,8 @@ class Ledger(CommitLeases):
             b.read_version, b.drift_rows = staged.read_version, staged.drift_rows
             b.late_commands, b.source_offset = late_commands_and_offset(staged.feed)
             b.rows_net = staged.rows_net
-            b.message = b.failure_kind = None
+            b.message = with_history(b, None)  # an earlier attempt's failure, resolved: history
+            b.failure_kind = None
             b.updated_at = now()
             return True, b
 
@@ -462,9 +461,7 @@ class Ledger(CommitLeases):
         with self.tx() as s:
             b = s.get(Batch, batch_id)
             if b is not None and b.state in OPEN_STATES:
-                b.state = SUPERSEDED
-                b.message = message
-                b.updated_at = now()
+                _supersede(b, message, now())
 
     def absorb_commit(self, name: str, rec: CommitRecord) -> bool:
         """Roll the metadata forward to a batch commit found in the Delta log.
@@ -540,9 +537,7 @@ class Ledger(CommitLeases):
                 Batch.batch_id != rec.batch_id,
             )
         ):
-            other.state = SUPERSEDED
-            other.message = f"outdated: batch {rec.batch_id} committed [{iso(rec.lower)}, {iso(rec.upper)})"
-            other.updated_at = t
+            _supersede(other, f"outdated: batch {rec.batch_id} committed [{iso(rec.lower)}, {iso(rec.upper)})", t)
         s.flush()
         return moved
 
@@ -573,9 +568,7 @@ class Ledger(CommitLeases):
                 Batch.shard == name, or_(Batch.batch_id.in_(list(lost)), Batch.state.in_(OPEN_STATES))
             )
             for b in s.scalars(q):
-                b.state = SUPERSEDED
-                b.message = lost.get(b.batch_id) or "superseded: the metadata was reset to the Delta log"
-                b.updated_at = t
+                _supersede(b, lost.get(b.batch_id) or "superseded: the metadata was reset to the Delta log", t)
             s.flush()
             shard.upper, shard.since, shard.delta_version = 0, 0, -1
             shard.last_minted_lower = None
@@ -599,3 +592,12 @@ class Ledger(CommitLeases):
             if version > shard.delta_version:
                 shard.delta_version = version
                 shard.updated_at = now()
+
+
+def _supersede(b: Batch, why: str, t: datetime) -> None:
+    """Mark ``b`` superseded with ``why``; a failure recorded on it stays in its message as history
+    (:func:`~reconcile.storage.ledger_rows.with_history`: its cause, not its remedy)."""
+    b.state = SUPERSEDED
+    b.message = with_history(b, why)
+    b.failure_kind = None
+    b.updated_at = t

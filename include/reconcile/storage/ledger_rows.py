@@ -92,3 +92,31 @@ class Batch(Base):
         # The ledger newest first, a page at a time at any depth (keyset on lower, batch id).
         Index("ix_reconcile_batches_keyset", "shard", "lower", "batch_id"),
     )
+
+
+# -- a batch's failure, kept as history ----------------------------------------------------------
+
+EARLIER = "earlier failure: "
+
+
+def cause_of(message: str | None) -> str:
+    """A recorded message without its remedy (once settled, the remedy is no longer the thing to do)."""
+    return (message or "").partition(" Remedy: ")[0].strip()
+
+
+def failure_history(b: Batch) -> str | None:
+    """The failure recorded on ``b`` as history (``final: cause``, without its remedy), or None:
+    its last failure (``failure_kind`` set), or the one kept when a later write attempt staged it
+    or a newer description superseded it (``earlier failure: ...`` in its message)."""
+    if b.failure_kind and b.message:
+        return f"{b.failure_kind}: {cause_of(b.message)}"
+    _, found, rest = (b.message or "").partition(EARLIER)
+    return (rest or None) if found else None
+
+
+def with_history(b: Batch, why: str | None) -> str | None:
+    """``why`` (what settled or superseded ``b``), followed by its failure as history, if any."""
+    history = failure_history(b)
+    if history is None:
+        return why
+    return f"{why}; {EARLIER}{history}" if why else f"{EARLIER}{history}"
