@@ -111,6 +111,33 @@ def test_the_shard_table_commits_guarded_on_adls(adls_warehouse, tmp_path):
     assert shard_as_of(cfg, 299) == Counter({(1, "a", None): 1, (2, "b", None): 1, (3, "c", None): 1})
 
 
+def test_the_current_table_commits_on_adls(adls_warehouse, tmp_path):
+    """The current-state table's own commits (put-if-absent through obstore) on ADLS: created in
+    its layout (no deletion vectors there), a version taken is refused, an overwrite replaces the
+    rows, and delta-rs reads them back with the freshness they record."""
+    import pyarrow as pa
+    from deltalake import DeltaTable
+
+    from reconcile.storage.current import CurrentTable
+
+    cfg = make_sink(tmp_path, "cur", current=True)
+    ct = CurrentTable(cfg)
+    assert ct.path == f"{adls_warehouse}/cur.current" and not ct.wants_vectors()
+    ct.create()
+    ct.create()  # found, not created again
+    dt = ct.snapshot()
+    rows = pa.table({"k": pa.array([1, 2], pa.int64()), "v": ["a", None]})
+    assert ct.commit(dt, "append", ct.write_rows(rows), [], {}, 3, upper=200) == 1
+    assert ct.commit(dt, "append", ct.write_rows(rows), [], {}, 3, upper=200) is None  # version 1 taken
+    dt = ct.snapshot()
+    again = pa.table({"k": pa.array([7], pa.int64()), "v": ["z"]})
+    assert ct.commit(dt, "overwrite", ct.write_rows(again), [], {}, 5, upper=300) == 2
+    read = DeltaTable(ct.path, storage_options=settings.delta_storage_options())
+    assert read.to_pyarrow_table().to_pylist() == [{"k": 7, "v": "z"}]
+    assert read.protocol().reader_features is None and read.schema().fields[0].nullable is False
+    assert read.metadata().configuration["reconcile.upper"] == "300" and ct.reflected(read) == 5
+
+
 def test_guarded_commits_racing_on_adls_land_once_per_lower(adls_warehouse, tmp_path):
     """Writers (each its own ShardTable, as separate tasks hold) race commit_files: for one lower
     exactly one commits and the others see it recorded; for different lowers each lands at a

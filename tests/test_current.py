@@ -45,6 +45,52 @@ def as_rows(expected: Counter) -> Counter:
     return Counter({k[:-1]: n for k, n in expected.items() if k[-1] is None and n > 0})
 
 
+def table_layout(path: str) -> tuple[dict, list[dict], dict]:
+    """(protocol, schema fields, table properties) as the table's ``_delta_log`` says them: the
+    last ``protocol`` and ``metaData`` actions of its commit files (every version is kept here)."""
+    from reconcile.storage import files
+
+    protocol: dict = {}
+    meta: dict = {}
+    for name in sorted(n for n in files.list_names(f"{path}/_delta_log") if n.endswith(".json")):
+        for line in (files.read_text(f"{path}/_delta_log/{name}") or "").splitlines():
+            action = json.loads(line)
+            protocol = action.get("protocol", protocol)
+            meta = action.get("metaData", meta)
+    return protocol, json.loads(meta["schemaString"])["fields"], meta["configuration"]
+
+
+DV_PROTOCOL = {
+    "minReaderVersion": 3,
+    "minWriterVersion": 7,
+    "readerFeatures": ["deletionVectors"],
+    "writerFeatures": ["deletionVectors", "domainMetadata", "invariants"],
+}
+PLAIN_PROTOCOL = {"minReaderVersion": 1, "minWriterVersion": 7, "writerFeatures": ["domainMetadata", "invariants"]}
+
+
+def assert_declares_what_it_uses(spark, cfg, vectors: bool) -> None:
+    """The current table's protocol holds deletion vectors only where they are on, and nothing
+    without a use (no variant type, no column invariants); its schema says NOT NULL where the
+    sink file does (``nullable: false``, an upsert key: Delta's ``invariants``), as delta-rs and
+    Spark read it."""
+    from deltalake import DeltaTable
+
+    from reconcile import settings
+
+    path = CurrentTable(cfg).path
+    protocol, fields, conf = table_layout(path)
+    assert protocol == (DV_PROTOCOL if vectors else PLAIN_PROTOCOL)
+    assert conf.get("delta.enableDeletionVectors") == ("true" if vectors else None)
+    keys = set(getattr(cfg, "key_columns", None) or ())
+    want = [(c.name, c.nullable and c.name not in keys) for c in cfg.columns]
+    assert [(f["name"], f["nullable"]) for f in fields] == want and any(not n for _, n in want)
+    schema = DeltaTable(path, storage_options=settings.delta_storage_options()).schema()
+    assert [(f.name, f.nullable) for f in schema.fields] == want
+    spark_path = path.replace("s3://", "s3a://")
+    assert [(f.name, f.nullable) for f in spark.read.format("delta").load(spark_path).schema.fields] == want
+
+
 def reflected(cfg) -> int | None:
     ct = CurrentTable(cfg)
     return ct.reflected(ct.snapshot())
@@ -107,6 +153,7 @@ def test_query_sink_current_table_follows_every_batch(spark, where, vectors, tmp
             assert appended.current.outcome == "applied" and appended.current.rows_added == 0
     # retractions mark rows (deletion vectors) or rewrite the files they fall in (copy-on-write)
     assert marked > 0 if vectors else (marked == 0 and rewritten > 0)
+    assert_declares_what_it_uses(spark, cfg, vectors)
     # an unchanged source: an empty batch, nothing rewritten
     _, _, appended = run_stages(spark, sqlite_ledger, cfg, "same", frontier + 100)
     assert appended.current.files_rewritten == 0 and appended.current.rows_added == 0
@@ -148,6 +195,7 @@ def test_upsert_sink_current_table_holds_one_row_per_key(spark, where, tmp_path,
         want = Counter({(k, v): n for (k, v, _), n in model.as_of(upper - 1).items()})
         assert len(want) > 25 and current_rows(cfg) == want, f"batch {i}"
     assert marked >= 3, "each later batch's updates and deletes marked the old rows (deletion vectors)"
+    assert_declares_what_it_uses(spark, cfg, True)
 
 
 @pytest.mark.slow  # a crash test: the quick tier leaves those out
@@ -203,9 +251,12 @@ def test_foreign_writes_are_undone_and_a_lost_current_table_is_rebuilt(
     write_json_rows(tmp_path / "src", QUERY_ROWS[0])
     run_stages(spark, sqlite_ledger, cfg, "r0", 200)
     path = CurrentTable(cfg).path
-    # a consumer writes into the current table: deletes a row, adds one
-    DeltaTable(path).delete("k = 1")
-    write_deltalake(path, pa.table({"k": pa.array([99], pa.int64()), "v": ["zz"]}), mode="append")
+    # a consumer writes into the current table: deletes a row (a deletion vector of its own), adds
+    # one; delta-rs cannot (the table's freshness record is a feature it does not write)
+    with pytest.raises(Exception, match="DomainMetadata"):
+        write_deltalake(path, pa.table({"k": pa.array([99], pa.int64()), "v": ["zz"]}), mode="append")
+    spark.sql(f"DELETE FROM delta.`{path}` WHERE k = 1")
+    spark.sql(f"INSERT INTO delta.`{path}` VALUES (99, 'zz')")
     assert current_rows(cfg) != as_rows(shard_as_of(cfg, 199))
     capsys.readouterr()
     assert cli.main(["check", cfg.name]) == 0

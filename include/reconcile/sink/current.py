@@ -100,6 +100,7 @@ def _attempt(ledger, cfg: SinkConfig, table: ShardTable, ct: CurrentTable, rebui
     latest = table.latest_version()
     reflected = ct.reflected(dt)
     foreign = ct.foreign_versions(dt)
+    layout = ct.layout_differences(dt)
     if rebuild is None:
         if reflected is None:
             rebuild = "it reflects no shard version yet"
@@ -107,6 +108,8 @@ def _attempt(ledger, cfg: SinkConfig, table: ShardTable, ct: CurrentTable, rebui
             rebuild = f"foreign commits to it (versions {', '.join(map(str, foreign))}) are undone"
         elif reflected > latest:
             rebuild = f"it reflects shard version {reflected}, past the shard's latest {latest} (restored?)"
+        elif layout:
+            rebuild = f"its layout differs from the sink file ({'; '.join(layout)})"
     if rebuild is None and reflected == latest:
         return CurrentResult(Outcome.UP_TO_DATE, latest)
     plan: _Plan | str | None = None
@@ -118,6 +121,7 @@ def _attempt(ledger, cfg: SinkConfig, table: ShardTable, ct: CurrentTable, rebui
     if rebuild is not None:
         plan = _rebuilt(cfg, table, ct, dt, latest)
     assert isinstance(plan, _Plan)
+    upper = _upper_at(table, latest, ct, dt, reflected)
     failpoint("current.before_commit")
     meta: dict = {"rows_added": plan.rows_added, "rows_removed": plan.rows_removed}
     if rebuild:
@@ -127,15 +131,15 @@ def _attempt(ledger, cfg: SinkConfig, table: ShardTable, ct: CurrentTable, rebui
             return None  # another writer moved it meanwhile: compute again
         lease.fence()
         if rebuild:  # an overwrite removes every file of the snapshot itself (with its vector)
-            version = ct.commit(dt, "overwrite", plan.added, [], {**meta, "vectors": {}}, latest)
-        elif plan.marked or (plan.removed and plan.vectors is not None):  # delta-rs writes no vectors
+            version = ct.commit(dt, "overwrite", plan.added, [], {**meta, "vectors": {}}, latest, upper)
+        elif plan.marked or (plan.removed and plan.vectors is not None):
             assert plan.vectors is not None
             version = ct.commit_vectors(
-                dt, plan.added, plan.marked, plan.removed, plan.before, plan.vectors, meta, latest
+                dt, plan.added, plan.marked, plan.removed, plan.before, plan.vectors, meta, latest, upper
             )
         else:
             extra = {} if plan.vectors is None else {"vectors": plan.vectors}
-            version = ct.commit(dt, "append", plan.added, plan.removed, {**meta, **extra}, latest)
+            version = ct.commit(dt, "append", plan.added, plan.removed, {**meta, **extra}, latest, upper)
     if version is None:
         return None
     failpoint("current.after_commit")
@@ -161,6 +165,22 @@ def _attempt(ledger, cfg: SinkConfig, table: ShardTable, ct: CurrentTable, rebui
         msg,
         files_marked=len(plan.marked),
     )
+
+
+def _upper_at(table: ShardTable, latest: int, ct: CurrentTable, dt, reflected: int | None) -> int | None:
+    """The upper of the shard's last batch commit at or before ``latest`` (the time the table
+    reflects): the log read back from ``latest`` to the first batch commit, or to ``reflected``
+    (the snapshot's own upper, when it recorded one); None when the log holds none."""
+    known = ct.freshness(dt).get("reconcile.upper")
+    for v in range(latest, -1, -1):
+        if v == reflected and known is not None:
+            return int(known)
+        present, meta = table.version_description(v)
+        if not present:
+            return None
+        if meta is not None and meta.get("op") == "batch":
+            return int(meta["upper"])
+    return None
 
 
 def _cols(cfg: SinkConfig) -> str:

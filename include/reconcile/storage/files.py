@@ -128,21 +128,28 @@ def write_bytes(path: str, data: bytes) -> None:
 
 def put_if_absent(path: str, data: bytes) -> bool:
     """Create the file ``path`` with ``data`` only if no file is there (False if one is): atomic
-    on a local disk (a hard link of a finished temporary file) and on S3 (a conditional PUT,
-    ``If-None-Match: *``, through obstore, the object-store client delta-rs is built on)."""
+    on a local disk (a hard link of a finished temporary file), on S3 and Azure (a conditional
+    PUT, ``If-None-Match: *``) and GCS (``ifGenerationMatch=0``), through obstore, the
+    object-store client delta-rs is built on (credentials from the standard variables)."""
     from reconcile import settings
 
     store = settings.store_of(path)
     if store is None:
         return _link_new(path, data)
-    if store != "s3":
-        raise NotImplementedError(f"put-if-absent on {store}")
     import obstore
     from obstore.exceptions import AlreadyExistsError, PreconditionError
 
-    bucket, _, key = path.split("://", 1)[1].partition("/")
+    if store == "azure":
+        account, within, _ = settings.azure_location(path)
+        container, _, key = within.partition("/")
+        client = _azure_store(account, container, settings.azure_endpoint())
+    else:
+        bucket, _, key = path.split("://", 1)[1].partition("/")
+        client = (
+            _s3_store(bucket, settings.s3_endpoint(), settings.s3_region()) if store == "s3" else _gcs_store(bucket)
+        )
     try:
-        obstore.put(_s3_store(bucket, settings.s3_endpoint(), settings.s3_region()), key, data, mode="create")
+        obstore.put(client, key, data, mode="create")
     except (AlreadyExistsError, PreconditionError):
         return False
     return True
@@ -175,6 +182,28 @@ def _s3_store(bucket: str, endpoint: str | None, region: str | None):
         config.update(endpoint=endpoint, virtual_hosted_style_request=False)
         client["allow_http"] = endpoint.startswith("http://")
     return S3Store(bucket, config=config, client_options=client)
+
+
+@functools.lru_cache(maxsize=4)
+def _azure_store(account: str | None, container: str, endpoint: str | None):
+    """obstore's Azure Blob client for ``container`` (credentials from the standard Azure
+    variables; ``endpoint``: an emulator's, path-style)."""
+    from obstore.store import AzureStore
+
+    config: Any = {"account_name": account} if account else {}
+    if endpoint:
+        config["endpoint"] = endpoint
+    return AzureStore(
+        container, config=config, client_options={"allow_http": bool(endpoint and endpoint.startswith("http://"))}
+    )
+
+
+@functools.lru_cache(maxsize=4)
+def _gcs_store(bucket: str):
+    """obstore's GCS client for ``bucket`` (Application Default Credentials)."""
+    from obstore.store import GCSStore
+
+    return GCSStore(bucket)
 
 
 def digest(path: str) -> str:
