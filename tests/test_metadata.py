@@ -266,6 +266,53 @@ def test_absorb_commit_supersedes_open_batches_below_the_new_upper(ledger):
     assert "100-winner" in ledger.get_batch(a.batch_id).message
 
 
+def test_a_final_failure_needs_action_until_settled_then_stays_as_history_without_its_remedy(ledger):
+    """A final failure of an open batch is red (``bad``) and needs action; once a newer run's
+    mint supersedes it, or a later write attempt stages it and it commits, its cause stays in the
+    ledger as history (grey, or on the committed batch), its remedy gone."""
+    from reconcile.model import FINAL, Staged
+    from reconcile.report import needs_action
+    from reconcile.standing import BAD, DONE, OK, standing
+
+    cause = "sink 'hist': the Airflow connection 'spark_x' the sink's write runs on isn't defined"
+    failed = f"{cause} Remedy: define it. Once the cause is fixed, rerun the run's write: `airflow ...`."
+    old, _ = maybe_mint(ledger, "hist", AS_OF, "run-old", 1, 200)
+    ledger.note_failure(old.batch_id, failed, FINAL)
+    how = standing(ledger.get_batch(old.batch_id), AS_OF)
+    assert (how.tone, how.note_tone, how.note) == (BAD, BAD, f"final: {failed}")
+    assert needs_action(ledger.batches("hist"), AS_OF, []) == [
+        f"batch {old.batch_id} [{_iso(AS_OF)}, {_iso(200)}): final: {failed}"
+    ]
+    new, _ = maybe_mint(ledger, "hist", AS_OF, "run-new", 1, 300)  # the next run supersedes it
+    b = ledger.get_batch(old.batch_id)
+    assert (b.state, b.failure_kind) == (SUPERSEDED, None)
+    assert b.message == f"superseded by batch {new.batch_id} of run run-new; earlier failure: final: {cause}"
+    how = standing(b, AS_OF)
+    assert (how.tone, how.note_tone, how.note) == (DONE, DONE, b.message) and "Remedy" not in how.note
+    assert needs_action(ledger.batches("hist"), AS_OF, []) == []
+
+    ledger.note_failure(new.batch_id, failed, FINAL)  # the newer batch fails too, then is fixed
+    staged = Staged("s1", "{}", rows_ok=1, rows_err=0, read_version=0, drift_rows=0)
+    assert ledger.mark_staged(new.batch_id, staged, replaces=None)[0]
+    b = ledger.get_batch(new.batch_id)
+    assert (b.state, b.failure_kind, b.message) == ("staged", None, f"earlier failure: final: {cause}")
+    assert not standing(b, AS_OF).unresolved
+    ledger.absorb_commit(
+        "hist", CommitRecord(version=1, batch_id=new.batch_id, lower=AS_OF, upper=300, run_id="run-new")
+    )
+    how = standing(ledger.get_batch(new.batch_id), 300)
+    assert (how.tone, how.note) == (
+        OK,
+        f"resolved (a later attempt committed it at Delta version 1); earlier failure: final: {cause}",
+    )
+
+
+def _iso(ms: int) -> str:
+    from reconcile.log import iso
+
+    return iso(ms)
+
+
 # --- concurrency ------------------------------------------------------------------------------
 
 

@@ -8,8 +8,13 @@ PostgreSQL), one stack for the module, running sinks:
   its log: the attempt, what was staged and committed, what happens next;
 - an append that fails for real (the table's ``_delta_log`` made immutable), in a run with a
   logical date (a backfill's) and in a manual run without one: each remedy its task log prints
-  is run exactly as printed once the cause is fixed, and the task ends green with the batch
-  committed (ledger and Delta log) and the shard equal to a plain-Python model of the source.
+  is run exactly as printed once the cause is fixed, on a paused DAG and on an unpaused one, and
+  the task ends green with the batch committed (ledger and Delta log) and the shard equal to a
+  plain-Python model of the source;
+- a write that no retry fixes (its Spark connection is not defined; its source path does not
+  exist) fails at once, final in the ledger with its cause and remedy, NEEDS ACTION in
+  ``status`` (exit 1) and in the run's note (set through Airflow's REST API), until the cause is
+  fixed and the printed remedy, run as printed, commits the batch: then resolved history.
 """
 
 from __future__ import annotations
@@ -34,11 +39,13 @@ AS_OF = 1767225600000  # 2026-01-01T00:00:00Z
 ROWS = [{"k": 1, "v": "a"}, {"k": 2, "v": "b"}]
 READ_ONLY_AT_START = ("sched_catchup",)  # its scheduled run mints nothing
 FAILING_APPENDS = ("rem_dated", "rem_manual")  # their Delta log immutable from the start
+MISSING_CONN = "spark_missing"  # fail_conn's write runs on it: not defined until the test defines it
+SERVICE = {"service": "service-password"}  # the tasks' Airflow user, for the runs' notes
 SLEEP_SQL = "reflect('java.lang.Thread', 'sleep', CAST(20000 AS BIGINT)) IS NULL"  # 20 s a row, in Spark
 
 
-def _sink(sinks: Path, src: Path, name: str, schedule: str | None = "@daily") -> None:
-    daily_sink(sinks, name, schedule=schedule or "none", as_of=AS_OF, catchup=False, query=json_query(src))
+def _sink(sinks: Path, src: Path, name: str, schedule: str | None = "@daily", **extra) -> None:
+    daily_sink(sinks, name, schedule=schedule or "none", as_of=AS_OF, catchup=False, query=json_query(src), **extra)
 
 
 @dataclass
@@ -70,7 +77,24 @@ def airflow_services(tmp_path_factory, connect_url):
     _sink(sinks, src, "rem_manual", schedule=None)
     slow = {**json_query(src), "sql": f"SELECT k, v FROM src WHERE {SLEEP_SQL}"}  # the write waits there
     daily_sink(sinks, "killed_write", schedule="none", as_of=AS_OF, catchup=False, query=slow, retries=0)
-    stack = AirflowStack(home, postgres, sink_env(home, sinks, connect_url))
+    # writes no retry fixes (retries to spare: they must not be used)
+    _sink(sinks, src, "fail_conn", spark_conn_id=MISSING_CONN, retries=2)
+    _sink(sinks, home / "src_missing", "fail_source", schedule=None, retries=2)
+    (home / "passwords.json").write_text(json.dumps(SERVICE))
+    users = {
+        "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": "service:op",
+        "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE": str(home / "passwords.json"),
+    }
+    stack = AirflowStack(home, postgres, sink_env(home, sinks, connect_url, **users))
+    # the tasks' own login to Airflow's REST API, for the runs' notes (docs/operating.md)
+    stack.env["AIRFLOW_CONN_RECONCILE_AIRFLOW_API"] = json.dumps(
+        {
+            "conn_type": "http",
+            "host": f"http://127.0.0.1:{stack.port}",
+            "login": "service",
+            "password": SERVICE["service"],
+        }
+    )
     ledger = Ledger(stack.env["RECONCILE_METADATA_URL"])
     for name in READ_ONLY_AT_START:
         ledger.ensure_shard(name, AS_OF)
@@ -111,6 +135,7 @@ def services(airflow_services, monkeypatch):
     """The module's services, this test process reading the same warehouse and ledger."""
     monkeypatch.setenv("RECONCILE_WAREHOUSE", airflow_services.env["RECONCILE_WAREHOUSE"])
     monkeypatch.setenv("RECONCILE_METADATA_URL", airflow_services.env["RECONCILE_METADATA_URL"])
+    monkeypatch.setenv("RECONCILE_SINKS_DIR", airflow_services.env["RECONCILE_SINKS_DIR"])
     return airflow_services
 
 
@@ -272,11 +297,33 @@ def _failed_append(services, name: str, prefix: str) -> tuple[str, list[str], ob
     return run_id, _remedies(_append_log(services, name, run_id)), cfg
 
 
+def _paused(stack: AirflowStack, dag_id: str) -> bool:
+    return bool(stack._rows("SELECT is_paused FROM dag WHERE dag_id = :d", d=dag_id)[0]["is_paused"])
+
+
+def _pause(stack: AirflowStack, dag_id: str) -> None:
+    """Pause the DAG, as an operator would: a clear alone then leaves its run queued."""
+    done = stack.airflow("dags", "pause", dag_id)
+    assert done.returncode == 0 and _paused(stack, dag_id), done.stdout + done.stderr
+
+
+def _note(stack: AirflowStack, dag_id: str, run_id: str) -> str:
+    """The run's note (Airflow's dag_run_note), as the UI shows it; "" without one."""
+    rows = stack._rows(
+        "SELECT n.content FROM dag_run r JOIN dag_run_note n ON n.dag_run_id = r.id "
+        "WHERE r.dag_id = :d AND r.run_id = :r",
+        d=dag_id,
+        r=run_id,
+    )
+    return (rows[0]["content"] or "") if rows else ""
+
+
 def test_every_remedy_printed_for_a_failed_append_works_as_printed(services):
     """The scheduled run names exactly its run (its logical date); a manual run, which has none,
     is cleared by its failed state or appended by run id without Airflow. Each command runs as
-    printed once the cause is fixed; the task ends green, its batch committed once, the shard
-    equal to the model of the source."""
+    printed once the cause is fixed, the DAG paused (an Airflow command printed unpauses it
+    first: a paused DAG's cleared task never starts) or not (test below); the task ends green,
+    its batch committed once, the shard equal to the model of the source."""
     from reconcile.storage.ledger import Ledger
 
     env, stack = services.env, services.stack
@@ -286,13 +333,15 @@ def test_every_remedy_printed_for_a_failed_append_works_as_printed(services):
     dated, printed, cfg = _failed_append(services, "rem_dated", "scheduled__")
     day = stack.dag_run("rem_dated", dated)["logical_date"].isoformat()
     assert printed == [
-        f"airflow tasks clear rem_dated -t append -d -y -s {day} -e {day}",
+        f"airflow dags unpause rem_dated && airflow tasks clear rem_dated -t append -d -y -s {day} -e {day}",
         f"python -m reconcile append rem_dated --run-id {dated}",
     ], printed
     status = _as_printed(services, "python -m reconcile status rem_dated").stdout
     assert printed[0] in status, status  # status names the same command
     assert ledger.batch_of_run("rem_dated", dated).state != "committed"
-    _as_printed(services, printed[0])
+    _pause(stack, "rem_dated")
+    _as_printed(services, printed[0])  # on the paused DAG
+    assert not _paused(stack, "rem_dated")
     _until("the cleared append", lambda: _state(services, "rem_dated", dated, "append") == "success")
     batch = ledger.batch_of_run("rem_dated", dated)
     assert (batch.state, batch.lower) == ("committed", AS_OF)
@@ -303,19 +352,164 @@ def test_every_remedy_printed_for_a_failed_append_works_as_printed(services):
     manual, printed, cfg = _failed_append(services, "rem_manual", "manual__")
     assert stack.dag_run("rem_manual", manual)["logical_date"] is None
     assert printed == [
-        "airflow tasks clear rem_manual -t append -d -f -y",
+        "airflow dags unpause rem_manual && airflow tasks clear rem_manual -t append -d -f -y",
         f"python -m reconcile append rem_manual --run-id {manual}",
     ], printed
-    _as_printed(services, printed[1])  # exactly this run, without Airflow
+    _pause(stack, "rem_manual")
+    _as_printed(services, printed[1])  # exactly this run, without Airflow (the DAG paused)
     batch = ledger.batch_of_run("rem_manual", manual)
     assert batch.state == "committed" and _state(services, "rem_manual", manual, "append") == "failed"
     assert _committed_in_delta_log(cfg, batch.batch_id) == batch.delta_version
     assert shard_as_of(cfg, batch.upper - 1) == model_kv(ROWS)
-    _as_printed(services, printed[0])  # and Airflow's task, by its failed state
+    _as_printed(services, printed[0])  # and Airflow's task, by its failed state (the DAG still paused)
+    assert not _paused(stack, "rem_manual")
     _until("the cleared append", lambda: _state(services, "rem_manual", manual, "append") == "success")
     assert ledger.batch_of_run("rem_manual", manual).delta_version == batch.delta_version  # committed once
     assert _committed_in_delta_log(cfg, batch.batch_id) == batch.delta_version
     _until("the run's end", lambda: (stack.dag_run("rem_manual", manual) or {}).get("state") == "success")
+    ledger.dispose()
+
+
+def _write_try(stack: AirflowStack, dag_id: str, run_id: str) -> dict:
+    rows = stack._rows(
+        "SELECT state, try_number, max_tries FROM task_instance WHERE dag_id = :d AND run_id = :r AND task_id = 'write'",
+        d=dag_id,
+        r=run_id,
+    )
+    return rows[0] if rows else {}
+
+
+def _status(services, name: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        ["bash", "-c", f". scripts/env.sh && python -m reconcile status {name}"],
+        cwd=ROOT,
+        env=services.env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+def test_a_write_no_retry_fixes_needs_action_everywhere_until_its_printed_remedy_commits_it(services, connect_url):
+    """A write whose Spark connection is not defined (the scheduled run: a logical date) and one
+    whose source path does not exist (a manual run): each fails at once though retries are
+    left, final on the run's batch with its cause and remedy; ``status`` says NEEDS ACTION and
+    exits 1; the run's note holds the cause and the remedy. Once the cause is fixed (the
+    connection defined, the source written), the rerun the remedy prints, run as printed on an
+    unpaused DAG (the connection) and on a paused one (the source), commits the batch: the
+    Delta log has its commit, the shard equals the model, ``status`` exits 0 and shows the
+    failure as resolved history."""
+    stack = services.stack
+    _until("a manual run of fail_source", lambda: stack.airflow("dags", "trigger", "fail_source").returncode == 0)
+    host, port = connect_url.removeprefix("sc://").split(":")
+
+    def define_connection() -> None:  # as the remedy spells it for a Spark Connect server
+        added = stack.airflow(
+            *("connections", "add", MISSING_CONN, "--conn-type", "spark_connect", "--conn-host", host),
+            *("--conn-port", port),
+        )
+        assert added.returncode == 0, added.stdout + added.stderr
+
+    def write_source() -> None:
+        write_json_rows(services.home / "src_missing", ROWS)
+        _pause(stack, "fail_source")  # and the DAG paused: the printed rerun unpauses it
+
+    cases = {  # sink: (its run's prefix, the cause, its fix)
+        "fail_conn": (
+            "scheduled__",
+            f"the Airflow connection '{MISSING_CONN}' the sink's write runs on isn't defined",
+            define_connection,
+        ),
+        "fail_source": (
+            "manual__",
+            f"cannot read source query.sources.src (json at {services.home / 'src_missing'})",
+            write_source,
+        ),
+    }
+    failed = {name: _failed_write(services, name, prefix, cause) for name, (prefix, cause, _) in cases.items()}
+    for name, (_, _, fix) in cases.items():  # both reruns at once: the scheduler runs them side by side
+        fix()
+        _as_printed(services, failed[name][1])
+        assert not _paused(stack, name)
+    for name, (_, cause, _) in cases.items():
+        _committed_with_the_failure_as_history(services, name, failed[name][0], cause)
+
+
+def _failed_write(services, name: str, prefix: str, cause: str) -> tuple[str, str]:
+    """The run of ``name`` whose write failed for ``cause``, shown as needing action in the
+    task, the ledger, ``status``, the sink's page and the run's note: (its run id, the rerun
+    printed)."""
+    from html import unescape
+
+    from reconcile.airflow import ui
+    from reconcile.storage.ledger import Ledger
+
+    stack = services.stack
+    ledger = Ledger(services.env["RECONCILE_METADATA_URL"])
+    run_id = _until(f"{name}'s run", lambda: [r["run_id"] for r in stack.runs(name, f"{prefix}%")])[0]
+    _until(f"{name}'s run to fail", lambda: (stack.dag_run(name, run_id) or {}).get("state") == "failed")
+    tried = _write_try(stack, name, run_id)
+    assert (tried["state"], tried["try_number"], tried["max_tries"]) == ("failed", 1, 2), tried  # not retried
+    batch = ledger.batch_of_run(name, run_id)
+    assert (batch.state, batch.failure_kind) == ("minted", "final"), (batch.state, batch.message)
+    assert batch.message.startswith(f"sink '{name}': {cause}") and " Remedy: " in batch.message, batch.message
+
+    # status: FAILED, NEEDS ACTION, exit 1, with the cause and the remedy's commands
+    shown = _status(services, name)
+    assert shown.returncode == 1, shown.stdout + shown.stderr
+    line = next((ln for ln in shown.stdout.splitlines() if ln.startswith("  NEEDS ACTION: ")), "")
+    assert f"batch {batch.batch_id}" in line and f"final: sink '{name}': {cause}" in line, shown.stdout
+    assert "FAILED, needs action: final: " in shown.stdout, shown.stdout
+    printed = list(dict.fromkeys(COMMAND.findall(line)))
+    day = stack.dag_run(name, run_id)["logical_date"]
+    if day is None:  # a manual run: selected by its failed state
+        rerun = f"airflow dags unpause {name} && airflow tasks clear {name} -t write -d -f -y"
+        assert printed == [rerun], printed
+    else:
+        rerun = f"airflow dags unpause {name} && airflow tasks clear {name} -t write -d -y -s {day.isoformat()} -e {day.isoformat()}"
+        add = f"airflow connections add {MISSING_CONN} --conn-type spark --conn-host 'local[*]'"
+        assert printed == [add, rerun], printed
+    # the run's note: the cause and the remedy
+    note = _until(f"{name}'s note", lambda: _note(stack, name, run_id), timeout=120)
+    assert note.startswith(f"write failed (not retried): sink '{name}': {cause}"), note
+    assert " Remedy: " in note and f"`{rerun}`" in note, note
+    # the sink's page (Reconcile shards): the batch red, with the cause and the remedy
+    page = unescape(ui.render_sink(name))
+    assert "class=bad" in page and f"final: sink '{name}': {cause}" in page and rerun in page, page
+    ledger.dispose()
+    return run_id, rerun
+
+
+def _committed_with_the_failure_as_history(services, name: str, run_id: str, cause: str) -> None:
+    """The rerun run: the batch committed (ledger, Delta log, the model), ``status`` exits 0 and
+    shows the failure as resolved history, so do the sink's page (grey) and the run's note."""
+    from html import unescape
+
+    from reconcile.airflow import ui
+    from reconcile.config_loading import load_file
+    from reconcile.storage.ledger import Ledger
+
+    stack = services.stack
+    ledger = Ledger(services.env["RECONCILE_METADATA_URL"])
+    _until(f"{name}'s cleared run", lambda: (stack.dag_run(name, run_id) or {}).get("state") == "success")
+    assert _write_try(stack, name, run_id)["try_number"] == 2
+    batch = ledger.batch_of_run(name, run_id)
+    cfg = load_file(services.sinks / f"{name}.yaml")
+    assert (batch.state, batch.lower) == ("committed", AS_OF)
+    assert _committed_in_delta_log(cfg, batch.batch_id) == batch.delta_version
+    assert shard_as_of(cfg, batch.upper - 1) == model_kv(ROWS)
+    shown = _status(services, name)
+    assert shown.returncode == 0 and "NEEDS ACTION" not in shown.stdout, shown.stdout + shown.stderr
+    history = f"earlier failure: final: sink '{name}': {cause}"
+    resolved = f"resolved (a later attempt committed it at Delta version {batch.delta_version}); {history}"
+    assert resolved in shown.stdout and "Remedy" not in shown.stdout, shown.stdout  # history: the cause only
+    page = unescape(ui.render_sink(name))
+    assert "class=bad" not in page and "class=done" in page and resolved in page, page
+    note = _until(
+        f"{name}'s note after the fix",
+        lambda: "is committed" in _note(stack, name, run_id) and _note(stack, name, run_id),
+    )
+    assert f"is committed delta_version={batch.delta_version}" in note and history in note, note
     ledger.dispose()
 
 
