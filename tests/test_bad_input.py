@@ -428,6 +428,30 @@ def test_every_store_call_after_the_database_went_away_is_metadata_unavailable(t
         ledger.dispose()
 
 
+def test_status_needs_action_while_the_sink_s_config_does_not_load(tmp_path, sqlite_ledger, monkeypatch, capsys):
+    """A config file that stops validating: Airflow replaces the sink's DAG by a placeholder,
+    so no run writes, fails or records anything in the ledger; ``status`` says so (exit 1)."""
+    import yaml
+
+    from reconcile import cli
+
+    monkeypatch.setenv("RECONCILE_SINKS_DIR", str(tmp_path))
+    make_sink(tmp_path, "broken")
+    sqlite_ledger.ensure_shard("broken", 100)
+    assert cli.main(["status", "broken"]) == 0 and "NEEDS ACTION" not in capsys.readouterr().out
+    path = tmp_path / "broken.yaml"
+    path.write_text(yaml.safe_dump({**yaml.safe_load(path.read_text()), "partitions": 0}))
+    assert cli.main(["status", "broken"]) == 1
+    line = next(ln for ln in capsys.readouterr().out.splitlines() if "NEEDS ACTION" in ln)
+    assert line.startswith(
+        "  NEEDS ACTION: the sink's config does not load, so Airflow runs no DAG broken (it shows "
+        f"invalid_sink_config__broken instead) and nothing is written: sink 'broken': config {path}: field 'partitions'"
+    ), line
+    assert "Remedy: fix the named field in the config file" in line
+    assert cli.main(["status", "broken", "--json"]) == 1
+    assert json.loads(capsys.readouterr().out)["needs_action"] == [line.removeprefix("  NEEDS ACTION: ")]
+
+
 # --- no shard row / no batch ------------------------------------------------------------------
 
 
