@@ -91,6 +91,38 @@ def assert_declares_what_it_uses(spark, cfg, vectors: bool) -> None:
     assert [(f.name, f.nullable) for f in spark.read.format("delta").load(spark_path).schema.fields] == want
 
 
+def freshness_by_duckdb(cfg) -> dict:
+    """The docs' DuckDB query of the current table's freshness (its domain metadata)."""
+    import duckdb
+    from duckdb_extensions import import_extension
+
+    con = duckdb.connect()
+    import_extension("delta", con=con)
+    con.sql("LOAD delta")
+    path = CurrentTable(cfg).path
+    if path.startswith("s3://"):  # docs/object-stores.md's secret
+        import_extension("httpfs", con=con)
+        con.sql("LOAD httpfs")
+        endpoint = os.environ["AWS_ENDPOINT_URL"]
+        con.sql(
+            f"CREATE SECRET warehouse (TYPE s3, KEY_ID '{os.environ['AWS_ACCESS_KEY_ID']}', "
+            f"SECRET '{os.environ['AWS_SECRET_ACCESS_KEY']}', REGION '{os.environ['AWS_REGION']}', "
+            f"ENDPOINT '{endpoint.split('://')[1]}', URL_STYLE 'path', USE_SSL {endpoint.startswith('https')})"
+        )
+    row = con.sql(
+        f"SELECT configuration->>'shardVersion', configuration->>'upper', configuration->>'upperUtc' "
+        f"FROM delta_domain_metadata('{path}') WHERE domain = 'reconcile'"
+    ).fetchone()
+    assert row is not None
+    return {"shardVersion": int(row[0]), "upper": int(row[1]), "upperUtc": row[2]}
+
+
+def utc_text(ms: int) -> str:
+    from datetime import UTC, datetime
+
+    return datetime.fromtimestamp(ms / 1000, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
 def reflected(cfg) -> int | None:
     ct = CurrentTable(cfg)
     return ct.reflected(ct.snapshot())
@@ -145,6 +177,9 @@ def test_query_sink_current_table_follows_every_batch(spark, where, vectors, tmp
         want = as_rows(model_kv(kept(rows)))
         assert current_rows(cfg) == as_rows(shard_as_of(cfg, frontier - 1)) == want, f"batch {i}"
         assert reflected(cfg) == ShardTable(cfg).latest_version()
+        # its freshness, read from the table itself: the shard version and the batch's upper
+        fresh = {"shardVersion": reflected(cfg), "upper": frontier, "upperUtc": utc_text(frontier)}
+        assert freshness_by_duckdb(cfg) == fresh
         marked += appended.current.files_marked
         rewritten += appended.current.files_rewritten if i else 0
         if i == 0:
@@ -154,6 +189,14 @@ def test_query_sink_current_table_follows_every_batch(spark, where, vectors, tmp
     # retractions mark rows (deletion vectors) or rewrite the files they fall in (copy-on-write)
     assert marked > 0 if vectors else (marked == 0 and rewritten > 0)
     assert_declares_what_it_uses(spark, cfg, vectors)
+    # ... and by Spark SQL (the docs' query), as table properties
+    spark_path = CurrentTable(cfg).path.replace("s3://", "s3a://")
+    shown = {r.key: r.value for r in spark.sql(f"SHOW TBLPROPERTIES delta.`{spark_path}`").collect()}
+    assert {k: v for k, v in shown.items() if k.startswith("reconcile.")} == {
+        "reconcile.shardVersion": str(reflected(cfg)),
+        "reconcile.upper": str(frontier),
+        "reconcile.upperUtc": utc_text(frontier),
+    }
     # an unchanged source: an empty batch, nothing rewritten
     _, _, appended = run_stages(spark, sqlite_ledger, cfg, "same", frontier + 100)
     assert appended.current.files_rewritten == 0 and appended.current.rows_added == 0

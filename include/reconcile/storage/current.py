@@ -391,7 +391,7 @@ class CurrentTable:
         if self.layout_of(dt)["protocol"] != _plain_protocol(self.protocol()):
             actions.append({"protocol": self.protocol()})
         actions.append({"metaData": self._metadata(dt, now, fresh)})
-        record = {k.split(".", 1)[1]: v for k, v in fresh.items()}
+        record = {"shardVersion": shard_version, "upper": upper, "upperUtc": fresh.get("reconcile.upperUtc")}
         actions.append({"domainMetadata": {"domain": DOMAIN, "configuration": json.dumps(record), "removed": False}})
         actions += [{"remove": _remove(p, size, now, dv)} for p, size, dv in removes]
         actions += [{"add": _add(p, size, stats, now, dv)} for p, size, stats, dv in adds]
