@@ -34,6 +34,12 @@ HOUR = 3_600_000
 T0 = int(datetime(2026, 1, 1, tzinfo=UTC).timestamp() * 1000)
 BATCHES = 48  # hourly, 2026-01-01T00 .. 2026-01-03T00; the last one fails
 EMPTY, HUGE, DRIFT, RESOLVED, LATE, ERRORS = 30, 20, 21, 35, 12, 8  # batch numbers with a story
+LONG_MESSAGE = (  # the last batch's failure: 401 characters around a long path with no break in it
+    "source src: [PATH_NOT_FOUND] Path does not exist: file:/data/warehouse/landing/orders/region=emea/"
+    "year=2026/month=01/day=01/a_really_long_directory_name_without_any_place_to_break_it_"
+    "part-00000-cafdbdfa-abcd-4c2a-a0b1-c3d4f5a6b7c8-c000.snappy.parquet. Remedy: make the path readable, "
+    "or fix the source's path in orders.yaml (sources.src.path); then clear the failed tasks of this run in the Airflow UI"
+)
 
 
 def _need_browser():
@@ -82,10 +88,7 @@ def _history(url: str, name: str) -> None:
                     rows_err=3 if i == ERRORS else 0,
                     drift_rows=1 if i == DRIFT else 0,
                     message=(
-                        (  # a long path: the page wraps it (no sideways scrolling at 800 px)
-                            "source src: path /data/warehouse/landing/orders/region=emea/year=2026/month=01/day=01/"
-                            "part-00000-cafdbdfa-abcd-4c2a-a0b1-c3d4f5a6b7c8-c000.snappy.parquet does not exist"
-                        )
+                        LONG_MESSAGE  # the page wraps it inside its cell, the other columns keep their width
                         if failed
                         else "the api-server was restarted mid-commit"
                         if resolved
@@ -182,7 +185,7 @@ def test_a_browser_logs_in_and_reads_the_pages(pages):
         upper = T0 + (BATCHES - 1) * HOUR
         assert "2026-01-02T23:00:00.000Z" in text and f"({upper})" in text  # upper, with its ms
         assert "never compacted" in text
-        assert "final: source src: path /data/warehouse/landing/orders/region=emea" in text  # the last batch's cause
+        assert "final: source src: [PATH_NOT_FOUND] Path does not exist: file:/data/warehouse/" in text  # its cause
         assert row.locator(".bad").count() >= 1  # lagging well past twice the hourly schedule
 
         row.get_by_role("link", name="orders").click()
@@ -224,11 +227,16 @@ TEXT_BOXES = """() => {
   while (walker.nextNode()) {
     const node = walker.currentNode, el = node.parentElement;
     if (!node.textContent.trim() || el.closest('svg') || !visible(el)) continue;
-    const range = document.createRange();
+    const range = document.createRange(), wide = el.closest('.wide');  // a box that scrolls sideways
     range.selectNodeContents(node);
+    let box = null;
+    if (wide) {
+      const left = wide.getBoundingClientRect().left - wide.scrollLeft;
+      box = {l: left, r: left + wide.scrollWidth};
+    }
     for (const r of range.getClientRects()) {
       if (r.width > 0 && r.height > 0)
-        out.push({text: node.textContent.trim().slice(0, 60), l: r.left, r: r.right, t: r.top, b: r.bottom, box: null});
+        out.push({text: node.textContent.trim().slice(0, 60), l: r.left, r: r.right, t: r.top, b: r.bottom, box});
     }
   }
   for (const t of document.querySelectorAll('svg text')) {
@@ -254,7 +262,7 @@ def _overlaps(boxes: list[dict], tolerance: float = 1.0) -> list[tuple[str, str]
 
 
 def _clipped(measured: dict, tolerance: float = 1.0) -> list[str]:
-    """Texts that leave their chart (SVG) or the viewport horizontally."""
+    """Texts that leave their chart (SVG), the box they scroll in or the viewport horizontally."""
     out = []
     for b in measured["boxes"]:
         left, right = (b["box"]["l"], b["box"]["r"]) if b["box"] else (0, measured["width"])
@@ -263,10 +271,52 @@ def _clipped(measured: dict, tolerance: float = 1.0) -> list[str]:
     return out
 
 
+TABLES = """() => [...document.querySelectorAll('table')].map((table) => {
+  const lines = (el) => {  // how many lines an element's text takes
+    const range = document.createRange();
+    range.selectNodeContents(el);
+    const tops = [...range.getClientRects()].filter((r) => r.width > 0).map((r) => r.top).sort((a, b) => a - b);
+    return tops.filter((t, i) => i === 0 || t - tops[i - 1] > 4).length;
+  };
+  const box = table.closest('.wide');
+  return {
+    columns: [...table.rows[0].cells].map((c, i) => ({  // with the longest line of text a cell of it holds
+      text: c.innerText, width: c.getBoundingClientRect().width, lines: lines(c),
+      longest: Math.max(...[...table.rows].map((r) => r.cells[i] && r.cells[i].colSpan === 1 ?
+        Math.max(...r.cells[i].innerText.split('\\n').map((l) => l.length)) : 0))})),
+    tokens: [...table.querySelectorAll('.nw, td.n')].filter((el) => el.innerText.trim())
+      .map((el) => ({text: el.innerText, lines: lines(el)})),
+    messages: [...table.querySelectorAll('td.msg')].map((c) => ({
+      text: c.innerText, width: c.getBoundingClientRect().width, inside: c.scrollWidth <= c.clientWidth + 1})),
+    scrolls: box !== null && getComputedStyle(box).overflowX === 'auto',
+    wider: box !== null && box.scrollWidth > box.clientWidth + 1,
+  };
+})"""
+
+
+def _tables_read(page, name: str, width: int) -> list[dict]:
+    """The page's tables are readable: every column at least 60 px wide (or 7 px a character of
+    the longest line a cell of it holds, when shorter: a count, "-", a short name), headers on one line, no time,
+    number or id broken across lines, every message inside its cell (at least 150 px wide) and,
+    where a table is wider than the window, it scrolls inside its own box."""
+    tables = page.evaluate(TABLES)
+    assert tables, name
+    for t in tables:
+        narrow = [c for c in t["columns"] if c["width"] < min(60, 7 * c["longest"]) or c["lines"] != 1]
+        assert narrow == [], (name, width, narrow)
+        broken = [k for k in t["tokens"] if k["lines"] != 1]
+        assert broken == [], (name, width, broken)
+        assert all(m["inside"] and m["width"] >= 150 for m in t["messages"]), (name, width, t["messages"])
+        assert t["scrolls"] or not t["wider"], (name, width)
+    return tables
+
+
 @pytest.mark.airflow
 @pytest.mark.parametrize("width", [1280, 800])
 def test_the_pages_read_cleanly_at_1280_and_800_px(pages, width):
-    """Screenshots in <pytest tmp>/browser0/{overview,sink}-<width>.png."""
+    """Screenshots in <pytest tmp>/browser0/{overview,sink}-<width>.png. The last batch's failure
+    message (401 characters around a long path) wraps inside its cell: the other columns keep
+    their width, no date or number breaks inside itself, the whole message is shown."""
     base, tmp = pages
     with _chromium() as browser:
         page = browser.new_page(viewport={"width": width, "height": 900})
@@ -282,6 +332,13 @@ def test_the_pages_read_cleanly_at_1280_and_800_px(pages, width):
             assert measured["scroll"] <= measured["width"], (name, width, measured)  # no sideways scrolling
             words = page.locator("body").inner_text()
             assert not re.search(r"\d[eE][+-]?\d", words), re.search(r".{30}\d[eE][+-]?\d.{10}", words)
+            tables = _tables_read(page, name, width)
+            messages = [m for t in tables for m in t["messages"] if LONG_MESSAGE in m["text"].replace("\n", "")]
+            assert len(messages) == 1, (name, width)  # the whole message, in one cell
+            assert sum(len(k["text"]) >= 24 and k["text"].startswith("2026-") for t in tables for k in t["tokens"]) >= 2
+        ledger = tables[-1]
+        assert [c["text"] for c in ledger["columns"]][:2] == ["batch [lower, upper) UTC", "state / cause"]
+        assert ledger["wider"] == (width < 1280), ledger  # 800 px: the ledger scrolls in its box, not squeezed
         charts = page.locator("svg")
         assert charts.count() == 3
         for i in range(3):  # each chart fits the page: nothing overflows at 800 px
@@ -299,6 +356,130 @@ def test_the_pages_read_cleanly_at_1280_and_800_px(pages, width):
             box = marker.bounding_box()
             assert box is not None and box["width"] >= 5 and box["height"] >= 5, box
         assert page.locator(".legend", has_text="no change (0 rows)").is_visible()
+
+
+RED, GREY = "rgb(176, 0, 32)", "rgb(119, 119, 119)"  # the pages' bad and done tones
+
+
+def _colour(locator) -> str:
+    return locator.evaluate("(el) => getComputedStyle(el).color")
+
+
+def _foreign_writes(cfg) -> None:
+    """Three Delta versions another writer (delta-rs) commits to the shard: an append of a key the
+    source never had, a delete of a key's rows, a changed value (by user ``nightly-fix``)."""
+    import pyarrow as pa
+    from deltalake import CommitProperties, DeltaTable, write_deltalake
+
+    from reconcile.storage.delta import ShardTable
+
+    path = ShardTable(cfg).path
+    first = DeltaTable(path).to_pyarrow_table().slice(0, 1)  # a row as the sink writes them, any columns
+    row = first.set_column(0, "k", pa.array([7], pa.int64())).set_column(1, "v", pa.array(["zz"]))
+    write_deltalake(path, row, mode="append")
+    DeltaTable(path).delete("k = 2")
+    fixer = CommitProperties(custom_metadata={"userName": "nightly-fix"})
+    DeltaTable(path).update(new_values={"v": "changed"}, predicate="k = 3", commit_properties=fixer)
+
+
+@pytest.mark.airflow
+def test_unrepaired_drift_is_red_above_the_ledger_until_the_next_batch_repairs_it(pages, spark, monkeypatch):
+    """Before the next batch, the sink page shows each foreign version in red above the charts
+    and the ledger (version, operation, writer, rows, when, and that the next batch repairs it,
+    as ``status`` says) and the overview marks the sink red; after the next batch nothing on
+    either page is red and the versions are grey on the row of the batch that repaired them.
+    Screenshots: <pytest tmp>/browser0/drift-{before,after}-800.png."""
+    import deltalake
+
+    from helpers import run_stages, shard_as_of, write_json_rows
+    from reconcile import report
+    from reconcile.log import iso
+    from reconcile.storage.delta import ShardTable
+    from reconcile.storage.ledger import Ledger
+
+    base, tmp = pages
+    url = f"sqlite:///{tmp / 'meta.db'}"
+    for k, v in dict(
+        RECONCILE_METADATA_URL=url, RECONCILE_SINKS_DIR=str(tmp), RECONCILE_WAREHOUSE=str(tmp / "wh")
+    ).items():
+        monkeypatch.setenv(k, v)
+    source = {"sources": {"src": {"format": "json", "path": "drifted_src"}}, "sql": "SELECT k, v FROM src"}
+    cfg = make_sink(tmp, "drifted", query=source)
+    rows = [{"k": 1, "v": "a"}, {"k": 2, "v": "b"}, {"k": 3, "v": "c"}]
+    write_json_rows(tmp / "drifted_src", rows)
+    ledger = Ledger(url)
+    try:
+        run_stages(spark, ledger, cfg, "run-1", 200)
+        own = ShardTable(cfg).latest_version()
+        _foreign_writes(cfg)
+        said = report.status_data(ledger, cfg.name)["foreign_unrepaired"]  # what `status` lists
+        assert [f["version"] for f in said] == [own + 1, own + 2, own + 3], said
+        expected = {  # operation, user, rows (added and removed: the files rewritten hold more)
+            own + 1: ("WRITE", None, r"\+1 rows"),
+            own + 2: ("DELETE", None, r"\+(\d+) -(\d+) rows \(net -1\)"),
+            own + 3: ("UPDATE", "nightly-fix", r"\+(\d+) -\1 rows \(net \+0\)"),
+        }
+        with _chromium() as browser:
+            page = browser.new_page(viewport={"width": 800, "height": 900})
+            page.goto(f"{base}/auth/login")
+            _sign_in(page)
+            assert page.goto(f"{base}/reconcile/sinks/drifted").status == 200
+            page.screenshot(path=str(tmp / "drift-before-800.png"), full_page=True)
+            section = page.locator("#unrepaired")
+            assert section.locator("h2").inner_text() == "Drift not yet repaired: 3 foreign Delta version(s)"
+            assert _colour(section.locator("h2")) == RED
+            top = section.bounding_box()
+            assert top is not None and top["y"] < min(page.locator("svg").first.bounding_box()["y"], 900)
+            found = section.locator("tr.unrepaired")
+            assert found.count() == 3
+            for i, f in enumerate(said):
+                cells = found.nth(i).locator("td")
+                text = cells.all_inner_texts()
+                operation, user, rows_shown = expected[f["version"]]
+                by = f"delta-rs:py-{deltalake.__version__}" + (f", user {user}" if user else "")
+                assert text[:2] == [str(f["version"]), f"{operation} by {by}\n{iso(f['timestamp'])}"], text
+                assert re.fullmatch(rows_shown, text[2]), text
+                assert text[3] == f["why"] and "the next batch" in text[3], text
+                assert [_colour(cells.nth(j)) for j in range(4)] == [RED] * 4
+            measured = page.evaluate(TEXT_BOXES)
+            assert _overlaps(measured["boxes"]) == [] and _clipped(measured) == []
+            _tables_read(page, "drifted", 800)
+
+            page.goto(f"{base}/reconcile/")
+            row = page.locator("tr", has=page.get_by_role("link", name="drifted", exact=True))
+            mark = row.locator("td").nth(5)  # its drift (its lag is red too: the sink's dates are of 1970)
+            versions = ", ".join(f"v{own + i}" for i in (1, 2, 3))
+            assert mark.inner_text() == f"3 foreign Delta version(s) not yet repaired ({versions})"
+            assert _colour(mark.locator(".bad")) == RED
+
+            run_stages(spark, ledger, cfg, "run-2", 300)  # the next batch repairs them
+            assert shard_as_of(cfg, 299) == {(r["k"], r["v"], None): 1 for r in rows}
+            assert report.status_data(ledger, cfg.name)["foreign_unrepaired"] == []
+            repair = ledger.batch_of_run(cfg.name, "run-2")
+            assert page.goto(f"{base}/reconcile/sinks/drifted").status == 200
+            page.screenshot(path=str(tmp / "drift-after-800.png"), full_page=True)
+            assert page.locator("#unrepaired").count() == 0 and page.locator(".bad").count() == 0
+            ledger_rows = page.locator("tr", has_text="run-")
+            assert ledger_rows.count() == 2
+            for i in range(2):
+                drift = ledger_rows.nth(i).locator("td").nth(5)
+                if "run-2" not in ledger_rows.nth(i).inner_text():
+                    assert drift.inner_text() == "-"
+                    continue
+                assert drift.locator("span.done").first.inner_text() == f"drift {repair.drift_rows}"
+                assert _colour(drift.locator("span.done").first) == GREY
+                text = drift.inner_text()
+                for v, (operation, _, rows_shown) in expected.items():
+                    line = next(x for x in text.split("\n") if x.startswith(f"Delta v{v}: "))
+                    assert line.startswith(f"Delta v{v}: {operation} by delta-rs"), text
+                    assert re.search(", " + rows_shown + ", ", line), line
+            page.goto(f"{base}/reconcile/")
+            row = page.locator("tr", has=page.get_by_role("link", name="drifted", exact=True))
+            mark = row.locator("td").nth(5)
+            assert mark.inner_text() == f"drift {repair.drift_rows} (repaired)" and mark.locator(".bad").count() == 0
+            assert _colour(mark.locator(".done")) == GREY
+    finally:
+        ledger.dispose()
 
 
 def test_the_text_checks_catch_overlapping_and_clipped_text():

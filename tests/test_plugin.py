@@ -164,10 +164,10 @@ def test_pages_show_frontiers_causes_drift_charts_and_links(shard_pages):
     assert f"href='{run}'" in sink and f"href='{run}/tasks/append'" in sink and f"href='{run}/tasks/write'" in sink
     # the drift the second batch repaired, and the foreign Delta version behind it (not the sink's v1)
     assert "<span class=done>drift 1</span> (rows repaired at version 3)" in sink, sink  # grey: repaired
-    assert "Delta v2: WRITE by Apache-Spark" in sink
+    assert "Delta v2: WRITE by <span class=nw>Apache-Spark" in sink
     assert "Delta v1:" not in sink
     assert "retryable: fail point append.before_delta_commit hit" in sink
-    assert "1970-01-01T00:00:00.200Z <span class=small>(200)</span>" in sink  # every time with its ms
+    assert "1970-01-01T00:00:00.200Z</span> <span class='small nw'>(200)</span>" in sink  # every time with its ms
     assert _get(f"{base}/reconcile/sinks/nope", token=token)[0] == 404
     status, fresh = _get(f"{base}/reconcile/sinks/fresh", token=token)
     assert status == 200 and "no shard yet" in fresh

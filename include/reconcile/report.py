@@ -148,9 +148,10 @@ def config_problem(name: str) -> list[str]:
 
 
 def needs_action(every: list, shard_upper: int, unrepaired) -> list[str]:
-    """What someone must act on now (``status`` exits 1 while there is any): a batch's failure
-    that no retry resolves (:func:`reconcile.standing.standing`), a foreign write the feed
-    cannot repair. (A shard a superseded run left behind is not: the next run appends the rest.)"""
+    """What someone must act on now (``status`` and ``check`` exit 1 while there is any,
+    :func:`exit_code`): a batch's failure that no retry resolves
+    (:func:`reconcile.standing.standing`), a foreign write the feed cannot repair. (A shard a
+    superseded run left behind is not: the next run appends the rest.)"""
     from reconcile import standing as st
 
     out = []
@@ -159,9 +160,44 @@ def needs_action(every: list, shard_upper: int, unrepaired) -> list[str]:
         if how.unresolved:
             out.append(f"batch {b.batch_id} [{iso(b.lower)}, {iso(b.upper)}): {how.note}")
     for f, why in unrepaired or []:
-        if why.startswith("not repairable"):
+        if not repairs_itself(why):
             out.append(f"foreign Delta version {f.version}: {why}")
     return out
+
+
+# The exit codes `status SINK` and `check SINK` share (docs/operating.md, "Exit codes"); 2 is a
+# command that could not answer (its one-line error on stderr).
+EXIT_OK = 0  # nothing wrong that the command knows of
+EXIT_NEEDS_ACTION = 1  # needs_action's lines, or (check) an invariant violation
+EXIT_REPAIRS_ITSELF = 4  # the shard differs from what its batches committed; the next batch repairs it
+
+
+def repairs_itself(why: str) -> bool:
+    """Is a foreign version not yet repaired one the next batch repairs (its ``why``,
+    :class:`reconcile.standing.Fate`), not one that needs the feed's commands back?"""
+    return not why.startswith("not repairable")
+
+
+def exit_code(needs: list, unrepaired) -> int:
+    """``status``'s and ``check``'s exit code: :data:`EXIT_NEEDS_ACTION` while anything is in
+    ``needs`` (:func:`needs_action`'s lines; ``check`` adds its violations), else
+    :data:`EXIT_REPAIRS_ITSELF` while a foreign version in ``unrepaired`` (``(version, why)``
+    pairs) waits for the next batch, else :data:`EXIT_OK`."""
+    if needs:
+        return EXIT_NEEDS_ACTION
+    if any(repairs_itself(why) for _, why in unrepaired or []):
+        return EXIT_REPAIRS_ITSELF
+    return EXIT_OK
+
+
+def foreign_unrepaired(ledger, name: str, limit: int = 10) -> list[dict] | None:
+    """``status --json``'s ``foreign_unrepaired`` alone, for the pages: the foreign Delta versions
+    no committed batch repaired yet, each with ``why`` (None: the config or log is unreadable)."""
+    from reconcile import standing as st
+
+    shown = ledger.batch_page(name, limit=limit)[::-1]  # the newest batches, by the keyset index
+    unrepaired = _foreign_of(ledger, name, shown)[1]
+    return None if unrepaired is None else [st.foreign_json(f, why=why) for f, why in unrepaired]
 
 
 def _foreign_of(ledger, name: str, shown: list) -> tuple[dict, list | None]:
@@ -185,6 +221,8 @@ def _foreign_of(ledger, name: str, shown: list) -> tuple[dict, list | None]:
         found = st.with_rows(table, table.foreign_commits(base, table.latest_version()))
     except Exception:  # noqa: BLE001 - a missing config or unreadable log leaves status to the ledger
         return {}, None
+    if not found:
+        return {}, []
     from reconcile import kinds
 
     everything = ledger.batches(name, (COMMITTED,))

@@ -2,10 +2,17 @@
 Airflow's own authentication; a browser without a session is sent to Airflow's login page).
 
 - Overview: per sink its upper, lag (red past the sink's ``alert.lag_minutes``), since, read-
-  only, the last batch's state with the cause of any failure, drift flagged; invalid configs.
-- A page per sink: three charts of its newest committed batches, then the ledger paged by key
-  (fast at any depth), each batch linked to its Airflow run and task log, drift attributed to
-  the foreign Delta versions that caused it.
+  only, the last batch's state with the cause of any failure, drift: red while foreign Delta
+  versions are not yet repaired, grey once repaired; invalid configs.
+- A page per sink: first, in red, the foreign Delta versions no batch repaired yet (``status``'s
+  ``foreign_unrepaired``: who wrote each, its rows, when, and that the next batch repairs it or
+  why not); three charts of its newest committed batches, then the ledger paged by key (fast at
+  any depth), each batch linked to its Airflow run and task log, drift attributed to the foreign
+  Delta versions it repaired (grey).
+
+Tables stay readable at any width: a message wraps inside its own cell (never narrower than
+16em), times, numbers and ids never break inside a token, and a table wider than the window
+scrolls sideways inside its box.
 
 Charts (drawn by the chart kit, :mod:`reconcile.airflow.charts`):
 
@@ -38,10 +45,12 @@ CHART_BATCHES = 200  # the charts show the newest batches
 
 STYLE = (
     "body{font-family:system-ui,sans-serif;margin:1.5em;color:#222}"
-    "td,th{border:1px solid #ccc;padding:4px 6px;vertical-align:top;text-align:left;overflow-wrap:anywhere}"
-    "table{border-collapse:collapse;margin:.5em 0}th{background:#f4f4f4}"
+    "td,th{border:1px solid #ccc;padding:4px 6px;vertical-align:top;text-align:left}"
+    "table{border-collapse:collapse;margin:.5em 0;font-size:90%}th{background:#f4f4f4;white-space:nowrap}"
+    ".wide{overflow-x:auto}.nw,td.n{white-space:nowrap}"
+    "td.msg{overflow-wrap:anywhere;min-width:16em}td.drift{overflow-wrap:anywhere;min-width:8em}"
     ".bad{color:#b00020;font-weight:600}.warn{color:#a05a00}.ok{color:#1b6e20}.done{color:#777}"
-    ".small{color:#666;font-size:85%}td.run{overflow-wrap:anywhere;min-width:7em}"
+    ".small{color:#666;font-size:85%}"
     "@media (max-width:900px){table{font-size:85%}}"
     "figure.chart{margin:.8em 0 1.2em;max-width:720px}figcaption{margin-bottom:2px}"
     ".legend{font-size:12px;margin:0 0 3px}.legend span{display:inline-block;margin-right:1.2em}"
@@ -50,11 +59,17 @@ STYLE = (
 
 
 def _time(ms: int | None) -> str:
-    """An ISO time with its ms beside it (small)."""
+    """An ISO time with its ms beside it (small); a line may break between them, never inside."""
     if ms is None:
         return "-"
     day, rest = iso_parts(ms)
-    return f"{e(day)} <span class=small>{e(rest)}</span>"
+    return f"<span class=nw>{e(day)}</span> <span class='small nw'>{e(rest)}</span>"
+
+
+def _table(head: list[str], rows: list[str]) -> str:
+    """A table in a box that scrolls sideways when the table is wider than the window."""
+    ths = "".join(f"<th>{e(h)}</th>" for h in head)
+    return f"<div class=wide><table><tr>{ths}</tr>{''.join(rows)}</table></div>"
 
 
 def lag_threshold_ms(cfg: SinkConfig) -> int | None:
@@ -90,6 +105,25 @@ def _drift(b) -> str:
     return f"<span class=bad>drift {b.drift_rows}</span>" if b.drift_rows else "-"
 
 
+def _unrepaired_mark(ledger, cfg: SinkConfig, last) -> str:
+    """The overview's drift cell: red while foreign Delta versions are not yet repaired, else
+    the last batch's drift, grey (repaired)."""
+    from reconcile.report import foreign_unrepaired
+
+    try:
+        open_ = foreign_unrepaired(ledger, cfg.name)
+    except Exception:  # noqa: BLE001 - the overview still shows the ledger
+        open_ = None
+    if open_:
+        versions = ", ".join(f"v{f['version']}" for f in open_)
+        return f"<span class=bad>{len(open_)} foreign Delta version(s) not yet repaired ({e(versions)})</span>"
+    if last is None or not last.drift_rows:
+        return "-"
+    if open_ is None:  # the log cannot be read: not known to be repaired
+        return _drift(last)
+    return f"<span class=done>drift {last.drift_rows}</span> (repaired)"
+
+
 def render_overview(can_read: Callable[[str], bool] = lambda name: True) -> str:
     from reconcile import settings
     from reconcile.config_loading import load_dir
@@ -115,26 +149,27 @@ def render_overview(can_read: Callable[[str], bool] = lambda name: True) -> str:
                 continue
             lag, limit = now - shard.upper, lag_threshold_ms(cfg)
             late = limit is not None and lag > limit
-            lag_cell = f"<span class={'bad' if late else 'ok'}>{duration(lag)}</span>" + (
-                f" <span class=small>(alert past {duration(limit)})</span>" if limit else ""
+            lag_cell = f"<span class=nw><span class={'bad' if late else 'ok'}>{duration(lag)}</span></span>" + (
+                f"<br><span class='small nw'>(alert past {duration(limit)})</span>" if limit else ""
             )
             last = ledger.last_batch(cfg.name)
             last_cell = (
                 "-" if last is None else f"[{_time(last.lower)}, {_time(last.upper)}) {_state(last, shard.upper)}"
             )
             last_cell += _behind(cfg.name, ledger.batches(cfg.name, (SUPERSEDED, *OPEN_STATES)), shard.upper)
+            drift = _unrepaired_mark(ledger, cfg, last)
             rows.append(
                 f"<tr><td>{link}</td><td>{e(cfg.kind)}</td><td>{_time(shard.upper)}</td><td>{lag_cell}</td>"
+                f"<td class=msg>{last_cell}</td><td{'' if drift == '-' else ' class=drift'}>{drift}</td>"
                 f"<td>{_time(shard.since) if shard.since else 'never compacted'}</td>"
-                f"<td>{'yes' if shard.read_only else 'no'}</td><td>{last_cell}</td>"
-                f"<td>{_drift(last) if last else '-'}</td></tr>"
+                f"<td>{'yes' if shard.read_only else 'no'}</td></tr>"
             )
     finally:
         ledger.dispose()
     return _page(
         "Reconcile shards",
-        "<h1>Reconcile shards</h1><table><tr><th>sink</th><th>kind</th><th>upper (UTC)</th><th>lag</th>"
-        f"<th>since</th><th>read-only</th><th>last batch</th><th>drift</th></tr>{''.join(rows)}</table>"
+        "<h1>Reconcile shards</h1>"
+        + _table(["sink", "kind", "upper (UTC)", "lag", "last batch", "drift", "since", "read-only"], rows)
         + _invalid(errors),
     )
 
@@ -204,16 +239,62 @@ def _drift_cause(cfg: SinkConfig, b, previous) -> str:
             f"<br><span class=small>foreign Delta versions {base + 1}..{b.read_version}: "
             "none found in the log (cleaned up since?)</span>"
         )
+    from reconcile.standing import rows_text, with_rows
+
     lines = [
-        f"<br><span class=small>Delta v{w.version}: {e(w.operation)} by {e(w.engine)}"
-        + (f", user {e(str(w.user))}" if w.user else "")
+        f"<br><span class=small>Delta v{w.version}: {e(w.operation)} by {_writer(w.engine, w.user)}, "
+        f"<span class=nw>{e(rows_text(w))}</span>"
         + (f", {_time(w.timestamp)}" if w.timestamp is not None else "")
         + "</span>"
-        for w in writers
+        for w in with_rows(ShardTable(cfg), writers)
     ]
     if count > len(writers):
         lines.append(f"<br><span class=small>and {count - len(writers)} more foreign versions</span>")
     return "".join(lines)
+
+
+def _writer(engine: str, user) -> str:
+    """Who wrote a foreign Delta version: its engine, and its user when the commit names one."""
+    name = " ".join(f"<span class=nw>{e(part)}</span>" for part in engine.split())  # a break only between words
+    return name + (f", user <span class=nw>{e(str(user))}</span>" if user else "")
+
+
+def _unrepaired(ledger, cfg: SinkConfig) -> str:
+    """The foreign Delta versions no committed batch repaired yet (``status``'s
+    ``foreign_unrepaired``, :func:`reconcile.report.foreign_unrepaired`), in red: each with who
+    wrote it, its rows, when, and that the next batch repairs it (or why it cannot). Shown first
+    on a sink's page; once a batch repaired them they are its drift, grey, in the ledger."""
+    from reconcile.report import foreign_unrepaired
+    from reconcile.standing import rows_text
+
+    try:
+        found = foreign_unrepaired(ledger, cfg.name)
+    except Exception as exc:  # noqa: BLE001 - the page still shows the ledger
+        found, why = None, f": {str(exc)[:200]}"
+    else:
+        why = ""
+    if found is None:
+        return f"<p class=warn>foreign writes unknown: the shard's Delta log cannot be read{e(why)}</p>"
+    if not found:
+        return ""
+    rows = [
+        f"<tr class=unrepaired><td class='bad n'>{f['version']}</td>"
+        f"<td class=bad>{e(f['operation'])} by {_writer(f['engine'], f['user'])}<br>{_time(f['timestamp'])}</td>"
+        f"<td class='bad n'>{e(rows_text(f))}</td><td class='bad msg'>{e(f['why'] or 'not yet repaired')}</td></tr>"
+        for f in found[:FOREIGN_SHOWN]
+    ]
+    more = len(found) - FOREIGN_SHOWN
+    return (
+        f"<section id=unrepaired><h2 class=bad>Drift not yet repaired: {len(found)} foreign Delta version(s)</h2>"
+        "<p class=small>written to the shard by another writer after the last batch read it</p>"
+        + _table(["Delta version", "written (UTC)", "rows", "repair"], rows)
+        + (
+            f"<p class=bad>and {more} more foreign versions (`python -m reconcile status {e(cfg.name)}` lists them)</p>"
+            if more > 0
+            else ""
+        )
+        + "</section>"
+    )
 
 
 def _charts(committed: list, now: int, shard_upper: int, threshold: int | None) -> str:
@@ -286,6 +367,7 @@ def render_sink(name: str, before: tuple[int, str] | None = None, dag_url: str =
                 f"{cfg.name}: reconcile shard",
                 f"<p><a href='../'>all shards</a></p><h1>{e(cfg.name)}</h1><p>no shard yet (no run minted)</p>",
             )
+        unrepaired = _unrepaired(ledger, cfg)
         page = ledger.batch_page(cfg.name, before=before, limit=PAGE)
         newest = ledger.batch_page(cfg.name, limit=CHART_BATCHES) if before is None else []
         previous = {b.batch_id: ledger.previous_committed(cfg.name, b.lower) for b in page if b.drift_rows}
@@ -308,9 +390,10 @@ def render_sink(name: str, before: tuple[int, str] | None = None, dag_url: str =
         )
         drift = _drift_cell(cfg, b, previous.get(b.batch_id), committed_all)
         rows.append(
-            f"<tr><td>{_time(b.lower)}</td><td>{_time(b.upper)}</td><td>{_state(b, shard.upper)}</td>"
-            f"<td>{_count(b.delta_version)}</td><td>{_count(b.rows_ok)}</td><td>{_count(b.rows_err)}</td>"
-            f"<td>{drift}</td><td class=run>{e(b.run_id or '-')}<br>{links}</td></tr>"
+            f"<tr><td>[{_time(b.lower)},<br>{_time(b.upper)})</td><td class=msg>{_state(b, shard.upper)}</td>"
+            f"<td class=n>{_count(b.delta_version)}</td><td class=n>{_count(b.rows_ok)}</td>"
+            f"<td class=n>{_count(b.rows_err)}</td><td{' class=drift' if b.drift_rows else ''}>{drift}</td>"
+            f"<td><span class='small nw'>{e(b.run_id or '-')}</span><br>{links}</td></tr>"
         )
     nav = []
     if before is not None:
@@ -320,12 +403,15 @@ def render_sink(name: str, before: tuple[int, str] | None = None, dag_url: str =
     head = (
         f"<p><a href='../'>all shards</a></p><h1>{e(cfg.name)} <span class=small>({e(cfg.kind)})</span></h1>"
         f"<p>upper {_time(shard.upper)} · since {_time(shard.since) if shard.since else 'never compacted'} · "
-        f"read-only {'yes' if shard.read_only else 'no'} · Delta version {shard.delta_version}</p>{left}{current}"
+        f"read-only {'yes' if shard.read_only else 'no'} · Delta version {shard.delta_version}</p>"
+        f"{unrepaired}{left}{current}"
     )
     older = f"<p class=small>batches before lower {_time(before[0])}</p>" if before else ""
     return _page(
         f"{cfg.name}: reconcile shard",
-        head + (charts if before is None else "") + f"<h2>Ledger</h2>{older}<table><tr><th>lower</th><th>upper</th>"
-        "<th>state / cause</th><th>version</th><th>ok</th><th>errors</th><th>drift</th><th>run</th></tr>"
-        f"{''.join(rows)}</table><p>{' · '.join(nav)}</p>",
+        head
+        + (charts if before is None else "")
+        + f"<h2>Ledger</h2>{older}"
+        + _table(["batch [lower, upper) UTC", "state / cause", "version", "ok", "errors", "drift", "run"], rows)
+        + f"<p>{' · '.join(nav)}</p>",
     )
