@@ -122,6 +122,13 @@ KEY_BITS_ENV = "RECONCILE_TEST_HASH_KEY_BITS"
 BROADCAST_KEYS = 2_000_000  # changed keys up to this count are broadcast to the second pass
 
 
+def label_jobs(spark, text: str | None) -> None:
+    """Name the Spark jobs this thread starts from now on (the stage profile and Spark's UI show
+    it; ``bench/profile_query.py``); None clears it. Nothing over Spark Connect."""
+    if spark is not None and not type(spark).__module__.startswith("pyspark.sql.connect"):
+        spark.sparkContext.setJobDescription(text)  # type: ignore[arg-type]
+
+
 def row_key(cfg: SinkConfig) -> tuple[SCol, SCol]:
     """A row's 128-bit key computed from the row: its row hash ``xxhash64(row, _error)`` (seed
     42: the checksum's and the partition's) and a salted second hash of the same columns."""
@@ -201,8 +208,10 @@ def hash_first(
     _CACHED.append(changed)
     session = spark or desired.sparkSession
     started = perf_counter()
+    label_jobs(session, "reconcile: hash-first pass 1 (row keys of desired and persist)")
     with checks.observing(session) if checks is not None else nullcontext():
         n = changed.count()
+    label_jobs(session, "reconcile: hash-first pass 2 (rows of the changed keys) and the staged write")
     log.info("hash-first pass 1: %d changed row key(s) in %.2f s", n, perf_counter() - started)
     keys = F.broadcast(changed) if n <= BROADCAST_KEYS else changed
 

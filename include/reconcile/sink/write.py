@@ -326,7 +326,9 @@ def stage(attempt: Attempt) -> StagedFiles | WriteResult:
         read_version = attempt.read_version = attempt.table.latest_version()
         persist = read_persist(attempt, read_version)
         empty = frames.holds_nothing(attempt.table, read_version)
+        differential.label_jobs(attempt.spark, "reconcile: drift (foreign versions since the last batch)")
         attempt.drift = drift_.find(attempt.spark, attempt.ledger, attempt.table, read_version, attempt.desc.upper)
+        differential.label_jobs(attempt.spark, "reconcile: the correction and its staged write")
         carried = carried_checksums(attempt.ledger, attempt.table, attempt.desc.lower, read_version)
         corr, stats, sums = _stage_until_it_adds_up(attempt, persist, carried if checksums.ENABLED else None, empty)
         failpoint("write.after_partition_staged")
@@ -438,6 +440,7 @@ def _stage_once(
             )
     finally:
         differential.release()  # what the correction cached
+        differential.label_jobs(attempt.spark, None)
     if checks is None:
         return corr, stats, None
     sums = checks.totals()

@@ -112,6 +112,39 @@ def read_keyed(spark: SparkSession, table: ShardTable, version: int) -> tuple[Da
     return out, KeyedRead(stored, hashed)
 
 
+def wrong_row_keys(spark: SparkSession, table: ShardTable, version: int | None = None) -> list[str]:
+    """One line per data file whose stored row key differs from its row's (``check --deep``):
+    in a file of the sink's own, a batch would take the wrong key as stored (a violation); in
+    another writer's file the key is hashed when read, so the line says it is harmless."""
+    from reconcile.differential import row_key
+
+    if not table.keyed:
+        return []
+    version = table.latest_version() if version is None else version
+    split = table.keyed_files(version)
+    files = (split[0] + split[1]) if split is not None else table.plain_files(version) or []
+    if not files:
+        return []
+    own = set(split[0]) if split is not None else set()
+    k1, k2 = row_key(table.cfg)
+    stored = [F.col(spark_name(k)) for k in ROW_KEYS]
+    wrong = (
+        spark.read.schema(schema(table.cfg, keyed=True))
+        .parquet(*files)
+        .where(stored[0].isNotNull() & ((stored[0] != k1) | (stored[1] != k2)))
+        .groupBy(F.col("_metadata.file_path").alias("file"))
+        .count()
+        .collect()
+    )
+    out = []
+    for r in wrong:
+        path = str(r["file"]).removeprefix("file:")
+        trusted = any(path.endswith(f.removeprefix(table.path)) for f in own)
+        where = "the sink's own file (a batch reads it as stored)" if trusted else "a file the sink hashes when read"
+        out.append(f"{r['count']} row(s) of {path} carry a stored row key that differs from the row's: {where}")
+    return out
+
+
 def read_as_of(spark: SparkSession, table: ShardTable, t: int) -> tuple[DataFrame, DataFrame]:
     """The shard as of time ``t``, consolidated: (ok rows with ``_count``, errors with ``_count``).
 
