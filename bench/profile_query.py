@@ -116,7 +116,7 @@ def main() -> int:
     for batch, source in ((0, before), (1, after)):
         cfg = query_sink(root, "profiled", source, parts)
         got: dict = {}
-        seconds, st = timed(lambda cfg=cfg, batch=batch: got.update(sink_batch(spark, ledger, cfg, batch)))
+        seconds, st = timed(lambda cfg=cfg, batch=batch, got=got: got.update(sink_batch(spark, ledger, cfg, batch)))
         name = "initial load" if batch == 0 else f"batch of {changes} changes"
         result[f"batch{batch}"] = {**got, "seconds": seconds, "stages": st}
         _print(f"{name} (mint {got['mint_s']:.2f} write {got['write_s']:.2f} append {got['append_s']:.3f})", seconds, st)
