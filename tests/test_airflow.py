@@ -268,6 +268,36 @@ def test_dag_test_runs_an_upsert_sink(airflow_db, dag_child, tmp_path, monkeypat
     ledger.dispose()
 
 
+def test_a_mint_no_retry_fixes_fails_at_once_with_the_command_that_reruns_it(airflow_db, tmp_path, monkeypatch, capfd):
+    """A mint that fails for good (here the warehouse's AWS connection is not defined) does not
+    use its retries: it fails at once, saying the cause, how to fix it and the command that
+    reruns the run's mint. It minted no batch (nothing for ``status`` to show: its log and the
+    run's note say it). No Spark: the run ends before the write."""
+    from airflow.utils.state import DagRunState
+
+    from reconcile.storage.ledger import Ledger
+
+    name, dag, _, url, _ = _dag_of(tmp_path, monkeypatch, "amf", retries=2)
+    monkeypatch.setenv("RECONCILE_AWS_CONN_ID", "aws_nowhere")
+    day = datetime(2026, 1, 2, tzinfo=UTC)
+    run = dag.test(logical_date=day)
+    logged = capfd.readouterr().out
+    assert run.state == DagRunState.FAILED
+    tis = {ti.task_id: (ti.state, ti.try_number, ti.max_tries) for ti in run.get_task_instances()}
+    assert tis["mint"] == ("failed", 1, 2), tis  # retries left, not used
+    assert {state for task, (state, _, _) in tis.items() if task != "mint"} == {"upstream_failed"}, tis
+    line = next(ln for ln in logged.splitlines() if "mint failed (not retried): " in ln)
+    assert (
+        f"sink '{name}': the Airflow connection 'aws_nowhere' the task reads isn't defined; nothing was written "
+        "Remedy: define it (`airflow connections add aws_nowhere --conn-type TYPE ...`, or AIRFLOW_CONN_AWS_NOWHERE "
+        "in the environment of Airflow's scheduler and workers). Once the cause is fixed, rerun the run's mint: "
+        f"`airflow dags unpause {name} && airflow tasks clear {name} -t mint -d -y -s {day.isoformat()} -e {day.isoformat()}`."
+    ) in line, line
+    ledger = Ledger(url)
+    assert ledger.batches(name) == []
+    ledger.dispose()
+
+
 @pytest.mark.slow
 def test_an_outdated_batch_skips_the_rest_of_its_run_with_the_reason(airflow_db, spark, tmp_path, monkeypatch):
     """Only mint mints: the batch id goes to write by XCom. Another writer committed past the
