@@ -13,9 +13,10 @@ Tones (a page's colours; ``status`` words them):
 **Left behind**: a superseded description whose interval the shard does not reach and that no
 open description covers (the scheduled catch-up run that lost the race to a backfill: green,
 yet the shard stays behind until the next scheduled run). :func:`behind` names the run to clear
-now, with a command that works on Airflow 3.3: ``airflow dags clear SINK --run-id RUN -y``
-(clears that run by id, manual or scheduled; its mint then describes the rest anew from the
-shard's upper), or without Airflow ``python -m reconcile run SINK --frontier UPPER``.
+now, with a command that works on Airflow 3.3, paused or not:
+``airflow dags unpause SINK && airflow dags clear SINK --run-id RUN -y`` (clears that run by id,
+manual or scheduled; its mint then describes the rest anew from the shard's upper), or without
+Airflow ``python -m reconcile run SINK --frontier UPPER``.
 
 **Drift**: a foreign Delta version (:meth:`~reconcile.storage.delta.ShardTable.foreign_commits`) is
 repaired only once a committed batch did repair it (:func:`fates`): for query and change-log

@@ -274,15 +274,16 @@ def note_failure(ledger: Ledger, batch_id: str, exc: SinkError) -> None:
 def failure_verdict(
     sink: str, run_id: str, batch_id: str | None = None, since: datetime | None = None
 ) -> tuple[bool, str | None]:
-    """(final?, message) of the run's open batch after a failed task: the failure its job
-    recorded (at or after ``since``, when given: this attempt's, not an earlier one's)."""
+    """(final?, message) of the run's batch after a failed task: the failure its job recorded
+    (at or after ``since``, when given: this attempt's, not an earlier one's, nor the history a
+    committed batch keeps)."""
     try:
         ledger = open_ledger()
     except SinkError as exc:
         return False, str(exc)
     try:
         batch = run_batch_of(ledger, sink, run_id, batch_id)
-        if batch is None or not batch.message or not batch.failure_kind or batch.state not in OPEN_STATES:
+        if batch is None or not batch.message or not batch.failure_kind:
             return False, None
         at = batch.updated_at
         if since is not None and at is not None and (at if at.tzinfo else at.replace(tzinfo=UTC)) < since:
