@@ -40,6 +40,9 @@ def _foreign(cfg, *, delete: str | None = None, rows: list[tuple] = (), overwrit
                 "_diff": pa.array(d, pa.int64()),
             }
         )
+        for f in DeltaTable(path).schema().to_arrow():  # the shard's other columns (its stored row key): null
+            if f.name not in table.column_names:
+                table = table.append_column(f.name, pa.nulls(len(k), pa.field(f).type))
         write_deltalake(path, table, mode="append")
     if overwrite_same:
         write_deltalake(path, DeltaTable(path).to_pyarrow_table(), mode="overwrite")
@@ -103,13 +106,17 @@ def test_the_next_run_repairs_every_shape_of_foreign_write_and_every_report_agre
     _foreign(cfg, rows=[(4, state_value(state, 4), 150, 1)])
     _foreign(cfg, overwrite_same=True)
 
+    # known to differ, and the next batch repairs it: exit 4 (docs/operating.md, "Exit codes")
     code, out = _report(capsys, "check", cfg.name)
-    assert code == 0 and "not yet repaired" in out and "repaired at version" not in out, out
+    assert code == 4 and "not yet repaired" in out and "repaired at version" not in out, out
+    assert "5 foreign Delta version(s) not yet repaired" in out.splitlines()[-1], out
     code, out = _report(capsys, "status", cfg.name, "--json")
-    assert len(json.loads(out)["foreign_unrepaired"]) == 5
+    assert code == 4 and len(json.loads(out)["foreign_unrepaired"]) == 5
     code, out = _report(capsys, "check", cfg.name, "--verify")
-    assert code == 1 and "does NOT match the feed's latest command per key" in out, out
-    assert '{"k": 13}' in out and '{"k": 999}' in out, out
+    assert code == 4 and "does NOT match the feed's latest command per key" in out, out
+    assert "VIOLATION" not in out and "its retention" not in out, out
+    assert '{"k": 13}' in out and "(the next batch recomputes them from the feed)" in out, out
+    assert 'holds key(s) {"k": 999} that the feed never had: foreign Delta versions ' in out, out
 
     feed, frontier = _run(
         spark, sqlite_ledger, cfg, model, feed, frontier, tmp_path, [cmd(1, "after", frontier + 1, 999, op="set")]
@@ -227,7 +234,11 @@ def test_query_and_changelog_sinks_repair_every_shape_of_foreign_write_and_repor
     _foreign(cfg, rows=[(999, "zz_foreign", 150, 1), (some[-1], "tampered", 299, 1)])
     _foreign(cfg, overwrite_same=True)
     code, out = _report(capsys, "check", cfg.name)
-    assert code == 0 and out.count("not yet repaired") == 3, out
+    assert code == 4 and out.count("; not yet repaired") == 3, out
+    assert out.splitlines()[-1].endswith(
+        "; 3 foreign Delta version(s) not yet repaired (3, 4, 5): the shard differs "
+        "from what its batches committed until the next batch repairs them"
+    ), out
 
     if kind == "changelog":
         runs.append((400, [change(1, "a3", 350, 1)]))

@@ -6,9 +6,12 @@ PostgreSQL), real Delta tables and foreign writes by delta-rs:
 - a superseded run that left the shard behind is grey, and status/pages name the run to clear
   with commands that work (the one without Airflow is run here and catches the shard up);
 - ``check`` (no JVM) reports foreign commits with their rows and whether a batch repaired them;
-  ``check --verify`` says the current state verifies and that older history was altered and
-  repaired (exit 0; ``--strict-history`` makes it fail); ``status --json`` carries the foreign
-  versions per batch;
+  before that batch, ``check``, ``check --verify`` and ``status`` exit 4 (the shard differs, the
+  next batch repairs it) and say which versions; after it, ``check --verify`` says the current
+  state verifies and that older history was altered and repaired (exit 0; ``--strict-history``
+  makes it fail); ``status --json`` carries the foreign versions per batch;
+- an upsert shard: ``check --verify`` calls a key a foreign writer added one the feed never had,
+  and a key whose commands the feed dropped its retention;
 - staged files a later cleanup removes are pending cleanup (with their age), a violation only
   past the cleanup horizon.
 """
@@ -17,6 +20,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+from collections import Counter
 
 import pyarrow as pa
 import pytest
@@ -135,7 +139,7 @@ def test_a_superseded_run_that_left_the_shard_behind_names_the_run_to_clear(
     assert "airflow dags clear" not in ui.render_sink(cfg.name)
 
 
-def _delta_rs_write(cfg, mode: str = "append", predicate: str | None = None) -> None:
+def _delta_rs_write(cfg, mode: str = "append", predicate: str | None = None, k: int = 7, v: str = "zz") -> None:
     from deltalake import DeltaTable, write_deltalake
 
     path = ShardTable(cfg).path
@@ -143,12 +147,14 @@ def _delta_rs_write(cfg, mode: str = "append", predicate: str | None = None) -> 
         DeltaTable(path).delete(predicate)
         return
     row = {
-        "k": pa.array([7], pa.int64()),
-        "v": pa.array(["zz"]),
+        "k": pa.array([k], pa.int64()),
+        "v": pa.array([v]),
         "_time": pa.array([150], pa.int64()),
         "_diff": pa.array([1], pa.int64()),
         "_error": pa.array([None], pa.string()),
     }
+    for f in DeltaTable(path).schema().to_arrow():  # the shard's other columns (its stored row key): null
+        row.setdefault(f.name, pa.nulls(1, pa.field(f).type))
     write_deltalake(path, pa.table(row), mode=mode)
 
 
@@ -164,14 +170,29 @@ def test_check_reports_foreign_commits_and_verify_tells_current_from_altered_his
     _delta_rs_write(cfg)  # a foreign append: version 3
     _delta_rs_write(cfg, predicate="k = 2")  # a foreign delete: version 4 (rewrites a file)
 
-    assert cli.main(["check", cfg.name]) == 0  # findings, not violations
+    # the shard is known to differ from what its batches committed, and repairs itself: exit 4,
+    # not green (docs/operating.md, "Exit codes"), from check, check --verify and status alike
+    assert cli.main(["check", cfg.name]) == 4
     out = capsys.readouterr().out
     assert "FINDING foreign Delta version 3: WRITE by delta-rs" in out and "+1 rows" in out, out
     assert "FINDING foreign Delta version 4: DELETE by delta-rs" in out, out
     assert "not yet repaired: the next batch of the sink repairs it" in out
-    assert "0 invariant violation(s), 2 finding(s)" in out
-    assert cli.main(["status", cfg.name, "--json"]) == 0
+    assert out.splitlines()[-1] == (
+        f"{cfg.name}: 0 invariant violation(s), 2 finding(s); 2 foreign Delta version(s) not yet repaired (3, 4): "
+        "the shard differs from what its batches committed until the next batch repairs them"
+    ), out
+    assert "VIOLATION" not in out and "NEEDS ACTION" not in out
+    assert cli.main(["check", cfg.name, "--verify"]) == 4
+    out = capsys.readouterr().out
+    assert "VIOLATION" not in out and "verify: the current state does NOT verify" in out, out
+    assert "NOT YET REPAIRED the current state does not verify: batch " in out, out
+    assert "(foreign Delta versions 3, 4, not yet repaired: the next batch repairs them)" in out, out
+    assert cli.main(["status", cfg.name]) == 4
+    out = capsys.readouterr().out
+    assert "foreign Delta version 3: WRITE by delta-rs" in out and "NEEDS ACTION" not in out, out
+    assert cli.main(["status", cfg.name, "--json"]) == 4
     data = json.loads(capsys.readouterr().out)
+    assert data["needs_action"] == []
     assert [f["version"] for f in data["foreign_unrepaired"]] == [3, 4]
     deleted = data["foreign_unrepaired"][1]
     assert deleted["operation"] == "DELETE" and deleted["rows_added"] is not None
@@ -183,6 +204,9 @@ def test_check_reports_foreign_commits_and_verify_tells_current_from_altered_his
     assert cli.main(["check", cfg.name]) == 0
     out = capsys.readouterr().out
     assert out.count(f"repaired at version {repair.delta_version} (batch {repair.batch_id}") == 2, out
+    assert out.splitlines()[-1] == f"{cfg.name}: 0 invariant violation(s), 2 finding(s)", out
+    assert cli.main(["status", cfg.name]) == 0
+    assert "not yet repaired" not in capsys.readouterr().out
     assert cli.main(["status", cfg.name, "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
     assert data["foreign_unrepaired"] == []
@@ -198,6 +222,63 @@ def test_check_reports_foreign_commits_and_verify_tells_current_from_altered_his
     assert "VIOLATION" not in out
     assert cli.main(["check", cfg.name, "--verify", "--strict-history"]) == 1
     assert "VIOLATION history altered" in capsys.readouterr().out
+
+
+def test_an_upsert_shard_tells_a_key_the_feed_never_had_from_one_its_retention_dropped(
+    spark, warehouse, tmp_path, ledger, monkeypatch, capsys
+):
+    """A foreign writer appends key 999, which the feed never had; the feed's retention drops key
+    2's commands. Before the next batch: check, status and check --verify exit 4 and --verify
+    calls 999 a key the feed never had (the next batch removes it), 2 one its retention dropped;
+    the next batch removes 999 and keeps 2 (the plain-Python model), and all exit 0."""
+    from upsert_model import UpsertModel, cmd, feed_rows, ok_rows, upsert_sink
+
+    monkeypatch.setenv("RECONCILE_SINKS_DIR", str(tmp_path))
+    cfg = upsert_sink(tmp_path, f"oncall_never_{ledger.engine.dialect.name}")
+    model = UpsertModel()
+    feed = [cmd(1, "a", 110, 1), cmd(2, "b", 120, 2), cmd(3, "c", 130, 3)]
+    feed_rows(tmp_path, feed)
+    run_stages(spark, ledger, cfg, "run-1", 200)
+    model.batch(feed, 100, 200)
+    feed = [c for c in feed if c["k"] != 2]  # retention dropped key 2's commands
+    feed_rows(tmp_path, feed)
+    _delta_rs_write(cfg, k=999, v="zz_foreign")
+    foreign = ShardTable(cfg).latest_version()
+    assert ok_rows(shard_as_of(cfg, 199)) == model.as_of(199) + Counter({(999, "zz_foreign", None): 1})
+
+    assert cli.main(["check", cfg.name]) == 4
+    out = capsys.readouterr().out
+    assert out.splitlines()[-1] == (
+        f"{cfg.name}: 0 invariant violation(s), 1 finding(s); 1 foreign Delta version(s) not yet repaired "
+        f"({foreign}): the shard differs from what its batches committed until the next batch repairs them"
+    ), out
+    assert cli.main(["status", cfg.name]) == 4
+    assert f"foreign Delta version {foreign}: WRITE by delta-rs" in capsys.readouterr().out
+    assert cli.main(["check", cfg.name, "--verify"]) == 4
+    out = capsys.readouterr().out
+    assert "VIOLATION" not in out and "NEEDS ACTION" not in out, out
+    never = [ln for ln in out.splitlines() if '{"k": 999}' in ln]
+    assert never == [
+        f'NOT YET REPAIRED the shard as of {iso(199)} holds key(s) {{"k": 999}} that the feed never had: foreign '
+        f"Delta versions {foreign} added them, not yet repaired (the next batch removes them)"
+    ], out
+    kept = [ln for ln in out.splitlines() if '{"k": 2}' in ln]
+    assert len(kept) == 1 and kept[0].startswith(f'FINDING the shard as of {iso(199)} holds key(s) {{"k": 2}} '), out
+    assert "that the feed holds no command for any more (its retention dropped them" in kept[0], out
+    assert "verify: against the source: " in out and "does NOT match the feed's latest command per key" in out
+
+    feed.append(cmd(3, "c2", 250, 4))
+    feed_rows(tmp_path, feed)
+    run_stages(spark, ledger, cfg, "run-2", 300)
+    model.batch(feed, 200, 300)
+    assert ok_rows(shard_as_of(cfg, 299)) == model.as_of(299)  # 999 removed, 2 kept, 3 changed
+    assert (999, "zz_foreign", None) not in shard_as_of(cfg, 299) and (2, "b", None) in model.as_of(299)
+    assert cli.main(["check", cfg.name]) == 0
+    out = capsys.readouterr().out
+    assert out.splitlines()[-1] == f"{cfg.name}: 0 invariant violation(s), 1 finding(s)", out
+    assert f"foreign Delta version {foreign}: WRITE" in out and "repaired at version" in out, out
+    assert cli.main(["status", cfg.name]) == 0
+    assert "not yet repaired" not in capsys.readouterr().out
 
 
 def test_staged_files_a_cleanup_removes_are_pending_until_the_horizon(spark, warehouse, tmp_path, ledger, monkeypatch):

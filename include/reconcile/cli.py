@@ -27,6 +27,10 @@ Commands:
                            rows added and removed (with counts) in T1 < time <= T2
   demo                     run the demo sink for three intervals through Airflow and print it
 
+status and check exit 0 (nothing wrong), 1 (needs action: a NEEDS ACTION line or a violation),
+4 (foreign Delta versions not yet repaired: the next batch repairs them) or 2 (an error); every
+command exits 2 on an error, its one line on stderr.
+
 Times (T, T1, T2) are epoch ms or ISO-8601 (naive: UTC). show, history and diff read the shard
 without a JVM (DuckDB over delta-rs); --spark reads it with Spark, whose output goes to a log file.
 dry-run computes the next correction with DuckDB where that is exact (else, or with --spark, Spark).
@@ -128,7 +132,8 @@ def cmd_status(args) -> int:
         print(json.dumps(data, indent=2))
     else:
         report.print_status(data)
-    return 1 if data["needs_action"] else 0  # as `check` exits 1 on a violation
+    unrepaired = [(f["version"], f.get("why") or "") for f in data["foreign_unrepaired"] or []]
+    return report.exit_code(data["needs_action"], unrepaired)  # as check's (docs/operating.md, "Exit codes")
 
 
 def quiet_spark(command: str, app: str | None = None):
@@ -317,15 +322,19 @@ def cmd_check(args) -> int:
     verified = None
     if args.verify:  # the current state, then older batches' history, from their recorded checksums
         checked, verified = check.verify_report(ledger, cfg, spark, strict_history=args.strict_history)
-        report.violations += checked.violations
-        report.findings += checked.findings
-        bad, noted, against_source = check.verify_source(ledger, cfg, spark, bool(verified.get("current", 1)))
-        report.violations += bad
-        report.findings += noted
+        against, against_source = check.verify_source(ledger, cfg, spark, bool(verified.get("current", 1)))
+        for found in (checked, against):
+            report.violations += found.violations
+            report.findings += found.findings
+            report.repairing += found.repairing
     for p in report.violations:
         print(f"VIOLATION {p}")
     for f in report.findings:
         print(f"FINDING {f}")
+    for r in report.repairing:
+        print(f"NOT YET REPAIRED {r}")
+    for line in report.needs_action:
+        print(f"NEEDS ACTION: {line}")
     if (n := verified) is not None:
         now = "verifies" if n.get("current", 1) else "does NOT verify"
         print(
@@ -335,8 +344,8 @@ def cmd_check(args) -> int:
             "checksums against those its batches recorded)"
         )
         print(f"verify: {against_source}")
-    print(f"{cfg.name}: {len(report.violations)} invariant violation(s), {len(report.findings)} finding(s)")
-    return 1 if report.violations else 0
+    print(report.summary(cfg.name))
+    return report.exit_code()  # as status's (docs/operating.md, "Exit codes")
 
 
 def cmd_recover(args) -> int:

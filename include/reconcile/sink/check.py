@@ -31,21 +31,27 @@ first committed batch whose write read it) or "not yet repaired". ``check --veri
 (:func:`verify_report`) says whether the current state verifies and, apart, which older
 batches' recorded history foreign versions altered since; an alteration that is explained and
 repaired is a finding unless ``--strict-history``.
+
+``check`` exits as ``status`` does (:func:`reconcile.report.exit_code`): 1 while a violation or
+one of ``status``'s NEEDS ACTION lines (:func:`reconcile.report.needs_action`) stands, else 4
+while foreign versions are not yet repaired (the shard differs from what its batches committed
+until the next batch), else 0; its last line says which.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from reconcile import kinds
 from reconcile.config import SinkConfig
 from reconcile.log import iso
 from reconcile.manifest import Manifest
 from reconcile.model import COMMITTED
+from reconcile.report import exit_code, needs_action, repairs_itself
 from reconcile.sink.sync import stale_staged
 from reconcile.sql_names import spark_name
-from reconcile.storage.commits import batch_commits
+from reconcile.storage.commits import ForeignCommit, batch_commits
 from reconcile.storage.delta import ShardTable
 from reconcile.storage.ledger import Ledger
 
@@ -104,6 +110,7 @@ def violations(
         from reconcile.storage import frames
 
         out += kinds.of(cfg).invariants(frames.read_updates(spark, table), commits[-1].upper - 1)
+        out += [w for w in frames.wrong_row_keys(spark, table) if "sink's own" in w]
     if synced:
         stale = stale_staged(ledger, table)
         if stale:
@@ -222,10 +229,13 @@ def _age(ms: int) -> str:
     return f"{ms // 1000}s" if ms < 60_000 else duration(ms)
 
 
-def foreign_findings(ledger: Ledger, cfg: SinkConfig, table: ShardTable | None = None) -> tuple[list[str], list[int]]:
+def foreign_findings(
+    ledger: Ledger, cfg: SinkConfig, table: ShardTable | None = None
+) -> tuple[list[str], list[tuple[ForeignCommit, str]]]:
     """(one line per foreign Delta version that changed data: its operation, engine, rows, and
     whether a batch repaired it, "repaired at version N" by the batch whose write read it, or "not
-    yet repaired"; the foreign versions not yet repaired), from the log's commit files (no JVM)."""
+    yet repaired"; ``(version, why)`` of those not yet repaired), from the log's commit files (no
+    JVM)."""
     from reconcile import standing as st
 
     table = table or ShardTable(cfg)
@@ -244,7 +254,7 @@ def foreign_findings(ledger: Ledger, cfg: SinkConfig, table: ShardTable | None =
                 f"repaired at version {b.delta_version} (batch {b.batch_id}, whose write read version {b.read_version})"
             )
         else:
-            open_.append(f.version)
+            open_.append((f, by[f.version].why))
             fate = by[f.version].why
         lines.append(f"foreign Delta version {f.version}: {f.operation}{who}{when}, {st.rows_text(f)}; {fate}")
     return lines, open_
@@ -252,10 +262,38 @@ def foreign_findings(ledger: Ledger, cfg: SinkConfig, table: ShardTable | None =
 
 @dataclass
 class CheckReport:
-    """What ``check`` prints: ``violations`` (exit 1) and ``findings`` (said, exit 0)."""
+    """What ``check`` prints: ``violations`` and ``needs_action`` (exit 1; the latter the lines
+    ``status`` prints, :func:`reconcile.report.needs_action`), ``findings`` (said, exit 0), and
+    what the shard is known to differ in until the next batch repairs it (exit 4, unless
+    something needs action): the foreign versions not yet repaired (``unrepaired``,
+    ``(version, why)``), and the differences ``check --verify`` found that they explain
+    (``repairing``). The exit code is :func:`reconcile.report.exit_code`'s, as ``status``'s."""
 
     violations: list[str]
     findings: list[str]
+    needs_action: list[str] = field(default_factory=list)
+    unrepaired: list[tuple[ForeignCommit, str]] = field(default_factory=list)
+    repairing: list[str] = field(default_factory=list)
+
+    def pending(self) -> list[int]:
+        """The foreign versions the next batch repairs."""
+        return [f.version for f, why in self.unrepaired if repairs_itself(why)]
+
+    def exit_code(self) -> int:
+        return exit_code(self.violations + self.needs_action, self.unrepaired)
+
+    def summary(self, sink: str) -> str:
+        """The last line: the counts, then what needs action and what the next batch repairs."""
+        out = f"{sink}: {len(self.violations)} invariant violation(s), {len(self.findings)} finding(s)"
+        if self.needs_action:
+            out += f"; {len(self.needs_action)} need(s) action"
+        if pending := self.pending():
+            names = ", ".join(str(v) for v in pending[:10]) + (" ..." if len(pending) > 10 else "")
+            out += (
+                f"; {len(pending)} foreign Delta version(s) not yet repaired ({names}): the shard differs from "
+                "what its batches committed until the next batch repairs them"
+            )
+        return out
 
 
 def run_check(ledger: Ledger, cfg: SinkConfig, *, spark=None, now: int | None = None) -> CheckReport:
@@ -274,11 +312,29 @@ def run_check(ledger: Ledger, cfg: SinkConfig, *, spark=None, now: int | None = 
             out.append(f"{line}: older than the cleanup horizon ({_age(horizon)}), yet no append deleted them")
         else:
             found.append(f"pending cleanup: {line}; the next append deletes them (a violation after {_age(horizon)})")
-    found += foreign_findings(ledger, cfg, table)[0]
+    lines, unrepaired = foreign_findings(ledger, cfg, table)
+    found += lines
     from reconcile.sink import current
 
     bad, noted = current.findings(cfg, table, ledger.batches(cfg.name, (COMMITTED,)), deep=spark is not None)
-    return CheckReport(out + bad, found + noted)
+    upper = ledger.get_shard(cfg.name).upper
+    need = needs_action(ledger.batches(cfg.name), upper, unrepaired)
+    return CheckReport(out + bad, found + noted, need, unrepaired)
+
+
+def _open_note(after: list, by: dict) -> tuple[str, bool] | None:
+    """For a difference the foreign versions ``after`` may explain: (`` (foreign Delta versions
+    N, not yet repaired...)``, whether the next batch repairs each of them), or None when every
+    one of them is repaired."""
+    open_ = [f for f in after if by[f.version].batch is None]
+    if not open_:
+        return None
+    names = ", ".join(str(f.version) for f in after[:5]) + (" ..." if len(after) > 5 else "")
+    itself = all(repairs_itself(by[f.version].why) for f in open_)
+    return (
+        f" (foreign Delta versions {names}, not yet repaired{': the next batch repairs them' if itself else ''})",
+        itself,
+    )
 
 
 def verify_report(
@@ -287,37 +343,49 @@ def verify_report(
     """``check --verify``, said in two parts: does the *current* state verify (the last committed
     batch's checksums of the shard as of its ``upper - 1``), and which *older* batches' history a
     foreign write altered (their recorded checksums differ because of foreign Delta versions
-    after their read). A current state that differs is a violation; so is an older difference no
-    foreign version explains (corruption, a bug), or one explained by a foreign version not yet
-    repaired. An alteration explained and repaired is a finding, unless ``strict_history``."""
+    after their read). A difference that foreign versions not yet repaired explain, each of which
+    the next batch repairs, is ``repairing`` (exit 4: the shard differs until that batch); any
+    other difference of the current state is a violation, as is an older difference no foreign
+    version explains (corruption, a bug). An alteration explained and repaired is a finding,
+    unless ``strict_history``."""
+    from reconcile import standing as st
+
     lines, counts = verify_checksums(ledger, cfg, spark)
     committed = sorted(ledger.batches(cfg.name, (COMMITTED,)), key=lambda b: b.lower)
     rep = CheckReport([], [])
     if not committed:
         return rep, counts
-    current = committed[-1]
-    mine = [ln for ln in lines if ln.startswith(f"batch {current.batch_id} ")]
-    rep.violations += [f"the current state does not verify: {ln}" for ln in mine]
-    counts["current"] = 0 if mine else 1
-    foreign = [f for f in ShardTable(cfg).foreign_commits(-1, ShardTable(cfg).latest_version())]
-    from reconcile import standing as st
-
+    table = ShardTable(cfg)
+    foreign = table.foreign_commits(-1, table.latest_version())
     by = st.fates(committed, foreign, kinds.repairs_by_key(cfg))
+
+    def after(b) -> list:
+        seen = b.read_version if b.read_version is not None else b.delta_version
+        return [f for f in foreign if seen is not None and f.version > seen]
+
+    current = committed[-1]
+    mine = [f"the current state does not verify: {ln}" for ln in lines if ln.startswith(f"batch {current.batch_id} ")]
+    counts["current"] = 0 if mine else 1
+    note = _open_note(after(current), by) if mine else None
+    if note is not None and note[1]:
+        rep.repairing += [ln + note[0] for ln in mine]
+    else:
+        rep.violations += [ln + (note[0] if note else "") for ln in mine]
     for b in committed[:-1]:
         diff = [ln for ln in lines if ln.startswith(f"batch {b.batch_id} ")]
         if not diff:
             continue
-        seen = b.read_version if b.read_version is not None else b.delta_version
-        after = [f for f in foreign if seen is not None and f.version > seen]
-        if not after:
+        altered = after(b)
+        if not altered:
             rep.violations += diff
             continue
-        fixed = [by[f.version].batch for f in after]
-        names = ", ".join(str(f.version) for f in after[:5]) + (" ..." if len(after) > 5 else "")
-        if any(x is None for x in fixed):
-            rep.violations += [f"{ln} (foreign Delta versions {names}, not yet repaired)" for ln in diff]
+        note = _open_note(altered, by)
+        if note is not None:
+            (rep.repairing if note[1] else rep.violations).extend(ln + note[0] for ln in diff)
             continue
+        fixed = [by[f.version].batch for f in altered]
         at = max(x.delta_version for x in fixed if x is not None and x.delta_version is not None)
+        names = ", ".join(str(f.version) for f in altered[:5]) + (" ..." if len(altered) > 5 else "")
         line = (
             f"history altered: batch {b.batch_id} [{iso(b.lower)}, {iso(b.upper)}) recorded the shard as of "
             f"{iso(b.upper - 1)}, which foreign Delta versions {names} changed since ({len(diff)} partition(s) "
@@ -327,18 +395,36 @@ def verify_report(
     return rep, counts
 
 
-def verify_source(
-    ledger: Ledger, cfg: SinkConfig, spark, current_verifies: bool = True
-) -> tuple[list[str], list[str], str]:
-    """(violations, findings, one line): the shard as of the last committed ``upper - 1`` against
-    what the sink's source defines, where that can be computed. Upsert: every key's latest
-    command the committed batches applied (the whole feed read once, :mod:`reconcile.kinds.upsert_drift`);
-    a key whose value differs is a violation, a key the shard holds that the feed no longer has a
-    command for is a finding (its retention). Query and change log: the last batch's desired
-    collection, by the checksum it recorded (equal to the shard's when the current state verifies)."""
+def verify_source(ledger: Ledger, cfg: SinkConfig, spark, current_verifies: bool = True) -> tuple[CheckReport, str]:
+    """(what it found, one line): the shard as of the last committed ``upper - 1`` against what
+    the sink's source defines, where that can be computed. Query and change log: the last
+    batch's desired collection, by the checksum it recorded (equal to the shard's when the
+    current state verifies). Upsert: every key's latest command the committed batches applied
+    (the whole feed read once, :mod:`reconcile.kinds.upsert_drift`). A key whose value differs
+    is ``repairing`` when foreign versions not yet repaired touched it (the next batch
+    recomputes it from the feed), else a violation. A key the shard holds that the feed has no
+    command for is one of two:
+
+    - **a key the feed never had** (a foreign writer added it): foreign versions not yet
+      repaired touched it and it held no value before them. This is the signal the next
+      batch's repair acts on (it removes such a key, :mod:`reconcile.kinds.upsert_drift`), from
+      the same Delta time travel around those versions (:func:`reconcile.sink.drift.find`), so
+      the report and the repair cannot disagree. It is exact: the sink's own commits write a
+      key's value only from a command of the feed, and every foreign version already repaired
+      had its added keys removed by the batch that repaired it (a ``not repairable`` one is
+      never called repaired), so a key no command defines that held no value before the
+      unrepaired versions came from them alone. Its cost: nothing unless such keys exist and
+      foreign versions are unrepaired; then two time-travel reads per run of those versions.
+    - **a key whose commands the feed no longer holds** (its retention): every other one (it
+      held a value before any unrepaired foreign version touched it, or none touched it: its
+      value is the sink's own commit of a command). A finding: not checkable against the source.
+
+    Where the versions around the foreign writes were vacuumed the two cannot be told apart,
+    and the line says so."""
     committed = sorted(ledger.batches(cfg.name, (COMMITTED,)), key=lambda b: b.lower)
+    rep = CheckReport([], [])
     if not committed:
-        return [], [], "against the source: nothing committed yet"
+        return rep, "against the source: nothing committed yet"
     upper = committed[-1].upper
     if not kinds.repairs_by_key(cfg):
         is_ = "is" if current_verifies else "is NOT"
@@ -347,47 +433,79 @@ def verify_source(
             "its source held when the batch ran: the checksum it recorded); `python -m reconcile dry-run SINK` "
             "compares it with the source now"
         )
-        return [], [], line.replace("SINK", cfg.name)
+        return rep, line.replace("SINK", cfg.name)
     from pyspark.sql import functions as F
 
     from reconcile.kinds import upsert_drift as ud
     from reconcile.kinds.upsert import decode, read_feed
+    from reconcile.sink import drift
     from reconcile.storage import frames
 
+    table = ShardTable(cfg)
     keys = list(cfg.key_columns)  # type: ignore[attr-defined]
     batches = tuple((b.lower, b.upper, b.source_offset) for b in committed)
     done = ud.applied(decode(cfg, read_feed(spark, cfg), ud.LONG_MIN), batches)  # type: ignore[arg-type]
     state, has = ud.feed_state(cfg, done)  # type: ignore[arg-type]
-    shard = frames.read_updates(spark, ShardTable(cfg)).where(F.col("_time") <= upper - 1)
+    shard = frames.read_updates(spark, table).where(F.col("_time") <= upper - 1)
     diff = ud.consolidated(cfg, state.unionByName(shard.select(*state.columns).withColumn("_diff", -F.col("_diff"))))  # type: ignore[arg-type]
-    wrong = diff.select(*[F.col(spark_name(k)) for k in keys]).distinct()
-    retained = ud.semi(wrong, has, keys, "left_anti").limit(6).collect()
-    differ = ud.semi(wrong, has, keys).limit(6).collect()
+    wrong = diff.select(*[F.col(spark_name(k)) for k in keys]).distinct().cache()
+    retained = ud.semi(wrong, has, keys, "left_anti")
+    differ = ud.semi(wrong, has, keys)
     n_keys = has.count()
-    out_v, out_f = [], []
+
+    def take(df) -> list:
+        return df.limit(6).collect()
+
+    found = drift.find(spark, ledger, table, table.latest_version(), upper) if wrong.limit(1).count() else None
+    repair = found.repair if found is not None and found.versions else None  # None: nothing unrepaired
+    if repair is None:
+        sample = {"differ": take(differ), "retained": take(retained)}
+    elif repair.keys is None or repair.held is None:  # not comparable: the next batch recomputes every key
+        sample = {"repairing": take(differ), "unknown": take(retained)}
+    else:
+        touched, held = repair.keys, repair.held
+        inside = ud.semi(retained, touched, keys)
+        sample = {
+            "differ": take(ud.semi(differ, touched, keys, "left_anti")),
+            "repairing": take(ud.semi(differ, touched, keys)),
+            "never": take(ud.semi(inside, held, keys, "left_anti")),
+            "retained": take(ud.semi(retained, touched, keys, "left_anti").unionByName(ud.semi(inside, held, keys))),
+        }
+    pending = found.versions if repair is not None else []  # type: ignore[union-attr]
+    versions = ", ".join(str(v) for v in pending[:5]) + (" ..." if len(pending) > 5 else "")
+    wrong.unpersist()
 
     def names(rows) -> str:
         return ", ".join(json.dumps(r.asDict(), default=str, sort_keys=True) for r in rows[:5]) + (
             " ..." if len(rows) > 5 else ""
         )
 
-    if differ:
-        out_v.append(
-            f"the shard as of {iso(upper - 1)} differs from the feed's latest command for key(s) {names(differ)}: "
-            "not repaired (`python -m reconcile check SINK` names the foreign versions; a difference none explains "
-            "is a bug or a lost write: report it)".replace("SINK", cfg.name)
+    at = f"the shard as of {iso(upper - 1)}"
+    if rows := sample.get("differ"):
+        rep.violations.append(
+            f"{at} differs from the feed's latest command for key(s) {names(rows)}, which no foreign Delta version "
+            "not yet repaired touched: a bug or a lost write (report it)"
         )
-    if retained:
-        out_f.append(
-            f"the shard holds key(s) {names(retained)} that the feed holds no command for any more (its retention): "
-            "not checkable against the source"
+    if rows := sample.get("repairing"):
+        rep.repairing.append(
+            f"{at} differs from the feed's latest command for key(s) {names(rows)}: foreign Delta versions "
+            f"{versions} changed them, not yet repaired (the next batch recomputes them from the feed)"
         )
-    ok = "matches" if not differ else "does NOT match"
-    return (
-        out_v,
-        out_f,
-        (
-            f"against the source: the shard as of {iso(upper - 1)} {ok} the feed's latest command per key "
-            f"({n_keys} key(s) with a command)"
-        ),
-    )
+    if rows := sample.get("never"):
+        rep.repairing.append(
+            f"{at} holds key(s) {names(rows)} that the feed never had: foreign Delta versions {versions} added "
+            "them, not yet repaired (the next batch removes them)"
+        )
+    if rows := sample.get("retained"):
+        rep.findings.append(
+            f"{at} holds key(s) {names(rows)} that the feed holds no command for any more (its retention dropped "
+            "them: the sink's own batches wrote them): not checkable against the source"
+        )
+    if rows := sample.get("unknown"):
+        rep.findings.append(
+            f"{at} holds key(s) {names(rows)} that the feed has no command for: its retention dropped them, or a "
+            f"foreign writer added them (foreign Delta versions {versions}; the versions around them were vacuumed, "
+            "so which cannot be told): the next batch repairs what it can and names the rest"
+        )
+    ok = "does NOT match" if any(sample.get(k) for k in ("differ", "repairing", "never")) else "matches"
+    return rep, f"against the source: {at} {ok} the feed's latest command per key ({n_keys} key(s) with a command)"
