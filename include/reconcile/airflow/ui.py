@@ -28,6 +28,7 @@ tables is ISO UTC with the ms value beside it.
 from __future__ import annotations
 
 import html
+import re
 from collections.abc import Callable
 from urllib.parse import quote
 
@@ -72,6 +73,19 @@ def _table(head: list[str], rows: list[str]) -> str:
     return f"<div class=wide><table><tr>{ths}</tr>{''.join(rows)}</table></div>"
 
 
+_WHOLE = re.compile(r"\d{4}-\d\d-\d\dT[\d:.]+Z|\b\d+-[0-9a-f]{8,}\b")  # ISO times, batch ids
+
+
+def _prose(text: str) -> str:
+    """A note or message for a page: escaped, its ISO times and batch ids kept whole on a line
+    (a browser would break them after a hyphen); the rest wraps where its cell needs it."""
+    out, at = [], 0
+    for m in _WHOLE.finditer(text):
+        out += [e(text[at : m.start()]), f"<span class=nw>{e(m.group())}</span>"]
+        at = m.end()
+    return "".join(out) + e(text[at:])
+
+
 def lag_threshold_ms(cfg: SinkConfig) -> int | None:
     """When a sink's lag turns red: ``alert.lag_minutes``, else twice its schedule's period."""
     if cfg.alert.lag_minutes is not None:
@@ -91,14 +105,14 @@ def _state(b, shard_upper: int) -> str:
     """A batch's state and note, coloured as it stands (:mod:`reconcile.standing`): red only for
     an unresolved failure; grey for superseded, covered and resolved."""
     how = standing(b, shard_upper)
-    note = f"<br><span class={how.note_tone}>{e(how.note)}</span>" if how.note else ""
+    note = f"<br><span class={how.note_tone}>{_prose(how.note)}</span>" if how.note else ""
     return f"<span class={how.tone}>{e(b.state)}</span>{note}"
 
 
 def _behind(name: str, batches, shard_upper: int) -> str:
     """The line naming the run to clear when a superseded run left the shard behind (or "")."""
     left = behind(batches, shard_upper)
-    return "" if left is None else f"<p class=warn>{e(left.line(name))}</p>"
+    return "" if left is None else f"<p class=warn>{_prose(left.line(name))}</p>"
 
 
 def _drift(b) -> str:
@@ -160,7 +174,7 @@ def render_overview(can_read: Callable[[str], bool] = lambda name: True) -> str:
             drift = _unrepaired_mark(ledger, cfg, last)
             rows.append(
                 f"<tr><td>{link}</td><td>{e(cfg.kind)}</td><td>{_time(shard.upper)}</td><td>{lag_cell}</td>"
-                f"<td class=msg>{last_cell}</td><td{'' if drift == '-' else ' class=drift'}>{drift}</td>"
+                f"<td{'' if drift == '-' else ' class=drift'}>{drift}</td><td class=msg>{last_cell}</td>"
                 f"<td>{_time(shard.since) if shard.since else 'never compacted'}</td>"
                 f"<td>{'yes' if shard.read_only else 'no'}</td></tr>"
             )
@@ -169,7 +183,7 @@ def render_overview(can_read: Callable[[str], bool] = lambda name: True) -> str:
     return _page(
         "Reconcile shards",
         "<h1>Reconcile shards</h1>"
-        + _table(["sink", "kind", "upper (UTC)", "lag", "last batch", "drift", "since", "read-only"], rows)
+        + _table(["sink", "kind", "upper (UTC)", "lag", "drift", "last batch", "since", "read-only"], rows)
         + _invalid(errors),
     )
 
@@ -209,7 +223,7 @@ def _drift_cell(cfg: SinkConfig, b, previous, committed: list) -> str:
         head = f"<span class=done>drift {b.drift_rows}</span> (rows repaired at version {at})"
     else:
         why = open_[0].why if open_ else "not known to be repaired"
-        head = f"<span class=bad>drift {b.drift_rows}</span> ({e(why)})"
+        head = f"<span class=bad>drift {b.drift_rows}</span> ({_prose(why)})"
     return head + _drift_cause(cfg, b, previous)
 
 
@@ -280,7 +294,7 @@ def _unrepaired(ledger, cfg: SinkConfig) -> str:
     rows = [
         f"<tr class=unrepaired><td class='bad n'>{f['version']}</td>"
         f"<td class=bad>{e(f['operation'])} by {_writer(f['engine'], f['user'])}<br>{_time(f['timestamp'])}</td>"
-        f"<td class='bad n'>{e(rows_text(f))}</td><td class='bad msg'>{e(f['why'] or 'not yet repaired')}</td></tr>"
+        f"<td class='bad n'>{e(rows_text(f))}</td><td class='bad msg'>{_prose(f['why'] or 'not yet repaired')}</td></tr>"
         for f in found[:FOREIGN_SHOWN]
     ]
     more = len(found) - FOREIGN_SHOWN
@@ -344,7 +358,7 @@ def _current_line(cfg: SinkConfig, ledger) -> str:
     if d["foreign_versions"]:
         late.append(f"foreign commits {d['foreign_versions']}: the next append rebuilds it")
     if late:
-        return f"<p>{head}{text}; <span class=bad>{e('; '.join(late))}</span></p>"
+        return f"<p>{head}{text}; <span class=bad>{_prose('; '.join(late))}</span></p>"
     return f"<p>{head}{text}</p>"
 
 
