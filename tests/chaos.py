@@ -144,7 +144,7 @@ class Schedule:
             "retention": {"history_hours": 0},
         }
         if current:
-            spec["current"] = True
+            spec["current"] = {"deletion_vectors": True}  # the sink's own vector commits: the intricate path
         if kind == "query":
             spec["query"] = {"sources": {"src": {"format": "json", "path": "src"}}, "sql": "SELECT k, v FROM src"}
         else:

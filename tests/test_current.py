@@ -217,7 +217,9 @@ def test_query_sink_current_table_follows_every_batch(spark, where, vectors, tmp
 @pytest.mark.parametrize("where", ["local", "s3"], indirect=True)
 def test_upsert_sink_current_table_holds_one_row_per_key(spark, where, tmp_path, sqlite_ledger, monkeypatch):
     monkeypatch.setenv("RECONCILE_SINKS_DIR", str(tmp_path))
-    cfg = upsert_sink(tmp_path, "cur_u", upsert={"delete": {"column": "op", "values": ["delete"]}}, current=True)
+    cfg = upsert_sink(
+        tmp_path, "cur_u", upsert={"delete": {"column": "op", "values": ["delete"]}}, current={"deletion_vectors": True}
+    )
     model = UpsertModel(delete_field="op", delete_values=("delete",))
     feed = [cmd(k, f"v{k}", 110 + k, k, op="set") for k in range(30)]
     frontier = 100
@@ -249,7 +251,7 @@ def test_a_kill_between_the_shard_commit_and_the_current_commit_is_completed(
     """A kill at each of the current table's fail points, on the commit that creates it (delta-rs)
     and on the ones that mark retracted rows (the sink's own deletion vector commits)."""
     monkeypatch.setenv("RECONCILE_SINKS_DIR", str(tmp_path))
-    cfg = make_sink(tmp_path, "cur_kill", current=True)
+    cfg = make_sink(tmp_path, "cur_kill", current={"deletion_vectors": True})
     frontier = 100
     points = ["current.before_commit", "current.before_commit", "current.after_commit", None]
     for i, rows in enumerate(QUERY_ROWS[:4]):
@@ -290,7 +292,7 @@ def test_foreign_writes_are_undone_and_a_lost_current_table_is_rebuilt(
     from deltalake import DeltaTable, write_deltalake
 
     monkeypatch.setenv("RECONCILE_SINKS_DIR", str(tmp_path))
-    cfg = make_sink(tmp_path, "cur_foreign", current=True)
+    cfg = make_sink(tmp_path, "cur_foreign", current={"deletion_vectors": True})
     write_json_rows(tmp_path / "src", QUERY_ROWS[0])
     run_stages(spark, sqlite_ledger, cfg, "r0", 200)
     path = CurrentTable(cfg).path
@@ -358,7 +360,7 @@ def test_readers_see_a_plain_table(spark, warehouse, tmp_path, sqlite_ledger, mo
     from reconcile.sink import compact
     from reconcile.storage import files
 
-    cfg = make_sink(tmp_path, "cur_read", current=True, retention={"vacuum_hours": 0})
+    cfg = make_sink(tmp_path, "cur_read", current={"deletion_vectors": True}, retention={"vacuum_hours": 0})
     monkeypatch.setattr("reconcile.storage.current.ROWS_PER_FILE", 8)
     rows = [{"k": k, "v": f"v{k % 3}"} for k in range(40)]
     marked = rewritten = 0
@@ -395,6 +397,88 @@ def test_readers_see_a_plain_table(spark, warehouse, tmp_path, sqlite_ledger, mo
     assert totals == sorted(Counter(v for _, v in want).items())
     bad, found = current_sink.findings(cfg, ShardTable(cfg), sqlite_ledger.batches(cfg.name, (COMMITTED,)), deep=True)
     assert bad == [] and found == []
+
+
+def every_reader(spark, path: str, *, vectors: bool) -> dict[str, Counter]:
+    """The current table's rows as each reader the docs name reads them: delta-rs
+    (``to_pyarrow_table`` where it reads the table: without deletion vectors; ``scan``), DuckDB
+    (``delta_scan``), Polars and Spark (dbt-duckdb: tests/test_dbt.py)."""
+    import duckdb
+    import polars as pl
+    from deltalake import DeltaTable
+    from duckdb_extensions import import_extension
+
+    def rows(table: pa.Table) -> Counter:
+        return Counter(zip(*table.select(["k", "v"]).to_pydict().values(), strict=True))
+
+    out = {"delta-rs scan": rows(pa.RecordBatchReader.from_stream(DeltaTable(path).scan()).read_all())}
+    if vectors:
+        with pytest.raises(Exception, match="(?i)deletion ?vectors"):  # the reason the default has none
+            DeltaTable(path).to_pyarrow_table()
+    else:
+        out["delta-rs to_pyarrow_table"] = rows(DeltaTable(path).to_pyarrow_table())
+    con = duckdb.connect()
+    import_extension("delta", con=con)
+    con.sql("LOAD delta")
+    out["duckdb"] = Counter(con.execute(f"SELECT k, v FROM delta_scan('{path}')").fetchall())
+    out["polars"] = Counter(pl.read_delta(path).select("k", "v").iter_rows())
+    out["spark"] = Counter(tuple(r) for r in spark.read.format("delta").load(path).select("k", "v").collect())
+    return out
+
+
+@pytest.mark.slow  # six batches (the quick tier reads default tables through dbt: tests/test_dbt.py)
+def test_every_reader_reads_the_default_table_and_a_layout_change_needs_no_hand(
+    spark, warehouse, tmp_path, sqlite_ledger, monkeypatch, capsys
+):
+    """The default current table (no deletion vectors: copy-on-write) is read alike by every
+    reader the docs name, after batches that update, delete and re-insert. ``deletion_vectors``
+    changed in the sink file: ``check`` reports the table's other layout, the next append applies
+    it (vectors on: rows marked), ``rebuild-current`` too (off again); nothing deleted by hand, the
+    rows equal to the model throughout."""
+    monkeypatch.setenv("RECONCILE_SINKS_DIR", str(tmp_path))
+    cfg = make_sink(tmp_path, "cur_dflt", current=True)
+    path = CurrentTable(cfg).path
+    batches = [
+        [{"k": 1, "v": "a"}, {"k": 2, "v": "b"}, {"k": 3, "v": "c"}],
+        [{"k": 1, "v": "A"}, {"k": 3, "v": "c"}],  # 1 updated, 2 deleted
+        [{"k": 1, "v": "A"}, {"k": 2, "v": "b"}, {"k": 3, "v": "c"}, {"k": 4, "v": None}],  # 2 re-inserted
+    ]
+    for i, rows in enumerate(batches):
+        write_json_rows(tmp_path / "src", rows)
+        run_stages(spark, sqlite_ledger, cfg, f"d{i}", 200 + 100 * i)
+    assert table_layout(path)[0] == PLAIN_PROTOCOL
+    want = Counter((r["k"], r["v"]) for r in batches[-1])
+    assert every_reader(spark, path, vectors=False) == dict.fromkeys(
+        ["delta-rs scan", "delta-rs to_pyarrow_table", "duckdb", "polars", "spark"], want
+    )
+    # deletion vectors on in the sink file: check says so, the next append applies it
+    cfg = make_sink(tmp_path, "cur_dflt", current={"deletion_vectors": True})
+    capsys.readouterr()
+    assert cli.main(["check", cfg.name]) == 0
+    out = capsys.readouterr().out
+    assert "its layout differs from the sink file (deletion vectors off, the sink file says on)" in out, out
+    rows = [{"k": 1, "v": "A"}, {"k": 2, "v": "b"}, {"k": 4, "v": None}, {"k": 5, "v": "e"}]  # 3 deleted
+    write_json_rows(tmp_path / "src", rows)
+    _, _, appended = run_stages(spark, sqlite_ledger, cfg, "d3", 500)
+    assert appended.current.outcome == "rebuilt" and "layout" in appended.current.why
+    assert table_layout(path)[0] == DV_PROTOCOL
+    rows = [{"k": 1, "v": "A"}, {"k": 2, "v": "B"}, {"k": 4, "v": None}, {"k": 5, "v": "e"}]  # 2 updated
+    write_json_rows(tmp_path / "src", rows)
+    _, _, appended = run_stages(spark, sqlite_ledger, cfg, "d4", 600)
+    assert appended.current.outcome == "applied" and appended.current.files_marked == 1
+    want = Counter((r["k"], r["v"]) for r in rows)
+    assert every_reader(spark, path, vectors=True) == dict.fromkeys(
+        ["delta-rs scan", "duckdb", "polars", "spark"], want
+    )
+    # ... and off again: rebuild-current applies it at once
+    cfg = make_sink(tmp_path, "cur_dflt", current=True)
+    capsys.readouterr()
+    assert cli.main(["rebuild-current", cfg.name]) == 0
+    assert "layout" not in capsys.readouterr().out  # rebuilt on request: the request is the reason
+    assert table_layout(path)[0] == PLAIN_PROTOCOL
+    assert list(every_reader(spark, path, vectors=False).values()) == [want] * 5
+    assert cli.main(["check", cfg.name]) == 0
+    assert "current-state table" not in capsys.readouterr().out
 
 
 def test_a_bad_current_section_is_one_line_naming_the_field(tmp_path, monkeypatch, capsys):

@@ -277,11 +277,12 @@ class CurrentSpec(_Section):
         "and `<database>.<sink>_log` (the shard, the update log)",
     )
     deletion_vectors: StrictBool = Field(
-        default=True,
-        description="mark retracted rows with Delta deletion vectors (a batch costs its retractions; read by Spark, "
-        "DuckDB, Polars, Trino and delta-rs's scan/QueryBuilder, not by delta-rs's to_pyarrow_dataset); false: "
-        "rewrite the files they fall in (copy-on-write). Set when the table is created (on a local disk or S3; "
-        "elsewhere always false); `rebuild-current` after deleting the table applies a change",
+        default=False,
+        description="mark retracted rows with Delta deletion vectors (a batch costs its retractions, not the files they "
+        "fall in; read by Spark, DuckDB, Polars, Trino and delta-rs's scan/QueryBuilder, not by delta-rs's "
+        "to_pyarrow_table/to_pyarrow_dataset/to_pandas nor dbt-duckdb's delta plugin); false (the default, what "
+        "every reader reads): rewrite the files they fall in (copy-on-write). On a local disk or S3 (elsewhere "
+        "always false); a change is applied by the next append (or `rebuild-current`)",
     )
 
     @field_validator("path")

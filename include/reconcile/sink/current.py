@@ -429,6 +429,7 @@ def describe(cfg: SinkConfig, table: ShardTable, committed: list) -> dict | None
     return {
         **out,
         "exists": True,
+        "layout_differences": ct.layout_differences(dt),
         "shard_version": v,
         "upper": max(uppers) if uppers else None,
         "shard_latest_version": latest,
@@ -455,8 +456,8 @@ def catalog_names(cfg: SinkConfig) -> tuple[str, str]:
 
 def findings(cfg: SinkConfig, table: ShardTable, committed: list, *, deep: bool = False) -> tuple[list[str], list[str]]:
     """(violations, findings) of ``check`` about the current table. Findings: it lags the shard
-    (the next append or ``recover`` completes it), a foreign commit to it (the next append
-    undoes it). A violation: while it claims to reflect shard version ``v``, its rows differ
+    (the next append or ``recover`` completes it), a foreign commit to it, or a layout other
+    than its sink file's (deletion vectors, NOT NULL: the next append rebuilds it). A violation: while it claims to reflect shard version ``v``, its rows differ
     from the shard's collection at ``v``: by row count (``deep``: by a checksum of every row,
     DuckDB over both tables)."""
     d = describe(cfg, table, committed)
@@ -471,6 +472,11 @@ def findings(cfg: SinkConfig, table: ShardTable, committed: list, *, deep: bool 
         found.append(
             f"{name}: foreign commits (versions {', '.join(map(str, d['foreign_versions']))}) changed it; the next "
             f"append rebuilds it from the shard (now: `python -m reconcile rebuild-current {cfg.name}`)"
+        )
+    if d["layout_differences"]:
+        found.append(
+            f"{name}: its layout differs from the sink file ({'; '.join(d['layout_differences'])}); the next "
+            f"append rebuilds it in the sink file's (now: `python -m reconcile rebuild-current {cfg.name}`)"
         )
     if d["behind"]:
         found.append(
