@@ -24,6 +24,7 @@ import os
 import re
 import subprocess
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -301,10 +302,23 @@ def _paused(stack: AirflowStack, dag_id: str) -> bool:
     return bool(stack._rows("SELECT is_paused FROM dag WHERE dag_id = :d", d=dag_id)[0]["is_paused"])
 
 
+@contextmanager
+def _api(stack: AirflowStack):
+    """Airflow's REST API as the tasks' user (what the UI calls; no CLI start per call)."""
+    import httpx
+
+    with httpx.Client(base_url=f"http://127.0.0.1:{stack.port}", timeout=30) as client:
+        token = client.post("/auth/token", json={"username": "service", "password": SERVICE["service"]})
+        token.raise_for_status()
+        client.headers["Authorization"] = f"Bearer {token.json()['access_token']}"
+        yield client
+
+
 def _pause(stack: AirflowStack, dag_id: str) -> None:
-    """Pause the DAG, as an operator would: a clear alone then leaves its run queued."""
-    done = stack.airflow("dags", "pause", dag_id)
-    assert done.returncode == 0 and _paused(stack, dag_id), done.stdout + done.stderr
+    """Pause the DAG, as an operator would in the UI: a clear alone then leaves its run queued."""
+    with _api(stack) as api:
+        done = api.patch(f"/api/v2/dags/{dag_id}", json={"is_paused": True})
+    assert done.status_code == 200 and _paused(stack, dag_id), done.text
 
 
 def _note(stack: AirflowStack, dag_id: str, run_id: str) -> str:
@@ -400,7 +414,11 @@ def test_a_write_no_retry_fixes_needs_action_everywhere_until_its_printed_remedy
     Delta log has its commit, the shard equals the model, ``status`` exits 0 and shows the
     failure as resolved history."""
     stack = services.stack
-    _until("a manual run of fail_source", lambda: stack.airflow("dags", "trigger", "fail_source").returncode == 0)
+    with _api(stack) as api:  # a manual run: no logical date
+        _until(
+            "a manual run of fail_source",
+            lambda: api.post("/api/v2/dags/fail_source/dagRuns", json={"logical_date": None}).status_code == 200,
+        )
     host, port = connect_url.removeprefix("sc://").split(":")
 
     def define_connection() -> None:  # as the remedy spells it for a Spark Connect server
