@@ -76,6 +76,9 @@ def test_a_failure_is_red_until_resolved_and_its_cause_names_the_os_error(
     assert cli.main(["status", cfg.name, "--json"]) == 1
     assert json.loads(capsys.readouterr().out)["needs_action"][0].startswith(f"batch {desc.batch_id}")
     assert "class=bad" in ui.render_sink(cfg.name)
+    assert cli.main(["check", cfg.name]) == 1  # check agrees with status on what needs action
+    out = capsys.readouterr().out
+    assert f"NEEDS ACTION: batch {desc.batch_id}" in out and out.splitlines()[-1].endswith("; 1 need(s) action"), out
 
     assert "appended batch" in commit_for_run(cfg.name, "run-2", desc.batch_id)  # fixed, run again
     assert shard_as_of(cfg, 299) == {(1, "a", None): 1, (2, "b", None): 1}
@@ -87,6 +90,7 @@ def test_a_failure_is_red_until_resolved_and_its_cause_names_the_os_error(
     last = json.loads(capsys.readouterr().out)["batches"][-1]
     assert last["state"] == "committed" and last["standing"]["tone"] == "ok"
     assert json.loads(cli_out(capsys, ["status", cfg.name, "--json"]))["needs_action"] == []
+    assert cli.main(["check", cfg.name]) == 0 and "NEEDS ACTION" not in capsys.readouterr().out
     assert last["standing"]["note_tone"] == "done" and "Operation not permitted" in last["standing"]["note"]
     page = ui.render_sink(cfg.name)
     assert "class=bad" not in page and "class=done>resolved" in page, page
