@@ -119,7 +119,9 @@ def main() -> int:
         seconds, st = timed(lambda cfg=cfg, batch=batch, got=got: got.update(sink_batch(spark, ledger, cfg, batch)))
         name = "initial load" if batch == 0 else f"batch of {changes} changes"
         result[f"batch{batch}"] = {**got, "seconds": seconds, "stages": st}
-        _print(f"{name} (mint {got['mint_s']:.2f} write {got['write_s']:.2f} append {got['append_s']:.3f})", seconds, st)
+        _print(
+            f"{name} (mint {got['mint_s']:.2f} write {got['write_s']:.2f} append {got['append_s']:.3f})", seconds, st
+        )
     l0, b1 = result["batch0"]["seconds"], result["batch1"]["seconds"]
     print(f"\ninitial load / plain write: {l0 / plain:.2f}; batch / overwrite: {b1 / overwrite:.2f}")
     out = Path(args.out)

@@ -414,7 +414,7 @@ class Schedule:
                 rows = [(k, v, t, -1), (k, other, t, 1)]
             else:
                 rows = [(100 + self.rng.choice(KEYS), "foreign", t, 1)]
-            write_deltalake(path, self.arrow(rows), mode="append", storage_options=options)
+            write_deltalake(path, self.arrow(rows), mode="append", schema_mode="merge", storage_options=options)
         log.info("%s tampered: %s", self.tag, choice)
         self.tampered_below = self.ledger.get_shard(self.cfg.name).upper
         self.staged_before_tamper = set(self.stages_seen)

@@ -94,7 +94,9 @@ def test_every_written_row_carries_its_key_and_check_deep_reports_a_wrong_one(
     # a stored key changed in one of the sink's own files: check --deep reports it
     own = table.keyed_files(table.latest_version())[0][0]
     data = pq.read_table(own)
-    bad = data.set_column(data.schema.get_field_index(ROW_KEYS[1]), ROW_KEYS[1], pa.array([0] * data.num_rows, pa.int64()))
+    bad = data.set_column(
+        data.schema.get_field_index(ROW_KEYS[1]), ROW_KEYS[1], pa.array([0] * data.num_rows, pa.int64())
+    )
     pq.write_table(bad, own)
     Path(own).with_name(f".{Path(own).name}.crc").unlink(missing_ok=True)  # Hadoop's checksum of the old bytes
     capsys.readouterr()

@@ -99,7 +99,7 @@ def test_drift_from_a_foreign_delta_rs_writer_on_s3_is_repaired_and_compaction_k
     write_json_rows(tmp_path / "src", rows)
     committed_run(spark, sqlite_ledger, cfg, "r1", 200)
     foreign = arrow_updates([{"k": 9, "v": "rogue", "t": 150}])
-    write_deltalake(table.path, foreign, mode="append")  # behind the sink's back, on S3
+    write_deltalake(table.path, foreign, mode="append", schema_mode="merge")  # behind the sink's back, on S3
     assert shard_as_of(cfg, 199)[(9, "rogue", None)] == 1
 
     b = committed_run(spark, sqlite_ledger, cfg, "r2", 300)

@@ -126,7 +126,7 @@ def label_jobs(spark, text: str | None) -> None:
     """Name the Spark jobs this thread starts from now on (the stage profile and Spark's UI show
     it; ``bench/profile_query.py``); None clears it. Nothing over Spark Connect."""
     if spark is not None and not type(spark).__module__.startswith("pyspark.sql.connect"):
-        spark.sparkContext.setJobDescription(text)  # type: ignore[arg-type]
+        spark.sparkContext.setJobDescription(text)
 
 
 def row_key(cfg: SinkConfig) -> tuple[SCol, SCol]:
