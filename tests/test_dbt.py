@@ -16,9 +16,9 @@ from collections import Counter
 from decimal import Decimal
 from pathlib import Path
 
+from current_readers import READERS, every_reader
 from helpers import make_sink, run_stages, write_json_rows
 from reconcile.storage.current import CurrentTable
-from test_current import READERS, every_reader
 from upsert_model import HINT, UpsertModel, cmd, upsert_sink
 
 PROJECT = Path(__file__).resolve().parent / "dbt_project"
