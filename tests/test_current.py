@@ -10,12 +10,14 @@ import json
 import os
 import subprocess
 import sys
+import time
 from collections import Counter
 from pathlib import Path
 
 import pyarrow as pa
 import pytest
 
+from current_readers import READERS, every_reader
 from helpers import make_sink, model_kv, run_stages, shard_as_of, write_json_rows
 from reconcile import cli
 from reconcile.model import COMMITTED
@@ -399,37 +401,6 @@ def test_readers_see_a_plain_table(spark, warehouse, tmp_path, sqlite_ledger, mo
     assert bad == [] and found == []
 
 
-READERS = ["delta-rs scan", "delta-rs to_pyarrow_table", "duckdb", "polars", "spark"]
-
-
-def every_reader(spark, path: str, columns: list[str], *, vectors: bool = False) -> dict[str, Counter]:
-    """A current table's rows (``columns``) as each reader the docs name reads them (:data:`READERS`):
-    delta-rs (``scan``, and ``to_pyarrow_table`` where it reads the table: without deletion
-    vectors), DuckDB (``delta_scan``), Polars and Spark (dbt-duckdb: tests/test_dbt.py)."""
-    import duckdb
-    import polars as pl
-    from deltalake import DeltaTable
-    from duckdb_extensions import import_extension
-
-    def rows(table: pa.Table) -> Counter:
-        return Counter(zip(*table.select(columns).to_pydict().values(), strict=True))
-
-    out = {"delta-rs scan": rows(pa.RecordBatchReader.from_stream(DeltaTable(path).scan()).read_all())}
-    if vectors:
-        with pytest.raises(Exception, match="(?i)deletion ?vectors"):  # the reason the default has none
-            DeltaTable(path).to_pyarrow_table()
-    else:
-        out["delta-rs to_pyarrow_table"] = rows(DeltaTable(path).to_pyarrow_table())
-    con = duckdb.connect()
-    import_extension("delta", con=con)
-    con.sql("LOAD delta")
-    names = ", ".join(f'"{c}"' for c in columns)
-    out["duckdb"] = Counter(con.execute(f"SELECT {names} FROM delta_scan('{path}')").fetchall())
-    out["polars"] = Counter(pl.read_delta(path).select(columns).iter_rows())
-    out["spark"] = Counter(tuple(r) for r in spark.read.format("delta").load(path).select(*columns).collect())
-    return out
-
-
 @pytest.mark.slow  # four batches (the quick tier reads the default layout through dbt: tests/test_dbt.py)
 def test_a_changed_deletion_vectors_setting_is_applied_without_a_hand(
     spark, warehouse, tmp_path, sqlite_ledger, monkeypatch, capsys
@@ -492,77 +463,123 @@ def test_a_bad_current_section_is_one_line_naming_the_field(tmp_path, monkeypatc
     assert len(lines) == 1 and "current.paht" in lines[0] and "path" in lines[0]
 
 
-READ_BY_NAME = """
-import json, sys
-from reconcile.spark import get_session
-spark = get_session("catalog-reader")
-spark.sql("CREATE DATABASE IF NOT EXISTS marts")
-# a dbt-style model materialized as a table over the sink's current table, found by name
-spark.sql("CREATE OR REPLACE TABLE marts.by_v USING DELTA AS SELECT v, count(*) AS n FROM reconcile.cur_cat GROUP BY v")
+def test_a_consumer_session_uses_a_metastore_service_or_a_catalog_of_its_own(tmp_path, monkeypatch):
+    """With a metastore service the consumer's session catalog is that service (the names the
+    writes registered); with the embedded default or none, a catalog of its own in memory (the
+    sinks registered by location as it starts: tests below), never the writes' Derby database."""
+    from reconcile.spark import consumer_conf
+
+    monkeypatch.setenv("RECONCILE_HOME", str(tmp_path))
+    monkeypatch.setenv("RECONCILE_METASTORE", "thrift://metastore.internal:9083")
+    assert consumer_conf() == {
+        "spark.sql.catalogImplementation": "hive",
+        "spark.hadoop.hive.metastore.uris": "thrift://metastore.internal:9083",
+    }
+    for where in ("embedded", "none"):
+        monkeypatch.setenv("RECONCILE_METASTORE", where)
+        conf = consumer_conf()
+        assert conf["spark.sql.catalogImplementation"] == "in-memory" and not any("derby" in v for v in conf.values())
+
+
+ANALYST = """
+import json, pathlib, sys, time
+from reconcile.spark import consumer_session
+spark = consumer_session("analyst")
+stop = pathlib.Path(sys.argv[1])
+seen = []
+while True:
+    done = stop.exists()
+    rows = spark.sql("SELECT k, v FROM reconcile.cur_cat").collect()
+    seen.append({"at": time.time(), "rows": sorted(([r.k, r.v] for r in rows), key=json.dumps)})
+    if done:
+        break
+    time.sleep(0.5)
+# a dbt-style model over the current table, in the session's own catalog
+spark.sql("CREATE OR REPLACE TEMPORARY VIEW by_v AS SELECT v, count(*) AS n FROM reconcile.cur_cat GROUP BY v")
 out = {
-    "current": sorted(([r.k, r.v] for r in spark.sql("SELECT k, v FROM reconcile.cur_cat").collect()), key=json.dumps),
+    "seen": seen,
     "log_rows": spark.sql("SELECT count(*) FROM reconcile.cur_cat_log WHERE _diff <> 0").collect()[0][0],
-    "model": sorted(([r.v, r.n] for r in spark.table("marts.by_v").collect()), key=json.dumps),
-    "tables": sorted(t.name for t in spark.catalog.listTables("reconcile")),
+    "model": sorted(([r.v, r.n] for r in spark.table("by_v").collect()), key=json.dumps),
+    "tables": sorted(t.name for t in spark.catalog.listTables("reconcile") if not t.isTemporary),
 }
 print("RESULT " + json.dumps(out))
 """
 
 
-@pytest.mark.slow  # two Spark processes of its own, one after the other
-def test_both_tables_are_found_by_name_in_the_embedded_metastore(tmp_path):
-    """``reconcile run`` registers the tables as it writes; then another Spark process (one at a
-    time: the embedded Derby metastore's rule) finds them by name and builds a downstream model
-    on the current table."""
+def rows_of(counter: Counter) -> list[list]:
+    return sorted(([k, v] for k, v, _ in counter.elements()), key=json.dumps)
+
+
+@pytest.mark.slow  # Spark processes of its own: a run, then a run and two readers at once
+def test_consumers_read_by_name_at_once_while_a_batch_runs(tmp_path):
+    """``reconcile run`` registers the tables in the embedded Derby metastore as it writes. Then,
+    while a second run writes its batch (registering again: Derby busy in its JVM), two analysts'
+    sessions read both tables by name at once: ``python -m reconcile sql`` and
+    ``reconcile.spark.consumer_session()`` (each its own catalog, registered from the sink
+    files), never a half-applied state, the batch's rows once it is done."""
     home = tmp_path / "home"
-    where = "embedded"
     env = {
         **os.environ,
         "RECONCILE_HOME": str(home),
         "RECONCILE_WAREHOUSE": str(tmp_path / "warehouse"),
         "RECONCILE_METADATA_URL": f"sqlite:///{tmp_path / 'ledger.db'}",
         "RECONCILE_SINKS_DIR": str(tmp_path),
-        "RECONCILE_METASTORE": where,
+        "RECONCILE_METASTORE": "embedded",
     }
     env.pop("PYSPARK_GATEWAY_PORT", None)
     env.pop("RECONCILE_SPARK_REMOTE", None)
     make_sink(tmp_path, "cur_cat", current=True)
-    for i, rows in enumerate(QUERY_ROWS[1:2]):  # one run: its write registers, its append fills
+
+    def run(frontier: int, rows: list[dict]) -> subprocess.Popen:
         write_json_rows(tmp_path / "src", rows)
-        run = subprocess.run(
-            [sys.executable, "-m", "reconcile", "run", "cur_cat", "--frontier", str(200 + 100 * i)],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=600,
-        )
-        assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
+        argv = [sys.executable, "-m", "reconcile", "run", "cur_cat", "--frontier", str(frontier)]
+        return subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+    first = run(200, QUERY_ROWS[1])
+    out, err = first.communicate(timeout=600)
+    assert first.returncode == 0, out[-2000:] + err[-2000:]
     marker = home / "catalog" / "cur_cat.json"
-    causes = sorted({ln for ln in (run.stdout + run.stderr).splitlines() if "Caused by" in ln or "register" in ln})
-    assert marker.exists(), "\n".join(causes)[-4000:]
-    assert json.loads(marker.read_text())["metastore"] == where
-    read = subprocess.run(
-        [sys.executable, "-c", READ_BY_NAME], env=env, capture_output=True, text=True, timeout=600, cwd=tmp_path
+    assert marker.exists() and json.loads(marker.read_text())["metastore"] == "embedded", err[-3000:]
+    before, after = rows_of(model_kv(QUERY_ROWS[1])), rows_of(model_kv(QUERY_ROWS[2]))
+    marker.unlink()  # the second run registers again: Derby is booted in its JVM while the readers read
+    stop = tmp_path / "stop"
+    second = run(300, QUERY_ROWS[2])
+    sql = subprocess.Popen(
+        [sys.executable, "-m", "reconcile", "sql", "SELECT k, v FROM reconcile.cur_cat ORDER BY k, v"],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=tmp_path,
     )
-    assert read.returncode == 0, read.stderr[-3000:]
-    got = json.loads(next(ln for ln in read.stdout.splitlines() if ln.startswith("RESULT "))[7:])
-    want = sorted(([k, v] for k, v, _ in model_kv(QUERY_ROWS[1]).elements()), key=json.dumps)
-    assert got["current"] == want
-    assert got["model"] == sorted(([v, n] for v, n in Counter(v for _, v in want).items()), key=json.dumps)
-    assert got["tables"] == ["cur_cat", "cur_cat_log"]
-    assert got["log_rows"] >= len(want)
+    analyst = subprocess.Popen(
+        [sys.executable, "-c", ANALYST, str(stop)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    out, err = second.communicate(timeout=600)
+    ended = time.time()
+    assert second.returncode == 0, out[-2000:] + err[-2000:]
+    stop.touch()
+    sql_out, sql_err = sql.communicate(timeout=600)
+    got_out, got_err = analyst.communicate(timeout=600)
+    assert sql.returncode == 0 and analyst.returncode == 0, sql_err[-3000:] + got_err[-3000:]
+    assert marker.exists() and "could not register" not in out + err
+    # the sql command: a header and the rows, the state before or after the batch
+    header, *body = sql_out.splitlines()
+    assert header == "k\tv"
+    shown = sorted(([int(k), None if v == "NULL" else v] for k, v in (ln.split("\t") for ln in body)), key=json.dumps)
+    assert shown in (before, after), sql_out
+    got = json.loads(next(ln for ln in got_out.splitlines() if ln.startswith("RESULT "))[7:])
+    assert got["seen"][0]["at"] < ended, "the analyst read while the batch ran"
+    assert all(s["rows"] in (before, after) for s in got["seen"]) and got["seen"][-1]["rows"] == after
+    assert got["model"] == sorted(([v, n] for v, n in Counter(v for _, v in after).items()), key=json.dumps)
+    assert got["tables"] == ["cur_cat", "cur_cat_log"] and got["log_rows"] >= len(after)
     # the sink started anew (its tables and ledger deleted): the stale names are registered again
     import shutil
 
     shutil.rmtree(tmp_path / "warehouse")
     (tmp_path / "ledger.db").unlink()
     marker.unlink()
-    again = subprocess.run(
-        [sys.executable, "-m", "reconcile", "run", "cur_cat", "--frontier", "200"],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert again.returncode == 0, again.stderr[-2000:]
-    assert marker.exists() and "could not register" not in again.stdout + again.stderr
+    again = run(200, QUERY_ROWS[1])
+    out, err = again.communicate(timeout=600)
+    assert again.returncode == 0, err[-2000:]
+    assert marker.exists() and "could not register" not in out + err

@@ -136,18 +136,23 @@ def cmd_status(args) -> int:
     return report.exit_code(data["needs_action"], unrepaired)  # as check's (docs/operating.md, "Exit codes")
 
 
-def quiet_spark(command: str, app: str | None = None):
-    """A Spark session for ``command`` (application name ``app``, default ``reconcile-<command>``)
-    whose JVM writes its banner and warnings to a log file (``reconcile-<command>-spark-<uid>.log``
-    in the temp folder), not to this command's output; a Spark Connect client when
-    ``RECONCILE_SPARK_REMOTE`` is set (no JVM here)."""
+def spark_log(command: str):
+    """This process's Spark log file: ``reconcile-<command>-spark-<uid>-<pid>.log`` in the temp
+    folder (one per command run: two sessions of a user never write into one)."""
     import os
     import tempfile
     from pathlib import Path
 
+    return Path(tempfile.gettempdir()) / f"reconcile-{command}-spark-{os.getuid()}-{os.getpid()}.log"
+
+
+def quiet_spark(command: str, app: str | None = None):
+    """A Spark session for ``command`` (application name ``app``, default ``reconcile-<command>``)
+    whose JVM writes its banner and warnings to a log file (:func:`spark_log`), not to this
+    command's output; a Spark Connect client when ``RECONCILE_SPARK_REMOTE`` is set (no JVM here)."""
     from reconcile.preflight import quiet_session
 
-    log = Path(tempfile.gettempdir()) / f"reconcile-{command}-spark-{os.getuid()}.log"
+    log = spark_log(command)
     try:
         return quiet_session(app or f"reconcile-{command}", log)
     except Exception as exc:
@@ -468,6 +473,93 @@ def cmd_spark_server(args) -> int:
     return 0
 
 
+def cmd_sql(args) -> int:
+    """Spark SQL on the sinks' tables by name (``<database>.<sink>``, ``<database>.<sink>_log``):
+    a consumer's session (:func:`reconcile.spark.consumer_session`). The statements given, else
+    those read from standard input (``;`` ends one; a prompt when it is a terminal). A result's
+    rows are printed tab-separated under its column names; a statement Spark refuses is one
+    line on standard error (exit 1), the next ones still run."""
+    from reconcile import settings
+    from reconcile.spark import consumer_session
+
+    if settings.spark_remote():
+        spark = consumer_session()
+    else:
+        from reconcile.preflight import QUIET_JAVA_OPTIONS, jvm_output_to
+        from reconcile.spark import LOG4J2_PROPERTIES
+
+        log = spark_log("sql")
+        try:
+            with jvm_output_to(log):
+                spark = consumer_session(
+                    extra={"spark.driver.extraJavaOptions": QUIET_JAVA_OPTIONS.format(log4j=LOG4J2_PROPERTIES)}
+                )
+        except Exception as exc:
+            raise SinkError(
+                f"Spark did not start for sql: {brief(exc)} (Spark's log: {log})",
+                remedy="check Java (JAVA_HOME) and RECONCILE_SPARK_REMOTE.",
+            ) from None
+    tty = not args.statements and sys.stdin.isatty()
+    status = 0
+    for statement in split_sql(" ".join(args.statements)) if args.statements else read_sql(sys.stdin, tty):
+        try:
+            frame = spark.sql(statement)
+            rows = frame.collect() if frame.columns else []
+        except Exception as exc:  # noqa: BLE001 - Spark's refusal of a statement: its message, one line
+            print(f"error: {brief(exc, 500)}", file=sys.stderr)
+            status = 1
+            continue
+        if frame.columns:
+            print("\t".join(frame.columns))
+            for row in rows:
+                print("\t".join("NULL" if v is None else str(v) for v in row))
+        sys.stdout.flush()
+    return status
+
+
+def split_sql(text: str) -> list[str]:
+    """The statements of ``text``, split at each ``;`` outside quotes and comments."""
+    out, current, quote, i = [], [], "", 0
+    while i < len(text):
+        ch = text[i]
+        if quote:
+            current.append(ch)
+            if ch == quote:
+                quote = ""
+        elif ch in "'\"`":
+            quote = ch
+            current.append(ch)
+        elif text.startswith("--", i):
+            end = text.find("\n", i)
+            i = len(text) if end < 0 else end
+            continue
+        elif ch == ";":
+            out.append("".join(current))
+            current = []
+        else:
+            current.append(ch)
+        i += 1
+    out.append("".join(current))
+    return [s.strip() for s in out if s.strip()]
+
+
+def read_sql(stream, prompt: bool):
+    """The statements of ``stream`` as each is complete (a prompt on a terminal)."""
+    pending = ""
+    while True:
+        if prompt:
+            print("spark-sql> " if not pending.strip() else "         > ", end="", flush=True)
+        line = stream.readline()
+        if not line:
+            break
+        pending += line
+        parts = split_sql(pending + "\n")
+        if pending.rstrip().endswith(";") and parts:
+            yield from parts
+            pending = ""
+    yield from split_sql(pending)
+
+
 def cmd_demo(args) -> int:
     from reconcile.demo import run_demo
 
@@ -602,6 +694,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     ss.add_argument("--no-warm-up", action="store_true", help="do not run a throwaway batch on a started server")
     ss.set_defaults(fn=cmd_spark_server)
+    sq = sub.add_parser(
+        "sql",
+        help="Spark SQL on the sinks' tables by name (<database>.<sink>, <database>.<sink>_log): a consumer's session",
+    )
+    sq.add_argument("statements", nargs="*", help="SQL to run (none: read statements from standard input)")
+    sq.set_defaults(fn=cmd_sql)
     dm = sub.add_parser("demo")
     dm.add_argument("--intervals", type=int, default=3)
     dm.set_defaults(fn=cmd_demo)

@@ -5,6 +5,7 @@ Under spark-submit the session's master and jars come from the submit command; l
 (see scripts/fetch_jars.sh), else from Maven through ``spark.jars.packages``. With
 ``RECONCILE_SPARK_REMOTE`` (or a ``remote`` argument) the session is a client of a long-lived
 Spark Connect server (:mod:`reconcile.connect_server` starts one): no JVM in this process.
+:func:`consumer_session` is a reader's: the sinks' tables by name.
 """
 
 from __future__ import annotations
@@ -190,4 +191,35 @@ def get_session(app_name: str = "reconcile", extra: dict[str, str] | None = None
     _store_conf(spark)
     spark.sparkContext.setLogLevel("WARN")
     _tune_local(spark)
+    return spark
+
+
+def consumer_conf() -> dict[str, str]:
+    """The session catalog of a consumer's session (:func:`consumer_session`): a metastore
+    service's (``RECONCILE_METASTORE=thrift://...``: the one the writes register in), else a
+    catalog of the session's own, in memory (the embedded Derby metastore serves one process at
+    a time, and the writes use it)."""
+    if settings.metastore().startswith("thrift://"):
+        return settings.metastore_conf()
+    return {
+        "spark.sql.catalogImplementation": "in-memory",
+        "spark.sql.warehouse.dir": str(settings.home() / "spark-warehouse"),
+    }
+
+
+def consumer_session(app_name: str = "reconcile-sql", extra: dict[str, str] | None = None):
+    """A Spark session that reads every sink's tables by name: ``<database>.<sink>`` (the current
+    state) and ``<database>.<sink>_log`` (the shard), for the sinks in ``RECONCILE_SINKS_DIR``
+    that keep a current table. With a metastore service (``thrift://``) the names are the ones
+    the writes registered there; with the embedded default (or ``none``) the session has a
+    catalog of its own, in memory, where they are registered by location as it starts (a name
+    and a path: current by itself), so any number of consumer sessions run at once, beside the
+    sink's writes. On a Spark Connect server (``RECONCILE_SPARK_REMOTE``) they are registered in
+    the server's catalog. The active session of this process, if any, is used as it is."""
+    from reconcile.config_loading import load_dir
+    from reconcile.sink.catalog import register_for_reading
+
+    spark = get_session(app_name, extra={**consumer_conf(), **(extra or {})})
+    if not settings.metastore().startswith("thrift://"):
+        register_for_reading(spark, load_dir()[0])
     return spark

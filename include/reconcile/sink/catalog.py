@@ -28,6 +28,7 @@ from reconcile.errors import brief
 from reconcile.log import event
 from reconcile.sink.current import catalog_names
 from reconcile.sql_names import spark_dotted, spark_name
+from reconcile.storage import files
 from reconcile.storage.current import CurrentTable
 from reconcile.storage.delta import ShardTable
 
@@ -124,3 +125,23 @@ def register(spark, cfg: SinkConfig, *, force: bool = False) -> str | None:
     marker.write_text(json.dumps(want, sort_keys=True))
     _failed(cfg).unlink(missing_ok=True)
     return event(log, f"registered {', '.join(want['tables'])} in the catalog ({settings.metastore()})", sink=cfg.name)
+
+
+def register_for_reading(spark, cfgs: list[SinkConfig]) -> list[str]:
+    """Register the tables of each sink in ``cfgs`` that keeps a current table in ``spark``'s
+    session catalog, by location (:func:`wanted`): a consumer's own catalog
+    (:func:`reconcile.spark.consumer_session`), so nothing is written to a shared metastore.
+    Tables not created yet are left out. Returns the names registered."""
+    done: list[str] = []
+    for cfg in cfgs:
+        if cfg.current is None:
+            continue
+        spark.sql(f"CREATE DATABASE IF NOT EXISTS {spark_name(cfg.current.database)}")
+        for name, path in wanted(cfg)["tables"].items():
+            log = f"{path}/_delta_log"
+            if not files.list_names(log):
+                continue
+            location = _spark_path(path).replace("'", "\\'")
+            spark.sql(f"CREATE TABLE IF NOT EXISTS {spark_dotted(name)} USING DELTA LOCATION '{location}'")
+            done.append(name)
+    return done
