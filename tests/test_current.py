@@ -538,6 +538,8 @@ def test_consumers_read_by_name_at_once_while_a_batch_runs(tmp_path):
     first = run(200, QUERY_ROWS[1])
     out, err = first.communicate(timeout=600)
     assert first.returncode == 0, out[-2000:] + err[-2000:]
+    lines = [ln.split(":")[0] for ln in out.splitlines() if ln.split(":")[0] in ("mint", "write", "append")]
+    assert lines == ["mint", "write", "append"], out  # in the order they happen
     marker = home / "catalog" / "cur_cat.json"
     assert marker.exists() and json.loads(marker.read_text())["metastore"] == "embedded", err[-3000:]
     before, after = rows_of(model_kv(QUERY_ROWS[1])), rows_of(model_kv(QUERY_ROWS[2]))
@@ -563,6 +565,11 @@ def test_consumers_read_by_name_at_once_while_a_batch_runs(tmp_path):
     got_out, got_err = analyst.communicate(timeout=600)
     assert sql.returncode == 0 and analyst.returncode == 0, sql_err[-3000:] + got_err[-3000:]
     assert marker.exists() and "could not register" not in out + err
+    # each run's Spark log is its own (two sessions of a user never share one)
+    import tempfile
+
+    logs = [Path(tempfile.gettempdir()) / f"reconcile-run-spark-{os.getuid()}-{p.pid}.log" for p in (first, second)]
+    assert all(log.exists() for log in logs) and logs[0] != logs[1]
     # the sql command: a header and the rows, the state before or after the batch
     header, *body = sql_out.splitlines()
     assert header == "k\tv"

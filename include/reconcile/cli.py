@@ -269,12 +269,12 @@ def cmd_run(args) -> int:
             run_id,
             frontier,
             approve=f"{run_id} (reconcile run --approve)" if args.approve else None,
+            on_minted=lambda m: print(f"mint: {m.message}", flush=True),
             on_written=lambda w: print(f"write: {w.message}", flush=True),
         )
     except DescriptionOutdated as exc:
         print(f"append: {exc}")
         return 3
-    print(f"mint: {r.mint.message}")
     if r.append is not None:
         print(f"append: {r.append.message}")
     return 3 if r.write is not None and r.write.outcome == "outdated" else 0

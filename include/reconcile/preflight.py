@@ -108,7 +108,7 @@ def plan_queries(configs: list[SinkConfig]) -> dict[str, ConfigError | None]:
     a :class:`~reconcile.errors.SinkError` if Spark does not start."""
     if not configs:
         return {}
-    log = Path(tempfile.gettempdir()) / f"reconcile-validate-spark-{os.getuid()}.log"
+    log = Path(tempfile.gettempdir()) / f"reconcile-validate-spark-{os.getuid()}-{os.getpid()}.log"
     try:
         spark = session(log)
     except Exception as exc:

@@ -43,10 +43,12 @@ def run_batch(
     attempt: int = 1,
     read_only: bool = False,
     approve: str | None = None,
+    on_minted: Callable[[MintResult], None] | None = None,
     on_written: Callable[[WriteResult], None] | None = None,
 ) -> BatchRun:
     """Mint the run's batch (or re-use it), write it, append it. Errors propagate
-    (:mod:`reconcile.errors`); ``on_written`` sees each write's result before its append;
+    (:mod:`reconcile.errors`); ``on_minted`` sees each mint's result before its write,
+    ``on_written`` each write's result before its append;
     ``approve`` (who) lets the batch past the sink's correction guard.
 
     A description that is outdated by the time it is written (the ledger was behind the Delta
@@ -62,6 +64,8 @@ def run_batch(
             run = BatchRun(minted)
         run.mint = minted
         run.seconds["mint"] = run.seconds.get("mint", 0.0) + time.perf_counter() - t0
+        if on_minted is not None:
+            on_minted(minted)
         desc = run.mint.description
         if desc is None:
             return run
