@@ -401,7 +401,7 @@ def test_readers_see_a_plain_table(spark, warehouse, tmp_path, sqlite_ledger, mo
     assert bad == [] and found == []
 
 
-@pytest.mark.slow  # four batches (the quick tier reads the default layout through dbt: tests/test_dbt.py)
+@pytest.mark.slow  # three batches and a rebuild (the default layout's readers: tests/test_dbt.py)
 def test_a_changed_deletion_vectors_setting_is_applied_without_a_hand(
     spark, warehouse, tmp_path, sqlite_ledger, monkeypatch, capsys
 ):

@@ -16,6 +16,8 @@ from collections import Counter
 from decimal import Decimal
 from pathlib import Path
 
+import pytest
+
 from current_readers import READERS, every_reader
 from helpers import make_sink, run_stages, write_json_rows
 from reconcile.storage.current import CurrentTable
@@ -79,6 +81,7 @@ def dbt_build(tmp_path: Path) -> tuple[subprocess.CompletedProcess, list[tuple]]
     return run, sorted((int(k), n, int(o), Decimal(t)) for k, n, o, t in rows)
 
 
+@pytest.mark.slow  # six batches of two sinks, then one dbt build (seconds)
 def test_dbt_build_over_two_current_tables_equals_the_model(spark, warehouse, tmp_path, sqlite_ledger, monkeypatch):
     import duckdb
     from duckdb_extensions import import_extension
