@@ -247,7 +247,7 @@ class CorrectionApproval(ApprovalOperator):
 def mint_task(sink: str, context) -> dict | bool:
     """The mint task: describe the run's batch (see :func:`build_dag`); False when there is
     nothing to do (the rest of the run is skipped). A failure no retry fixes
-    (:func:`reconcile.airflow.tasks.final_failure`: the ledger ahead of the Delta log, the
+    (:func:`reconcile.airflow.tasks.final_failure`: the sink's own non-retryable failures, the
     warehouse refusing access, a connection that is not defined) fails the task at once, its
     cause and remedy ending with the command that reruns the run's mint; there is no batch yet
     to record it on, so the task's log and the run's note say it."""
