@@ -5,7 +5,8 @@ JVM (:func:`mint_for_run`, :func:`commit_for_run`, :func:`compaction_check`); ``
 ``compact`` are Spark jobs (jobs/*.py, submitted with spark-submit) that call
 :func:`stage_for_run` and :func:`compact_for_run`. A failure is recorded on the run's batch in
 the ledger (``message``, and ``failure_kind``: ``final`` when retrying cannot help), so the operator can tell
-Airflow whether to retry.
+Airflow whether to retry; :func:`final_failure` is the one place that says which failures no retry
+fixes (also those around the job: a connection that is not defined).
 
 With ``correction_guard.approve_in_airflow``, :func:`guard_stop` decides before the append
 (committing nothing) whether the run's batch must wait for an approval in Airflow, and
