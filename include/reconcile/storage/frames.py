@@ -5,8 +5,6 @@ uses :class:`reconcile.storage.delta.ShardTable`, which needs no JVM.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -188,35 +186,10 @@ def write_staged(
         checks.attach(observation, "correction", {"shard": 1})
     corr = corr if all(k in corr.columns for k in ROW_KEYS) else with_row_key(cfg, corr)
     observed = corr.observe(observation, *aggregates).drop(*tmp, HASH_COLUMN)
-    with unsorted_partitioned_write(spark, cfg.partitions):
-        observed.withColumnRenamed("_part", PART_COLUMN).write.mode("error").partitionBy(PART_COLUMN).parquet(path)
+    observed.withColumnRenamed("_part", PART_COLUMN).write.mode("error").partitionBy(PART_COLUMN).parquet(path)
     got = observation.get
     stats = {p: _stats_of(got, f"_{p}") for p in range(cfg.partitions) if got.get(f"rows_{p}")}
     return path, stats
-
-
-# Spark sorts a partitioned write's rows by partition within each task (a planned write's local
-# sort) unless the planned write is off and each task may keep a writer open per partition.
-_PLANNED_WRITE = "spark.sql.optimizer.plannedWrite.enabled"
-_CONCURRENT_WRITERS = "spark.sql.maxConcurrentOutputFileWriters"
-
-
-@contextmanager
-def unsorted_partitioned_write(spark: SparkSession, partitions: int) -> Iterator[None]:
-    """Within: a write partitioned into at most ``partitions`` directories keeps one open file per
-    directory in each task instead of sorting the task's rows by directory first (beyond that
-    many, Spark sorts the rest as before). The session's settings are restored after."""
-    before = {k: spark.conf.get(k, None) for k in (_PLANNED_WRITE, _CONCURRENT_WRITERS)}
-    spark.conf.set(_PLANNED_WRITE, "false")
-    spark.conf.set(_CONCURRENT_WRITERS, str(partitions + 1))
-    try:
-        yield
-    finally:
-        for k, v in before.items():
-            if v is None:
-                spark.conf.unset(k)
-            else:
-                spark.conf.set(k, v)
 
 
 def read_staged(spark: SparkSession, cfg: SinkConfig, path: str, files: list[str] | None = None) -> DataFrame:
