@@ -141,9 +141,9 @@ CELLS = [
 ]
 
 # the targets: query sink / fastest alternative at most this much, per cell
-QUERY_TARGETS = {"query-10m-0.1%": 0.8, "query-10m-1%": 0.8, "query-1m-1%": 1.0}
+QUERY_TARGETS = {"query-10m-0.1%": 0.6, "query-10m-1%": 0.8, "query-1m-1%": 1.0}  # issue 47
 UPSERT_TARGET = 1.5  # sink commands/s over the best MERGE's, at least
-LOAD_TARGET = 1.2  # sink's initial load over the faster of MERGE+DV and a plain write, at most
+LOAD_TARGET = 1.3  # sink's initial load over a plain Delta write, at most (issues 47, 49)
 LOCALITY_TARGET = 1.5  # sink's local 10k batch at 10M keys over the same at 1M keys, at most
 
 
@@ -640,12 +640,11 @@ def targets(result: dict) -> list[dict]:
     if result["loads"]:
         ratios = []
         for load in result["loads"]:
-            faster = min(load["merge_dv_s"], load["plain_write_s"])
-            ratios.append((load["kind"], load["size"], round(load["sink_s"] / faster, 3)))
+            ratios.append((load["kind"], load["size"], round(load["sink_s"] / load["plain_write_s"], 3)))
         worst_load = max(ratios, key=lambda r: r[2])
         out.append(
             {
-                "target": f"initial load <= {LOAD_TARGET}x the faster of MERGE+DV and a plain write, both kinds",
+                "target": f"initial load <= {LOAD_TARGET}x a plain Delta write, both kinds",
                 "value": worst_load[2],
                 "detail": ", ".join(f"{k} {n:,}: {r:.2f}" for k, n, r in ratios),
                 "met": worst_load[2] <= LOAD_TARGET,
