@@ -136,10 +136,13 @@ def _run_previous(package: Path, sink: str, frontiers: list[int], env_extra: dic
 
 @pytest.mark.slow
 def test_a_shard_of_the_previous_release_is_upgraded_by_its_next_batch(
-    spark, warehouse, tmp_path, sqlite_ledger, monkeypatch
+    spark, warehouse, tmp_path, sqlite_url, monkeypatch
 ):
     from reconcile.sink.compact import run_compact
     from reconcile.storage import frames
+    from reconcile.storage.ledger import Ledger
+
+    monkeypatch.setenv("RECONCILE_METADATA_URL", sqlite_url)  # created by the previous release
 
     monkeypatch.setenv("RECONCILE_SINKS_DIR", str(tmp_path))
     monkeypatch.setenv("RECONCILE_HASH_FIRST_MIN_ROWS", "1")
@@ -156,6 +159,7 @@ def test_a_shard_of_the_previous_release_is_upgraded_by_its_next_batch(
     second = first[:7] + [{"k": 3, "v": "b3"}, {"k": 11, "v": "b11"}]
     write_json_rows(tmp_path / "src", second)
     _run_previous(old, cfg.name, [300], env)
+    sqlite_ledger = Ledger(sqlite_url)  # this release's: its migrations run on the previous one's ledger
     table = ShardTable(cfg)
     assert not table.keyed  # the previous release's table
     assert shard_as_of(cfg, 299) == model_kv(second)
@@ -183,3 +187,4 @@ def test_a_shard_of_the_previous_release_is_upgraded_by_its_next_batch(
     assert shard_as_of(cfg, 499) == model_kv(third + [{"k": 13, "v": "d13"}])
     assert frames.wrong_row_keys(spark, table) == []
     assert Counter(b.state for b in sqlite_ledger.batches(cfg.name)) == Counter({"committed": 4})
+    sqlite_ledger.dispose()

@@ -12,6 +12,7 @@ that cancel meet in one partition and each partition's correction is computed in
 from __future__ import annotations
 
 import logging
+import os
 from contextlib import nullcontext
 from time import perf_counter
 
@@ -120,6 +121,7 @@ def difference(
 KEY_SALT = 0x7265636F6E63696C
 KEY_BITS_ENV = "RECONCILE_TEST_HASH_KEY_BITS"
 BROADCAST_KEYS = 2_000_000  # changed keys up to this count are broadcast to the second pass
+CACHE_ENV = "RECONCILE_HASH_FIRST_CACHE"  # 1 / 0: cache the desired side always / never (:func:`worth_caching`)
 
 
 def label_jobs(spark, text: str | None) -> None:
@@ -146,8 +148,6 @@ def with_row_key(cfg: SinkConfig, df: DataFrame) -> DataFrame:
 
 
 def _key(h: SCol) -> SCol:
-    import os
-
     bits = int(os.environ.get(KEY_BITS_ENV) or 64)
     return h if bits >= 64 else h.bitwiseAND(F.lit((1 << bits) - 1))
 
@@ -165,9 +165,10 @@ def hash_first(
     2. the rows of those keys on both sides (a broadcast semi-join up to :data:`BROADCAST_KEYS`
        keys), consolidated as :func:`difference` does.
 
-    The desired side is evaluated once: its rows with their key are cached by pass 1 (memory,
-    spilling to local disk) and pass 2 reads the changed ones from there; the cache is released
-    when the correction's write is done (:func:`release`). ``checks`` observes both sides'
+    A desired side whose plan shuffles (a join, an aggregate: :func:`worth_caching`) is evaluated
+    once: its rows with their key are cached by pass 1 (memory, spilling to local disk) and pass 2
+    reads the changed ones from there; the cache is released when the correction's write is done
+    (:func:`release`). A scan of files is read and hashed again by pass 2: cheaper than caching it. ``checks`` observes both sides'
     checksums in pass 1, over the full row hash: a key collision (2^-128 per pair of rows) makes
     the batch not add up, and the write computes it again with :func:`difference`."""
     from pyspark import StorageLevel
@@ -177,8 +178,10 @@ def hash_first(
     k1, k2 = (F.col(k) for k in ROW_KEYS)
     part = F.pmod(k1, F.lit(cfg.partitions)).cast("int")
     wanted = with_row_key(cfg, desired).select(*keep, F.col("_diff"), k1, k2)
-    cached = wanted.persist(StorageLevel.MEMORY_AND_DISK)
-    _CACHED.append(cached)
+    cached = wanted
+    if worth_caching(desired):
+        cached = wanted.persist(StorageLevel.MEMORY_AND_DISK)
+        _CACHED.append(cached)
 
     def narrow(df: DataFrame, diff: SCol) -> DataFrame:
         return df.select(
@@ -232,6 +235,35 @@ def hash_first(
     both = full(cached, F.col("_diff")).unionByName(full(stored, -F.col("_diff")))
     out = consolidate(cfg, both.repartition(cfg.partitions, "_part"))
     return out if checks is not None else out.drop(HASH_COLUMN)  # carried only for the staged write's checksums
+
+
+# What makes a desired side worth caching between the passes rather than evaluating it twice: a
+# shuffle of its own (a join, an aggregate, a window, a sort, a distinct). A scan of files, with
+# projections and filters, is read again: at 10M rows / 0.1% (bench/profile_query.py, alone)
+# the cached batch took 52.2 s, evaluating the scan twice 32.2 s (building the cache of every row
+# costs more than a second scan and hash).
+COSTLY_PLAN_NODES = ("Join", "Aggregate", "Window", "Sort", "Distinct", "Generate", "Expand", "Repartition")
+
+
+def worth_caching(desired: DataFrame) -> bool:
+    """Whether :func:`hash_first` caches the desired side (``RECONCILE_HASH_FIRST_CACHE``: 1
+    always, 0 never; else when its optimized plan shuffles, :data:`COSTLY_PLAN_NODES`; over Spark
+    Connect, whose plan this process cannot see, never)."""
+    forced = os.environ.get(CACHE_ENV)
+    if forced in ("0", "1"):
+        return forced == "1"
+    jdf = getattr(desired, "_jdf", None)
+    if jdf is None:  # Spark Connect
+        return False
+    plan = jdf.queryExecution().optimizedPlan()
+    names: set[str] = set()
+    stack = [plan]
+    while stack:
+        node = stack.pop()
+        names.add(node.nodeName())
+        children = node.children()
+        stack += [children.apply(i) for i in range(children.size())]
+    return any(any(n.startswith(c) or n.endswith(c) for c in COSTLY_PLAN_NODES) for n in names)
 
 
 # The frames :func:`hash_first` cached, released by :func:`release` once the write is done.
