@@ -239,8 +239,8 @@ def hash_first(
 
 # What makes a desired side worth caching between the passes rather than evaluating it twice: a
 # shuffle of its own (a join, an aggregate, a window, a sort, a distinct). A scan of files, with
-# projections and filters, is read again: at 10M rows / 0.1% (bench/profile_query.py, alone)
-# the cached batch took 52.2 s, evaluating the scan twice 32.2 s (building the cache of every row
+# projections and filters, is read again: at 10M rows / 0.1% (bench/alternatives.py, alone) the
+# cached batch took 52.2 s, evaluating the scan twice 29.4 s (building the cache of every row
 # costs more than a second scan and hash).
 COSTLY_PLAN_NODES = ("Join", "Aggregate", "Window", "Sort", "Distinct", "Generate", "Expand", "Repartition")
 
