@@ -1,4 +1,8 @@
-"""Config loading: a sink's YAML file, or the sinks folder, read and validated into its model."""
+"""Config loading: a sink's YAML file, or the sinks folder, read and validated into its model.
+
+A sink is found by the file named after it (:func:`load_sink`: one file read, not the folder),
+which is also the file that defines the sink when two files name it.
+"""
 
 from __future__ import annotations
 
@@ -50,29 +54,70 @@ def load_file(path: Path | str) -> SinkConfig:
     return parse(data, str(path), default_name=path.stem, text=text)
 
 
-def load_dir(directory: Path | str | None = None) -> tuple[list[SinkConfig], list[ConfigError]]:
-    """All sink configs of a folder: (valid configs, errors of the invalid files)."""
+def sink_files(directory: Path | str | None = None) -> list[Path]:
+    """The sink files of a folder (default: ``RECONCILE_SINKS_DIR``), in name order."""
     from reconcile import settings
 
     directory = Path(directory) if directory else settings.sinks_dir()
+    return sorted(directory.glob("*.y*ml"))
+
+
+def load_dir(directory: Path | str | None = None) -> tuple[list[SinkConfig], list[ConfigError]]:
+    """All sink configs of a folder: (valid configs, errors of the invalid files). A sink name
+    defined by two files is the one of the file named after it (else of the first file in name
+    order); each other file defining it is an error."""
+    loaded: list[tuple[Path, SinkConfig | ConfigError]] = []
+    for path in sink_files(directory):
+        try:
+            loaded.append((path, load_file(path)))
+        except ConfigError as exc:
+            loaded.append((path, exc))
+    owner: dict[str, Path] = {}
+    for path, got in loaded:
+        if isinstance(got, SinkConfig) and (got.name not in owner or path.stem == got.name != owner[got.name].stem):
+            owner[got.name] = path
     configs: list[SinkConfig] = []
     errors: list[ConfigError] = []
-    names: dict[str, str] = {}
-    for path in sorted(directory.glob("*.y*ml")):
-        try:
-            cfg = load_file(path)
-        except ConfigError as exc:
-            errors.append(exc)
-            continue
-        if cfg.name in names:
-            errors.append(ConfigError(str(path), "name", f"sink {cfg.name!r} is also defined in {names[cfg.name]}"))
-            continue
-        names[cfg.name] = str(path)
-        configs.append(cfg)
+    for path, got in loaded:
+        if isinstance(got, ConfigError):
+            errors.append(got)
+        elif owner[got.name] != path:
+            errors.append(ConfigError(str(path), "name", f"sink {got.name!r} is also defined in {owner[got.name]}"))
+        else:
+            configs.append(got)
     return configs, errors
 
 
+def named_file(name: str, directory: Path | str | None = None) -> Path | None:
+    """The sink file named after sink ``name`` (``<name>.yaml``, else ``<name>.yml``), if any."""
+    from reconcile import settings
+
+    folder = Path(directory) if directory else settings.sinks_dir()
+    for suffix in (".yaml", ".yml"):
+        if (folder / f"{name}{suffix}").is_file():
+            return folder / f"{name}{suffix}"
+    return None
+
+
+def load_named(name: str, directory: Path | str | None = None) -> SinkConfig | None:
+    """Sink ``name`` from the one file named after it, when that file defines it (then it is the
+    sink whatever other files say, :func:`load_dir`); None otherwise (it may be defined in a
+    file of another name, or be invalid: ask :func:`load_sink`)."""
+    path = named_file(name, directory) if SINK_NAME_RE.match(name) else None
+    if path is None:
+        return None
+    try:
+        cfg = load_file(path)
+    except ConfigError:
+        return None
+    return cfg if cfg.name == name else None
+
+
 def load_sink(name: str, directory: Path | str | None = None) -> SinkConfig:
+    """Sink ``name``: from the file named after it (one file read), else found in the folder."""
+    cfg = load_named(name, directory)
+    if cfg is not None:
+        return cfg
     configs, errors = load_dir(directory)
     for cfg in configs:
         if cfg.name == name:

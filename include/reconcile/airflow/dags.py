@@ -249,18 +249,55 @@ def build_dags(directory=None) -> dict[str, DAG]:
     """One DAG per sink file of ``directory`` (default: ``RECONCILE_SINKS_DIR``, else the
     default sinks folder). A folder given here also becomes this process's
     ``RECONCILE_SINKS_DIR``: a task finds its sink by name, in the process that parsed this
-    file to run it, and the Spark jobs it starts inherit the variable."""
+    file to run it, and the Spark jobs it starts inherit the variable.
+
+    Parsed to run a task (Airflow's parsing context names the task's DAG), only that sink's DAG
+    is built, from the one file named after it (:func:`task_dag`); the dag-processor (no
+    context) builds them all."""
     if directory is not None:
         os.environ["RECONCILE_SINKS_DIR"] = str(Path(directory).expanduser().resolve())
+    from airflow.sdk import get_parsing_context
+
+    wanted = get_parsing_context().dag_id
+    if wanted:
+        one = task_dag(wanted, directory)
+        if one is not None:
+            return one
     configs, errors = load_dir(directory)
     dags = {}
     for cfg in configs:
-        problem = callback_problem(cfg)
-        if problem is not None:
-            errors.append(problem)
-        else:
-            dags[cfg.name] = build_dag(cfg)
+        dags.update(_dag_or_placeholder(cfg, errors))
     for err in errors:
         d = build_invalid_dag(err)
         dags[d.dag_id] = d
+    log.debug("built %d DAG(s) of %d sink file(s)", len(dags), len(configs) + len(errors))
+    return dags
+
+
+def _dag_or_placeholder(cfg: SinkConfig, errors: list) -> dict[str, DAG]:
+    """{name: the sink's DAG}, or {} with its problem added to ``errors`` (its placeholder)."""
+    problem = callback_problem(cfg)
+    if problem is not None:
+        errors.append(problem)
+        return {}
+    return {cfg.name: build_dag(cfg)}
+
+
+def task_dag(dag_id: str, directory=None) -> dict[str, DAG] | None:
+    """The one DAG a task's parse needs: ``{dag_id: its DAG}`` from the sink file named after
+    it (:func:`reconcile.config_loading.load_named`: that file defines the sink whatever
+    the other files say), or its placeholder if its alert callback cannot be imported. None
+    when that file does not define it (a sink named in another file, an invalid file, a
+    placeholder's DAG, a DAG of another DAG file): then every sink's DAG is built."""
+    from reconcile.config_loading import load_named
+
+    cfg = load_named(dag_id, directory)
+    if cfg is None:
+        return None
+    errors: list = []
+    dags = _dag_or_placeholder(cfg, errors)
+    for err in errors:
+        d = build_invalid_dag(err)
+        dags[d.dag_id] = d
+    log.info("parsed for a task of DAG %s: built its DAG alone, from %s", dag_id, cfg.path)
     return dags

@@ -1,0 +1,183 @@
+"""A thousand sinks in one Airflow (issue 50): a task's parse builds its own DAG from its own sink
+file, parsing reads nothing but the sink files, and a process validates a file once.
+
+What runs where: the DAG file is parsed in this process by Airflow's own ``DagBag`` (as the
+dag-processor does, and under Airflow's parsing context as a task's parse does), with an audit
+hook recording the files opened and any database or network connection; a real task (``airflow
+tasks test SINK mint``: Airflow's CLI parses under the parsing context) runs against a SQLite
+ledger. The sink files are the fleet benchmark's (bench/fleet.py).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+from bench.fleet import sink_text, write_sinks
+
+ROOT = Path(__file__).resolve().parents[1]
+AUDITED = ("open", "os.scandir", "os.listdir", "socket.connect", "socket.getaddrinfo", "sqlite3.connect")
+_seen: list[tuple[str, tuple]] | None = None
+
+
+def _hook(event: str, args: tuple) -> None:
+    if _seen is not None and event in AUDITED:
+        _seen.append((event, args))
+
+
+sys.addaudithook(_hook)  # an audit hook stays for the process: it records only inside audited()
+
+
+@contextmanager
+def audited() -> Iterator[list[tuple[str, tuple]]]:
+    """The audit events of :data:`AUDITED` this process raises inside the block."""
+    global _seen
+    _seen = []
+    try:
+        yield _seen
+    finally:
+        _seen = None
+
+
+def opened_under(events, folder: Path) -> list[str]:
+    """The files under ``folder`` opened (and the folder's listings, as ``<list>``)."""
+    inside = str(folder) + os.sep
+    out = []
+    for event, args in events:
+        target = str(args[0]) if args and isinstance(args[0], str | os.PathLike) else ""
+        if event == "open" and target.startswith(inside):
+            out.append(target)
+        elif event in ("os.scandir", "os.listdir") and target.rstrip(os.sep) == str(folder):
+            out.append("<list>")
+    return out
+
+
+@contextmanager
+def parsing_context(dag_id: str, task_id: str) -> Iterator[None]:
+    """Airflow's own parsing context (the task runner's), its variables removed afterwards
+    (Airflow's manager leaves them set: a task's process ends after its one parse)."""
+    from airflow.sdk.definitions._internal.dag_parsing_context import _airflow_parsing_context_manager
+
+    try:
+        with _airflow_parsing_context_manager(dag_id=dag_id, task_id=task_id):
+            yield
+    finally:
+        os.environ.pop("_AIRFLOW_PARSING_CONTEXT_DAG_ID", None)
+        os.environ.pop("_AIRFLOW_PARSING_CONTEXT_TASK_ID", None)
+
+
+def _dagbag():
+    from airflow.dag_processing.dagbag import DagBag
+
+    return DagBag(dag_folder=str(ROOT / "dags"))
+
+
+def _serialized(dag) -> dict:
+    """The DAG as the dag-processor stores it (without when and where it was loaded)."""
+    from airflow.serialization.serialized_objects import DagSerialization
+
+    data = DagSerialization.to_dict(dag)["dag"]
+    return {k: v for k, v in data.items() if k not in ("fileloc", "relative_fileloc", "last_loaded")}
+
+
+@pytest.fixture
+def fleet(tmp_path, monkeypatch) -> tuple[Path, list[str]]:
+    """120 sink files of the benchmark's fleet, a sink defined in a file named otherwise, and an
+    invalid file; this process's sinks folder."""
+    sinks = tmp_path / "sinks"
+    names = write_sinks(sinks, 120)
+    (sinks / "team_x_orders.yaml").write_text(sink_text("renamed_sink", "query", 1))
+    (sinks / "broken.yaml").write_text("name: broken\nkind: query\nschema: []\nstart_date: 2026-01-01\n")
+    monkeypatch.setenv("RECONCILE_SINKS_DIR", str(sinks))
+    monkeypatch.setenv("RECONCILE_WAREHOUSE", str(tmp_path / "wh"))
+    return sinks, names
+
+
+@pytest.mark.airflow
+def test_a_tasks_parse_builds_its_own_dag_from_its_own_file(fleet, airflow_db):
+    """Under Airflow's parsing context (what the task runner and ``airflow tasks`` set), the DAG
+    file builds the one DAG the task needs, from the one file named after its sink: nothing else
+    in the folder is listed or opened. Without it (the dag-processor) every sink's DAG is built,
+    and the task's DAG is the same DAG."""
+    sinks, names = fleet
+    target = names[55]  # an upsert sink with a lag alert (a deadline) and a correction guard
+    with audited() as events, parsing_context(target, "append"):
+        alone = _dagbag()
+    assert alone.import_errors == {}
+    assert alone.dag_ids == [target]
+    assert opened_under(events, sinks) == [str(sinks / f"{target}.yaml")]
+
+    everything = _dagbag()  # the dag-processor's parse
+    assert everything.import_errors == {}
+    assert set(everything.dag_ids) == {*names, "renamed_sink", "invalid_sink_config__broken"}
+    assert _serialized(alone.get_dag(target)) == _serialized(everything.get_dag(target))
+    assert everything.get_dag(target).deadline is not None
+
+    # DAGs no file is named after: the whole folder, as the dag-processor builds it
+    for dag_id in ("renamed_sink", "invalid_sink_config__broken"):
+        with parsing_context(dag_id, "mint"):
+            bag = _dagbag()
+        assert dag_id in bag.dag_ids and len(bag.dag_ids) == len(everything.dag_ids), dag_id
+
+
+def test_the_file_named_after_a_sink_defines_it(tmp_path):
+    """Two files naming one sink: the file named after it wins (a task reads only that file),
+    whatever the order; a sink named in another file is still found."""
+    from reconcile.config_loading import load_dir, load_sink
+
+    (tmp_path / "a_first.yaml").write_text(sink_text("orders", "query", 1))
+    (tmp_path / "orders.yaml").write_text(sink_text("orders", "upsert", 2))
+    (tmp_path / "b_other.yaml").write_text(sink_text("ledger", "changelog", 3))
+    configs, errors = load_dir(tmp_path)
+    assert [(c.name, c.kind, Path(c.path).name) for c in configs] == [
+        ("ledger", "changelog", "b_other.yaml"),
+        ("orders", "upsert", "orders.yaml"),
+    ]
+    assert [(Path(e.path).name, e.field) for e in errors] == [("a_first.yaml", "name")]
+    assert f"sink 'orders' is also defined in {tmp_path / 'orders.yaml'}" in str(errors[0])
+    with audited() as events:
+        assert load_sink("orders", tmp_path).kind == "upsert"
+    assert opened_under(events, tmp_path) == [str(tmp_path / "orders.yaml")]  # no listing of the folder
+    assert load_sink("ledger", tmp_path).path == str(tmp_path / "b_other.yaml")
+
+
+@pytest.mark.airflow
+def test_a_real_task_run_parses_only_its_sink(fleet, tmp_path, airflow_db):
+    """``airflow tasks test SINK mint``: Airflow's CLI parses the DAG file under the parsing
+    context; the DAG file builds that sink's DAG alone, and the task mints the run's batch into
+    the ledger."""
+    from reconcile.config_loading import load_file
+    from reconcile.schedule import to_millis
+    from reconcile.storage.ledger import Ledger
+
+    sinks, names = fleet
+    target, logical = names[7], datetime(2026, 1, 2, 5, tzinfo=UTC)
+    url = f"sqlite:///{tmp_path / 'meta.db'}"
+    env = {k: v for k, v in os.environ.items() if k != "PYSPARK_GATEWAY_PORT"}
+    env.update(RECONCILE_METADATA_URL=url, RECONCILE_SINKS_DIR=str(sinks), RECONCILE_WAREHOUSE=str(tmp_path / "wh"))
+    out = subprocess.run(
+        [str(Path(sys.executable).parent / "airflow"), "tasks", "test", target, "mint", logical.isoformat()],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    text = out.stdout + out.stderr
+    assert out.returncode == 0, text[-3000:]
+    assert f"parsed for a task of DAG {target}: built its DAG alone, from {sinks / f'{target}.yaml'}" in text
+    ledger = Ledger(url)
+    try:
+        (batch,) = ledger.batches(target)  # the first batch: from the sink's as_of to the run's logical date
+        assert (batch.state, batch.lower, batch.upper) == (
+            "minted",
+            load_file(sinks / f"{target}.yaml").as_of,
+            to_millis(logical),
+        )
+    finally:
+        ledger.dispose()
