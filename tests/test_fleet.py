@@ -142,7 +142,7 @@ def test_the_file_named_after_a_sink_defines_it(tmp_path):
     assert [(Path(e.path).name, e.field) for e in errors] == [("a_first.yaml", "name")]
     assert f"sink 'orders' is also defined in {tmp_path / 'orders.yaml'}" in str(errors[0])
     with audited() as events:
-        assert load_sink("orders", tmp_path).kind == "upsert"
+        assert load_sink("orders", tmp_path) is configs[1]  # validated above: not again
     assert opened_under(events, tmp_path) == [str(tmp_path / "orders.yaml")]  # no listing of the folder
     assert load_sink("ledger", tmp_path).path == str(tmp_path / "b_other.yaml")
 
@@ -181,3 +181,74 @@ def test_a_real_task_run_parses_only_its_sink(fleet, tmp_path, airflow_db):
         )
     finally:
         ledger.dispose()
+
+
+# --- parsing costs little: libyaml, nothing but the sink files read, each validated once ----------
+
+UNREACHABLE = {  # a ledger and a warehouse nobody answers for
+    "RECONCILE_METADATA_URL": "postgresql+psycopg://nobody:x@10.255.255.1:5432/ledger",
+    "RECONCILE_WAREHOUSE": "s3://unreachable-bucket/warehouse",
+    "AWS_ENDPOINT_URL": "http://10.255.255.1:9000",
+}
+
+
+@pytest.mark.airflow
+def test_parsing_reads_the_sink_files_and_nothing_else(fleet, monkeypatch, airflow_db):
+    """The dag-processor's parse with the ledger and the warehouse pointing at unreachable
+    places: every DAG is built, each sink file is read once (by libyaml), and nothing connects to
+    a database or the network."""
+    import yaml
+
+    from reconcile import config_loading
+
+    sinks, names = fleet
+    for key, value in UNREACHABLE.items():
+        monkeypatch.setenv(key, value)
+    with audited() as events:
+        bag = _dagbag()
+    assert bag.import_errors == {}
+    assert len(bag.dag_ids) == len(names) + 2  # the renamed sink, the broken file's placeholder
+    assert [e for e in events if e[0] in ("socket.connect", "socket.getaddrinfo", "sqlite3.connect")] == []
+    files = sorted(str(p) for p in sinks.glob("*.yaml"))
+    assert sorted(opened_under(events, sinks)) == sorted(["<list>", *files])
+    assert yaml.__with_libyaml__ and config_loading.SafeLoader is yaml.CSafeLoader
+
+
+def test_a_process_validates_an_unchanged_file_once(tmp_path, monkeypatch):
+    """A sink file is validated again only when its modification time or size, or what its
+    ``${VAR}`` expand to, changed; a file rewritten within the file system's timestamp
+    granularity (same size, same mtime) is told apart by its text."""
+    from reconcile.config_loading import load_dir, load_file
+
+    names = write_sinks(tmp_path, 5)
+    past = 1_700_000_000_000_000_000
+    for i, name in enumerate(names):  # written long ago: their stat alone vouches for them
+        os.utime(tmp_path / f"{name}.yaml", ns=(past + i, past + i))
+    first, errors = load_dir(tmp_path)
+    assert errors == [] and [c.name for c in first] == names
+    with audited() as events:
+        again, _ = load_dir(tmp_path)
+    assert [a is b for a, b in zip(first, again, strict=True)] == [True] * 5
+    assert opened_under(events, tmp_path) == ["<list>"]  # the listing; no file read
+
+    path = tmp_path / f"{names[2]}.yaml"
+    text = path.read_text()
+    path.write_text(text.replace("partitions: 6", "partitions: 7"))  # same size
+    os.utime(path, ns=(past + 99, past + 99))
+    changed = load_file(path)
+    assert changed is not first[2] and changed.partitions == 7
+
+    monkeypatch.setenv("RECONCILE_HOME", str(tmp_path / "elsewhere"))  # the sources' ${RECONCILE_HOME}
+    moved = load_file(tmp_path / f"{names[0]}.yaml")
+    assert moved is not first[0]
+    assert {s.path for s in moved.sources} == {
+        f"{tmp_path}/elsewhere/fleet-data/{names[0]}/{t}" for t in ("orders", "customers")
+    }
+
+    fresh = tmp_path / "fresh.yaml"  # racy: rewritten at once, same size, its mtime put back
+    fresh.write_text(sink_text("fresh", "query", 1))  # partitions: 5
+    stat = fresh.stat()
+    assert load_file(fresh).partitions == 5
+    fresh.write_text(fresh.read_text().replace("partitions: 5", "partitions: 8"))
+    os.utime(fresh, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    assert load_file(fresh).partitions == 8

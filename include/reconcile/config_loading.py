@@ -1,11 +1,18 @@
 """Config loading: a sink's YAML file, or the sinks folder, read and validated into its model.
 
-A sink is found by the file named after it (:func:`load_sink`: one file read, not the folder),
-which is also the file that defines the sink when two files name it.
+Cheap at any fleet size: YAML is parsed by libyaml (PyYAML's C loader) where it is installed,
+and a process validates a file once (:func:`load_file` keeps each valid config by path,
+modification time and size, and the environment its ``${VAR}`` refer to: a changed file is read
+again). A sink is found by the file named after it (:func:`load_sink`: one file read, not the
+folder), which is also the file that defines the sink when two files name it.
 """
 
 from __future__ import annotations
 
+import os
+import re
+import time
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +22,31 @@ from pydantic import ValidationError
 from reconcile.config import SINK_ADAPTER, SINK_NAME_RE, SinkConfig
 from reconcile.config_messages import ConfigErrors, validation_problems
 from reconcile.errors import ConfigError
+
+# libyaml's loader where PyYAML was built with it (the wheels are), else the pure-Python one:
+# the same documents, about ten times faster.
+SafeLoader: type = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+_VAR = re.compile(r"\$(?:\{(\w+)\}|(\w+))")
+# A file modified this close to when it was cached may have changed again within the file
+# system's timestamp granularity: its text is compared too (git's "racy clean" rule).
+RACY_NS = 2_000_000_000
+
+
+@dataclass(frozen=True)
+class _Valid:
+    """A valid sink file as this process validated it: the stat it had, the environment its
+    ``${VAR}`` saw, its text and its config."""
+
+    given: str  # the path as given (the config's ``path``)
+    mtime_ns: int
+    size: int
+    environment: tuple
+    cached_ns: int
+    text: str
+    cfg: SinkConfig
+
+
+_VALID: dict[str, _Valid] = {}  # by absolute path
 
 
 def parse(data: Any, path: str, default_name: str | None = None, text: str | None = None) -> SinkConfig:
@@ -42,16 +74,48 @@ def parse(data: Any, path: str, default_name: str | None = None, text: str | Non
     raise ConfigErrors(problems)
 
 
+def _environment(names: tuple[str, ...]) -> tuple:
+    """What the ``${VAR}`` a file names expand to now (``RECONCILE_HOME``: its default too)."""
+    from reconcile import settings
+
+    return tuple((n, str(settings.home()) if n == "RECONCILE_HOME" else os.environ.get(n)) for n in names)
+
+
 def load_file(path: Path | str) -> SinkConfig:
+    """One sink file, validated. A file this process validated before is not parsed nor
+    validated again while its path, modification time (ns) and size are unchanged and so is what
+    its ``${VAR}`` expand to (a file modified within :data:`RACY_NS` of that: its text too)."""
     path = Path(path)
+    key = os.path.abspath(path)
     try:
+        st = os.stat(path)
+        hit = _VALID.get(key)
+        if hit is not None and _unchanged(hit, str(path), st):
+            return hit.cfg
         text = path.read_text()
-        data = yaml.safe_load(text)
+        if hit is not None and _unchanged(hit, str(path), st, text):
+            _VALID[key] = replace(hit, cached_ns=time.time_ns())  # its stat is enough once no longer racy
+            return hit.cfg
+        data = yaml.load(text, Loader=SafeLoader)  # noqa: S506 - a safe loader (libyaml's, else PyYAML's)
     except FileNotFoundError:
         raise ConfigError(str(path), "<file>", "does not exist") from None
     except yaml.YAMLError as exc:
         raise ConfigError(str(path), "<file>", f"is not valid YAML: {' '.join(str(exc).split())}") from None
-    return parse(data, str(path), default_name=path.stem, text=text)
+    cfg = parse(data, str(path), default_name=path.stem, text=text)
+    names = tuple(sorted({a or b for a, b in _VAR.findall(text)}))
+    _VALID[key] = _Valid(str(path), st.st_mtime_ns, st.st_size, _environment(names), time.time_ns(), text, cfg)
+    return cfg
+
+
+def _unchanged(hit: _Valid, given: str, st: os.stat_result, text: str | None = None) -> bool:
+    """Is the file ``hit`` cached still what it was (``text``: its text read now, for a file
+    modified too close to when it was cached to trust its stat alone)?"""
+    same = (hit.given, hit.mtime_ns, hit.size) == (given, st.st_mtime_ns, st.st_size)
+    if not same or _environment(tuple(n for n, _ in hit.environment)) != hit.environment:
+        return False
+    if hit.cached_ns - st.st_mtime_ns > RACY_NS:
+        return True
+    return text is not None and text == hit.text
 
 
 def sink_files(directory: Path | str | None = None) -> list[Path]:

@@ -48,6 +48,7 @@ import logging
 import os
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 from airflow.sdk import DAG, Asset, Param, TriggerRule, task
 from airflow.sdk.definitions.callback import SyncCallback
@@ -142,6 +143,12 @@ def approval_timeout(cfg: SinkConfig) -> timedelta:
     return timedelta(milliseconds=period) if period else timedelta(days=1)
 
 
+# The dialect of the DAGs' param schemas (all they use is ``type``): Airflow checks each param's
+# schema against its dialect's metaschema whenever it validates or serializes the param (every
+# parse, every DAG), and draft 7's check costs a quarter of the default 2020-12's.
+DRAFT_7: dict[str, Any] = {"$schema": "http://json-schema.org/draft-07/schema#"}
+
+
 def build_dag(cfg: SinkConfig) -> DAG:
     with DAG(
         dag_id=cfg.name,
@@ -158,11 +165,12 @@ def build_dag(cfg: SinkConfig) -> DAG:
         },
         deadline=lag_deadline(cfg),
         params={
-            "read_only": Param(False, type="boolean", description="mint nothing: a read-only run"),
+            "read_only": Param(False, type="boolean", description="mint nothing: a read-only run", **DRAFT_7),
             "approve_correction": Param(
                 False,
                 type="boolean",
                 description="let this run's batch past the sink's correction guard (correction_guard.max_share)",
+                **DRAFT_7,
             ),
         },
     ) as dag:
