@@ -472,6 +472,7 @@ NOT_WRITERS = {
     "invalid on purpose",
     "test_plugin.shard_pages": "an invalid config on purpose",
     "test_correction.config": "a config parsed from a dict in memory (the fields of helpers.make_sink)",
+    "test_fleet.fleet": "an invalid config on purpose (the sinks are bench/fleet.py's, checked below)",
 }
 
 
@@ -526,6 +527,9 @@ def configs_the_tests_write(root: Path) -> list[Path]:
         daily, "sched", schedule="none", as_of=100, catchup=False, query=helpers.json_query(root / "src")
     )
     helpers.orders_config(folder("bad_input"))
+    from bench.fleet import write_sinks
+
+    write_sinks(folder("fleet"), 12)  # every kind, and each option the fleet benchmark's sinks use
     chaos.Schedule(None, None, folder("chaos"), 1, 0, chaos.Stats())
     return sorted(root.rglob("*.yaml"))
 
@@ -559,7 +563,7 @@ def test_schema_accepts_every_example_and_test_config(tmp_path, schema_check):
     ours.append(write(tmp_path, "from_stem.yaml", variant(CHANGELOG, "name")))  # name and as_of default
     ours.append(write(tmp_path, "plain.yaml", variant(UPSERT, "upsert.delete", **{"upsert.key": "id"})))
     written = configs_the_tests_write(tmp_path / "written")
-    assert len(written) == 17, written  # one file per call above
+    assert len(written) == 29, written  # one file per call above (twelve of the fleet)
     for path in examples + ours + written:
         load_file(path)  # valid for the loader...
         assert schema_check(path.read_text()) == [], path  # ...and for an editor with the schema

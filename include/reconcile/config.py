@@ -384,6 +384,11 @@ def column_name_problems(names: list) -> list[tuple[str, str]]:
     return problems
 
 
+def _also_a_switch(schema: dict[str, Any]) -> None:
+    """A section that ``true`` switches on (its defaults) and ``false`` off: the schema says so."""
+    schema["anyOf"] = [*schema.get("anyOf", []), {"type": "boolean"}]
+
+
 class SinkConfig(BaseModel):
     """What every sink has; :class:`QuerySink`, :class:`ChangelogSink` and :class:`UpsertSink`
     add their kind's section."""
@@ -415,6 +420,7 @@ class SinkConfig(BaseModel):
         default=None,
         description="keep a current-state table beside the shard: the collection as of the shard's upper - 1 as "
         "plain rows (no _time/_diff), maintained from each batch's correction; `true` or {path, database}",
+        json_schema_extra=_also_a_switch,
     )
     _path: str = PrivateAttr("")
 
