@@ -473,6 +473,7 @@ NOT_WRITERS = {
     "test_plugin.shard_pages": "an invalid config on purpose",
     "test_correction.config": "a config parsed from a dict in memory (the fields of helpers.make_sink)",
     "test_fleet.fleet": "an invalid config on purpose (the sinks are bench/fleet.py's, checked below)",
+    "test_fleet.small_fleet": "an invalid config on purpose (the sinks are bench/fleet.py's, checked below)",
 }
 
 

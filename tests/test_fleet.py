@@ -252,3 +252,145 @@ def test_a_process_validates_an_unchanged_file_once(tmp_path, monkeypatch):
     fresh.write_text(fresh.read_text().replace("partitions: 5", "partitions: 8"))
     os.utime(fresh, ns=(stat.st_atime_ns, stat.st_mtime_ns))
     assert load_file(fresh).partitions == 8
+
+
+# --- the fleet's health: status without a sink, --json, the overview ----------------------------
+
+
+def _commit_file(log: Path, version: int, actions: list[dict]) -> None:
+    """A Delta commit file written as another writer writes one (one JSON action a line)."""
+    import json
+
+    log.mkdir(parents=True, exist_ok=True)
+    (log / f"{version:020d}.json").write_text("".join(json.dumps(a) + "\n" for a in actions))
+
+
+@pytest.fixture
+def small_fleet(tmp_path, monkeypatch, ledger):
+    """Ten sinks of the benchmark's fleet, 45 hourly batches each up to the last full hour
+    (bench/fleet.py's ``fill_ledger``: failed, late and behind sinks among them), on the
+    ``ledger`` fixture's database (SQLite, PostgreSQL); then, with Delta log files: a foreign
+    write after sink 1's last batch (not yet repaired) and sink 0's current-state table one
+    version behind its shard; an OPTIMIZE after sink 2's last batch (no drift); a sink never run
+    and an invalid file. Yields (now, {sink: the
+    state it must be in}, the sinks folder)."""
+    from bench.fleet import fill_ledger
+
+    from reconcile.schedule import now_ms
+    from reconcile.storage.current import CurrentTable
+    from reconcile.storage.delta import ShardTable
+
+    now = now_ms()
+    as_of = (now // 3_600_000 - 45) * 3_600_000
+    start = datetime.fromtimestamp(as_of / 1000, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    sinks, wh = tmp_path / "sinks", tmp_path / "wh"
+    names = write_sinks(sinks, 10, start=start)
+    (sinks / "zz_never_run.yaml").write_text(sink_text("zz_never_run", "query", 1, start=start))
+    (sinks / "broken.yaml").write_text("name: broken\nkind: query\nschema: []\nstart_date: 2026-01-01\n")
+    monkeypatch.setenv("RECONCILE_SINKS_DIR", str(sinks))
+    monkeypatch.setenv("RECONCILE_WAREHOUSE", str(wh))
+    fate = fill_ledger(ledger.url, names, 45, as_of)
+    expected = {name: fate[name] for name in names} | {"zz_never_run": "new", "broken": "invalid"}
+
+    from reconcile.config_loading import load_sink
+
+    last = {n: ledger.get_shard(n).delta_version for n in names[:2]}
+    foreign = {
+        "add": {"path": "x.parquet", "size": 1, "dataChange": True, "modificationTime": 0, "partitionValues": {}}
+    }
+    _commit_file(Path(ShardTable(load_sink(names[1])).log_path), last[names[1]] + 1, [{"commitInfo": {}}, foreign])
+    expected[names[1]] = "unrepaired"
+    cfg0 = load_sink(names[0])
+    assert cfg0.current is not None and fate[names[0]] == "ok"
+    _commit_file(Path(ShardTable(cfg0).log_path), last[names[0]], [{"commitInfo": {"operation": "WRITE"}}])
+    current = CurrentTable(cfg0)
+    current.create()  # its version 0, as the sink creates it
+    txn = {"txn": {"appId": current.app_id, "version": last[names[0]] - 1}}
+    _commit_file(Path(current.log_path), 1, [{"commitInfo": {"operation": "current"}}, txn])
+    expected[names[0]] = "current_lagging"
+    # sink 2: a version after its last batch that is no foreign write (an OPTIMIZE), noted by a sync
+    after = ledger.get_shard(names[2]).delta_version + 1
+    _commit_file(Path(ShardTable(load_sink(names[2])).log_path), after, [{"commitInfo": {"operation": "OPTIMIZE"}}])
+    ledger.note_delta_version(names[2], after)
+    assert fate[names[2]] == "ok"
+    yield now, expected, sinks
+
+
+STATE_ORDER = ["invalid", "failed", "late", "unrepaired", "current_lagging", "behind", "new", "ok"]
+
+
+def test_status_of_every_sink_lists_those_needing_action_first(small_fleet, ledger, capsys):
+    """``status`` without a sink: a line of counts per state, then one line a sink, the sinks
+    needing action first (by state, then name); each sink's state what the fleet was left in,
+    its exit code ``status SINK``'s, the fleet's the worst of them. ``--json`` says the same."""
+    import json
+    from collections import Counter
+
+    from bench.fleet import LATE_HOURS
+
+    from reconcile.cli import main
+    from reconcile.config_loading import load_sink
+    from reconcile.report import duration
+
+    now, expected, _ = small_fleet
+    code = main(["status"])
+    out = capsys.readouterr().out.splitlines()
+    want = Counter(expected.values())
+    head = f"{len(expected)} sink(s): " + ", ".join(f"{want[s]} {s.replace('_', ' ')}" for s in STATE_ORDER if want[s])
+    assert out[0].startswith(f"{head} (needing action: {sum(want[s] for s in STATE_ORDER[:5])}; now ")
+    rows = [line.split() for line in out[2:]]
+    assert [(r[0], r[1]) for r in rows] == sorted(
+        ((s, n) for n, s in expected.items()), key=lambda p: (STATE_ORDER.index(p[0]), p[1])
+    )
+    by_name = {line.split()[1]: line for line in out[2:]}
+    failed = next(n for n, s in expected.items() if s == "failed")
+    assert "final: source path" in by_name[failed] and "Remedy: restore the source" in by_name[failed]
+    late = next(n for n, s in expected.items() if s == "late")
+    minutes = load_sink(late).alert.lag_minutes or 120  # its alert, else twice its hourly schedule
+    lag = duration(LATE_HOURS * 3_600_000).rsplit(" ", 1)[0]  # minutes aside: the clock moves
+    assert f"lags {lag} " in by_name[late] and f"(alert past {duration(minutes * 60_000)})" in by_name[late]
+    behind = next(n for n, s in expected.items() if s == "behind")
+    assert "BEHIND: the shard is behind" in by_name[behind] and "clear its run now" in by_name[behind]
+    assert "foreign Delta versions" in by_name["fleet_0001"] and "not yet repaired" in by_name["fleet_0001"]
+    assert "current table reflects shard version" in by_name["fleet_0000"]
+    assert "the sink file does not load" in by_name["broken"] and "schema" in by_name["broken"]
+
+    # each sink's exit code is status SINK's; the fleet's is the worst (a failed sink: 1)
+    assert code == 1
+    assert main(["status", "--json"]) == 1
+    data = json.loads(capsys.readouterr().out)
+    assert data["counts"] == {s: want[s] for s in STATE_ORDER}
+    assert data["exit_code"] == 1 and data["needs_action"] == sum(want[s] for s in STATE_ORDER[:5])
+    assert {e["sink"]: e["state"] for e in data["sinks"]} == expected
+    for entry in data["sinks"]:
+        if entry["state"] in ("new", "invalid"):
+            continue
+        assert main(["status", entry["sink"]]) == entry["exit_code"], entry
+        capsys.readouterr()
+    codes = {e["sink"]: e["exit_code"] for e in data["sinks"]}
+    assert codes["fleet_0001"] == 4 and codes[failed] == 1 and codes["broken"] == 1
+    assert {codes[n] for n, s in expected.items() if s in ("ok", "late", "behind", "current_lagging")} == {0}
+
+
+def test_the_fleet_costs_three_ledger_queries(small_fleet, ledger):
+    """The sinks whose Delta log the ledger can vouch for cost three queries for the whole fleet
+    (every shard, their newest batches, their batches past the upper), however many they are; a
+    sink whose log holds a version the ledger does not know is read like ``status SINK`` reads
+    it."""
+    from sqlalchemy import event
+
+    from reconcile import fleet
+    from reconcile.config_loading import load_dir
+
+    now, expected, _ = small_fleet
+    configs, errors = load_dir()
+    statements: list[str] = []
+    listen = lambda *a: statements.append(a[2][:60]) if a[2].startswith("SELECT") else None  # noqa: E731
+    event.listen(ledger.engine, "before_cursor_execute", listen)
+    plain = [c for c in configs if expected[c.name] != "unrepaired"]
+    healths = fleet.survey(ledger, plain, [], now)
+    assert len(statements) == 3, "\n".join(statements)
+    assert {h.name: h.state for h in healths} == {c.name: expected[c.name] for c in plain}
+    statements.clear()
+    fleet.survey(ledger, configs, errors, now)
+    assert 3 < len(statements) <= 8  # the unrepaired sink's own reads (report.foreign_unrepaired)

@@ -6,6 +6,7 @@ Commands:
   db upgrade|downgrade|current
                            manage the ledger's schema (Alembic)
   status SINK [--json]     frontiers, read-only flag and the last batches of a shard (with causes)
+  status [--json]          every sink, one line each: those needing action first, counts per state
   show SINK [--as-of T] [--log] [--errors] [--limit N] [--spark]
                            the shard as of T (default upper - 1), its update log, or its errors
   read-only SINK on|off    switch a shard's read-only mode
@@ -17,6 +18,7 @@ Commands:
   check SINK [--deep] [--verify]
                            sync the metadata, then list invariant violations (ledger vs Delta log;
                            --verify: each batch's recorded checksum of the shard as of upper - 1)
+  check --all              every sink's check in turn, then one line of counts
   recover SINK [--force]   rebuild the shard's metadata from its Delta log (lost, restored or ahead)
   rebuild-current SINK     write the sink's current-state table whole from the shard
   compact SINK [--since T] [--no-vacuum]
@@ -29,7 +31,8 @@ Commands:
 
 status and check exit 0 (nothing wrong), 1 (needs action: a NEEDS ACTION line or a violation),
 4 (foreign Delta versions not yet repaired: the next batch repairs them) or 2 (an error); every
-command exits 2 on an error, its one line on stderr.
+command exits 2 on an error, its one line on stderr. Without a sink (status, check --all) they
+exit with the worst of their sinks' codes: 1 over 4 over 0 (check --all: 2 before 4).
 
 Times (T, T1, T2) are epoch ms or ISO-8601 (naive: UTC). show, history and diff read the shard
 without a JVM (DuckDB over delta-rs); --spark reads it with Spark, whose output goes to a log file.
@@ -125,6 +128,8 @@ def cmd_db(args) -> int:
 def cmd_status(args) -> int:
     from reconcile import report
 
+    if args.sink is None:
+        return status_all(args.json)
     data = report.status_data(_ledger(), args.sink, args.limit)
     if args.json:
         import json
@@ -134,6 +139,30 @@ def cmd_status(args) -> int:
         report.print_status(data)
     unrepaired = [(f["version"], f.get("why") or "") for f in data["foreign_unrepaired"] or []]
     return report.exit_code(data["needs_action"], unrepaired)  # as check's (docs/operating.md, "Exit codes")
+
+
+def status_all(as_json: bool) -> int:
+    """``status`` without a sink: every sink of the sinks folder, one line each, those needing
+    action first, with counts per state (:mod:`reconcile.fleet`); exits with the worst of their
+    ``status SINK`` exit codes."""
+    from reconcile import fleet
+    from reconcile.config_loading import load_dir
+    from reconcile.schedule import now_ms
+
+    configs, errors = load_dir()
+    ledger = _ledger()
+    try:
+        now = now_ms()
+        healths = fleet.survey(ledger, configs, errors, now)
+    finally:
+        ledger.dispose()
+    if as_json:
+        import json
+
+        print(json.dumps(fleet.fleet_json(healths, now), indent=1))
+    else:
+        fleet.print_fleet(healths, now)
+    return fleet.fleet_exit_code(healths)
 
 
 def spark_log(command: str):
@@ -311,13 +340,72 @@ def cmd_approve(args) -> int:
 
 def cmd_check(args) -> int:
     from reconcile.config_loading import load_sink
+
+    if args.all:
+        return check_all(args)
+    if args.sink is None:
+        raise SinkError(
+            "name a sink to check, or check every sink with --all", remedy="`python -m reconcile check SINK`."
+        )
+    return check_one(load_sink(args.sink), _ledger(), args)
+
+
+def check_all(args) -> int:
+    """``check --all``: each sink's check in turn (a line of each sink's findings and its summary),
+    then one line of counts; exits with the worst of their exit codes (1 over 4 over 0). An invalid
+    sink file is a needs-action line (exit 1)."""
+    import contextlib
+    import io
+
+    from reconcile.config_loading import load_dir
+    from reconcile.config_messages import problems_of
+
+    if args.sink is not None:
+        raise SinkError("check --all checks every sink: name no sink", remedy="`python -m reconcile check --all`.")
+    if args.deep or args.verify:
+        raise SinkError(
+            "check --all reads the ledger and the Delta logs only: --deep and --verify read each sink's rows "
+            "with Spark, one sink at a time",
+            remedy="`python -m reconcile check SINK --verify` for the sinks that need it.",
+        )
+    configs, errors = load_dir()
+    ledger = _ledger()
+    codes: dict[str, int] = {}
+    try:
+        for cfg in configs:
+            text = io.StringIO()
+            try:
+                with contextlib.redirect_stdout(text):
+                    codes[cfg.name] = check_one(cfg, ledger, args)
+            except SinkError as exc:
+                codes[cfg.name] = 2
+                text.write(f"error: {exc}\n")
+            lines = text.getvalue().splitlines()
+            for line in lines[:-1]:
+                print(f"{cfg.name}: {line}")
+            if lines:
+                print(lines[-1])
+    finally:
+        ledger.dispose()
+    for err in errors:
+        for problem in problems_of(err):
+            print(f"NEEDS ACTION: invalid sink file: {problem}")
+    tally = {code: sum(1 for c in codes.values() if c == code) for code in (0, 1, 4, 2)}
+    print(
+        f"checked {len(codes)} sink(s): {tally[0]} fine, {tally[1]} needing action, {tally[4]} not yet repaired, "
+        f"{tally[2]} could not be checked; {len(errors)} invalid sink file(s)"
+    )
+    found = set(codes.values()) | ({1} if errors else set())
+    return 1 if 1 in found else 2 if 2 in found else 4 if 4 in found else 0
+
+
+def check_one(cfg, ledger, args) -> int:
+    """One sink's ``check`` (its lines, its summary last): its exit code."""
     from reconcile.sink import check
     from reconcile.sink.sync import rebuild_lost_ledger, sync
     from reconcile.storage.delta import ShardTable
 
-    cfg = load_sink(args.sink)
     table = ShardTable(cfg)
-    ledger = _ledger()
     spark = None
     if args.deep or args.verify:  # the rows themselves (Spark)
         spark = quiet_spark("check")
@@ -580,8 +668,8 @@ def main(argv: list[str] | None = None) -> int:
     d.add_argument("action", choices=["upgrade", "downgrade", "current"])
     d.add_argument("revision", nargs="?")
     d.set_defaults(fn=cmd_db)
-    s = sub.add_parser("status")
-    s.add_argument("sink")
+    s = sub.add_parser("status", help="one sink's status; without a sink, every sink's state (needing action first)")
+    s.add_argument("sink", nargs="?", default=None, help="the sink (none: every sink, one line each)")
     s.add_argument("--limit", type=int, default=10)
     s.add_argument("--json", action="store_true", help="machine-readable: times as ms and ISO UTC")
     s.set_defaults(fn=cmd_status)
@@ -626,7 +714,8 @@ def main(argv: list[str] | None = None) -> int:
     av.add_argument("--by", default=None, help="who approves (default: the OS user)")
     av.set_defaults(fn=cmd_approve)
     ck = sub.add_parser("check")
-    ck.add_argument("sink")
+    ck.add_argument("sink", nargs="?", default=None)
+    ck.add_argument("--all", action="store_true", help="check every sink in turn (no --deep/--verify)")
     ck.add_argument(
         "--deep", action="store_true", help="also read the committed rows (Spark): checksums, the kind's invariants"
     )

@@ -119,15 +119,9 @@ def _drift(b) -> str:
     return f"<span class=bad>drift {b.drift_rows}</span>" if b.drift_rows else "-"
 
 
-def _unrepaired_mark(ledger, cfg: SinkConfig, last) -> str:
-    """The overview's drift cell: red while foreign Delta versions are not yet repaired, else
-    the last batch's drift, grey (repaired)."""
-    from reconcile.report import foreign_unrepaired
-
-    try:
-        open_ = foreign_unrepaired(ledger, cfg.name)
-    except Exception:  # noqa: BLE001 - the overview still shows the ledger
-        open_ = None
+def _unrepaired_mark(open_: list[dict] | None, last) -> str:
+    """The overview's drift cell: red while foreign Delta versions are not yet repaired (``open_``,
+    None: the log cannot be read), else the last batch's drift, grey (repaired)."""
     if open_:
         versions = ", ".join(f"v{f['version']}" for f in open_)
         return f"<span class=bad>{len(open_)} foreign Delta version(s) not yet repaired ({e(versions)})</span>"
@@ -139,47 +133,39 @@ def _unrepaired_mark(ledger, cfg: SinkConfig, last) -> str:
 
 
 def render_overview(can_read: Callable[[str], bool] = lambda name: True) -> str:
-    from reconcile import settings
+    """Every sink the user may read (:mod:`reconcile.fleet`: a few ledger queries for the whole
+    fleet and a probe of each Delta log)."""
+    from reconcile import fleet, settings
     from reconcile.config_loading import load_dir
-    from reconcile.errors import SinkError
-    from reconcile.model import OPEN_STATES, SUPERSEDED
     from reconcile.storage.ledger import Ledger
 
     configs, errors = load_dir()
     now = now_ms()
-    rows = []
     ledger = Ledger(settings.metadata_url())
     try:
-        for cfg in configs:
-            if not can_read(cfg.name):
-                continue
-            link = f"<a href='sinks/{quote(cfg.name)}'>{e(cfg.name)}</a>"
-            try:
-                shard = ledger.get_shard(cfg.name)
-            except SinkError:
-                rows.append(
-                    f"<tr><td>{link}</td><td>{e(cfg.kind)}</td><td colspan=6>no shard yet (no run minted)</td></tr>"
-                )
-                continue
-            lag, limit = now - shard.upper, lag_threshold_ms(cfg)
-            late = limit is not None and lag > limit
-            lag_cell = f"<span class=nw><span class={'bad' if late else 'ok'}>{duration(lag)}</span></span>" + (
-                f"<br><span class='small nw'>(alert past {duration(limit)})</span>" if limit else ""
-            )
-            last = ledger.last_batch(cfg.name)
-            last_cell = (
-                "-" if last is None else f"[{_time(last.lower)}, {_time(last.upper)}) {_state(last, shard.upper)}"
-            )
-            last_cell += _behind(cfg.name, ledger.batches(cfg.name, (SUPERSEDED, *OPEN_STATES)), shard.upper)
-            drift = _unrepaired_mark(ledger, cfg, last)
-            rows.append(
-                f"<tr><td>{link}</td><td>{e(cfg.kind)}</td><td>{_time(shard.upper)}</td><td>{lag_cell}</td>"
-                f"<td{'' if drift == '-' else ' class=drift'}>{drift}</td><td class=msg>{last_cell}</td>"
-                f"<td>{_time(shard.since) if shard.since else 'never compacted'}</td>"
-                f"<td>{'yes' if shard.read_only else 'no'}</td></tr>"
-            )
+        healths = fleet.survey(ledger, configs, [], now, can_read=can_read)
     finally:
         ledger.dispose()
+    rows = []
+    for h in sorted(healths, key=lambda h: h.name):
+        link = f"<a href='sinks/{quote(h.name)}'>{e(h.name)}</a>"
+        if h.shard is None:
+            rows.append(f"<tr><td>{link}</td><td>{e(h.kind)}</td><td colspan=6>no shard yet (no run minted)</td></tr>")
+            continue
+        shard, last, limit = h.shard, h.last, h.lag_limit_ms
+        late = limit is not None and (h.lag_ms or 0) > limit
+        lag_cell = f"<span class=nw><span class={'bad' if late else 'ok'}>{duration(h.lag_ms or 0)}</span></span>" + (
+            f"<br><span class='small nw'>(alert past {duration(limit)})</span>" if limit else ""
+        )
+        last_cell = "-" if last is None else f"[{_time(last.lower)}, {_time(last.upper)}) {_state(last, shard.upper)}"
+        last_cell += "" if h.behind is None else f"<p class=warn>{_prose(h.behind.removeprefix('BEHIND: '))}</p>"
+        drift = _unrepaired_mark(h.unrepaired, last)
+        rows.append(
+            f"<tr><td>{link}</td><td>{e(h.kind)}</td><td>{_time(shard.upper)}</td><td>{lag_cell}</td>"
+            f"<td{'' if drift == '-' else ' class=drift'}>{drift}</td><td class=msg>{last_cell}</td>"
+            f"<td>{_time(shard.since) if shard.since else 'never compacted'}</td>"
+            f"<td>{'yes' if shard.read_only else 'no'}</td></tr>"
+        )
     return _page(
         "Reconcile shards",
         "<h1>Reconcile shards</h1>"

@@ -61,6 +61,8 @@ from reconcile.storage.ledger_rows import Batch, Shard, with_history
 
 log = logging.getLogger(__name__)
 _CHECKED: set[str] = set()  # database URLs whose schema this process found at head
+# A batch's columns as the fleet's views list them: all but its manifest (kilobytes a batch).
+_LISTED = [c.name for c in Batch.__table__.columns if c.name != "manifest"]
 
 
 def now() -> datetime:
@@ -373,6 +375,67 @@ class Ledger(CommitLeases):
                 lower, batch_id = before
                 q = q.where(tuple_(Batch.lower, Batch.batch_id) < tuple_(literal(lower), literal(batch_id)))
             return list(s.scalars(q.order_by(Batch.lower.desc(), Batch.batch_id.desc()).limit(limit)))
+
+    # -- every shard at once (the fleet's views: one query each, not one per shard) -------------
+
+    @_retried_once_if_schema_recreated
+    def shards(self) -> list[Shard]:
+        """Every shard's row, by name."""
+        with self.read() as s:
+            return list(s.scalars(select(Shard).order_by(Shard.name)))
+
+    @_retried_once_if_schema_recreated
+    def newest_batches(self, per_shard: int = 11) -> dict[str, list[Batch]]:
+        """{shard: its newest ``per_shard`` batches, newest first (by lower, then batch id)} of
+        every shard, in one query, without their manifests: per shard, a walk down the keyset
+        index that stops after ``per_shard`` rows (PostgreSQL: a lateral subquery; SQLite: the
+        ``per_shard``-th newest lower, then the index's range from it), so the query reads about
+        ``per_shard`` rows a shard however long its ledger."""
+        cols = ", ".join(f"b.{c}" for c in _LISTED)
+        if self.engine.dialect.name == "postgresql":
+            sql = (
+                f"SELECT {cols} FROM reconcile_shards s CROSS JOIN LATERAL (SELECT * FROM reconcile_batches x "
+                "WHERE x.shard = s.name ORDER BY x.lower DESC, x.batch_id DESC LIMIT :n) b"
+            )
+        else:  # CROSS JOIN: SQLite keeps the shards the outer loop
+            sql = (
+                f"SELECT {cols} FROM reconcile_shards s CROSS JOIN reconcile_batches b WHERE b.shard = s.name "
+                "AND b.lower >= coalesce((SELECT x.lower FROM reconcile_batches x WHERE x.shard = s.name "
+                "ORDER BY x.lower DESC, x.batch_id DESC LIMIT 1 OFFSET :n - 1), -9223372036854775808)"
+            )
+        out = self._listed(sql, n=per_shard)
+        for rows in out.values():
+            rows.sort(key=lambda b: (b.lower, b.batch_id), reverse=True)
+            del rows[per_shard:]
+        return out
+
+    @_retried_once_if_schema_recreated
+    def pending_batches(self) -> dict[str, list[Batch]]:
+        """{shard: its batches not committed that end past its upper} of every shard, oldest
+        first, in one query without their manifests (a range per shard of the index
+        ``ix_reconcile_batches_pending``): the only batches that can be an unresolved failure or
+        leave the shard behind (:func:`reconcile.standing.standing`, :func:`reconcile.standing.behind`);
+        every other batch is committed, or settled by the shard's upper."""
+        cols = ", ".join(f"b.{c}" for c in _LISTED)
+        sql = (
+            f"SELECT {cols} FROM reconcile_shards s CROSS JOIN reconcile_batches b WHERE b.shard = s.name "
+            "AND b.state <> 'committed' AND b.upper > s.upper"  # the index's own condition, as written there
+        )
+        out = self._listed(sql)
+        for rows in out.values():
+            rows.sort(key=lambda b: (b.lower, b.created_at))
+        return out
+
+    def _listed(self, sql: str, **params) -> dict[str, list[Batch]]:
+        """{shard: its batches} of a query selecting :data:`_LISTED` (``b.``) of the batches."""
+        from sqlalchemy import text
+
+        stmt = text(sql).bindparams(**params).columns(*(Batch.__table__.c[c] for c in _LISTED))
+        out: dict[str, list[Batch]] = {}
+        with self.read() as s:
+            for b in s.scalars(select(Batch).from_statement(stmt)):
+                out.setdefault(b.shard, []).append(b)
+        return out
 
     def previous_committed(self, name: str, lower: int) -> Batch | None:
         """The committed batch of the shard just below ``lower`` (one index lookup)."""

@@ -91,6 +91,14 @@ class Batch(Base):
         Index("ix_reconcile_batches_run", "shard", "run_id"),
         # The ledger newest first, a page at a time at any depth (keyset on lower, batch id).
         Index("ix_reconcile_batches_keyset", "shard", "lower", "batch_id"),
+        # Every shard's batches not committed past its upper, a range per shard (the fleet's views).
+        Index(
+            "ix_reconcile_batches_pending",
+            "shard",
+            "upper",
+            sqlite_where=text("state <> 'committed'"),
+            postgresql_where=text("state <> 'committed'"),
+        ),
     )
 
 
