@@ -394,3 +394,39 @@ def test_the_fleet_costs_three_ledger_queries(small_fleet, ledger):
     statements.clear()
     fleet.survey(ledger, configs, errors, now)
     assert 3 < len(statements) <= 8  # the unrepaired sink's own reads (report.foreign_unrepaired)
+
+
+def test_check_all_checks_each_sink_as_check_sink_does(small_fleet, capsys):
+    """``check --all``: each sink's check in turn, its lines as ``check SINK`` prints them (its
+    error, when it cannot check it: here the sinks' Delta tables were never written), an invalid
+    file as a NEEDS ACTION line, then the counts; the exit code is the worst (1 over 2 over 4)."""
+    from reconcile.cli import main
+    from reconcile.config_loading import load_dir
+    from reconcile.errors import brief
+
+    _, expected, _ = small_fleet
+    configs, _ = load_dir()
+    single = {}
+    for cfg in configs:
+        try:
+            code = main(["check", cfg.name])
+        except Exception as exc:  # noqa: BLE001 - a log check cannot read (sink 0's: no metadata action)
+            code, raised = 2, f"error: sink {cfg.name!r}: could not be checked: {brief(exc)}"
+        else:
+            raised = None
+        out, err = capsys.readouterr()
+        single[cfg.name] = (code, [raised] if raised else (out + err).strip().splitlines())
+    assert main(["check", "--all"]) == 1  # the invalid file
+    lines = capsys.readouterr().out.splitlines()
+    for name, (_, said) in single.items():
+        assert said[:-1] == [
+            line.removeprefix(f"{name}: ") for line in lines if line.startswith(f"{name}: ") and line != said[-1]
+        ], name
+        assert said[-1] in lines, name
+    assert any(line.startswith("NEEDS ACTION: invalid sink file: ") and "broken.yaml: field" in line for line in lines)
+    codes = [code for code, _ in single.values()]
+    assert lines[-1] == (
+        f"checked {len(configs)} sink(s): {codes.count(0)} fine, {codes.count(1)} needing action, "
+        f"{codes.count(4)} not yet repaired, {codes.count(2)} could not be checked; 1 invalid sink file(s)"
+    )
+    assert len(expected) == len(configs) + 1

@@ -380,6 +380,9 @@ def check_all(args) -> int:
             except SinkError as exc:
                 codes[cfg.name] = 2
                 text.write(f"error: {exc}\n")
+            except Exception as exc:  # noqa: BLE001 - one sink's unreadable log must not stop the others' checks
+                codes[cfg.name] = 2
+                text.write(f"error: sink {cfg.name!r}: could not be checked: {brief(exc)}\n")
             lines = text.getvalue().splitlines()
             for line in lines[:-1]:
                 print(f"{cfg.name}: {line}")
