@@ -154,6 +154,12 @@ def test_pages_show_frontiers_causes_drift_charts_and_links(shard_pages):
     assert "class=bad" in page and "alert past 0h 5m" in page  # lag past the sink's threshold
     assert "never compacted" in page
     assert "retryable: fail point append.before_delta_commit hit" in page  # the failed append's cause
+    # needing action first, under the counts per state: the invalid file, the late sink, then the new one
+    assert "<p id=counts><span class=bad>3 sink(s): 1 invalid, 1 late, 1 new</span></p>" in page
+    table = page[page.index("<table>") :]
+    assert table.index(">broken<") < table.index(">paged</a>") < table.index(">fresh</a>")
+    assert "<span class='small nw'><span class=bad>late</span></span>" in table
+    assert "<span class='small nw'><span class=done>new</span></span>" in table
 
     assert _get(f"{base}/reconcile/", cookie=token)[0] == 200  # the UI's cookie works too
     status, sink = _get(f"{base}/reconcile/sinks/paged", token=token)

@@ -1,9 +1,11 @@
 """The shard pages (served inside Airflow's api-server by reconcile.airflow.plugin, behind
 Airflow's own authentication; a browser without a session is sent to Airflow's login page).
 
-- Overview: per sink its upper, lag (red past the sink's ``alert.lag_minutes``), since, read-
-  only, the last batch's state with the cause of any failure, drift: red while foreign Delta
-  versions are not yet repaired, grey once repaired; invalid configs.
+- Overview: every sink, those needing action first under a line of counts per state
+  (:mod:`reconcile.fleet`, as ``status`` lists them); per sink its state, upper, lag (red past
+  the sink's ``alert.lag_minutes``), since, read-only, the last batch's state with the cause of
+  any failure, drift: red while foreign Delta versions are not yet repaired, grey once
+  repaired; invalid configs.
 - A page per sink: first, in red, the foreign Delta versions no batch repaired yet (``status``'s
   ``foreign_unrepaired``: who wrote each, its rows, when, and that the next batch repairs it or
   why not); three charts of its newest committed batches, then the ledger paged by key (fast at
@@ -132,9 +134,12 @@ def _unrepaired_mark(open_: list[dict] | None, last) -> str:
     return f"<span class=done>drift {last.drift_rows}</span> (repaired)"
 
 
+STATE_TONE = {"invalid": "bad", "failed": "bad", "late": "bad", "unrepaired": "bad", "current_lagging": "bad"}
+
+
 def render_overview(can_read: Callable[[str], bool] = lambda name: True) -> str:
-    """Every sink the user may read (:mod:`reconcile.fleet`: a few ledger queries for the whole
-    fleet and a probe of each Delta log)."""
+    """Every sink the user may read, needing action first (:mod:`reconcile.fleet`: a few ledger
+    queries for the whole fleet and a probe of each Delta log), with counts per state."""
     from reconcile import fleet, settings
     from reconcile.config_loading import load_dir
     from reconcile.storage.ledger import Ledger
@@ -143,12 +148,17 @@ def render_overview(can_read: Callable[[str], bool] = lambda name: True) -> str:
     now = now_ms()
     ledger = Ledger(settings.metadata_url())
     try:
-        healths = fleet.survey(ledger, configs, [], now, can_read=can_read)
+        healths = fleet.survey(ledger, configs, errors, now, can_read=can_read)
     finally:
         ledger.dispose()
     rows = []
-    for h in sorted(healths, key=lambda h: h.name):
-        link = f"<a href='sinks/{quote(h.name)}'>{e(h.name)}</a>"
+    for h in healths:
+        label = h.state.replace("_", " ")
+        state = f"<br><span class='small nw'><span class={STATE_TONE.get(h.state, 'done')}>{e(label)}</span></span>"
+        link = f"<a href='sinks/{quote(h.name)}'>{e(h.name)}</a>{state}" if not h.invalid else e(h.name) + state
+        if h.invalid:
+            rows.append(f"<tr><td>{link}</td><td>-</td><td colspan=6 class='msg bad'>{_prose(h.needs[0])}</td></tr>")
+            continue
         if h.shard is None:
             rows.append(f"<tr><td>{link}</td><td>{e(h.kind)}</td><td colspan=6>no shard yet (no run minted)</td></tr>")
             continue
@@ -159,6 +169,8 @@ def render_overview(can_read: Callable[[str], bool] = lambda name: True) -> str:
         )
         last_cell = "-" if last is None else f"[{_time(last.lower)}, {_time(last.upper)}) {_state(last, shard.upper)}"
         last_cell += "" if h.behind is None else f"<p class=warn>{_prose(h.behind.removeprefix('BEHIND: '))}</p>"
+        if h.current:
+            last_cell += f"<p class=bad>{_prose(h.current)}</p>"
         drift = _unrepaired_mark(h.unrepaired, last)
         rows.append(
             f"<tr><td>{link}</td><td>{e(h.kind)}</td><td>{_time(shard.upper)}</td><td>{lag_cell}</td>"
@@ -166,9 +178,12 @@ def render_overview(can_read: Callable[[str], bool] = lambda name: True) -> str:
             f"<td>{_time(shard.since) if shard.since else 'never compacted'}</td>"
             f"<td>{'yes' if shard.read_only else 'no'}</td></tr>"
         )
+    need = sum(h.needs_action for h in healths)
+    summary = f"<p id=counts><span class={'bad' if need else 'ok'}>{e(fleet.counts_line(healths))}</span></p>"
     return _page(
         "Reconcile shards",
         "<h1>Reconcile shards</h1>"
+        + summary
         + _table(["sink", "kind", "upper (UTC)", "lag", "drift", "last batch", "since", "read-only"], rows)
         + _invalid(errors),
     )
