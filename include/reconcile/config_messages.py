@@ -199,7 +199,7 @@ def validation_problems(
             cause.problems if isinstance(cause, FieldError) else [(_field(loc), _message(e, loc, kind, siblings, text))]
         )
         for fld, message in pairs:
-            found.setdefault(fld, shorten(message, 500))  # one line; a long value cut in its middle
+            found.setdefault(fld, shorten(message, 400))  # one line; a long value cut in its middle
     for fld, message in _raw_problems(data):  # checks that other fields' problems kept from running
         found.setdefault(fld, message)
     return [ConfigError(path, fld, message, sink=sink) for fld, message in found.items()]

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 from reconcile import kinds
 from reconcile.config import SinkConfig
 from reconcile.kinds.preview import NotExact, duck_type, failed
-from reconcile.model import FeedProgress
+from reconcile.model import ROW_KEYS, FeedProgress
 from reconcile.schedule import next_scheduled_frontier, now_ms
 from reconcile.sink import guard
 from reconcile.sink.mint import next_lower
@@ -139,7 +139,8 @@ def spark_correction(
     totals = per_part.agg(F.sum("inserts"), F.sum("retractions")).collect()[0]
     feed = result.progress  # observed by the job above
     ordered = per_part.orderBy("_part")
-    return SparkCorrection(ordered, corr.drop("_part"), int(totals[0] or 0), int(totals[1] or 0), feed)
+    shown = corr.drop("_part", *ROW_KEYS)  # the sink's columns, _error, _time, _diff
+    return SparkCorrection(ordered, shown, int(totals[0] or 0), int(totals[1] or 0), feed)
 
 
 def correction(
