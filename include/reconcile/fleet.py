@@ -29,6 +29,7 @@ over 0.
 
 from __future__ import annotations
 
+import functools
 from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -59,8 +60,15 @@ def lag_limit_ms(cfg: SinkConfig) -> int | None:
     no recurring schedule)."""
     if cfg.alert.lag_minutes is not None:
         return cfg.alert.lag_minutes * 60_000
-    period = schedule_period_ms(cfg.schedule)
+    period = _period_ms(cfg.schedule)
     return 2 * period if period else None
+
+
+@functools.lru_cache(maxsize=1024)
+def _period_ms(schedule: str | None) -> int | None:
+    """:func:`~reconcile.schedule.schedule_period_ms`, once per schedule (a fleet shares a few;
+    croniter costs about a millisecond a call)."""
+    return schedule_period_ms(schedule)
 
 
 @dataclass
