@@ -327,26 +327,90 @@ def test_changelog_source_fractional_numbers_are_errors(spark, tmp_path):
     assert sorted(r._error is not None for r in out) == [True, True, True], out
 
 
-@pytest.mark.parametrize("bits", [64, 2])
-def test_hash_first_batches_match_the_model_even_when_keys_collide(
-    bits, spark, warehouse, tmp_path, sqlite_ledger, monkeypatch, caplog
+def _cells_model(rows: dict[tuple[int, int], int], per_table: int) -> dict[int, tuple]:
+    """Cells as plain Python sums them: each key, times its count, into one cell of each table."""
+    from reconcile.differential_cells import cells_of, check_hash
+
+    out: dict[int, list[int]] = {}
+    for (k1, k2), n in rows.items():
+        h = check_hash(k1, k2)
+        for c in cells_of(k2, per_table):
+            sums = out.setdefault(c, [0] * 7)
+            for i, x in enumerate((1, k1 & 0xFFFFFFFF, k1 >> 32, k2 & 0xFFFFFFFF, k2 >> 32, h & 0xFFFFFFFF, h >> 32)):
+                sums[i] += n * x
+    return {c: tuple(v) for c, v in out.items()}
+
+
+def test_the_cells_check_hash_is_sparks(spark):
+    """The check hash a pure cell's key must match, computed in Python, is Spark's xxhash64 of the
+    key's two halves."""
+    from pyspark.sql import functions as F
+
+    from reconcile.differential_cells import check_hash
+
+    rng = random.Random(7)
+    keys = [(0, 0), (-1, 1), (-(1 << 63), (1 << 63) - 1)] + [
+        (rng.randrange(-(1 << 63), 1 << 63), rng.randrange(-(1 << 63), 1 << 63)) for _ in range(50)
+    ]
+    df = spark.createDataFrame(keys, "a BIGINT, b BIGINT").select("a", "b", F.xxhash64("a", "b").alias("h"))
+    assert {(r.a, r.b): r.h for r in df.collect()} == {k: check_hash(*k) for k in keys}
+
+
+@pytest.mark.parametrize("changed", [0, 1, 40, 300])
+def test_cells_peel_exactly_the_keys_whose_count_changed(changed):
+    """Peeling the difference of two sides' cells gives every key whose count differs, with the
+    difference (a key only one side holds, a count that grew or shrank), and nothing else; far
+    more changed keys than cells do not peel (NotPeeled), they are never guessed."""
+    from reconcile.differential_cells import NotPeeled, peel
+
+    rng = random.Random(changed)
+    key = lambda: (rng.randrange(-(1 << 63), 1 << 63), rng.randrange(-(1 << 63), 1 << 63))  # noqa: E731
+    persist = {key(): rng.choice([1, 1, 1, 2, 5]) for _ in range(2000)}
+    desired = dict(persist)
+    for k in rng.sample(sorted(persist), changed // 2):
+        desired[k] = rng.choice([0, 0, 2, 3]) if desired[k] == 1 else desired[k] - 1  # deleted, or count changed
+    while len({k for k in desired.keys() | persist.keys() if desired.get(k, 0) != persist.get(k, 0)}) < changed:
+        desired[key()] = rng.choice([1, 2])  # new keys
+    want = sorted(
+        (k1, k2, desired.get((k1, k2), 0) - persist.get((k1, k2), 0)) for k1, k2 in desired.keys() | persist.keys()
+    )
+    want = [w for w in want if w[2]]
+    assert len(want) == changed
+    assert sorted(peel(_cells_model(desired, 256), _cells_model(persist, 256), 256)) == want
+    if changed >= 40:
+        with pytest.raises(NotPeeled):
+            peel(_cells_model(desired, 8), _cells_model(persist, 8), 8)
+
+
+@pytest.mark.parametrize(
+    ("way", "bits"),
+    [("one_scan", 64), ("one_scan", 2), ("one_scan_fallback", 64), ("hash_first", 64), ("hash_first", 2)],
+)
+def test_key_first_batches_match_the_model_even_when_keys_collide(
+    way, bits, spark, warehouse, tmp_path, sqlite_ledger, monkeypatch, caplog
 ):
-    """A query sink's batches compare 128-bit row keys first and shuffle only the changed rows in
-    full. With the key narrowed to 2 bits a half (a test build: nearly every pair of rows collides),
-    a collision can hide a change; the batch's checksums over the full row hash catch it, and the
-    batch is computed again comparing every row: the shard still equals the model after every batch.
-    With the full key no batch needs that."""
+    """A query sink's batches compare 128-bit row keys first: in one scan of the query's result
+    (its keys summed into cells, peeled) or in two passes (hash first), shuffling only the changed
+    rows in full. With the key narrowed to 2 bits a half (a test build: nearly every pair of rows
+    collides), a collision can hide a change; the batch's checksums over the full row hash catch
+    it, and the batch is computed again comparing every row: the shard still equals the model
+    after every batch. With the full key no batch needs that. With too few cells to peel the
+    change, the batch is computed with more cells, then hash first, and is as exact."""
     import logging
 
     from helpers import run_stages, shard_as_of
     from reconcile.differential import KEY_BITS_ENV
+    from reconcile.differential_cells import CELLS_ENV, ENV
 
     monkeypatch.setenv(KEY_BITS_ENV, str(bits))
-    monkeypatch.setenv("RECONCILE_HASH_FIRST_MIN_ROWS", "1")  # hash first on a shard of a few rows
-    cfg = make_sink(tmp_path, f"hash_first_{bits}")
+    monkeypatch.setenv("RECONCILE_HASH_FIRST_MIN_ROWS", "1")  # key first on a shard of a few rows
+    monkeypatch.setenv(ENV, "0" if way == "hash_first" else "1")
+    if way == "one_scan_fallback":
+        monkeypatch.setenv(CELLS_ENV, "1")  # 3 cells, then 24: a change of ~10 keys does not peel in 3
+    cfg = make_sink(tmp_path, f"{way}_{bits}")
     rng = random.Random(bits)
     rows = [{"k": rng.randrange(30), "v": rng.choice("abc")} for _ in range(40)]
-    again = passes = 0
+    again = passes = scans = unpeeled = 0
     for i in range(5):
         write_json_rows(tmp_path / "src", rows)
         with caplog.at_level(logging.INFO, logger="reconcile"):
@@ -354,13 +418,20 @@ def test_hash_first_batches_match_the_model_even_when_keys_collide(
             run_stages(spark, sqlite_ledger, cfg, f"r{i}", 200 + 100 * i)
         again += sum("comparing every row in full" in r.getMessage() for r in caplog.records)
         passes += sum(r.getMessage().startswith("hash-first pass 1: ") for r in caplog.records)
+        scans += sum(r.getMessage().startswith("one scan: ") and "peeled" in r.getMessage() for r in caplog.records)
+        unpeeled += sum("the cells did not peel" in r.getMessage() for r in caplog.records)
         assert shard_as_of(cfg, 199 + 100 * i) == Counter((r["k"], r["v"], None) for r in rows), f"batch {i}"
         rows = [r for r in rows if rng.random() < 0.8] + [
             {"k": rng.randrange(30), "v": rng.choice("abc")} for _ in range(rng.randrange(1, 8))
         ]
         if rows:  # a changed value of a kept row
             rows[0] = {**rows[0], "v": rows[0]["v"] + "x"}
-    assert passes >= 4  # every batch after the first hashed first
+    if way == "hash_first":
+        assert passes >= 4 and scans == 0  # every batch after the first hashed first
+    elif way == "one_scan" and bits == 64:
+        assert scans >= 4 and passes == 0 and unpeeled == 0  # one scan each
+    elif way == "one_scan_fallback":
+        assert unpeeled >= 4 and scans + passes >= 4  # more cells (peeled), or then hash first
     if bits == 64:
         assert again == 0
     else:

@@ -233,6 +233,15 @@ class BatchChecks:
         self.attach(observation, role, into)
         return hashed.observe(observation, *aggregates).drop(*tmp)
 
+    def mark(self) -> int:
+        """A point to :meth:`rollback` to: the observations made so far."""
+        return len(self._observed)
+
+    def rollback(self, mark: int) -> None:
+        """Forget the observations made since ``mark`` (a correction abandoned for another way of
+        computing it, whose frames make their own)."""
+        del self._observed[mark:]
+
     def observing(self, spark: SparkSession):
         """:func:`observable` for an action of the correction's own (before the staged write's)
         that makes some of these observations."""

@@ -270,6 +270,13 @@ def worth_caching(desired: DataFrame) -> bool:
 _CACHED: list[DataFrame] = []
 
 
+def cached(df: DataFrame) -> DataFrame:
+    """``df`` cached (memory, spilling to local disk) until :func:`release`."""
+    out = df.cache()
+    _CACHED.append(out)
+    return out
+
+
 def release() -> None:
     """Release what the last corrections cached (their write is done, or failed)."""
     while _CACHED:

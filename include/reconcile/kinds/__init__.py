@@ -52,7 +52,7 @@ the touched keys' values replaced, so the shard as read counts into both sides.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from reconcile.errors import SourceError
 from reconcile.kinds.protocol import (
@@ -132,7 +132,7 @@ class QueryKind(OwnCollection):
         return query.desired(spark, self.cfg)
 
     def difference(
-        self, desired: DataFrame, persist: DataFrame, lower: int, upper: int, checks: BatchChecks | None, **how: bool
+        self, desired: DataFrame, persist: DataFrame, lower: int, upper: int, checks: BatchChecks | None, **how: Any
     ) -> DataFrame:
         from reconcile.kinds import query
 
@@ -163,7 +163,7 @@ class ChangelogKind(OwnCollection):
         return changelog.desired(spark, self.cfg)
 
     def difference(
-        self, desired: DataFrame, persist: DataFrame, lower: int, upper: int, checks: BatchChecks | None, **how: bool
+        self, desired: DataFrame, persist: DataFrame, lower: int, upper: int, checks: BatchChecks | None, **how: Any
     ) -> DataFrame:
         from reconcile.kinds import changelog
 

@@ -75,6 +75,9 @@ class Bounds:
     repair: DriftRepair | None = None
     # Compare every row in full (no hash-first pass): a batch computed again after it did not add up.
     exact: bool = False
+    # How many update rows the shard as read holds (its files' statistics; None: not known): how
+    # a kind that compares row keys first picks its way (:func:`reconcile.differential_cells.wanted`).
+    shard_rows: int | None = None
 
 
 @dataclass(frozen=True)
@@ -203,10 +206,10 @@ class OwnCollection:
         raise NotImplementedError
 
     def difference(
-        self, desired: DataFrame, persist: DataFrame, lower: int, upper: int, checks: BatchChecks | None, **how: bool
+        self, desired: DataFrame, persist: DataFrame, lower: int, upper: int, checks: BatchChecks | None, **how: Any
     ) -> DataFrame:
         """The correction of ``(lower, upper)``: ``desired`` against ``persist`` (an update frame
-        plus ``_part``; ``how``: ``bulk`` or ``exact``)."""
+        plus ``_part``; ``how``: ``bulk``, or ``exact`` and ``shard_rows`` for a kind that hashes first)."""
         raise NotImplementedError
 
     def relation(self, con: DuckDBPyConnection, lower: int, upper: int) -> Desired:
@@ -215,9 +218,9 @@ class OwnCollection:
 
     def correction(self, spark: SparkSession, persist: DataFrame, bounds: Bounds) -> Correction:
         desired = self.desired(spark)
-        how: dict[str, bool] = {"bulk": True} if bounds.empty_shard and self.bulk_first else {}
-        if bounds.exact and self.hashes_first:
-            how["exact"] = True
+        how: dict[str, Any] = {"bulk": True} if bounds.empty_shard and self.bulk_first else {}
+        if self.hashes_first:
+            how.update(exact=bounds.exact, shard_rows=bounds.shard_rows)
         return Correction(self.difference(desired, persist, bounds.lower, bounds.upper, bounds.checks, **how))
 
     def preview(self, con: DuckDBPyConnection, shard: str, bounds: Bounds) -> Updates:

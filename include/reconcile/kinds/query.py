@@ -10,15 +10,19 @@ every earlier time keeps what it had.
 
 from __future__ import annotations
 
+import logging
+
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
+from reconcile import differential_cells
 from reconcile.config import QuerySink
 from reconcile.differential import difference, hash_first
 from reconcile.errors import SourceError, brief
 from reconcile.kinds.decode import read_source, require_columns, validate
 from reconcile.kinds.protocol import QUERY_SOURCE
 
+log = logging.getLogger(__name__)
 WRITES = ("InsertIntoStatement", "OverwriteByExpression", "AppendData", "ReplaceData", "WriteDelta")
 
 
@@ -92,17 +96,32 @@ def correction(
     checks=None,
     bulk: bool = False,
     exact: bool = False,
+    shard_rows: int | None = None,
 ) -> DataFrame:
     """The snapshot's correction for ``(lower, upper)``: update frame plus ``_part`` (``checks``:
     :func:`reconcile.differential.difference`'s). ``bulk`` (the shard holds nothing yet): the
     snapshot's rows as they come, each +1, without the shuffle that consolidates them. Otherwise
-    hash first (:func:`reconcile.differential.hash_first`: only the changed rows are shuffled in
-    full), or, with ``exact``, every row of both sides compared in full."""
+    one scan of the snapshot whose row keys are summed into cells
+    (:func:`reconcile.differential_cells.correction`, for a shard of ``shard_rows`` update rows
+    where :func:`~reconcile.differential_cells.wanted`; where its cells do not peel, with more
+    cells, then) hash first (:func:`reconcile.differential.hash_first`: only the changed rows are
+    shuffled in full), or, with ``exact``, every row of both sides compared in full."""
     assert lower < upper, f"invalid description [{lower}, {upper})"
     below = persist.where(F.col("_time") < upper)
     stamp = F.lit(upper - 1).cast("bigint")
     if bulk or exact:
         return difference(cfg, snapshot, below, stamp, checks, consolidated=not bulk)
+    if differential_cells.wanted(shard_rows, snapshot) and not (checks is not None and checks.guarded):
+        cells = differential_cells.cells_per_table()
+        for per_table in (cells, cells * differential_cells.RETRY_FACTOR):
+            try:
+                return differential_cells.correction(cfg, snapshot, below, stamp, checks, per_table=per_table)
+            except differential_cells.NotPeeled as exc:
+                log.info(
+                    "one scan: the cells did not peel (%s); computing it %s",
+                    exc,
+                    "again with more cells" if per_table == cells else "hash first",
+                )
     return hash_first(cfg, snapshot, below, stamp, checks)
 
 

@@ -124,6 +124,7 @@ def spark_correction(
     sources), cached; its totals read by one Spark job."""
     from pyspark.sql import functions as F
 
+    from reconcile import differential
     from reconcile.sink.write import batch_correction
     from reconcile.storage import frames
 
@@ -137,6 +138,7 @@ def spark_correction(
         F.sum(F.when(F.col("_diff") < 0, -F.col("_diff")).otherwise(0)).alias("retractions"),
     )
     totals = per_part.agg(F.sum("inserts"), F.sum("retractions")).collect()[0]
+    differential.release()  # what computing it cached: the correction itself is now cached
     feed = result.progress  # observed by the job above
     ordered = per_part.orderBy("_part")
     shown = corr.drop("_part", *ROW_KEYS)  # the sink's columns, _error, _time, _diff

@@ -116,13 +116,15 @@ def batch_correction(
     empty_shard: bool = False,
     repair: kinds.DriftRepair | None = None,
     exact: bool = False,
+    shard_rows: int | None = None,
 ) -> kinds.Correction:
     """The correction of ``(lower, upper)`` against ``persist``, for any kind of sink (``checks``:
     observe its checksums while it is computed; ``empty_shard``: persist holds no update;
     ``repair``: foreign writes a keyed kind must repair beyond its commands' keys)."""
     kind = kinds.of(cfg)
     wm = ledger.watermark(cfg.name) if kind.reads_feed else None
-    return kind.correction(spark, persist, kinds.Bounds(lower, upper, wm, checks, empty_shard, repair, exact))
+    bounds = kinds.Bounds(lower, upper, wm, checks, empty_shard, repair, exact, shard_rows)
+    return kind.correction(spark, persist, bounds)
 
 
 def self_check(cfg: SinkConfig, batch_id: str, lower: int, upper: int, sums: dict[str, dict[int, int | None]]) -> None:
@@ -191,6 +193,7 @@ class Attempt:
     replaces: str | None = None  # the damaged staged attempt this one replaces
     drift: drift_.Drift = field(default_factory=drift_.Drift)  # what foreign writers changed: found by stage()
     read_version: int | None = None  # the Delta version persist is read at: set by stage()
+    shard_rows: int | None = None  # update rows the shard holds at read_version (None: not known): set by stage()
     stage_id: str = field(default_factory=layout.new_stage_id)
     # derived once: the sink, the batch, this attempt's directory, the fields of its log lines
     cfg: SinkConfig = field(init=False)
@@ -324,6 +327,7 @@ def stage(attempt: Attempt) -> StagedFiles | WriteResult:
     fails while another attempt decided the batch, this attempt's files go and it says so."""
     try:
         read_version = attempt.read_version = attempt.table.latest_version()
+        attempt.shard_rows = frames.update_rows(attempt.table, read_version)
         persist = read_persist(attempt, read_version)
         empty = frames.holds_nothing(attempt.table, read_version)
         differential.label_jobs(attempt.spark, "reconcile: drift (foreign versions since the last batch)")
@@ -402,8 +406,7 @@ HASH_FIRST_MIN_ROWS = 200_000
 def hash_first_pays(attempt: Attempt) -> bool:
     """Does the shard as read hold enough update rows for the hash-first pass to pay?"""
     least = int(os.environ.get("RECONCILE_HASH_FIRST_MIN_ROWS") or HASH_FIRST_MIN_ROWS)
-    rows = frames.update_rows(attempt.table, attempt.read_version) if attempt.read_version is not None else None
-    return rows is not None and rows >= least
+    return attempt.shard_rows is not None and attempt.shard_rows >= least
 
 
 def _stage_checked(
@@ -433,7 +436,17 @@ def _stage_once(
     cfg, desc = attempt.cfg, attempt.desc
     checks = BatchChecks(cfg, desc.lower, desc.upper, attempt.stage_id, carried, guarded) if checksums.ENABLED else None
     corr = batch_correction(
-        attempt.spark, attempt.ledger, cfg, persist, desc.lower, desc.upper, checks, empty, attempt.drift.repair, exact
+        attempt.spark,
+        attempt.ledger,
+        cfg,
+        persist,
+        desc.lower,
+        desc.upper,
+        checks,
+        empty,
+        attempt.drift.repair,
+        exact,
+        attempt.shard_rows,
     )
     try:
         with checksums.observable(attempt.spark):  # the checksums and an upsert feed's progress
