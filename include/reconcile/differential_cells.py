@@ -51,8 +51,11 @@ TABLES = 3  # cells a key is added into, one per table (peeling works below ~0.8
 CELLS = 1 << 15  # cells per table: about 80,000 changed shard keys peel
 RETRY_FACTOR = 8  # more: a second scan with 8 times the cells, then hash-first
 CELL_SHIFT = 21  # table t's cell is bits [21 t, 21 t + log2(cells)) of the key's second half
-MAX_SHARD_ROWS = 60_000_000  # above: hash-first (the shard's key halves no longer broadcast well)
-ENV = "RECONCILE_ONE_SCAN"  # 0: never; 1: whatever the shard's size (tests)
+# Off unless RECONCILE_ONE_SCAN=1: measured slower than hash-first (bench/profile_query.py, alone,
+# 2 cores): 43.6 s against 32.1 s at 10M rows / 0.1% changed, 16.3 s against 9.1 s at 1M / 1%.
+# The broadcast existence join alone costs 5.6 s at 10M (building the relation of 10M key halves),
+# the cells' explode and aggregate 4.5 s, the shard's rows of the changed keys a full read (4 s).
+ENV = "RECONCILE_ONE_SCAN"
 CELLS_ENV = "RECONCILE_TEST_CELLS"  # cells per table (a test forces a fallback with few)
 BROADCAST_CONF = "spark.sql.autoBroadcastJoinThreshold"
 BROADCAST_BYTES = 4 << 30  # the planner's estimate of the key halves is of the whole files' width
@@ -64,14 +67,11 @@ class NotPeeled(Exception):
 
 
 def wanted(rows: int | None, desired: DataFrame) -> bool:
-    """Whether a batch over a shard of ``rows`` update rows computes its correction here (never
-    over Spark Connect: measured and tested in a classic session only)."""
+    """Whether a batch over a shard of ``rows`` update rows computes its correction here: only
+    when asked (``RECONCILE_ONE_SCAN=1``, see above), never over Spark Connect."""
     if getattr(desired, "_jdf", None) is None:
         return False
-    forced = os.environ.get(ENV)
-    if forced in ("0", "1"):
-        return forced == "1"
-    return rows is not None and rows <= MAX_SHARD_ROWS
+    return os.environ.get(ENV) == "1" and rows is not None
 
 
 def cells_per_table() -> int:
