@@ -171,18 +171,21 @@ def write_staged(
     cfg = table.cfg
     path = table.staging_path(batch_id, stage_id)
     observation = Observation(f"staged-{stage_id}")
-    aggregates, tmp = [], []
+    corr = corr.withColumn(STATS_HASH, stats_hash(cfg))  # hashed once a row, not once an aggregate
+    aggregates, tmp = [], [STATS_HASH]
     for p in range(cfg.partitions):
         mine = F.col("_part") == p
         aggregates += [
-            agg.alias(f"{name}_{p}") for name, agg in zip(STAT_COLUMNS, _stats_aggregates(cfg, mine), strict=True)
+            agg.alias(f"{name}_{p}")
+            for name, agg in zip(STAT_COLUMNS, _stats_aggregates(cfg, mine, F.col(STATS_HASH)), strict=True)
         ]
     if checks is not None:
         if HASH_COLUMN in corr.columns:  # the row hash the correction carries: nothing to add
             aggregates += checks.hashed_aggregates("correction")
         else:
-            corr, more, tmp = checks.aggregates(corr, "correction")
+            corr, more, added = checks.aggregates(corr, "correction")
             aggregates += more
+            tmp += added
         checks.attach(observation, "correction", {"shard": 1})
     corr = corr if all(k in corr.columns for k in ROW_KEYS) else with_row_key(cfg, corr)
     observed = corr.observe(observation, *aggregates).drop(*tmp, HASH_COLUMN)
@@ -207,12 +210,21 @@ STATS = ("rows", "err", "weight", "checksum", "net")
 STAT_COLUMNS = ("rows", "err", "weight", "checksum", "checksum_high", "net")  # what _stats_aggregates names
 
 
-def _stats_aggregates(cfg: SinkConfig, where=None) -> list:
-    """rows, error rows, weight (sum of |diff|), checksum (the exact sum of a row hash, as its
-    two 32-bit limbs: order-independent) and net (sum of diff) of the rows, or of those matching
-    ``where`` (:func:`_stats_of` reads them). BIGINT sums throughout: a limb's sum is exact below
-    2^31 rows (Spark fails the job past that)."""
-    h = F.xxhash64(*[F.col(spark_name(c)) for c in cfg.column_names], "_error", "_time", "_diff")
+STATS_HASH = "_st_h"  # the statistics' row hash, as a column while a staged write observes it
+
+
+def stats_hash(cfg: SinkConfig):
+    """The hash the statistics' checksum sums: ``xxhash64(row, _error, _time, _diff)``."""
+    return F.xxhash64(*[F.col(spark_name(c)) for c in cfg.column_names], "_error", "_time", "_diff")
+
+
+def _stats_aggregates(cfg: SinkConfig, where=None, h=None) -> list:
+    """rows, error rows, weight (sum of |diff|), checksum (the exact sum of a row hash,
+    :func:`stats_hash`, or ``h`` where a column holds it, as its two 32-bit limbs:
+    order-independent) and net (sum of diff) of the rows, or of those matching ``where``
+    (:func:`_stats_of` reads them). BIGINT sums throughout: a limb's sum is exact below 2^31 rows
+    (Spark fails the job past that)."""
+    h = stats_hash(cfg) if h is None else h
     keep = F.lit(True) if where is None else where
     return [
         F.sum(F.when(keep, 1).otherwise(0)).alias("rows"),
