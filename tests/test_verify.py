@@ -306,7 +306,13 @@ def test_the_shard_side_is_carried_from_the_previous_batch(spark, warehouse, tmp
     monkeypatch.setattr(checksums.BatchChecks, "observe_hashed", spy)
     write_json_rows(tmp_path / "src", [{"k": 1, "v": "a"}, {"k": 2, "v": "b"}])
     run_stages(spark, ledger, cfg, "run-1", 200)
-    assert seen == ["desired", "persist"]  # the first batch has nothing to carry
+    # the first batch has nothing to carry; its correction is the desired side as it comes, so
+    # the staged write's observation counts into both sides (the desired frame is not observed apart)
+    assert seen == ["persist"]
+    (first,) = ledger.batches(cfg.name, (COMMITTED,))
+    parts = json.loads(first.manifest)["parts"].values()
+    assert all(p["desired_checksum"] == p["shard_checksum"] for p in parts)
+    assert {p["desired_checksum"] for p in parts} != {"0" * 16}  # observed, not zero
 
     def recorded(upper: int) -> dict[int, int]:
         (b,) = [b for b in ledger.batches(cfg.name, (COMMITTED,)) if b.upper == upper]

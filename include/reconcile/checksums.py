@@ -177,6 +177,7 @@ class BatchChecks:
         self.carried = carried
         self.guarded = guarded  # try_* sums (after a plain attempt overflowed)
         self._observed: list[tuple[str, Any, dict[str, int]]] = []
+        self.correction_into: dict[str, int] = {"shard": 1}  # the staged correction's sides
 
     def aggregates(
         self, df: DataFrame, role: str, where: Column | None = None
@@ -232,6 +233,11 @@ class BatchChecks:
         hashed, aggregates, tmp = self.aggregates(df, role, where)
         self.attach(observation, role, into)
         return hashed.observe(observation, *aggregates).drop(*tmp)
+
+    def count_correction_into(self, side: str) -> None:
+        """Count the staged correction's observation into ``side`` too (a correction staged as the
+        desired side comes: :func:`reconcile.differential.difference` without consolidating)."""
+        self.correction_into[side] = 1
 
     def mark(self) -> int:
         """A point to :meth:`rollback` to: the observations made so far."""

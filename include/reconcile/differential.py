@@ -77,7 +77,9 @@ def difference(
 
     ``consolidated`` False (a shard that holds nothing yet, and a desired side whose updates are
     each +1): the updates as they come, identical rows as separate updates, no shuffle; the same
-    collection at every time, consolidated later by compaction.
+    collection at every time, consolidated later by compaction. The desired side's checksums are
+    then the staged correction's plus the shard's (not observed twice over the same rows: an
+    initial load's write hashes each row for its checks once).
 
     The correction carries each row's key (:data:`~reconcile.model.ROW_KEYS`): stored where a
     side carries it (persist read by :func:`reconcile.storage.frames.read_keyed`), else hashed."""
@@ -101,12 +103,17 @@ def difference(
     if checks is None:
         both = side(desired, F.col("_diff")).unionByName(side(persist, -F.col("_diff")))
     else:
-        d = checks.observe_hashed(side(desired, F.col("_diff")), "desired", {"desired": 1})
+        d = side(desired, F.col("_diff"))
+        if consolidated:
+            d = checks.observe_hashed(d, "desired", {"desired": 1})
+        else:  # the correction is staged as it comes: desired = correction + persist, by construction
+            checks.count_correction_into("desired")
+        persisted = {"shard": -1} if consolidated else {"shard": -1, "desired": -1}
         p = side(persist, -F.col("_diff"))
         if checks.carried is None:
-            p = checks.observe_hashed(p, "persist", {"shard": -1})  # negated on this side
+            p = checks.observe_hashed(p, "persist", persisted)  # negated on this side
         else:
-            checks.carry({"shard": 1})
+            checks.carry({side_: -n for side_, n in persisted.items()})
         both = d.unionByName(p)
     if not consolidated:
         return both

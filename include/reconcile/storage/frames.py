@@ -186,7 +186,7 @@ def write_staged(
             corr, more, added = checks.aggregates(corr, "correction")
             aggregates += more
             tmp += added
-        checks.attach(observation, "correction", {"shard": 1})
+        checks.attach(observation, "correction", dict(checks.correction_into))
     corr = corr if all(k in corr.columns for k in ROW_KEYS) else with_row_key(cfg, corr)
     observed = corr.observe(observation, *aggregates).drop(*tmp, HASH_COLUMN)
     observed.withColumnRenamed("_part", PART_COLUMN).write.mode("error").partitionBy(PART_COLUMN).parquet(path)
