@@ -98,10 +98,52 @@ def cmd_validate(args) -> int:
         if kinds.of(cfg).plans_sql:
             sql = ", SQL planned" if cfg.name in planned else ", SQL not planned"
         print(f"ok      {cfg.name} ({cfg.kind}, {len(cfg.columns)} columns, P={cfg.partitions}{sql}) {cfg.path}")
+        changed = _schema_change_lines(cfg)
+        for line in changed:
+            print(line)
+        failed = failed or any(line.startswith("INVALID") for line in changed)
     for err in errors:
         for problem in problems_of(err):
             print(f"INVALID {problem}")
     return 1 if failed or errors or any(planned.values()) else 0
+
+
+def _schema_change_lines(cfg) -> list[str]:
+    """What the next run does with the sink file's schema against its shard's (issue 52): nothing
+    when they are the same or the shard does not exist yet; else the changes, whether a run
+    applies them and what that costs (``INVALID``: the run refuses)."""
+    from reconcile.storage.delta import ShardTable
+
+    table = ShardTable(cfg)
+    try:
+        if not table.exists():
+            return []
+        plan = table.schema_plan()
+    except Exception as exc:  # noqa: BLE001 - an unreachable warehouse: the file is still checked
+        return [f"        {cfg.name}: the shard's schema was not compared ({brief(exc, 200)})"]
+    notes = [n for n in plan.notes if n != "foreign"]
+    out = [f"        {cfg.name}: note: {n}" for n in notes]
+    if not plan:
+        return out
+    rows = "?" if plan.rows is None else f"{plan.rows}"
+    if "foreign" in plan.notes:
+        return [
+            *out,
+            f"INVALID {cfg.name}: the shard's Delta table was changed behind the sink's back (the sink file against "
+            f"it: {plan.describe()}), "
+            "not by the sink file: restore it (Delta RESTORE to the last version the sink committed)",
+        ]
+    if not plan.supported:
+        return [
+            *out,
+            f"INVALID {cfg.name}: the sink file changes the shard's columns, which no run applies: {plan.refusal()}; "
+            f"keep the shard's columns or move the new schema to a new sink",
+        ]
+    return [
+        *out,
+        f"        {cfg.name}: schema change applied by the next run in its batch's commit: {plan.describe()}; "
+        f"cost: {plan.cost()} (the shard holds {rows} update rows)",
+    ]
 
 
 def cmd_schema(args) -> int:

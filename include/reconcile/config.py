@@ -182,6 +182,8 @@ class Column:
     name: Identifier
     type: SparkType
     nullable: StrictBool = True
+    # the column's name in the shard before a rename (issue 52): the next run renames it there
+    renamed_from: Identifier | None = None
 
 
 @dataclass(frozen=True)

@@ -241,6 +241,17 @@ class ShardSchemaChanged(SinkError):
     )
 
 
+class SinkSchemaChange(SinkError):
+    """The sink file changes the shard's columns in a way no run applies (issue 52): the
+    message names each change and why it is refused."""
+
+    remedy = (
+        "keep the shard's columns in the sink file (`python -m reconcile validate` compares them), or move the "
+        "new schema to a new sink (a new name: its first batch writes the whole result; the old shard keeps its "
+        "history); nothing was written."
+    )
+
+
 class InconsistentState(SinkError):
     remedy = (
         "stop the sink's writers and inspect its ledger and log: `python -m reconcile status {sink}`, "

@@ -54,6 +54,7 @@ import logging
 import uuid
 from collections import Counter
 from dataclasses import dataclass, field
+from typing import Any
 
 from reconcile import remedy
 from reconcile.config import SinkConfig
@@ -201,6 +202,7 @@ class Appending:
     shard: Shard | None = None
     manifest: Manifest | None = None
     files: list[tuple[str, int, dict]] = field(default_factory=list)
+    schema_plan: Any = None  # the sink file's schema change this batch's commit applies (falsy: none)
     commit_id: str = field(default_factory=lambda: uuid.uuid4().hex[:16])  # tells our commit from another's
 
     def __post_init__(self) -> None:
@@ -278,7 +280,7 @@ def settle(a: Appending) -> AppendResult | None:
 def verify_staged(a: Appending) -> AppendResult | None:
     """Step 3: the table's schema, and exactly the staged files the manifest names (sizes,
     digests, rows per partition). Damage while another attempt moved on is not damage."""
-    a.table.check_schema()
+    a.schema_plan = a.table.check_schema()
     a.manifest = parse_manifest(a.cfg, a.batch_id, a.b.manifest)
     try:
         a.files = inspect_staged(a.table, a.batch_id, a.manifest)
@@ -296,7 +298,28 @@ def verify_staged(a: Appending) -> AppendResult | None:
             sink=a.cfg.name,
             remedy="the task retries by itself and appends (or finds appended) what is staged now.",
         ) from None
+    if a.schema_plan and a.files:
+        _staged_with_new_columns(a)
     return None
+
+
+def _staged_with_new_columns(a: Appending) -> None:
+    """A batch committing the sink file's schema change must have been written under it (the file
+    may have changed between the write and this append): one staged file's columns read."""
+    import pyarrow.parquet as pq
+
+    path = f"{a.table.path}/{a.files[0][0]}"
+    fs, p = footers.fs_of(path)
+    with fs.open(p, "rb") as f:
+        names = {n.lower() for n in pq.ParquetFile(f).schema_arrow.names}
+    missing = [c.name for c in a.cfg.columns if c.name.lower() not in names]
+    if missing:
+        raise StagedBatchInvalid(
+            f"batch {a.batch_id} was written before the sink file's schema change ({a.schema_plan.describe()}): "
+            f"its staged files have no column {', '.join(missing)}",
+            sink=a.cfg.name,
+            remedy="rerun its write, which stages it under the sink file's schema.",
+        )
 
 
 def pass_guard(a: Appending) -> AppendResult | None:
@@ -353,8 +376,13 @@ def commit(a: Appending) -> None:
     with a.ledger.commit_lease(a.cfg.name, f"append of batch {a.batch_id} ({a.commit_id})") as lease:
         failpoint("append.inside_lease")
         meta["commit_epoch"] = lease.epoch
-        a.table.add_row_keys(fence=lease.fence)  # a shard created before the row key was stored
-        a.table.commit_files(a.files, meta, a.desc.lower, fence=lease.fence)
+        schema = None
+        if a.schema_plan:  # the sink file's new columns, in this batch's commit (they bring the row key)
+            schema = a.table.schema_for_commit()
+            meta["schema_change"] = a.schema_plan.describe()
+        else:
+            a.table.add_row_keys(fence=lease.fence)  # a shard created before the row key was stored
+        a.table.commit_files(a.files, meta, a.desc.lower, fence=lease.fence, schema=schema)
     failpoint("append.after_delta_commit")
 
 

@@ -23,10 +23,10 @@ from urllib.parse import unquote
 
 from reconcile import settings
 from reconcile.config import SinkConfig
-from reconcile.errors import Retryable, ShardSchemaChanged, SinkError, brief
+from reconcile.errors import Retryable, ShardSchemaChanged, SinkError, SinkSchemaChange, brief
 from reconcile.log import iso
 from reconcile.model import ROW_KEYS
-from reconcile.storage import files
+from reconcile.storage import files, schema_change
 from reconcile.storage.commits import (
     MAINTENANCE,
     META_KEY,
@@ -36,8 +36,8 @@ from reconcile.storage.commits import (
     parse_actions,
 )
 from reconcile.storage.layout import BATCHES_DIR, COMPACTIONS_DIR
+from reconcile.storage.schema_change import delta_type
 
-_DELTA_TYPES = {"tinyint": "byte", "smallint": "short", "int": "integer", "bigint": "long"}
 # Reader features that leave every data file readable as it is, by name (Spark reads timestamp_ntz
 # columns from Parquet itself).
 _PLAIN_READER_FEATURES = {"timestampNtz"}
@@ -47,11 +47,6 @@ _NOT_PLAIN = set("*?[]{}\\:")
 # One log entry: (version, describe_commit of its actions, the txnVersion it records for the
 # sink's commit guard or None).
 LogEntry = tuple[int, dict | None, int | None]
-
-
-def delta_type(spark_type: str) -> str:
-    t = spark_type.lower().replace(" ", "")
-    return _DELTA_TYPES.get(t, t)
 
 
 class CommitRejected(SinkError):
@@ -372,21 +367,63 @@ class ShardTable:
             configuration={"delta.checkpointInterval": "10"},  # Spark's default; delta-rs would assume 100
         )
 
-    def check_schema(self) -> None:
-        """Refuse a Delta table whose columns are not the sink's (changed behind its back)."""
-        fields = json.loads(self.snapshot().schema().to_json())["fields"]
-        have = [(f["name"].lower(), f["type"] if isinstance(f["type"], str) else json.dumps(f["type"])) for f in fields]
+    def check_schema(self):
+        """The change from the table's columns to the sink file's (a falsy
+        :class:`~reconcile.storage.schema_change.SchemaPlan` when they are the same) when a run
+        applies it (a nullable column added: :mod:`.schema_change`). Refuses a table whose schema
+        was changed behind the sink's back (:class:`ShardSchemaChanged`) and a sink file's change
+        no run applies (:class:`SinkSchemaChange`, naming each change)."""
+        schema = self.snapshot().schema().to_json()
+        sink_cols, own = schema_change.table_columns(schema)
+        have = sink_cols + own
         want = [(n.lower(), t) for n, t in self._columns()]
         legacy = [(n.lower(), t) for n, t in self._columns(keyed=False)]  # created before the row key was stored
-        if have not in (want, legacy):
+        if have in (want, legacy):
+            return schema_change.SchemaPlan()
+        own_want = [c for c in want if c[0] in schema_change.SHARD_COLUMNS]
+        own_legacy = [c for c in legacy if c[0] in schema_change.SHARD_COLUMNS]
+        if own not in (own_want, own_legacy) or schema_change.who_changed(self, schema) == "foreign":
             raise ShardSchemaChanged(
                 f"Delta table {self.path} has columns {have}, the sink expects {want}", sink=self.name
             )
+        plan = schema_change.plan(self.cfg, sink_cols)
+        if not plan.supported:
+            raise SinkSchemaChange(
+                f"the sink file {self.cfg.path or '(no file)'} changes the shard's columns, which no run "
+                f"applies: {plan.refusal()}.",
+                sink=self.name,
+            )
+        return plan
+
+    def schema_plan(self):
+        """What the next run does with the sink file's schema against the table's
+        (:func:`.schema_change.plan`), with the shard's update rows; never raises for a change
+        (``validate``): a change behind the sink's back is a plan with the note ``foreign``."""
+        dt = self.snapshot()
+        schema = dt.schema().to_json()
+        sink_cols, own = schema_change.table_columns(schema)
+        counts = dt.get_add_actions(flatten=True).column("num_records").to_pylist()
+        rows = None if any(c is None for c in counts) else int(sum(counts))
+        plan = schema_change.plan(self.cfg, sink_cols, rows)
+        if plan and schema_change.who_changed(self, schema) == "foreign":
+            return schema_change.SchemaPlan(plan.changes, rows, (*plan.notes, "foreign"))
+        return plan
+
+    def schema_for_commit(self):
+        """The sink's Delta schema (delta-rs), for the batch that commits a schema change."""
+        from deltalake import Schema
+
+        return Schema.from_json(self._schema_json())
 
     # -- the metadata-only commits -------------------------------------------------------------
 
     def commit_files(
-        self, staged: list[tuple[str, int, dict]], meta: dict, lower: int, fence: Callable[[], None] | None = None
+        self,
+        staged: list[tuple[str, int, dict]],
+        meta: dict,
+        lower: int,
+        fence: Callable[[], None] | None = None,
+        schema: Any = None,
     ) -> int | None:
         """Commit ``staged`` (``(path relative to the table, size, stats)``) as one Delta version
         whose commit metadata is ``meta`` and whose application transaction is ``lower``: only if
@@ -398,6 +435,9 @@ class ShardTable:
         is called right before each put of the commit file; whatever it raises (the lease was
         lost) ends the commit with nothing committed.
 
+        ``schema`` (a delta-rs schema): the table's new schema, committed in the same version (a
+        sink file's schema change, :mod:`.schema_change`).
+
         Returns the new version, or None when the guard skipped the commit (a version at or
         above ``lower`` is recorded: someone committed this lower, or a later one)."""
         for attempt in range(20):
@@ -407,7 +447,7 @@ class ShardTable:
                 return None
             if fence is not None:
                 fence()
-            version = self._commit_at_next(dt, "append", staged, {"op": "batch", **meta}, lower, "append")
+            version = self._commit_at_next(dt, "append", staged, {"op": "batch", **meta}, lower, "append", schema)
             if version is not None:
                 return version
             time.sleep(min(0.05 * (attempt + 1), 0.5))  # another version took it: check the newer snapshot
@@ -437,10 +477,12 @@ class ShardTable:
         version = self._commit_at_next(dt, "overwrite", written, meta, txn_version, "compact")
         return None if version is None else (version, removed)
 
-    def _commit_at_next(self, dt, mode: str, files: list[tuple[str, int, dict]], meta: dict, txn: int, task: str):
+    def _commit_at_next(
+        self, dt, mode: str, files: list[tuple[str, int, dict]], meta: dict, txn: int, task: str, schema: Any = None
+    ):
         """The one Delta commit the sink makes to its shard (:func:`commit_next`)."""
         self._pinned = None  # delta-rs may move ``dt`` to the version it commits
-        return commit_next(dt, self.path, self.name, self.app_id, mode, files, meta, txn, task)
+        return commit_next(dt, self.path, self.name, self.app_id, mode, files, meta, txn, task, schema=schema)
 
     # -- compactions' files and vacuum ----------------------------------------------------------
 
@@ -498,13 +540,14 @@ def commit_next(
     txn: int,
     task: str,
     removed: tuple[tuple[str, int], ...] | list[tuple[str, int]] = (),
+    schema: Any = None,
 ) -> int | None:
     """The one way the sink commits to a Delta table (delta-rs): ``files`` added (``overwrite``:
     and every file of ``dt`` removed; ``removed``, ``(path, size)`` relative to the table: those
     files removed) as the version right after ``dt``'s, with ``meta`` as the sink's commit
     metadata and ``(app_id, txn)`` as its application transaction. Returns the new version, or
     None when that version's commit file exists (put-if-absent lost). ``task``: the stage
-    committing, named in a refusal."""
+    committing, named in a refusal. ``schema``: the table's new schema, in the same version."""
     from deltalake import CommitProperties, Transaction
     from deltalake.exceptions import CommitFailedError
     from deltalake.transaction import AddAction, RemoveAction
@@ -532,6 +575,8 @@ def commit_next(
         max_commit_retries=0,
         app_transactions=[Transaction(app_id=app_id, version=txn, last_updated=now_ms)],
     )
+    if schema is not None:
+        return _commit_with_schema(dt, path, files, user_meta, app_id, txn, schema, now_ms)
     try:
         dt.create_write_transaction(actions, mode=mode, schema=dt.schema(), commit_properties=props)
     except CommitFailedError:  # version read + 1 is taken
@@ -544,6 +589,59 @@ def commit_next(
             f"permissions; nothing was committed, clear '{task}' once fixed.",
         ) from None
     return read + 1
+
+
+def _commit_with_schema(
+    dt, path: str, added: list[tuple[str, int, dict]], user_meta: str, app_id: str, txn: int, schema, now_ms: int
+) -> int | None:
+    """An append of ``added`` that also sets the table's schema to ``schema`` (a sink file's schema
+    change, :mod:`.schema_change`), as the version right after ``dt``'s, put-if-absent (None: that
+    version is taken). delta-rs's Python API commits a new schema only with an overwrite (which
+    removes every file), so this one commit file is written by the sink, as the current-state
+    table's are: ``commitInfo``, the application transaction, the table's ``metaData`` with the new
+    schema (everything else as the snapshot has it), the ``add`` actions. A checkpoint every
+    ``delta.checkpointInterval`` versions, as delta-rs's post-commit hook makes."""
+    from urllib.parse import quote
+
+    version = dt.version() + 1
+    m = dt.metadata()
+    metadata = {
+        "id": m.id,
+        "name": m.name,
+        "description": m.description,
+        "format": {"provider": "parquet", "options": {}},
+        "schemaString": schema.to_json(),
+        "partitionColumns": list(m.partition_columns),
+        "createdTime": m.created_time,
+        "configuration": dict(m.configuration),
+    }
+    actions: list[dict] = [
+        {
+            "commitInfo": {
+                "timestamp": now_ms,
+                "operation": "WRITE",
+                "operationParameters": {"mode": "Append", "partitionBy": "[]"},
+                "userMetadata": user_meta,
+                "engineInfo": "reconcile",
+                "isBlindAppend": False,
+            }
+        },
+        {"txn": {"appId": app_id, "version": txn, "lastUpdated": now_ms}},
+        {"metaData": metadata},
+    ]
+    for p, size, stats in added:
+        add = {"path": quote(p), "partitionValues": {}, "size": size, "modificationTime": now_ms, "dataChange": True}
+        actions.append({"add": {**add, "stats": json.dumps(stats, separators=(",", ":"))}})
+    text = "".join(json.dumps(a, separators=(",", ":")) + "\n" for a in actions).encode()
+    if not files.put_if_absent(f"{path}/_delta_log/{version:020d}.json", text):
+        return None
+    if version % int(m.configuration.get("delta.checkpointInterval", "10")) == 0:
+        try:
+            dt.update_incremental()
+            dt.create_checkpoint()
+        except Exception:  # noqa: BLE001,S110 - a checkpoint only speeds reads up; the next one comes
+            pass
+    return version
 
 
 def _data_files(dt) -> list[str]:

@@ -1,0 +1,264 @@
+"""A sink whose schema changes (issue 52): ``validate`` says what the next run does, a nullable
+column added is applied by one batch (the new schema and the correction it implies in one Delta
+version), a change no run applies is refused as the sink file's change, distinct from a change
+made to the table behind the sink's back. The shard is checked against a plain-Python model
+(``helpers.model_*``), read with delta-rs."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from helpers import as_of, assert_one_line, make_sink, run_stages, update_log, write_json_rows
+from reconcile.cli import main
+from reconcile.errors import ShardSchemaChanged, SinkSchemaChange
+from reconcile.storage import schema_change
+from reconcile.storage.delta import ShardTable
+
+KV = [{"name": "k", "type": "bigint", "nullable": False}, {"name": "v", "type": "string"}]
+
+
+def _sink(directory: Path, name: str, schema: list[dict], sql: str = "SELECT k, v FROM src", **fields):
+    query = {"sources": {"src": {"format": "json", "path": "src"}}, "sql": sql}
+    return make_sink(directory, name, schema=schema, query=query, **fields)
+
+
+# --- the plan, without a table ------------------------------------------------------------------
+
+
+def test_widening_is_numeric_and_keeps_every_value():
+    assert schema_change.widens("integer", "long") and schema_change.widens("byte", "integer")
+    assert schema_change.widens("float", "double")
+    assert schema_change.widens("decimal(10,2)", "decimal(12,2)") and schema_change.widens(
+        "decimal(10,2)", "decimal(12,4)"
+    )
+    assert not schema_change.widens("long", "integer")
+    assert not schema_change.widens("decimal(10,2)", "decimal(10,4)")  # loses two integer digits
+    assert not schema_change.widens("integer", "string") and not schema_change.widens("double", "float")
+
+
+def test_the_plan_names_each_change(tmp_path):
+    table = [("k", "long"), ("v", "string"), ("n", "integer"), ("old", "string"), ("gone", "double")]
+    schema = [
+        {"name": "k", "type": "bigint", "nullable": False},
+        {"name": "v", "type": "string"},
+        {"name": "n", "type": "bigint"},
+        {"name": "new_name", "type": "string", "renamed_from": "old"},
+        {"name": "extra", "type": "int"},
+    ]
+    plan = schema_change.plan(_sink(tmp_path, "p", schema), table)
+    got = {(c.what, c.column, c.old, c.new) for c in plan.changes}
+    assert got == {
+        ("widened", "n", "integer", "long"),
+        ("renamed", "new_name", "old", None),
+        ("added", "extra", None, "integer"),
+        ("dropped", "gone", None, None),
+    }
+    assert not plan.supported
+    refusal = plan.refusal()
+    assert "column n widened from integer to long" in refusal and "column old renamed to new_name" in refusal
+    assert "column gone dropped" in refusal and "extra" not in refusal  # the added column is applied
+
+    added = schema_change.plan(
+        _sink(tmp_path, "q", [*KV, {"name": "extra", "type": "int"}]), [("k", "long"), ("v", "string")]
+    )
+    assert [c.text() for c in added.changes] == ["column extra integer added"] and added.supported
+    assert "0 rows rewritten" in added.cost()
+    strict = schema_change.plan(
+        _sink(tmp_path, "r", [*KV, {"name": "extra", "type": "int", "nullable": False}]),
+        [("k", "long"), ("v", "string")],
+    )
+    assert not strict.supported and "must be nullable" in strict.refusal()
+    same = schema_change.plan(_sink(tmp_path, "s", KV), [("k", "long"), ("v", "string")])
+    assert not same and same.supported
+    # a rename without its declaration is a drop and an add; a declaration naming no column is a note
+    undeclared = schema_change.plan(
+        _sink(tmp_path, "t", [KV[0], {"name": "w", "type": "string"}]), [("k", "long"), ("v", "string")]
+    )
+    assert {c.what for c in undeclared.changes} == {"added", "dropped"}
+    stale = schema_change.plan(
+        _sink(tmp_path, "u", [*KV, {"name": "x", "type": "string", "renamed_from": "nope"}]),
+        [("k", "long"), ("v", "string")],
+    )
+    assert [c.what for c in stale.changes] == ["added"] and "nope is not a column of the shard" in stale.notes[0]
+
+
+def test_an_upsert_key_change_is_refused_a_new_value_column_applied(tmp_path):
+    upsert = {
+        "source": {"format": "json", "path": "feed"},
+        "key": ["k", "k2"],
+        "time_column": "ts",
+        "offset_column": "off",
+    }
+    schema = [*KV, {"name": "k2", "type": "int"}, {"name": "w", "type": "string"}]
+    cfg = make_sink(tmp_path, "ups", "upsert", schema=schema, upsert=upsert)
+    plan = schema_change.plan(cfg, [("k", "long"), ("v", "string")])
+    assert not plan.supported
+    assert plan.refusal() == (
+        "column k2 integer added: changes the upsert key (each key's history would change meaning): a new sink"
+    )
+    upsert["key"] = "k"
+    cfg = make_sink(tmp_path, "ups2", "upsert", schema=schema, upsert=upsert)
+    assert schema_change.plan(cfg, [("k", "long"), ("v", "string")]).supported
+
+
+# --- validate and the refusals, on a shard's table (delta-rs, no JVM) -------------------------------
+
+
+def test_validate_says_what_the_next_run_does_and_refuses_the_sink_files_change(tmp_path, warehouse, capsys):
+    sinks = tmp_path / "sinks"
+    sinks.mkdir()
+    for name in ("added", "foreign", "same"):
+        ShardTable(_sink(sinks, name, KV)).ensure()
+    ShardTable(_sink(sinks, "widened", [*KV, {"name": "n", "type": "int"}])).ensure()
+    _sink(sinks, "added", [*KV, {"name": "note", "type": "string"}], sql="SELECT k, v, 'x' AS note FROM src")
+    _sink(sinks, "widened", [*KV, {"name": "n", "type": "bigint"}], sql="SELECT k, v, CAST(1 AS BIGINT) AS n FROM src")
+    _sink(sinks, "newsink", KV)  # no shard yet: nothing to compare
+    # another writer adds a column to the table: not the sink file's change
+    from deltalake import DeltaTable
+    from deltalake.schema import Field, PrimitiveType
+
+    DeltaTable(str(warehouse / "foreign")).alter.add_columns([Field("extra", PrimitiveType("string"), nullable=True)])
+    capsys.readouterr()
+
+    assert main(["validate", "--dir", str(sinks), "--no-spark"]) == 1
+    out = capsys.readouterr().out
+    lines = {line.split(":")[0].split()[-1]: line for line in out.splitlines() if ":" in line}
+    assert "schema change applied by the next run in its batch's commit: column note string added" in lines["added"]
+    assert "0 rows rewritten" in lines["added"] and "the shard holds 0 update rows" in lines["added"]
+    assert lines["widened"].startswith("INVALID widened: the sink file changes the shard's columns")
+    assert "column n widened from integer to long: changes the stored row key" in lines["widened"]
+    assert lines["foreign"].startswith("INVALID foreign: the shard's Delta table was changed behind the sink's back")
+    assert "the sink file against it: column extra dropped" in lines["foreign"] and "RESTORE" in lines["foreign"]
+    assert not any(
+        line.startswith(("INVALID same", "INVALID newsink", "        same", "        newsink"))
+        for line in out.splitlines()
+    )
+
+    # the stages refuse the same way: the sink file's change, or the table's
+    with pytest.raises(SinkSchemaChange) as info:
+        ShardTable(_sink(sinks, "widened", [*KV, {"name": "n", "type": "bigint"}])).ensure()
+    text = assert_one_line(info.value, "widened")
+    assert "the sink file" in text and "column n widened from integer to long" in text and "a new sink" in text
+    assert "behind the sink's back" not in text
+    with pytest.raises(ShardSchemaChanged) as info:
+        ShardTable(_sink(sinks, "foreign", KV)).ensure()
+    assert "behind the sink's back" in assert_one_line(info.value, "foreign")
+    plan = ShardTable(_sink(sinks, "added", [*KV, {"name": "note", "type": "string"}])).check_schema()
+    assert plan and plan.supported and [c.column for c in plan.added] == ["note"]
+
+
+# --- a nullable column added to a query sink: one batch, one Delta version --------------------------
+
+
+def _model(rows: list[dict], cols: list[str]) -> Counter:
+    return +Counter(tuple(r.get(c) for c in cols) + (None,) for r in rows)
+
+
+@pytest.mark.slow  # four batches through Spark
+def test_a_column_added_is_applied_by_one_batch_with_the_history_kept(
+    spark, tmp_path, warehouse, sqlite_ledger, monkeypatch, capsys
+):
+    ledger = sqlite_ledger
+    monkeypatch.setenv("RECONCILE_SINKS_DIR", str(tmp_path))
+    src = tmp_path / "src"
+    first = [{"k": i, "v": f"v{i}", "c": None if i % 3 == 0 else i * 10} for i in range(12)]
+    write_json_rows(src, first)
+    cfg = _sink(tmp_path, "grows", KV, current=True)
+    for run, frontier in (("r1", 200), ("r2", 300)):
+        *_, a = run_stages(spark, ledger, cfg, run, frontier)
+        assert a.outcome == "committed", a.message
+    before = update_log(cfg)
+    version_before = ShardTable(cfg).latest_version()
+
+    # the sink file adds the nullable column c (its query fills it, null for every third row)
+    grown = _sink(
+        tmp_path,
+        "grows",
+        [*KV, {"name": "c", "type": "int"}],
+        sql="SELECT k, v, CAST(c AS INT) AS c FROM src",
+        current=True,
+    )
+    *_, a = run_stages(spark, ledger, grown, "r3", 400)
+    assert a.outcome == "committed", a.message
+    table = ShardTable(grown)
+    assert table.latest_version() == version_before + 1  # the schema and the correction in one version
+    actions = [
+        json.loads(x)
+        for x in (warehouse / "grows" / "_delta_log" / f"{version_before + 1:020d}.json").read_text().splitlines()
+    ]
+    fields = [
+        f["name"] for f in json.loads(next(x["metaData"] for x in actions if "metaData" in x)["schemaString"])["fields"]
+    ]
+    assert fields[:3] == ["k", "v", "c"]
+    info = next(x["commitInfo"] for x in actions if "commitInfo" in x)
+    meta = json.loads(info["userMetadata"])["reconcile"]
+    assert meta["op"] == "batch" and meta["schema_change"] == "column c integer added"
+    assert not table.check_schema()  # the table now has the sink file's columns
+
+    log = update_log(grown)
+    cols = ["k", "v", "c"]
+    # older times read the new column as null, exactly what they held
+    for t in (199, 299):
+        held = as_of(before, cfg, t)
+        assert held and +as_of(log, grown, t) == Counter({(k, v, None, err): n for (k, v, err), n in held.items()})
+    assert +as_of(log, grown, 399) == _model(first, cols)
+    # the correction retracted and re-added exactly the rows whose new column has a value
+    changed = [u for u in log if u["_time"] == 399]
+    assert Counter((u["k"], u["_diff"]) for u in changed) == Counter(
+        {
+            **{(r["k"], -1): 1 for r in first if r["c"] is not None},
+            **{(r["k"], 1): 1 for r in first if r["c"] is not None},
+        }
+    )
+    # the stored row keys of the files written before stay their rows' keys (xxhash64 skips nulls)
+    from reconcile.storage import frames
+
+    assert frames.wrong_row_keys(spark, table) == []
+    split = table.keyed_files(table.latest_version())
+    assert split is not None and split[1] == []  # every file's key read as stored
+
+    # the current-state table followed in the same append: the sink file's columns, the model's rows
+    from deltalake import DeltaTable
+
+    from reconcile.storage.current import current_path
+
+    current = DeltaTable(current_path(grown)).to_pyarrow_table()
+    assert current.column_names == cols
+    assert Counter(tuple(r.values()) + (None,) for r in current.to_pylist()) == _model(first, cols)
+
+    # history stays readable across the change (DuckDB over delta-rs): older rows with c null
+    from reconcile.sink import check
+
+    def cli(*argv: str) -> dict:
+        capsys.readouterr()
+        assert main(list(argv)) == 0
+        return json.loads(capsys.readouterr().out)
+
+    valued = [r for r in first if r["c"] is not None]
+    shown = cli("show", "grows", "--as-of", "299", "--json")["rows"]
+    assert Counter((r["k"], r["v"], r["c"]) for r in shown for _ in range(r["count"])) == Counter(
+        (r["k"], r["v"], None) for r in first
+    )
+    diff = cli("diff", "grows", "--from", "299", "--to", "399", "--json")["changes"]
+    assert Counter((r["k"], r["v"], r["c"], r["diff"]) for r in diff) == Counter(
+        [(r["k"], r["v"], None, -1) for r in valued] + [(r["k"], r["v"], r["c"], 1) for r in valued]
+    )
+    versions = cli("history", "grows", "--json")["versions"]
+    closed = {(r["k"], r["c"]): r["valid_to"]["ms"] for r in versions if r["valid_to"] is not None}
+    opened = {(r["k"], r["c"]): r["valid_from"]["ms"] for r in versions}
+    assert closed == {(r["k"], None): 399 for r in valued}
+    assert all(opened[(r["k"], r["c"])] == 399 for r in valued)
+    assert check.violations(ledger, grown, spark=spark) == []
+    lines, counts = check.verify_checksums(ledger, grown, spark)
+    assert lines == [] and counts["verified"] >= 3, counts
+
+    # the next batch goes on under the new schema
+    nxt = [*first[:6], {"k": 99, "v": "new", "c": 7}]
+    write_json_rows(src, nxt)
+    *_, a = run_stages(spark, ledger, grown, "r4", 500)
+    assert a.outcome == "committed", a.message
+    assert +as_of(update_log(grown), grown, 499) == _model(nxt, cols)
