@@ -154,8 +154,10 @@ def test_validate_says_what_the_next_run_does_and_refuses_the_sink_files_change(
 # --- a nullable column added to a query sink: one batch, one Delta version --------------------------
 
 
-def _model(rows: list[dict], cols: list[str]) -> Counter:
-    return +Counter(tuple(r.get(c) for c in cols) + (None,) for r in rows)
+def _model(rows: list[dict], cols: list[str | None]) -> Counter:
+    """The query's result as the shard holds it: each row's columns (None: a column the schema
+    had not yet, read as null), no error."""
+    return +Counter(tuple(r.get(c) if c else None for c in cols) + (None,) for r in rows)
 
 
 @pytest.mark.slow  # four batches through Spark
@@ -262,3 +264,94 @@ def test_a_column_added_is_applied_by_one_batch_with_the_history_kept(
     *_, a = run_stages(spark, ledger, grown, "r4", 500)
     assert a.outcome == "committed", a.message
     assert +as_of(update_log(grown), grown, 499) == _model(nxt, cols)
+
+
+# --- crashes, S3, the guard: a column added under the usual guarantees ------------------------------
+
+
+def _grown_sink(directory: Path, name: str, **fields):
+    sql = "SELECT k, v, CAST(c AS INT) AS c FROM src"
+    return _sink(directory, name, [*KV, {"name": "c", "type": "int"}], sql=sql, **fields)
+
+
+CRASHES = [
+    ("append.inside_lease", "retry"),  # killed before the schema's commit: the retry commits it once
+    ("append.after_delta_commit", "retry"),  # between the schema's commit and the ledger's confirmation
+    ("append.after_delta_commit", "next_run"),
+]
+
+
+@pytest.mark.slow  # a killed append process, batches through Spark
+@pytest.mark.parametrize("where", ["local", "s3"])
+@pytest.mark.parametrize("point, recovery", CRASHES, ids=[f"{p}-{r}" for p, r in CRASHES])
+def test_a_crash_around_the_schema_commit_recovers_to_the_model(
+    spark, tmp_path, sqlite_ledger, monkeypatch, request, where, point, recovery
+):
+    from reconcile.sink import append, check, mint, write
+    from test_crash import run_job_killed_at
+
+    request.getfixturevalue("s3_warehouse" if where == "s3" else "warehouse")
+    ledger = sqlite_ledger
+    monkeypatch.setenv("RECONCILE_SINKS_DIR", str(tmp_path))
+    rows = [{"k": i, "v": f"v{i}", "c": i if i % 2 else None} for i in range(6)]
+    write_json_rows(tmp_path / "src", rows)
+    name = f"crash_{point.split('.')[-1]}_{recovery}"
+    cfg = _sink(tmp_path, name, KV)
+    *_, a = run_stages(spark, ledger, cfg, "r1", 200)
+    assert a.outcome == "committed", a.message
+    version = ShardTable(cfg).latest_version()
+
+    grown = _grown_sink(tmp_path, name)
+    desc = mint.run_mint(ledger, grown, "r2", 1, 300).description
+    assert write.run_write(spark, ledger, grown, desc.batch_id).outcome == "staged"
+    run_job_killed_at("append", grown, "r2", point, None)
+    table = ShardTable(grown)
+    committed = point == "append.after_delta_commit"
+    assert table.latest_version() == version + (1 if committed else 0)
+    assert bool(table.check_schema()) is not committed  # the schema moves with the batch, never alone
+
+    if recovery == "retry":
+        result = append.run_append(ledger, grown, desc.batch_id)
+        assert result.outcome == ("recovered" if committed else "committed"), result
+    else:
+        write_json_rows(tmp_path / "src", rows)
+        *_, a = run_stages(spark, ledger, grown, "r3", 400)
+        assert a.outcome == "committed", a.message
+        assert ledger.get_batch(desc.batch_id, name).state == "committed"  # the sync absorbed it
+    assert table.latest_version() == version + (1 if recovery == "retry" else 2)
+    assert not table.check_schema()
+    log = update_log(grown)
+    assert +as_of(log, grown, 199) == _model(rows, ["k", "v", None])
+    assert +as_of(log, grown, 299) == _model(rows, ["k", "v", "c"])
+    assert sum(1 for u in log if u["_time"] == 299) == 2 * sum(1 for r in rows if r["c"] is not None)
+    assert check.violations(ledger, grown, spark=spark) == []
+
+
+@pytest.mark.slow  # batches through Spark
+def test_the_guard_stops_a_schema_change_that_rewrites_most_rows_until_approved(
+    spark, tmp_path, warehouse, sqlite_ledger
+):
+    from reconcile.errors import CorrectionBlocked
+    from reconcile.sink import append, mint, write
+
+    ledger = sqlite_ledger
+    rows = [{"k": i, "v": f"v{i}", "c": i} for i in range(10)]
+    write_json_rows(tmp_path / "src", rows)
+    guard = {"max_share": 0.5, "min_rows": 5}
+    cfg = _sink(tmp_path, "guarded", KV, correction_guard=guard)
+    *_, a = run_stages(spark, ledger, cfg, "r1", 200)
+    assert a.outcome == "committed", a.message
+    version = ShardTable(cfg).latest_version()
+
+    grown = _grown_sink(tmp_path, "guarded", correction_guard=guard)
+    desc = mint.run_mint(ledger, grown, "r2", 1, 300).description
+    write.run_write(spark, ledger, grown, desc.batch_id)
+    with pytest.raises(CorrectionBlocked) as info:
+        append.run_append(ledger, grown, desc.batch_id)
+    assert "approve" in assert_one_line(info.value, "guarded")
+    assert ShardTable(grown).latest_version() == version and ShardTable(grown).check_schema()  # nothing moved
+
+    result = append.run_append(ledger, grown, desc.batch_id, approve="on-call")
+    assert result.outcome == "committed", result
+    assert not ShardTable(grown).check_schema()
+    assert +as_of(update_log(grown), grown, 299) == _model(rows, ["k", "v", "c"])
