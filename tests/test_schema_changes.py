@@ -355,3 +355,67 @@ def test_the_guard_stops_a_schema_change_that_rewrites_most_rows_until_approved(
     assert result.outcome == "committed", result
     assert not ShardTable(grown).check_schema()
     assert +as_of(update_log(grown), grown, 299) == _model(rows, ["k", "v", "c"])
+
+
+# --- upsert and change-log sinks: a new value column ------------------------------------------------
+
+
+@pytest.mark.slow  # four batches through Spark
+def test_upsert_and_changelog_sinks_take_a_new_value_column(spark, tmp_path, warehouse, sqlite_ledger):
+    ledger = sqlite_ledger
+    grown_schema = [*KV, {"name": "c", "type": "int"}]
+
+    # upsert: commands (k, v[, c], ts, off); all-null values delete the key
+    upsert = {"source": {"format": "json", "path": "feed"}, "key": "k", "time_column": "ts", "offset_column": "off"}
+    old = [{"k": k, "v": f"v{k}", "ts": 150, "off": k} for k in (1, 2, 3, 4)]
+    write_json_rows(tmp_path / "feed", old)
+    cfg = make_sink(tmp_path, "ups", "upsert", schema=KV, upsert=upsert)
+    *_, a = run_stages(spark, ledger, cfg, "r1", 200)
+    assert a.outcome == "committed", a.message
+    new = [
+        {"k": 1, "v": "v1b", "c": 5, "ts": 250, "off": 10},
+        {"k": 5, "v": "v5", "c": 7, "ts": 260, "off": 11},
+        {"k": 2, "v": None, "c": None, "ts": 270, "off": 12},  # a delete
+    ]
+    write_json_rows(tmp_path / "feed", old + new)
+    grown = make_sink(tmp_path, "ups", "upsert", schema=grown_schema, upsert=upsert)
+    *_, a = run_stages(spark, ledger, grown, "r2", 300)
+    assert a.outcome == "committed", a.message
+    # the model: one value per key; keys no command touched keep null in the new column
+    state = {r["k"]: (r["v"], None) for r in old}
+    before = Counter((k, v, None, None) for k, (v, _) in state.items())
+    for c in new:
+        if c["v"] is None and c["c"] is None:
+            state.pop(c["k"])
+        else:
+            state[c["k"]] = (c["v"], c["c"])
+    log = update_log(grown)
+    assert +as_of(log, grown, 199) == before
+    assert +as_of(log, grown, 299) == Counter((k, v, c, None) for k, (v, c) in state.items())
+    assert not ShardTable(grown).check_schema()
+
+    # change log: rows (k, v[, c]) with a time and a diff; older rows read c as null
+    changelog = {"source": {"format": "json", "path": "log"}, "time_column": "ts", "diff_column": "diff"}
+    first = [{"k": 1, "v": "a", "ts": 150, "diff": 1}, {"k": 2, "v": "b", "ts": 160, "diff": 1}]
+    write_json_rows(tmp_path / "log", first)
+    cfg = make_sink(tmp_path, "chg", "changelog", schema=KV, changelog=changelog)
+    *_, a = run_stages(spark, ledger, cfg, "r1", 200)
+    assert a.outcome == "committed", a.message
+    more = [
+        {"k": 1, "v": "a", "c": None, "ts": 250, "diff": -1},
+        {"k": 1, "v": "a", "c": 5, "ts": 250, "diff": 1},
+        {"k": 3, "v": "c", "c": 7, "ts": 260, "diff": 1},
+    ]
+    write_json_rows(tmp_path / "log", first + more)
+    grown = make_sink(tmp_path, "chg", "changelog", schema=grown_schema, changelog=changelog)
+    *_, a = run_stages(spark, ledger, grown, "r2", 300)
+    assert a.outcome == "committed", a.message
+    model: Counter = Counter()
+    for r in first + more:
+        if r["ts"] < 300:
+            model[(r["k"], r["v"], r.get("c"), None)] += r["diff"]
+    log = update_log(grown)
+    assert +as_of(log, grown, 199) == Counter({(1, "a", None, None): 1, (2, "b", None, None): 1})
+    assert +as_of(log, grown, 299) == +model
+    # the new updates at their own times, nothing rewritten
+    assert sorted(u["_time"] for u in log if u["_time"] >= 200) == [250, 250, 260]
