@@ -89,6 +89,10 @@ def cmd_validate(args) -> int:
         except SinkError as exc:
             print(f"error: {exc}", file=sys.stderr)
             failed = True
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(max_workers=8) as pool:  # each shard's log read (delta-rs releases the GIL)
+        schema_lines = dict(zip([c.name for c in configs], pool.map(_schema_change_lines, configs), strict=True))
     for cfg in configs:
         problem = planned.get(cfg.name)
         if problem is not None:
@@ -98,7 +102,7 @@ def cmd_validate(args) -> int:
         if kinds.of(cfg).plans_sql:
             sql = ", SQL planned" if cfg.name in planned else ", SQL not planned"
         print(f"ok      {cfg.name} ({cfg.kind}, {len(cfg.columns)} columns, P={cfg.partitions}{sql}) {cfg.path}")
-        changed = _schema_change_lines(cfg)
+        changed = schema_lines[cfg.name]
         for line in changed:
             print(line)
         failed = failed or any(line.startswith("INVALID") for line in changed)

@@ -399,12 +399,19 @@ class ShardTable:
         """What the next run does with the sink file's schema against the table's
         (:func:`.schema_change.plan`), with the shard's update rows; never raises for a change
         (``validate``): a change behind the sink's back is a plan with the note ``foreign``."""
+        from deltalake import DeltaTable
+
+        # the schema alone first (no file list: validate reads every sink's log)
+        schema = DeltaTable(self.path, storage_options=self.storage_options, without_files=True).schema().to_json()
+        sink_cols, _ = schema_change.table_columns(schema)
+        plan = schema_change.plan(self.cfg, sink_cols)
+        if not plan:
+            return plan
         dt = self.snapshot()
         schema = dt.schema().to_json()
-        sink_cols, own = schema_change.table_columns(schema)
         counts = dt.get_add_actions(flatten=True).column("num_records").to_pylist()
         rows = None if any(c is None for c in counts) else int(sum(counts))
-        plan = schema_change.plan(self.cfg, sink_cols, rows)
+        plan = schema_change.plan(self.cfg, schema_change.table_columns(schema)[0], rows)
         if plan and schema_change.who_changed(self, schema) == "foreign":
             return schema_change.SchemaPlan(plan.changes, rows, (*plan.notes, "foreign"))
         return plan
