@@ -265,6 +265,16 @@ def test_a_column_added_is_applied_by_one_batch_with_the_history_kept(
     assert a.outcome == "committed", a.message
     assert +as_of(update_log(grown), grown, 499) == _model(nxt, cols)
 
+    # a compaction rewrites the files under the new schema with fresh keys; reads stay exact
+    from reconcile.sink.compact import run_compact
+
+    done = run_compact(spark, ledger, grown, since=450)
+    assert done.outcome == "compacted", done.message
+    log = update_log(grown)
+    assert +as_of(log, grown, 499) == _model(nxt, cols)
+    assert frames.wrong_row_keys(spark, table) == [] and table.keyed_files(table.latest_version())[1] == []
+    assert check.violations(ledger, grown, spark=spark) == []
+
 
 # --- crashes, S3, the guard: a column added under the usual guarantees ------------------------------
 
@@ -419,3 +429,46 @@ def test_upsert_and_changelog_sinks_take_a_new_value_column(spark, tmp_path, war
     assert +as_of(log, grown, 299) == +model
     # the new updates at their own times, nothing rewritten
     assert sorted(u["_time"] for u in log if u["_time"] >= 200) == [250, 250, 260]
+
+
+@pytest.mark.slow  # two append processes racing, batches through Spark
+def test_two_appends_racing_commit_the_schema_change_once(spark, tmp_path, warehouse, sqlite_ledger, monkeypatch):
+    import subprocess
+    import sys
+
+    from reconcile.sink import mint, write
+
+    ledger = sqlite_ledger
+    monkeypatch.setenv("RECONCILE_SINKS_DIR", str(tmp_path))
+    rows = [{"k": i, "v": f"v{i}", "c": i} for i in range(5)]
+    write_json_rows(tmp_path / "src", rows)
+    cfg = _sink(tmp_path, "raced", KV)
+    *_, a = run_stages(spark, ledger, cfg, "r1", 200)
+    assert a.outcome == "committed", a.message
+    version = ShardTable(cfg).latest_version()
+    grown = _grown_sink(tmp_path, "raced")
+    desc = mint.run_mint(ledger, grown, "r2", 1, 300).description
+    write.run_write(spark, ledger, grown, desc.batch_id)
+
+    cmd = [sys.executable, "-m", "reconcile", "append", "raced", "--run-id", "r2"]
+    procs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    outs = [p.communicate(timeout=300) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outs
+    said = sorted(o.split("append: ", 1)[1].split(":")[0].split(" |")[0] for o, _ in outs)
+    # one appended it; the other found it committed (by the lease's turn or the commit guard)
+    assert said.count("appended batch") == 1, said
+    other = next(x for x in said if x != "appended batch")
+    assert other == "recovered" or "committed it (Delta version 2)" in other or "already committed" in other, said
+    table = ShardTable(grown)
+    assert table.latest_version() == version + 1  # one commit: the schema and the batch
+    metas = [
+        v
+        for v in range(version + 1)
+        if any(
+            "metaData" in json.loads(x)
+            for x in (warehouse / "raced" / "_delta_log" / f"{v:020d}.json").read_text().splitlines()
+        )
+    ]
+    assert metas == [0]  # before the race, only the table's creation set the schema
+    assert not table.check_schema()
+    assert +as_of(update_log(grown), grown, 299) == _model(rows, ["k", "v", "c"])

@@ -608,8 +608,6 @@ def _commit_with_schema(
     table's are: ``commitInfo``, the application transaction, the table's ``metaData`` with the new
     schema (everything else as the snapshot has it), the ``add`` actions. A checkpoint every
     ``delta.checkpointInterval`` versions, as delta-rs's post-commit hook makes."""
-    from urllib.parse import quote
-
     version = dt.version() + 1
     m = dt.metadata()
     metadata = {
@@ -636,8 +634,8 @@ def _commit_with_schema(
         {"txn": {"appId": app_id, "version": txn, "lastUpdated": now_ms}},
         {"metaData": metadata},
     ]
-    for p, size, stats in added:
-        add = {"path": quote(p), "partitionValues": {}, "size": size, "modificationTime": now_ms, "dataChange": True}
+    for p, size, stats in added:  # the path as delta-rs's AddAction writes it (its removes match it)
+        add = {"path": p, "partitionValues": {}, "size": size, "modificationTime": now_ms, "dataChange": True}
         actions.append({"add": {**add, "stats": json.dumps(stats, separators=(",", ":"))}})
     text = "".join(json.dumps(a, separators=(",", ":")) + "\n" for a in actions).encode()
     if not files.put_if_absent(f"{path}/_delta_log/{version:020d}.json", text):
