@@ -28,6 +28,7 @@ from helpers import (
     model_query,
     normalize_errors,
     run_stages,
+    shard_as_of,
     update_log,
     write_json_rows,
 )
@@ -565,3 +566,58 @@ def test_read_as_of_splits_ok_rows_and_errors(spark, warehouse, tmp_path, sqlite
     assert [r["_count"] for r in errs.collect()] == [1] and "'k'" in errs.first()["_error"]
     ok, errs = read_as_of(spark, ShardTable(cfg), 299)
     assert sorted(tuple(r) for r in ok.collect()) == [(2, "b", 1)] and errs.count() == 0
+
+
+def test_a_query_over_delta_sources_records_the_version_of_each_it_read(
+    spark, warehouse, tmp_path, sqlite_ledger, monkeypatch, capsys
+):
+    """A query sink whose sources are Delta tables reads each at one version and records it per
+    batch (manifest in the ledger, the Delta commit's description); status, history and the
+    sink's page say which versions each batch read. A source written after its version was
+    pinned does not leak into the batch."""
+    from reconcile import cli
+    from reconcile.airflow import ui
+    from reconcile.kinds import query
+    from reconcile.manifest import source_versions
+
+    monkeypatch.setenv("RECONCILE_SINKS_DIR", str(tmp_path))
+    orders, regions = str(tmp_path / "orders"), str(tmp_path / "regions")
+
+    def put(path: str, rows: list[tuple], mode: str = "append") -> None:
+        spark.createDataFrame(rows, "k BIGINT, v STRING").write.format("delta").mode(mode).save(path)
+
+    put(orders, [(1, "a"), (2, "b")])  # version 0
+    put(regions, [(1, "x")])  # version 0
+    sql = "SELECT o.k, concat(o.v, '-', coalesce(r.v, '?')) AS v FROM orders o LEFT JOIN regions r ON o.k = r.k"
+    sources = {"orders": {"format": "delta", "path": orders}, "regions": {"format": "delta", "path": regions}}
+    cfg = make_sink(tmp_path, "delta_sources", query={"sources": sources, "sql": sql})
+    run_stages(spark, sqlite_ledger, cfg, "r1", 200)
+    put(orders, [(3, "c")])  # orders version 1
+    put(orders, [(4, "d")])  # orders version 2
+    run_stages(spark, sqlite_ledger, cfg, "r2", 300)
+    assert shard_as_of(cfg, 199) == Counter({(1, "a-x", None): 1, (2, "b-?", None): 1})
+    assert shard_as_of(cfg, 299) == Counter(
+        {(1, "a-x", None): 1, (2, "b-?", None): 1, (3, "c-?", None): 1, (4, "d-?", None): 1}
+    )
+    got = [source_versions(b.manifest) for b in sqlite_ledger.batches(cfg.name, (COMMITTED,))]
+    assert got == [{"orders": 0, "regions": 0}, {"orders": 2, "regions": 0}]
+
+    # pinned: rows committed to a source after the version was read are not in that read
+    versions: dict[str, int] = {}
+    pinned = query.desired(spark, cfg, versions)
+    put(orders, [(5, "e")])  # version 3, after the pin
+    assert versions == {"orders": 2, "regions": 0}
+    assert sorted(r["k"] for r in pinned.collect()) == [1, 2, 3, 4]
+
+    capsys.readouterr()
+    assert cli.main(["status", cfg.name]) == 0
+    out = capsys.readouterr().out
+    assert "read orders at version 0, regions at version 0" in out and "read orders at version 2" in out
+    assert cli.main(["status", cfg.name, "--json"]) == 0
+    shown = json.loads(capsys.readouterr().out)["batches"]
+    assert [b["sources"] for b in shown] == got
+    assert cli.main(["history", cfg.name]) == 0
+    out = capsys.readouterr().out
+    assert f"the batch at {iso(299)} read orders at version 2, regions at version 0" in out, out
+    page = ui.render_sink(cfg.name)
+    assert "read orders at version 2, regions at version 0" in page

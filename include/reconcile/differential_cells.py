@@ -162,11 +162,11 @@ def peel(desired: dict[int, tuple], persist: dict[int, tuple], per_table: int) -
     todo = list(res)
     while todo:
         c = todo.pop()
-        r = res.get(c)
-        if r is None or r[0] == 0 or any(x % r[0] for x in r[1:]):
+        got = res.get(c)
+        if got is None or got[0] == 0 or any(x % got[0] for x in got[1:]):
             continue
-        n = r[0]
-        lo0, hi0, lo1, hi1, lo2, hi2 = (x // n for x in r[1:])
+        n = got[0]
+        lo0, hi0, lo1, hi1, lo2, hi2 = (x // n for x in got[1:])
         if not (0 <= lo0 <= _LOW and 0 <= lo1 <= _LOW and -(1 << 31) <= hi0 < 1 << 31 and -(1 << 31) <= hi1 < 1 << 31):
             continue
         k1, k2 = _signed((hi0 << 32) | lo0), _signed((hi1 << 32) | lo1)

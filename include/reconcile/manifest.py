@@ -65,6 +65,8 @@ class Manifest:
     # what the batch repaired of foreign writes (reconcile.sink.drift): the foreign versions, how
     # (rows, keys, all keys), the keys an upsert feed cannot define
     drift: dict[str, Any] | None = None
+    # the version of each Delta source a query batch read, by the source's name
+    sources: dict[str, int] | None = None
 
     # -- what it says ---------------------------------------------------------------------------
 
@@ -109,6 +111,7 @@ class Manifest:
             "parts": {str(p): part.to_dict() for p, part in sorted(self.parts.items())},
             **feed,
             "drift": self.drift,
+            "sources": self.sources,
         }
         return {k: v for k, v in out.items() if v is not None or k in ("stage_id", "read_version", *feed)}
 
@@ -122,6 +125,7 @@ class Manifest:
         keep = ("rows", "checksum", "files", "desired_checksum", "shard_checksum")
         return {
             **({"drift": self.drift} if self.drift is not None else {}),
+            **({"sources": self.sources} if self.sources is not None else {}),
             "stage_id": self.stage_id,
             "layout": LAYOUT,
             "partitions": self.partitions,
@@ -143,6 +147,7 @@ class Manifest:
                 read_version=raw.get("read_version"),
                 feed=FeedProgress.from_dict(raw),
                 drift=raw.get("drift") if isinstance(raw.get("drift"), dict) else None,
+                sources=source_versions(raw),
             )
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise ManifestUnreadable(str(exc)) from None
@@ -173,3 +178,17 @@ class Manifest:
             return cls.from_dict(raw)
         except ManifestUnreadable:
             return None
+
+
+def source_versions(raw: dict | str | None) -> dict[str, int] | None:
+    """The Delta source versions a manifest (its dict or the ledger's text of it) records, by
+    source name; None when it records none (not a query over Delta sources, or an older batch)."""
+    if isinstance(raw, str):
+        try:
+            raw = json.loads(raw)
+        except ValueError:
+            return None
+    found = raw.get("sources") if isinstance(raw, dict) else None
+    if not isinstance(found, dict):
+        return None
+    return {str(k): int(v) for k, v in found.items() if isinstance(v, int)}

@@ -13,6 +13,7 @@ import json
 
 from reconcile.errors import SinkError
 from reconcile.log import iso
+from reconcile.manifest import source_versions
 from reconcile.sql_names import duckdb_name
 
 # -- times ----------------------------------------------------------------------------------------
@@ -75,6 +76,7 @@ def status_data(ledger, name: str, limit: int = 10) -> dict:
                 "foreign_versions": [st.foreign_json(f) for f in foreign.get(b.batch_id, [])],
                 "late_commands": b.late_commands,
                 "source_offset": b.source_offset,
+                "sources": source_versions(b.manifest),
                 "failure_kind": b.failure_kind,
                 "message": b.message,
                 "standing": {"tone": how.tone, "note": how.note, "note_tone": how.note_tone},
@@ -263,6 +265,8 @@ def print_status(data: dict) -> None:
         how = b["standing"]
         if how["note"]:
             print(f"      {label[how['note_tone']]}{how['note']}")
+        if b.get("sources"):
+            print(f"      read {source_text(b['sources'])}")
         for f in b["foreign_versions"]:
             print(f"      repaired foreign Delta version {_foreign_text(f)}")
         if b["approved"]:
@@ -430,3 +434,8 @@ def print_rows(rows: list[dict], total: int) -> None:
         print("  " + "  ".join(c.ljust(w) for c, w in zip(line, widths, strict=True)).rstrip())
     if total > len(rows):
         print(f"  (first {len(rows)} rows; --limit shows more)")
+
+
+def source_text(versions: dict[str, int]) -> str:
+    """The Delta source versions a batch read, as status, history and the pages say them."""
+    return ", ".join(f"{name} at version {v}" for name, v in sorted(versions.items()))

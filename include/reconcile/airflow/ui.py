@@ -369,7 +369,9 @@ def render_sink(name: str, before: tuple[int, str] | None = None, dag_url: str =
     from reconcile import settings
     from reconcile.config_loading import load_sink
     from reconcile.errors import SinkError
+    from reconcile.manifest import source_versions
     from reconcile.model import COMMITTED, OPEN_STATES, SUPERSEDED
+    from reconcile.report import source_text
     from reconcile.storage.ledger import Ledger
 
     cfg = load_sink(name)
@@ -404,8 +406,10 @@ def render_sink(name: str, before: tuple[int, str] | None = None, dag_url: str =
             else "-"
         )
         drift = _drift_cell(cfg, b, previous.get(b.batch_id), committed_all)
+        read = source_versions(b.manifest)
+        sources = f"<br><span class=small>read {e(source_text(read))}</span>" if read else ""
         rows.append(
-            f"<tr><td>[{_time(b.lower)},<br>{_time(b.upper)})</td><td class=msg>{_state(b, shard.upper)}</td>"
+            f"<tr><td>[{_time(b.lower)},<br>{_time(b.upper)}){sources}</td><td class=msg>{_state(b, shard.upper)}</td>"
             f"<td class=n>{_count(b.delta_version)}</td><td class=n>{_count(b.rows_ok)}</td>"
             f"<td class=n>{_count(b.rows_err)}</td><td{' class=drift' if b.drift_rows else ''}>{drift}</td>"
             f"<td><span class='small nw'>{e(b.run_id or '-')}</span><br>{links}</td></tr>"

@@ -126,10 +126,10 @@ class QueryKind(OwnCollection):
     hashes_first = True
     source_label = QUERY_SOURCE
 
-    def desired(self, spark: SparkSession) -> DataFrame:
+    def desired(self, spark: SparkSession, versions: dict[str, int] | None = None) -> DataFrame:
         from reconcile.kinds import query
 
-        return query.desired(spark, self.cfg)
+        return query.desired(spark, self.cfg, versions)
 
     def difference(
         self, desired: DataFrame, persist: DataFrame, lower: int, upper: int, checks: BatchChecks | None, **how: Any
@@ -157,7 +157,7 @@ class ChangelogKind(OwnCollection):
     plans_sql = False
     source_label = CHANGELOG_SOURCE
 
-    def desired(self, spark: SparkSession) -> DataFrame:
+    def desired(self, spark: SparkSession, versions: dict[str, int] | None = None) -> DataFrame:
         from reconcile.kinds import changelog
 
         return changelog.desired(spark, self.cfg)
@@ -199,7 +199,7 @@ class UpsertKind:
     def history_keys(self) -> HistoryKeys:
         return HistoryKeys(tuple(self.cfg.key_columns), tuple(self.cfg.value_columns))
 
-    def desired(self, spark: SparkSession) -> DataFrame:
+    def desired(self, spark: SparkSession, versions: dict[str, int] | None = None) -> DataFrame:
         raise SourceError(f"kind {self.cfg.kind!r} is a command feed, not a desired collection", sink=self.cfg.name)
 
     def correction(self, spark: SparkSession, persist: DataFrame, bounds: Bounds) -> Correction:

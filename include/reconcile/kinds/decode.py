@@ -22,10 +22,24 @@ from reconcile.errors import SourceError, brief, shorten
 from reconcile.sql_names import spark_name
 
 
-def read_source(spark: SparkSession, cfg: SinkConfig, src: Source, field: str) -> DataFrame:
+def read_source(
+    spark: SparkSession, cfg: SinkConfig, src: Source, field: str, versions: dict[str, int] | None = None
+) -> DataFrame:
+    """The source as a DataFrame. ``versions``: a Delta source is read at its latest version (or
+    the ``versionAsOf`` its options name), recorded there under the source's name: what the batch
+    read of it, whatever is committed to it meanwhile."""
     options = dict(src.options)
     if src.format == "csv":
         options.setdefault("header", "true")
+    if versions is not None and src.format == "delta" and "timestampAsOf" not in options:
+        named = options.get("versionAsOf")
+        if named is not None and not str(named).strip().isdigit():
+            raise SourceError(
+                f"{field}.options.versionAsOf must be a Delta version (a whole number), not {named!r}", sink=cfg.name
+            )
+        version = int(named) if named is not None else delta_version(spark, cfg, src, field)
+        options["versionAsOf"] = str(version)
+        versions[src.name] = version
     reader = spark.read.format(src.format).options(**options)
     try:
         df = reader.load(src.path)
@@ -34,6 +48,19 @@ def read_source(spark: SparkSession, cfg: SinkConfig, src: Source, field: str) -
         text = brief(exc, 300)
         raise SourceError(f"cannot read source {field} ({src.format} at {src.path}): {text}", sink=cfg.name) from None
     return df
+
+
+def delta_version(spark: SparkSession, cfg: SinkConfig, src: Source, field: str) -> int:
+    """The latest version of a Delta source (its log's, read by Spark as it reads the source)."""
+    path = src.path.replace("`", "``")
+    try:
+        row = spark.sql(f"DESCRIBE HISTORY delta.`{path}` LIMIT 1").select("version").first()
+    except Exception as exc:  # not a Delta table, missing: the same words the read would say
+        text = brief(exc, 300)
+        raise SourceError(f"cannot read source {field} ({src.format} at {src.path}): {text}", sink=cfg.name) from None
+    if row is None:
+        raise SourceError(f"cannot read source {field} (delta at {src.path}): it has no version", sink=cfg.name)
+    return int(row["version"])
 
 
 def require_columns(cfg: SinkConfig, df: DataFrame, needed: list[str], what: str) -> None:

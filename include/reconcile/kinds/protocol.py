@@ -104,6 +104,8 @@ class Correction:
     # what the batch repaired of foreign writes beyond its own keys (keyed kinds): ``keys``
     # repaired, ``unrepairable`` (a sample of keys the feed holds no command for) and its count
     repaired: dict[str, Any] | None = None
+    # the version of each Delta source the batch read, by the source's name (a query's)
+    sources: dict[str, int] | None = None
 
     @cached_property
     def progress(self) -> FeedProgress | None:
@@ -153,9 +155,10 @@ class Kind(Protocol):
         """Where the sink's rows come from, as its messages name it."""
         ...
 
-    def desired(self, spark: SparkSession) -> DataFrame:
+    def desired(self, spark: SparkSession, versions: dict[str, int] | None = None) -> DataFrame:
         """The desired collection as an update frame (a :class:`~reconcile.errors.SourceError`
-        for a kind whose desired collection depends on the shard)."""
+        for a kind whose desired collection depends on the shard). ``versions``: where a kind
+        that reads Delta sources records the version it read of each (by the source's name)."""
         ...
 
     def correction(self, spark: SparkSession, persist: DataFrame, bounds: Bounds) -> Correction:
@@ -202,7 +205,7 @@ class OwnCollection:
     persist_sides = {"shard": 1}  # the desired side is the kind's own frame
     history_keys = HistoryKeys()
 
-    def desired(self, spark: SparkSession) -> DataFrame:
+    def desired(self, spark: SparkSession, versions: dict[str, int] | None = None) -> DataFrame:
         raise NotImplementedError
 
     def difference(
@@ -217,11 +220,13 @@ class OwnCollection:
         raise NotImplementedError
 
     def correction(self, spark: SparkSession, persist: DataFrame, bounds: Bounds) -> Correction:
-        desired = self.desired(spark)
+        versions: dict[str, int] = {}
+        desired = self.desired(spark, versions)
         how: dict[str, Any] = {"bulk": True} if bounds.empty_shard and self.bulk_first else {}
         if self.hashes_first:
             how.update(exact=bounds.exact, shard_rows=bounds.shard_rows)
-        return Correction(self.difference(desired, persist, bounds.lower, bounds.upper, bounds.checks, **how))
+        updates = self.difference(desired, persist, bounds.lower, bounds.upper, bounds.checks, **how)
+        return Correction(updates, sources=versions or None)
 
     def preview(self, con: DuckDBPyConnection, shard: str, bounds: Bounds) -> Updates:
         from reconcile.kinds.preview import own_updates

@@ -66,10 +66,11 @@ def require_query_remote(spark: SparkSession, cfg: QuerySink) -> None:
         ) from None
 
 
-def desired(spark: SparkSession, cfg: QuerySink) -> DataFrame:
-    """The query's result as an update frame (``_diff`` = 1 per row, no time)."""
+def desired(spark: SparkSession, cfg: QuerySink, versions: dict[str, int] | None = None) -> DataFrame:
+    """The query's result as an update frame (``_diff`` = 1 per row, no time). ``versions``: each
+    Delta source is read at one version, recorded there (:func:`~reconcile.kinds.decode.read_source`)."""
     for src in cfg.sources:
-        read_source(spark, cfg, src, f"query.sources.{src.name}").createOrReplaceTempView(src.name)
+        read_source(spark, cfg, src, f"query.sources.{src.name}", versions).createOrReplaceTempView(src.name)
     require_query(spark, cfg)
     try:
         df = spark.sql(cfg.sql)

@@ -392,6 +392,21 @@ def _notes(source: ShardTable | ShardReader, ledger, cfg: SinkConfig, times: lis
     return [n for what, t in times if (n := stamp_note(source, batches, what, t)) is not None]
 
 
+def _sources_of(ledger, cfg: SinkConfig, versions: list[dict]) -> list[dict]:
+    """Per committed batch whose time (``upper - 1``) begins or ends a listed version: the Delta
+    source versions it read (a query sink's over Delta sources), oldest first."""
+    from reconcile.manifest import source_versions
+
+    n = output_names(cfg)
+    times = {v[n[end]]["ms"] for v in versions for end in ("valid_from", "valid_to") if v[n[end]]}
+    out = []
+    for b in ledger.batches(cfg.name, states=(COMMITTED,)):
+        found = source_versions(b.manifest) if b.upper - 1 in times else None
+        if found:
+            out.append({"time": stamp(b.upper - 1), "batch_id": b.batch_id, "sources": found})
+    return out
+
+
 def history_report(
     ledger,
     cfg: SinkConfig,
@@ -433,6 +448,7 @@ def history_report(
         d[n["valid_to"]] = stamp(d[n["valid_to"]])
         versions.append(d)
     return {
+        "sources": _sources_of(ledger, cfg, versions),
         "sink": cfg.name,
         "kind": cfg.kind,
         "per": "error row" if errors else grouping(cfg).per,

@@ -9,6 +9,7 @@ from typing import Any
 
 from reconcile.config import SinkConfig
 from reconcile.log import iso
+from reconcile.report import source_text
 from reconcile.sink.history import output_names
 
 
@@ -60,6 +61,8 @@ def print_history(cfg: SinkConfig, report: dict) -> None:
         print(line)
     if report["truncated"]:
         print(f"  (first {len(versions)} versions; --limit shows more)")
+    for read in report.get("sources") or []:
+        print(f"  the batch at {iso(read['time']['ms'])} read {source_text(read['sources'])}")
 
 
 def print_diff(cfg: SinkConfig, report: dict) -> None:

@@ -493,6 +493,7 @@ def manifest_of(attempt: Attempt, staged: StagedFiles) -> Manifest:
         read_version=staged.read_version,
         feed=staged.corr.progress,
         drift=attempt.drift.record(attempt.cfg, staged.corr),
+        sources=staged.corr.sources,
     )
 
 
