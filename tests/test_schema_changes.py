@@ -57,16 +57,19 @@ def test_the_plan_names_each_change(tmp_path):
         ("added", "extra", None, "integer"),
         ("dropped", "gone", None, None),
     }
-    assert not plan.supported
-    refusal = plan.refusal()
-    assert "column n widened from integer to long" in refusal and "column old renamed to new_name" in refusal
-    assert "column gone dropped" in refusal and "extra" not in refusal  # the added column is applied
+    assert plan.supported and plan.rewrites and plan.refusal() == ""  # the shard rewritten, then the batch
+    assert "10 update rows rewritten" in schema_change.SchemaPlan(plan.changes, 10).cost()
+    retyped = schema_change.plan(
+        _sink(tmp_path, "p2", [KV[0], {"name": "v", "type": "int"}]), [("k", "long"), ("v", "string")]
+    )
+    assert not retyped.supported
+    assert retyped.refusal() == "column v retyped from string to integer: only numeric widening keeps every value"
 
     added = schema_change.plan(
         _sink(tmp_path, "q", [*KV, {"name": "extra", "type": "int"}]), [("k", "long"), ("v", "string")]
     )
     assert [c.text() for c in added.changes] == ["column extra integer added"] and added.supported
-    assert "0 rows rewritten" in added.cost()
+    assert "0 rows rewritten" in added.cost() and not added.rewrites
     strict = schema_change.plan(
         _sink(tmp_path, "r", [*KV, {"name": "extra", "type": "int", "nullable": False}]),
         [("k", "long"), ("v", "string")],
@@ -114,6 +117,8 @@ def test_validate_says_what_the_next_run_does_and_refuses_the_sink_files_change(
     for name in ("added", "foreign", "same"):
         ShardTable(_sink(sinks, name, KV)).ensure()
     ShardTable(_sink(sinks, "widened", [*KV, {"name": "n", "type": "int"}])).ensure()
+    ShardTable(_sink(sinks, "retyped", [*KV, {"name": "n", "type": "int"}])).ensure()
+    _sink(sinks, "retyped", [*KV, {"name": "n", "type": "string"}], sql="SELECT k, v, 'x' AS n FROM src")
     _sink(sinks, "added", [*KV, {"name": "note", "type": "string"}], sql="SELECT k, v, 'x' AS note FROM src")
     _sink(sinks, "widened", [*KV, {"name": "n", "type": "bigint"}], sql="SELECT k, v, CAST(1 AS BIGINT) AS n FROM src")
     _sink(sinks, "newsink", KV)  # no shard yet: nothing to compare
@@ -129,8 +134,13 @@ def test_validate_says_what_the_next_run_does_and_refuses_the_sink_files_change(
     lines = {line.split(":")[0].split()[-1]: line for line in out.splitlines() if ":" in line}
     assert "schema change applied by the next run in its batch's commit: column note string added" in lines["added"]
     assert "0 rows rewritten" in lines["added"] and "the shard holds 0 update rows" in lines["added"]
-    assert lines["widened"].startswith("INVALID widened: the sink file changes the shard's columns")
-    assert "column n widened from integer to long: changes the stored row key" in lines["widened"]
+    assert (
+        "schema change applied by the next run" in lines["widened"]
+        and "column n widened from integer to long" in lines["widened"]
+    )
+    assert "0 update rows rewritten" in lines["widened"]
+    assert lines["retyped"].startswith("INVALID retyped: the sink file changes the shard's columns")
+    assert "column n retyped from integer to string: only numeric widening keeps every value" in lines["retyped"]
     assert lines["foreign"].startswith("INVALID foreign: the shard's Delta table was changed behind the sink's back")
     assert "the sink file against it: column extra dropped" in lines["foreign"] and "RESTORE" in lines["foreign"]
     assert not any(
@@ -140,9 +150,9 @@ def test_validate_says_what_the_next_run_does_and_refuses_the_sink_files_change(
 
     # the stages refuse the same way: the sink file's change, or the table's
     with pytest.raises(SinkSchemaChange) as info:
-        ShardTable(_sink(sinks, "widened", [*KV, {"name": "n", "type": "bigint"}])).ensure()
-    text = assert_one_line(info.value, "widened")
-    assert "the sink file" in text and "column n widened from integer to long" in text and "a new sink" in text
+        ShardTable(_sink(sinks, "retyped", [*KV, {"name": "n", "type": "string"}])).ensure()
+    text = assert_one_line(info.value, "retyped")
+    assert "the sink file" in text and "column n retyped from integer to string" in text and "a new sink" in text
     assert "behind the sink's back" not in text
     with pytest.raises(ShardSchemaChanged) as info:
         ShardTable(_sink(sinks, "foreign", KV)).ensure()
@@ -284,6 +294,24 @@ def _grown_sink(directory: Path, name: str, **fields):
     return _sink(directory, name, [*KV, {"name": "c", "type": "int"}], sql=sql, **fields)
 
 
+def run_job_killed_at(stage: str, cfg, run_id: str, point: str) -> None:
+    """The stage's job for ``run_id`` as its own process, killed at ``point`` (exit 137), as
+    tests/test_crash.py runs it: a write in a local Spark JVM of its own, an append without one."""
+    import os
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[1]
+    if stage == "write":
+        cmd = [sys.executable, str(root / "jobs" / "write_correction.py"), "--sink", cfg.name, "--run-id", run_id]
+    else:
+        cmd = [sys.executable, "-m", "reconcile", "append", cfg.name, "--run-id", run_id]
+    env = {**os.environ, "RECONCILE_FAILPOINTS": f"{point}=kill"}
+    env.pop("PYSPARK_GATEWAY_PORT", None)
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 137, f"expected a kill at {point}, got {proc.returncode}: {proc.stderr[-2000:]}"
+
+
 CRASHES = [
     ("append.inside_lease", "retry"),  # killed before the schema's commit: the retry commits it once
     ("append.after_delta_commit", "retry"),  # between the schema's commit and the ledger's confirmation
@@ -298,7 +326,6 @@ def test_a_crash_around_the_schema_commit_recovers_to_the_model(
     spark, tmp_path, sqlite_ledger, monkeypatch, request, where, point, recovery
 ):
     from reconcile.sink import append, check, mint, write
-    from test_crash import run_job_killed_at
 
     request.getfixturevalue("s3_warehouse" if where == "s3" else "warehouse")
     ledger = sqlite_ledger
@@ -314,7 +341,7 @@ def test_a_crash_around_the_schema_commit_recovers_to_the_model(
     grown = _grown_sink(tmp_path, name)
     desc = mint.run_mint(ledger, grown, "r2", 1, 300).description
     assert write.run_write(spark, ledger, grown, desc.batch_id).outcome == "staged"
-    run_job_killed_at("append", grown, "r2", point, None)
+    run_job_killed_at("append", grown, "r2", point)
     table = ShardTable(grown)
     committed = point == "append.after_delta_commit"
     assert table.latest_version() == version + (1 if committed else 0)
@@ -472,3 +499,138 @@ def test_two_appends_racing_commit_the_schema_change_once(spark, tmp_path, wareh
     assert metas == [0]  # before the race, only the table's creation set the schema
     assert not table.check_schema()
     assert +as_of(update_log(grown), grown, 299) == _model(rows, ["k", "v", "c"])
+
+
+# --- widened, dropped, renamed, reordered: the shard rewritten, then the batch ----------------------
+
+OLD = [
+    {"name": "k", "type": "bigint", "nullable": False},
+    {"name": "n", "type": "int"},
+    {"name": "v", "type": "string"},
+    {"name": "gone", "type": "string"},
+]
+NEW = [  # n widened, v renamed to w, gone dropped, and the order changed
+    {"name": "k", "type": "bigint", "nullable": False},
+    {"name": "w", "type": "string", "renamed_from": "v"},
+    {"name": "n", "type": "bigint"},
+]
+
+
+@pytest.mark.slow  # batches through Spark, a rewrite
+def test_a_widening_drop_and_rename_rewrite_the_shard_then_the_batch_corrects(
+    spark, tmp_path, warehouse, sqlite_ledger, monkeypatch, capsys
+):
+    from reconcile.sink import check
+
+    ledger = sqlite_ledger
+    monkeypatch.setenv("RECONCILE_SINKS_DIR", str(tmp_path))
+    src = tmp_path / "src"
+    rows = [{"k": i, "n": i * 7, "v": f"v{i}", "gone": "g" if i % 2 else None} for i in range(10)]
+    write_json_rows(src, rows)
+    cfg = _sink(tmp_path, "evolving", OLD, sql="SELECT k, CAST(n AS INT) AS n, v, gone FROM src")
+    for run, frontier in (("r1", 200), ("r2", 300)):
+        *_, a = run_stages(spark, ledger, cfg, run, frontier)
+        assert a.outcome == "committed", a.message
+    before = update_log(cfg)
+    version = ShardTable(cfg).latest_version()
+
+    later = [{**r, "n": r["n"] + (1 if r["k"] == 3 else 0)} for r in rows if r["k"] != 9]  # one changed, one gone
+    write_json_rows(src, later)
+    new = _sink(tmp_path, "evolving", NEW, sql="SELECT k, v AS w, CAST(n AS BIGINT) AS n FROM src")
+    assert main(["validate", "--dir", str(tmp_path), "--no-spark"]) == 0
+    said = capsys.readouterr().out
+    assert (
+        "column v renamed to w; column n widened from integer to long; column gone dropped; columns reordered (k, v, n)"
+        in said
+    )
+    assert f"{len(before)} update rows rewritten" in said
+    *_, a = run_stages(spark, ledger, new, "r3", 400)
+    assert a.outcome == "committed", a.message
+    table = ShardTable(new)
+    assert table.latest_version() == version + 2  # the rewrite's commit, then the batch's
+    assert not table.check_schema()
+
+    log = update_log(new)
+    for t in (199, 299):  # the older times hold what they held, in the new schema
+        assert +as_of(log, new, t) == +Counter(
+            {(k, v, n, err): c for (k, n, v, _gone, err), c in as_of(before, cfg, t).items()}
+        )
+    cols = ["k", "v", "n"]
+    assert +as_of(log, new, 399) == _model(later, cols)
+    assert sorted((u["k"], u["_diff"]) for u in log if u["_time"] == 399) == [(3, -1), (3, 1), (9, -1)]
+    # every row's key is fresh: read as stored, none wrong; check --deep and --verify hold
+    from reconcile.storage import frames
+
+    assert frames.wrong_row_keys(spark, table) == [] and table.keyed_files(table.latest_version())[1] == []
+    assert check.violations(ledger, new, spark=spark) == []
+    lines, counts = check.verify_checksums(ledger, new, spark)
+    assert lines == [], lines
+    # the batch after the rewrite verifies; the two before it recorded the old columns' hashes
+    assert (counts["verified"], counts["not_verifiable"]) == (1, 2), counts
+
+
+@pytest.mark.slow  # a killed write process with its own JVM, batches through Spark
+@pytest.mark.parametrize("where", ["local", "s3"])
+def test_a_write_killed_after_the_rewrite_is_retried_to_the_model(
+    spark, tmp_path, sqlite_ledger, monkeypatch, request, where
+):
+    from reconcile.sink import append, check, mint, write
+
+    request.getfixturevalue("s3_warehouse" if where == "s3" else "warehouse")
+    ledger = sqlite_ledger
+    monkeypatch.setenv("RECONCILE_SINKS_DIR", str(tmp_path))
+    rows = [{"k": i, "n": i, "v": f"v{i}", "gone": "g"} for i in range(6)]
+    write_json_rows(tmp_path / "src", rows)
+    cfg = _sink(tmp_path, "killed", OLD, sql="SELECT k, CAST(n AS INT) AS n, v, gone FROM src")
+    *_, a = run_stages(spark, ledger, cfg, "r1", 200)
+    assert a.outcome == "committed", a.message
+    version = ShardTable(cfg).latest_version()
+
+    later = [{**r, "n": r["n"] * 2} for r in rows]
+    write_json_rows(tmp_path / "src", later)
+    new = _sink(tmp_path, "killed", NEW, sql="SELECT k, v AS w, CAST(n AS BIGINT) AS n FROM src")
+    desc = mint.run_mint(ledger, new, "r2", 1, 300).description
+    run_job_killed_at("write", new, "r2", "write.after_schema_rewrite")
+    table = ShardTable(new)
+    assert table.latest_version() == version + 1 and not table.check_schema()  # the rewrite committed alone
+    assert ledger.get_batch(desc.batch_id, "killed").state == "minted"
+
+    assert write.run_write(spark, ledger, new, desc.batch_id).outcome == "staged"  # the retry: no second rewrite
+    assert append.run_append(ledger, new, desc.batch_id).outcome == "committed"
+    assert table.latest_version() == version + 2
+    log = update_log(new)
+    assert +as_of(log, new, 199) == _model(rows, ["k", "v", "n"])
+    assert +as_of(log, new, 299) == _model(later, ["k", "v", "n"])
+    assert check.violations(ledger, new, spark=spark) == []
+    assert check.verify_checksums(ledger, new, spark)[0] == []
+
+
+@pytest.mark.slow  # batches through Spark, a rewrite
+def test_the_guard_stops_a_rewrite_until_approved(spark, tmp_path, warehouse, sqlite_ledger):
+    from reconcile.errors import CorrectionBlocked
+    from reconcile.sink import append, mint, write
+
+    ledger = sqlite_ledger
+    rows = [{"k": i, "n": i, "v": f"v{i}", "gone": None} for i in range(6)]
+    write_json_rows(tmp_path / "src", rows)
+    guard = {"max_share": 0.5, "min_rows": 5}
+    sql = "SELECT k, CAST(n AS INT) AS n, v, gone FROM src"
+    cfg = _sink(tmp_path, "guarded_rw", OLD, sql=sql, correction_guard=guard)
+    *_, a = run_stages(spark, ledger, cfg, "r1", 200)
+    assert a.outcome == "committed", a.message
+    version = ShardTable(cfg).latest_version()
+
+    new = _sink(
+        tmp_path, "guarded_rw", NEW, sql="SELECT k, v AS w, CAST(n AS BIGINT) AS n FROM src", correction_guard=guard
+    )
+    desc = mint.run_mint(ledger, new, "r2", 1, 300).description
+    with pytest.raises(CorrectionBlocked) as info:
+        write.run_write(spark, ledger, new, desc.batch_id)
+    text = assert_one_line(info.value, "guarded_rw")
+    assert "rewrites all 6 update rows" in text and f"approve guarded_rw {desc.batch_id}" in text
+    assert ShardTable(new).latest_version() == version and ShardTable(new).check_schema().rewrites  # nothing moved
+
+    ledger.approve("guarded_rw", desc.batch_id, "on-call")
+    assert write.run_write(spark, ledger, new, desc.batch_id).outcome == "staged"
+    assert append.run_append(ledger, new, desc.batch_id).outcome == "committed"
+    assert +as_of(update_log(new), new, 299) == _model(rows, ["k", "v", "n"])

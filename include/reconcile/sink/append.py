@@ -298,6 +298,13 @@ def verify_staged(a: Appending) -> AppendResult | None:
             sink=a.cfg.name,
             remedy="the task retries by itself and appends (or finds appended) what is staged now.",
         ) from None
+    if a.schema_plan and a.schema_plan.rewrites:  # a write rewrites the shard first: this one did not
+        raise StagedBatchInvalid(
+            f"batch {a.batch_id} was written before the sink file's schema change ({a.schema_plan.describe()}), "
+            "which rewrites the shard's files first",
+            sink=a.cfg.name,
+            remedy="rerun its write: it rewrites the shard into the sink file's schema, then stages the batch.",
+        )
     if a.schema_plan and a.files:
         _staged_with_new_columns(a)
     return None

@@ -119,6 +119,8 @@ def commit_differences(spark, table: ShardTable, batches: dict[int, Manifest]) -
     after a compaction cannot be checked."""
     from reconcile.storage import frames
 
+    rekeyed = table.rekeyed_at()  # batches before a schema rewrite hashed the old columns: not checkable
+    batches = {v: m for v, m in batches.items() if rekeyed is None or v > rekeyed}
     stats = frames.committed_stats(spark, table, {v: m.partitions for v, m in batches.items()})
     out = []
     for v, got in sorted(stats.items()):
@@ -136,7 +138,7 @@ def checksum_differences(
     ``version``), in one Spark job (:func:`reconcile.storage.frames.checksums_by_time`), then
     prefix sums per batch upper. -> (one line per partition whose checksum differs, counts:
     ``verified``, ``partitions`` (those with checksums: a partition too large to sum exactly has none),
-    ``not_verifiable`` (no checksums recorded), ``before_since``).
+    ``not_verifiable`` (no checksums recorded, or recorded before a schema rewrite), ``before_since``).
     A difference is a change at or below the batch's ``upper - 1`` that is not the sink's: a
     foreign write, corruption, a bug. Batches with ``upper - 1 < since`` are not readable exactly
     any more (compacted) and are left out."""
@@ -146,8 +148,9 @@ def checksum_differences(
 
     counts = {"verified": 0, "partitions": 0, "not_verifiable": 0, "before_since": 0}
     todo: list[tuple[int, Manifest]] = []
+    rekeyed = table.rekeyed_at()  # a schema rewrite: the batches before it recorded the old columns' hashes
     for v, m in sorted(batches.items()):
-        if not any(part.has_checksums for part in m.parts.values()):
+        if not any(part.has_checksums for part in m.parts.values()) or (rekeyed is not None and v < rekeyed):
             counts["not_verifiable"] += 1
         elif m.upper - 1 < since:
             counts["before_since"] += 1

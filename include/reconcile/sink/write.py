@@ -51,7 +51,7 @@ from reconcile.failpoints import failpoint
 from reconcile.log import event, iso
 from reconcile.manifest import Manifest, ManifestUnreadable, Part
 from reconcile.model import COMMITTED, OPEN_STATES, STAGED, BatchDescription, FeedProgress, Outcome, Staged
-from reconcile.sink import catalog
+from reconcile.sink import catalog, evolve
 from reconcile.sink import drift as drift_
 from reconcile.sink.sync import sync
 from reconcile.sink.verify import parse_manifest, staged_files
@@ -97,7 +97,7 @@ def carried_checksums(ledger: Ledger, table: ShardTable, lower: int, read_versio
         if v > read_version:
             break
         meta = meta or {}
-        if not (
+        if meta.get("rekeyed") or not (  # a schema rewrite changed every row's hash (sink/evolve.py)
             meta.get("op") in ("compact", MAINTENANCE)
             or (meta.get("op") == "batch" and meta.get("batch_id") == b.batch_id)
         ):
@@ -234,8 +234,10 @@ def run_write(spark: SparkSession, ledger: Ledger, cfg: SinkConfig, batch_id: st
     shard = sync(ledger, table)
     if shard.upper > attempt.desc.lower:
         return absorb_outdated(attempt, shard.upper)
-    kept = keep_intact(attempt)
-    if kept is not None:
+    if evolve.apply(spark, ledger, table, attempt.state):  # the sink file's schema change rewrote the shard
+        b = ledger.get_batch(batch_id, cfg.name)
+        attempt.replaces = b.stage_id if b.state == STAGED else None  # staged under the old schema: restage
+    elif (kept := keep_intact(attempt)) is not None:
         return kept
     staged = stage(attempt)
     if isinstance(staged, WriteResult):

@@ -196,6 +196,18 @@ class ShardTable:
                 out.append(ForeignCommit.of(v, actions))
         return out
 
+    def rekeyed_at(self) -> int | None:
+        """The latest version that rewrote the shard into a new schema with fresh row keys
+        (:mod:`reconcile.sink.evolve`; None: none): the batches committed before it recorded
+        checksums of the old columns, so ``check`` does not verify them."""
+        versions = self.log_versions()
+        texts = self._commit_texts(versions)
+        for v in reversed(versions):
+            text = texts[v]
+            if text is not None and ((describe_commit(parse_actions(text)) or {}).get("rekeyed")):
+                return v
+        return None
+
     # -- snapshots ----------------------------------------------------------------------------
 
     def snapshot(self, version: int | None = None):
@@ -471,17 +483,19 @@ class ShardTable:
         read_version: int,
         txn_version: int,
         fence: Callable[[], None] | None = None,
+        schema: Any = None,
     ) -> tuple[int, int] | None:
         """Replace every data file of the snapshot at ``read_version`` with ``written`` (``(path
         relative to the table, size, stats)``) in one Delta version, ``read_version + 1`` and no
         other (put-if-absent, no retry), with the commit metadata ``meta`` and the application
-        transaction ``txn_version``; ``fence`` as for :meth:`commit_files`. Returns (that
+        transaction ``txn_version``; ``fence`` as for :meth:`commit_files`; ``schema`` (delta-rs):
+        the table's new schema in the same version (a rewrite into a sink file's schema). Returns (that
         version, how many files it removed), or None if any commit took it first."""
         dt = self.snapshot(read_version)
         removed = dt.get_add_actions(flatten=True).num_rows
         if fence is not None:
             fence()
-        version = self._commit_at_next(dt, "overwrite", written, meta, txn_version, "compact")
+        version = self._commit_at_next(dt, "overwrite", written, meta, txn_version, "compact", schema)
         return None if version is None else (version, removed)
 
     def _commit_at_next(
@@ -582,10 +596,12 @@ def commit_next(
         max_commit_retries=0,
         app_transactions=[Transaction(app_id=app_id, version=txn, last_updated=now_ms)],
     )
-    if schema is not None:
+    if schema is not None and mode == "append":  # delta-rs sets a schema only with an overwrite
         return _commit_with_schema(dt, path, files, user_meta, app_id, txn, schema, now_ms)
     try:
-        dt.create_write_transaction(actions, mode=mode, schema=dt.schema(), commit_properties=props)
+        dt.create_write_transaction(
+            actions, mode=mode, schema=dt.schema() if schema is None else schema, commit_properties=props
+        )
     except CommitFailedError:  # version read + 1 is taken
         return None
     except Exception as exc:  # noqa: BLE001 - the table's protocol or storage refuses the writer

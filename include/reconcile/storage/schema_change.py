@@ -9,12 +9,13 @@ other type change) or **reordered**. :func:`who_changed` tells the sink file's c
 schema is the one the sink's own commits set) from a change made to the table behind the sink's
 back (a foreign commit set it). Pure functions over ``(name, Delta type)`` lists, plus one log walk.
 
-What a run applies (:attr:`SchemaPlan.supported`): a nullable column added. Its batch commits the
-new schema and the correction it implies in one Delta version; rows written before read the
-column as null. Spark's ``xxhash64`` skips null values, so every stored row key and carried
-checksum stays the row's: nothing is rewritten. The others change every row's key (or need
-Delta's column mapping or type widening, which delta-rs 1.6.6 does not write) and are refused
-with the remedy: a new sink.
+What a run applies (:attr:`SchemaPlan.supported`): a nullable column added, whose batch commits
+the new schema and the correction it implies in one Delta version (rows written before read the
+column as null; Spark's ``xxhash64`` skips null values, so every stored row key and carried
+checksum stays the row's: nothing is rewritten); a numeric widening, a drop, a rename or a
+reordering, which change every row's key: the run's write first rewrites the shard's files into
+the new schema with fresh keys (:mod:`reconcile.sink.evolve`). Refused: any other type change, a
+column added ``nullable: false``, an upsert key's change (remedy: a new sink).
 """
 
 from __future__ import annotations
@@ -77,7 +78,12 @@ class Change:
             return None if self.nullable else "a column added to rows already written must be nullable"
         if self.what == RETYPED:
             return "only numeric widening keeps every value"
-        return "changes the stored row key of every row (not supported yet)"
+        return None  # widened, dropped, renamed, reordered: the shard's files rewritten
+
+    @property
+    def rewrites(self) -> bool:
+        """Whether applying it rewrites the shard's files (every row's key changes)."""
+        return self.what in (WIDENED, DROPPED, RENAMED, REORDERED)
 
 
 @dataclass(frozen=True)
@@ -99,6 +105,11 @@ class SchemaPlan:
     def added(self) -> list[Change]:
         return [c for c in self.changes if c.what == ADDED]
 
+    @property
+    def rewrites(self) -> bool:
+        """Whether the run rewrites the shard's files into the new schema first (:mod:`reconcile.sink.evolve`)."""
+        return any(c.rewrites for c in self.changes)
+
     def describe(self) -> str:
         return "; ".join(c.text() for c in self.changes)
 
@@ -106,6 +117,12 @@ class SchemaPlan:
         """What applying it costs: rows rewritten, and the correction it implies."""
         if not self.supported:
             return "nothing (refused)"
+        if self.rewrites:
+            rows = "every" if self.rows is None else f"{self.rows}"
+            return (
+                f"{rows} update rows rewritten (the shard's files, in the new schema with fresh row keys, one commit "
+                "before the batch's; history kept), then the batch's correction"
+            )
         return (
             "0 rows rewritten (one metadata change in the next batch's commit; rows written before read "
             "the new column(s) as null; the batch retracts and re-adds every current row whose new "
