@@ -527,7 +527,7 @@ def test_a_widening_drop_and_rename_rewrite_the_shard_then_the_batch_corrects(
     src = tmp_path / "src"
     rows = [{"k": i, "n": i * 7, "v": f"v{i}", "gone": "g" if i % 2 else None} for i in range(10)]
     write_json_rows(src, rows)
-    cfg = _sink(tmp_path, "evolving", OLD, sql="SELECT k, CAST(n AS INT) AS n, v, gone FROM src")
+    cfg = _sink(tmp_path, "evolving", OLD, sql="SELECT k, CAST(n AS INT) AS n, v, gone FROM src", current=True)
     for run, frontier in (("r1", 200), ("r2", 300)):
         *_, a = run_stages(spark, ledger, cfg, run, frontier)
         assert a.outcome == "committed", a.message
@@ -536,7 +536,7 @@ def test_a_widening_drop_and_rename_rewrite_the_shard_then_the_batch_corrects(
 
     later = [{**r, "n": r["n"] + (1 if r["k"] == 3 else 0)} for r in rows if r["k"] != 9]  # one changed, one gone
     write_json_rows(src, later)
-    new = _sink(tmp_path, "evolving", NEW, sql="SELECT k, v AS w, CAST(n AS BIGINT) AS n FROM src")
+    new = _sink(tmp_path, "evolving", NEW, sql="SELECT k, v AS w, CAST(n AS BIGINT) AS n FROM src", current=True)
     assert main(["validate", "--dir", str(tmp_path), "--no-spark"]) == 0
     said = capsys.readouterr().out
     assert (
@@ -558,6 +558,14 @@ def test_a_widening_drop_and_rename_rewrite_the_shard_then_the_batch_corrects(
     cols = ["k", "v", "n"]
     assert +as_of(log, new, 399) == _model(later, cols)
     assert sorted((u["k"], u["_diff"]) for u in log if u["_time"] == 399) == [(3, -1), (3, 1), (9, -1)]
+    # the current-state table followed: the sink file's columns, in its order and types
+    from deltalake import DeltaTable
+
+    from reconcile.storage.current import current_path
+
+    current = DeltaTable(current_path(new)).to_pyarrow_table()
+    assert current.column_names == ["k", "w", "n"] and str(current.schema.field("n").type) == "int64"
+    assert Counter(tuple(r.values()) + (None,) for r in current.to_pylist()) == _model(later, cols)
     # every row's key is fresh: read as stored, none wrong; check --deep and --verify hold
     from reconcile.storage import frames
 
