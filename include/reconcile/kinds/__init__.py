@@ -51,6 +51,7 @@ the touched keys' values replaced, so the shard as read counts into both sides.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -67,6 +68,8 @@ from reconcile.kinds.protocol import (
     Kind,
     OwnCollection,
 )
+
+log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -130,6 +133,25 @@ class QueryKind(OwnCollection):
         from reconcile.kinds import query
 
         return query.desired(spark, self.cfg, versions)
+
+    def correction(self, spark: SparkSession, persist: DataFrame, bounds: Bounds) -> Correction:
+        """From the sources' change feeds where it applies (:mod:`reconcile.kinds.incremental`),
+        else the full comparison (:meth:`OwnCollection.correction`)."""
+        from reconcile.kinds import incremental, query
+
+        if bounds.previous_sources and not bounds.empty_shard:
+            versions: dict[str, int] = {}
+            try:
+                updates = query.incremental_correction(
+                    spark, self.cfg, bounds.previous_sources, bounds.upper, bounds.checks, versions
+                )
+            except incremental.NotIncremental as why:
+                log.info("incremental: %s; comparing in full", why)
+            else:
+                moved = ", ".join(f"{n} {bounds.previous_sources[n]} -> {v}" for n, v in sorted(versions.items()))
+                log.info("incremental: the correction from the sources' change feeds (%s)", moved)
+                return Correction(updates, sources=versions)
+        return super().correction(spark, persist, bounds)
 
     def difference(
         self, desired: DataFrame, persist: DataFrame, lower: int, upper: int, checks: BatchChecks | None, **how: Any

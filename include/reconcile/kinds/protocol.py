@@ -78,6 +78,10 @@ class Bounds:
     # How many update rows the shard as read holds (its files' statistics; None: not known): how
     # a kind that compares row keys first picks its way (:func:`reconcile.differential_cells.wanted`).
     shard_rows: int | None = None
+    # The Delta source versions the previous batch read, when the shard holds exactly what it
+    # committed (its checksums are carried): a query over Delta sources may then compute the
+    # correction from their change feeds (:mod:`reconcile.kinds.incremental`).
+    previous_sources: dict[str, int] | None = None
 
 
 @dataclass(frozen=True)

@@ -88,6 +88,40 @@ def desired(spark: SparkSession, cfg: QuerySink, versions: dict[str, int] | None
     return validate(cfg, df, QUERY_SOURCE, F.lit(1), None)
 
 
+def incremental_correction(
+    spark: SparkSession, cfg: QuerySink, previous: dict[str, int], upper: int, checks, versions: dict[str, int]
+) -> DataFrame:
+    """The correction of the batch ending at ``upper`` from the sources' change feeds since the
+    versions the previous batch read (:mod:`reconcile.kinds.incremental`; raises
+    :class:`~reconcile.kinds.incremental.NotIncremental` where it does not apply). The shard's
+    checksums are carried from the previous batch; the desired side's are those plus the
+    correction's (it is not scanned)."""
+    from reconcile.kinds import incremental
+    from reconcile.spark import is_remote
+
+    if checks is not None and checks.carried is None:
+        raise incremental.NotIncremental("the shard's checksums are not carried from the previous batch")
+    if is_remote(spark):
+        raise incremental.NotIncremental("over Spark Connect the query's plan is not inspected here")
+    require_query(spark, cfg)  # a command in query.sql is refused before anything runs
+    added, removed = incremental.changes(spark, cfg, previous, versions)
+    plus = incremental.run_on(spark, cfg, added)
+    incremental.require_linear(plus)
+    minus = incremental.run_on(spark, cfg, removed)
+    for df in (plus, minus):
+        require_columns(cfg, df, cfg.column_names, QUERY_SOURCE)
+    updates = validate(cfg, plus, QUERY_SOURCE, F.lit(1), None).unionByName(
+        validate(cfg, minus, QUERY_SOURCE, F.lit(-1), None)
+    )
+    nothing = spark.createDataFrame([], updates.schema)
+    stamp = F.lit(upper - 1).cast("bigint")
+    out = difference(cfg, updates, nothing, stamp, None)
+    if checks is not None:
+        checks.carry({"shard": 1, "desired": 1})
+        checks.count_correction_into("desired")
+    return out
+
+
 def correction(
     cfg: QuerySink,
     snapshot: DataFrame,

@@ -49,7 +49,7 @@ from reconcile.config import SinkConfig
 from reconcile.errors import StagedBatchInvalid
 from reconcile.failpoints import failpoint
 from reconcile.log import event, iso
-from reconcile.manifest import Manifest, ManifestUnreadable, Part
+from reconcile.manifest import Manifest, ManifestUnreadable, Part, source_versions
 from reconcile.model import COMMITTED, OPEN_STATES, STAGED, BatchDescription, FeedProgress, Outcome, Staged
 from reconcile.sink import catalog, evolve
 from reconcile.sink import drift as drift_
@@ -117,13 +117,14 @@ def batch_correction(
     repair: kinds.DriftRepair | None = None,
     exact: bool = False,
     shard_rows: int | None = None,
+    previous_sources: dict[str, int] | None = None,
 ) -> kinds.Correction:
     """The correction of ``(lower, upper)`` against ``persist``, for any kind of sink (``checks``:
     observe its checksums while it is computed; ``empty_shard``: persist holds no update;
     ``repair``: foreign writes a keyed kind must repair beyond its commands' keys)."""
     kind = kinds.of(cfg)
     wm = ledger.watermark(cfg.name) if kind.reads_feed else None
-    bounds = kinds.Bounds(lower, upper, wm, checks, empty_shard, repair, exact, shard_rows)
+    bounds = kinds.Bounds(lower, upper, wm, checks, empty_shard, repair, exact, shard_rows, previous_sources)
     return kind.correction(spark, persist, bounds)
 
 
@@ -194,6 +195,8 @@ class Attempt:
     drift: drift_.Drift = field(default_factory=drift_.Drift)  # what foreign writers changed: found by stage()
     read_version: int | None = None  # the Delta version persist is read at: set by stage()
     shard_rows: int | None = None  # update rows the shard holds at read_version (None: not known): set by stage()
+    # the Delta source versions the previous batch read, when its checksums are carried: set by stage()
+    previous_sources: dict[str, int] | None = None
     stage_id: str = field(default_factory=layout.new_stage_id)
     # derived once: the sink, the batch, this attempt's directory, the fields of its log lines
     cfg: SinkConfig = field(init=False)
@@ -336,6 +339,9 @@ def stage(attempt: Attempt) -> StagedFiles | WriteResult:
         attempt.drift = drift_.find(attempt.spark, attempt.ledger, attempt.table, read_version, attempt.desc.upper)
         differential.label_jobs(attempt.spark, "reconcile: the correction and its staged write")
         carried = carried_checksums(attempt.ledger, attempt.table, attempt.desc.lower, read_version)
+        if carried is not None:  # the shard holds exactly what the previous batch committed
+            (prev,) = attempt.ledger.committed_ending_at(attempt.cfg.name, attempt.desc.lower)
+            attempt.previous_sources = source_versions(prev.manifest)
         corr, stats, sums = _stage_until_it_adds_up(attempt, persist, carried if checksums.ENABLED else None, empty)
         failpoint("write.after_partition_staged")
         sizes = files.list_files(attempt.path)
@@ -384,7 +390,7 @@ def _stage_until_it_adds_up(attempt: Attempt, persist: DataFrame, carried: dict[
         ways.append((None, True, "observed"))
     for i, (carry, exact, why) in enumerate(ways):
         try:
-            staged = _stage_checked(attempt, persist, carry, empty, exact)
+            staged = _stage_checked(attempt, persist, carry, empty, exact, incremental=i == 0)
         except SelfCheckFailed:
             if i == len(ways) - 1:
                 raise
@@ -412,12 +418,18 @@ def hash_first_pays(attempt: Attempt) -> bool:
 
 
 def _stage_checked(
-    attempt: Attempt, persist: DataFrame, carried: dict[int, int] | None, empty: bool, exact: bool = False
+    attempt: Attempt,
+    persist: DataFrame,
+    carried: dict[int, int] | None,
+    empty: bool,
+    exact: bool = False,
+    incremental: bool = False,
 ) -> tuple:
     """Stage the correction once with plain checksum sums; if a sum overflowed, once more with
-    the guarded ones (the kind's own arithmetic overflowing fails again, as it should)."""
+    the guarded ones (the kind's own arithmetic overflowing fails again, as it should).
+    ``incremental``: a kind may compute it from its sources' changes (the first way only)."""
     try:
-        return _stage_once(attempt, persist, carried, empty, guarded=False, exact=exact)
+        return _stage_once(attempt, persist, carried, empty, guarded=False, exact=exact, incremental=incremental)
     except Exception as exc:
         if not (checksums.ENABLED and checksums.overflowed(exc)):
             raise
@@ -432,6 +444,7 @@ def _stage_once(
     empty: bool,
     guarded: bool,
     exact: bool = False,
+    incremental: bool = False,
 ) -> tuple:
     """(correction, statistics per partition, checksums or None) of one staged correction, after
     the self-check (:func:`self_check`). ``empty``: the shard as read holds no update."""
@@ -449,6 +462,7 @@ def _stage_once(
         attempt.drift.repair,
         exact,
         attempt.shard_rows,
+        attempt.previous_sources if incremental else None,
     )
     try:
         with checksums.observable(attempt.spark):  # the checksums and an upsert feed's progress
