@@ -642,3 +642,38 @@ def test_the_guard_stops_a_rewrite_until_approved(spark, tmp_path, warehouse, sq
     assert write.run_write(spark, ledger, new, desc.batch_id).outcome == "staged"
     assert append.run_append(ledger, new, desc.batch_id).outcome == "committed"
     assert +as_of(update_log(new), new, 299) == _model(rows, ["k", "v", "n"])
+
+
+@pytest.mark.slow  # a batch through Spark
+def test_reads_while_a_change_waits_for_its_run_are_in_the_sink_files_columns(
+    spark, tmp_path, warehouse, sqlite_ledger, monkeypatch, capsys
+):
+    """Between the sink file's edit and the run that applies it, show, history and dry-run read
+    the shard in the file's columns (renamed under the new name, dropped left out, added null)."""
+    monkeypatch.setenv("RECONCILE_SINKS_DIR", str(tmp_path))
+    rows = [{"k": i, "n": i, "v": f"v{i}", "gone": "g"} for i in range(4)]
+    write_json_rows(tmp_path / "src", rows)
+    cfg = _sink(tmp_path, "pending", OLD, sql="SELECT k, CAST(n AS INT) AS n, v, gone FROM src")
+    *_, a = run_stages(spark, sqlite_ledger, cfg, "r1", 200)
+    assert a.outcome == "committed", a.message
+    _sink(
+        tmp_path,
+        "pending",
+        [*NEW, {"name": "extra", "type": "string"}],
+        sql="SELECT k, v AS w, CAST(n AS BIGINT) AS n, CAST(NULL AS STRING) AS extra FROM src",
+    )
+
+    def cli(*argv: str):
+        capsys.readouterr()
+        assert main(list(argv)) == 0
+        out = capsys.readouterr().out
+        return json.loads(out) if "--json" in argv else out
+
+    shown = cli("show", "pending", "--json")["rows"]
+    assert [(r["k"], r["w"], r["n"], r["extra"], r["count"]) for r in shown] == [
+        (r["k"], r["v"], r["n"], None, 1) for r in rows
+    ]
+    assert all("gone" not in r for r in shown)
+    versions = cli("history", "pending", "--json")["versions"]
+    assert sorted((r["k"], r["w"]) for r in versions) == [(r["k"], r["v"]) for r in rows]
+    assert "0 update(s)" in cli("dry-run", "pending")  # the rewrite changes no row's value: nothing to correct

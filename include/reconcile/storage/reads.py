@@ -56,6 +56,31 @@ class ShardReader:
         else:
             self._from_arrow()
         self.engine = "duckdb" if files else "delta-rs"
+        self._project()
+
+    def _project(self) -> None:
+        """While the sink file's schema change waits for the next run (issue 52), the update log
+        read in the file's columns: a renamed column under its new name, an added one null, a
+        dropped one left out (values as stored: a widened column's fit its new type)."""
+        from reconcile.sql_names import duckdb_name as duck_name
+        from reconcile.storage import schema_change
+
+        cols = [d[0] for d in self.con.execute(f"DESCRIBE {UPDATES}").fetchall()]
+        have = {c.lower(): c for c in cols}
+        cfg = self.table.cfg
+        if all(c.name.lower() in have for c in cfg.columns):
+            return
+        sink_cols, _ = schema_change.table_columns(self.table.snapshot().schema().to_json())
+        plan = schema_change.plan(cfg, sink_cols)
+        renamed = {c.column: c.old for c in plan.changes if c.what == schema_change.RENAMED}
+        exprs = []
+        for c in cfg.columns:
+            src = have.get((renamed.get(c.name.lower()) or c.name).lower())
+            exprs.append(f"{duck_name(src) if src else 'NULL'} AS {duck_name(c.name)}")
+        own = [duck_name(have[k]) for k in ("_error", "_time", "_diff") if k in have]
+        self.con.execute(f"ALTER TABLE {UPDATES} RENAME TO {UPDATES}_as_stored")
+        self.con.execute(f"CREATE TEMP TABLE {UPDATES} AS SELECT {', '.join(exprs + own)} FROM {UPDATES}_as_stored")
+        self.con.execute(f"DROP TABLE {UPDATES}_as_stored")
 
     def _from_arrow(self) -> None:
         import pyarrow as pa
