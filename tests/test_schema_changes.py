@@ -677,3 +677,25 @@ def test_reads_while_a_change_waits_for_its_run_are_in_the_sink_files_columns(
     versions = cli("history", "pending", "--json")["versions"]
     assert sorted((r["k"], r["w"]) for r in versions) == [(r["k"], r["v"]) for r in rows]
     assert "0 update(s)" in cli("dry-run", "pending")  # the rewrite changes no row's value: nothing to correct
+
+
+@pytest.mark.slow  # batches through Spark, a rewrite
+def test_an_upsert_sink_widens_and_drops_a_value_column_by_a_rewrite(spark, tmp_path, warehouse, sqlite_ledger):
+    ledger = sqlite_ledger
+    upsert = {"source": {"format": "json", "path": "feed"}, "key": "k", "time_column": "ts", "offset_column": "off"}
+    old_schema = [KV[0], {"name": "n", "type": "int"}, {"name": "gone", "type": "string"}]
+    old = [{"k": k, "n": k * 10, "gone": "g", "ts": 150, "off": k} for k in (1, 2, 3)]
+    write_json_rows(tmp_path / "feed", old)
+    cfg = make_sink(tmp_path, "ups_rw", "upsert", schema=old_schema, upsert=upsert)
+    *_, a = run_stages(spark, ledger, cfg, "r1", 200)
+    assert a.outcome == "committed", a.message
+
+    new = [{"k": 2, "n": 2**40, "ts": 250, "off": 10}]  # a value only the widened column holds
+    write_json_rows(tmp_path / "feed", old + new)
+    grown = make_sink(tmp_path, "ups_rw", "upsert", schema=[KV[0], {"name": "n", "type": "bigint"}], upsert=upsert)
+    *_, a = run_stages(spark, ledger, grown, "r2", 300)
+    assert a.outcome == "committed", a.message
+    log = update_log(grown)
+    assert +as_of(log, grown, 199) == Counter({(k, k * 10, None): 1 for k in (1, 2, 3)})
+    assert +as_of(log, grown, 299) == Counter({(1, 10, None): 1, (2, 2**40, None): 1, (3, 30, None): 1})
+    assert all("gone" not in u for u in log)
