@@ -51,7 +51,16 @@ def read_source(
 
 
 def delta_version(spark: SparkSession, cfg: SinkConfig, src: Source, field: str) -> int:
-    """The latest version of a Delta source (its log's, read by Spark as it reads the source)."""
+    """The latest version of a Delta source: its log replayed by delta-rs in this process (no
+    Spark job), else as Spark reads it (``DESCRIBE HISTORY``: a store or a feature delta-rs does
+    not read)."""
+    if "://" not in src.path or src.path.startswith("file:"):
+        try:
+            from deltalake import DeltaTable
+
+            return int(DeltaTable(src.path.removeprefix("file:")).version())
+        except Exception:  # noqa: BLE001 - Spark's reader says it in its words, or reads it
+            pass
     path = src.path.replace("`", "``")
     try:
         row = spark.sql(f"DESCRIBE HISTORY delta.`{path}` LIMIT 1").select("version").first()
