@@ -33,9 +33,9 @@ def test_batches_from_the_sources_change_feeds_equal_the_model(spark, warehouse,
     """After its first batch, each batch of a projection/filter/UNION ALL query over two Delta
     sources with change data feeds takes the correction from the feeds (inserts, updates and
     deletes, duplicates, a batch in which one source or neither changed): the shard equals the
-    model after every batch, as of each batch's time. A write to the shard behind the sink's back
-    sends the next batch to the full comparison, which repairs it; the batch after is incremental
-    again."""
+    model after every batch, as of each batch's time. A write to the shard behind the sink's back,
+    or an edit of the sink file's query, sends the next batch to the full comparison (which repairs
+    the drift, or applies the new query); the batch after is incremental again."""
     paths = {n: str(tmp_path / n) for n in ("a", "b")}
     for p in paths.values():
         _create(spark, p)
@@ -102,6 +102,21 @@ def test_batches_from_the_sources_change_feeds_equal_the_model(spark, warehouse,
         run_stages(spark, sqlite_ledger, cfg, "r8", 1000)
         assert _said(caplog, "incremental: the correction") == 1
         assert shard_as_of(cfg, 999) == _model(rows["a"], rows["b"])
+
+        # the sink file's query edited: the changes say nothing of it, the batch compares in full
+        cfg = make_sink(tmp_path, "incr", query={"sources": sources, "sql": SQL.replace("upper(v)", "lower(v)")})
+        change("a")
+        caplog.clear()
+        run_stages(spark, sqlite_ledger, cfg, "r9", 1100)
+        assert _said(caplog, "the sink file's query, sources or columns changed") == 1
+        assert _said(caplog, "incremental: the correction") == 0
+        want = _model(rows["a"], []) + Counter((k, v.lower(), None) for k, v in rows["b"])
+        assert shard_as_of(cfg, 1099) == want
+        change("b")
+        caplog.clear()
+        run_stages(spark, sqlite_ledger, cfg, "r10", 1200)  # the next batch takes the changes again
+        assert _said(caplog, "incremental: the correction") == 1
+        assert shard_as_of(cfg, 1199) == _model(rows["a"], []) + Counter((k, v.lower(), None) for k, v in rows["b"])
 
 
 def test_what_the_changes_do_not_determine_is_compared_in_full(spark, warehouse, tmp_path, sqlite_ledger, caplog):

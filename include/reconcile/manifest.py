@@ -67,6 +67,7 @@ class Manifest:
     drift: dict[str, Any] | None = None
     # the version of each Delta source a query batch read, by the source's name
     sources: dict[str, int] | None = None
+    query_digest: str | None = None  # what the sink file said the batch computes (a query's)
 
     # -- what it says ---------------------------------------------------------------------------
 
@@ -112,6 +113,7 @@ class Manifest:
             **feed,
             "drift": self.drift,
             "sources": self.sources,
+            "query_digest": self.query_digest,
         }
         return {k: v for k, v in out.items() if v is not None or k in ("stage_id", "read_version", *feed)}
 
@@ -148,6 +150,7 @@ class Manifest:
                 feed=FeedProgress.from_dict(raw),
                 drift=raw.get("drift") if isinstance(raw.get("drift"), dict) else None,
                 sources=source_versions(raw),
+                query_digest=raw.get("query_digest") if isinstance(raw.get("query_digest"), str) else None,
             )
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise ManifestUnreadable(str(exc)) from None

@@ -139,7 +139,12 @@ class QueryKind(OwnCollection):
         else the full comparison (:meth:`OwnCollection.correction`)."""
         from reconcile.kinds import incremental, query
 
-        if bounds.previous_sources and not bounds.empty_shard:
+        digest = query.query_digest(self.cfg)
+        if bounds.previous_sources and not bounds.empty_shard and bounds.previous_digest != digest:
+            log.info(
+                "incremental: the sink file's query, sources or columns changed since the previous batch; comparing in full"
+            )
+        elif bounds.previous_sources and not bounds.empty_shard:
             versions: dict[str, int] = {}
             try:
                 updates = query.incremental_correction(
@@ -150,8 +155,10 @@ class QueryKind(OwnCollection):
             else:
                 moved = ", ".join(f"{n} {bounds.previous_sources[n]} -> {v}" for n, v in sorted(versions.items()))
                 log.info("incremental: the correction from the sources' change feeds (%s)", moved)
-                return Correction(updates, sources=versions)
-        return super().correction(spark, persist, bounds)
+                return Correction(updates, sources=versions, query_digest=digest)
+        full = super().correction(spark, persist, bounds)
+        full.query_digest = digest
+        return full
 
     def difference(
         self, desired: DataFrame, persist: DataFrame, lower: int, upper: int, checks: BatchChecks | None, **how: Any

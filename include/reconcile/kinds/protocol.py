@@ -82,6 +82,7 @@ class Bounds:
     # committed (its checksums are carried): a query over Delta sources may then compute the
     # correction from their change feeds (:mod:`reconcile.kinds.incremental`).
     previous_sources: dict[str, int] | None = None
+    previous_digest: str | None = None  # and the query it computed (Correction.query_digest)
 
 
 @dataclass(frozen=True)
@@ -110,6 +111,9 @@ class Correction:
     repaired: dict[str, Any] | None = None
     # the version of each Delta source the batch read, by the source's name (a query's)
     sources: dict[str, int] | None = None
+    # what the sink file said the batch computes (a query's SQL, sources and columns), as a digest:
+    # a later batch takes the sources' changes only while it is the same
+    query_digest: str | None = None
 
     @cached_property
     def progress(self) -> FeedProgress | None:

@@ -88,6 +88,20 @@ def desired(spark: SparkSession, cfg: QuerySink, versions: dict[str, int] | None
     return validate(cfg, df, QUERY_SOURCE, F.lit(1), None)
 
 
+def query_digest(cfg: QuerySink) -> str:
+    """A digest of what a batch of the sink computes: its SQL, its sources (name, format, path,
+    options) and its columns (name, type, nullable)."""
+    import hashlib
+    import json
+
+    what = {
+        "sql": cfg.sql,
+        "sources": [[s.name, s.format, s.path, sorted(dict(s.options).items())] for s in cfg.sources],
+        "columns": [[c.name, c.type, c.nullable] for c in cfg.columns],
+    }
+    return hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()[:32]
+
+
 def incremental_correction(
     spark: SparkSession, cfg: QuerySink, previous: dict[str, int], upper: int, checks, versions: dict[str, int]
 ) -> DataFrame:

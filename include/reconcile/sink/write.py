@@ -118,13 +118,16 @@ def batch_correction(
     exact: bool = False,
     shard_rows: int | None = None,
     previous_sources: dict[str, int] | None = None,
+    previous_digest: str | None = None,
 ) -> kinds.Correction:
     """The correction of ``(lower, upper)`` against ``persist``, for any kind of sink (``checks``:
     observe its checksums while it is computed; ``empty_shard``: persist holds no update;
     ``repair``: foreign writes a keyed kind must repair beyond its commands' keys)."""
     kind = kinds.of(cfg)
     wm = ledger.watermark(cfg.name) if kind.reads_feed else None
-    bounds = kinds.Bounds(lower, upper, wm, checks, empty_shard, repair, exact, shard_rows, previous_sources)
+    bounds = kinds.Bounds(
+        lower, upper, wm, checks, empty_shard, repair, exact, shard_rows, previous_sources, previous_digest
+    )
     return kind.correction(spark, persist, bounds)
 
 
@@ -197,6 +200,7 @@ class Attempt:
     shard_rows: int | None = None  # update rows the shard holds at read_version (None: not known): set by stage()
     # the Delta source versions the previous batch read, when its checksums are carried: set by stage()
     previous_sources: dict[str, int] | None = None
+    previous_digest: str | None = None  # and what it computed (its manifest's query_digest)
     stage_id: str = field(default_factory=layout.new_stage_id)
     # derived once: the sink, the batch, this attempt's directory, the fields of its log lines
     cfg: SinkConfig = field(init=False)
@@ -342,6 +346,7 @@ def stage(attempt: Attempt) -> StagedFiles | WriteResult:
         if carried is not None:  # the shard holds exactly what the previous batch committed
             (prev,) = attempt.ledger.committed_ending_at(attempt.cfg.name, attempt.desc.lower)
             attempt.previous_sources = source_versions(prev.manifest)
+            attempt.previous_digest = Manifest.from_json(prev.manifest).query_digest
         corr, stats, sums = _stage_until_it_adds_up(attempt, persist, carried if checksums.ENABLED else None, empty)
         failpoint("write.after_partition_staged")
         sizes = files.list_files(attempt.path)
@@ -463,6 +468,7 @@ def _stage_once(
         exact,
         attempt.shard_rows,
         attempt.previous_sources if incremental else None,
+        attempt.previous_digest,
     )
     try:
         with checksums.observable(attempt.spark):  # the checksums and an upsert feed's progress
@@ -510,6 +516,7 @@ def manifest_of(attempt: Attempt, staged: StagedFiles) -> Manifest:
         feed=staged.corr.progress,
         drift=attempt.drift.record(attempt.cfg, staged.corr),
         sources=staged.corr.sources,
+        query_digest=staged.corr.query_digest,
     )
 
 
