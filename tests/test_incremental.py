@@ -8,6 +8,8 @@ import logging
 import random
 from collections import Counter
 
+import pytest
+
 from helpers import append_foreign_row, make_sink, run_stages, shard_as_of
 
 SQL = "SELECT k, v FROM a WHERE k % 3 <> 0 UNION ALL SELECT k, upper(v) AS v FROM b"
@@ -29,6 +31,7 @@ def _said(caplog, text: str) -> int:
     return sum(text in r.getMessage() for r in caplog.records)
 
 
+@pytest.mark.slow  # eleven batches through Spark
 def test_batches_from_the_sources_change_feeds_equal_the_model(spark, warehouse, tmp_path, sqlite_ledger, caplog):
     """After its first batch, each batch of a projection/filter/UNION ALL query over two Delta
     sources with change data feeds takes the correction from the feeds (inserts, updates and
