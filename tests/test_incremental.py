@@ -156,3 +156,34 @@ def test_what_the_changes_do_not_determine_is_compared_in_full(spark, warehouse,
     assert _said(caplog, "incremental: the correction") == 0
     assert shard_as_of(grouped, 299) == Counter({(1, "2", None): 1, (2, "2", None): 1, (3, "1", None): 1})
     assert shard_as_of(no_feed, 299) == Counter({(1, "x", None): 1})
+
+
+def test_a_source_that_only_grew_needs_no_change_feed(spark, warehouse, tmp_path, sqlite_ledger, caplog):
+    """A source without a change data feed whose commits since the previous batch only appended
+    rows: the files they added are the change, and the batch takes them alone; an UPDATE of the
+    source sends the next batch to the full comparison. Every batch equals the model."""
+    path = str(tmp_path / "grows")
+    _create(spark, path, cdf=False)
+    rows = [(1, "x"), (2, "y")]
+    spark.createDataFrame(rows, "k BIGINT, v STRING").write.format("delta").mode("append").save(path)
+    cfg = make_sink(
+        tmp_path,
+        "incr_appends",
+        query={"sources": {"a": {"format": "delta", "path": path}}, "sql": "SELECT k, v FROM a WHERE k % 3 <> 0"},
+    )
+    with caplog.at_level(logging.INFO, logger="reconcile"):
+        run_stages(spark, sqlite_ledger, cfg, "r0", 200)
+        for i, more in enumerate([[(3, "z"), (4, "w"), (4, "w")], [(5, "v")], []], 1):
+            for row in more:  # one commit a row
+                spark.createDataFrame([row], "k BIGINT, v STRING").write.format("delta").mode("append").save(path)
+            rows += more
+            caplog.clear()
+            run_stages(spark, sqlite_ledger, cfg, f"r{i}", 200 + 100 * i)
+            assert _said(caplog, "incremental: the correction") == 1, i
+            assert shard_as_of(cfg, 199 + 100 * i) == _model(rows, []), i
+        spark.sql(f"UPDATE delta.`{path}` SET v = 'u' WHERE k = 4")
+        rows = [(k, "u" if k == 4 else v) for k, v in rows]
+        caplog.clear()
+        run_stages(spark, sqlite_ledger, cfg, "r4", 600)
+        assert _said(caplog, "changed other than by appends") == 1
+        assert shard_as_of(cfg, 599) == _model(rows, [])

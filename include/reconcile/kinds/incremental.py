@@ -12,7 +12,8 @@ stamped at ``upper - 1``, computed from the changes alone: the sources are not s
 shard is not read. Anything else (a query that aggregates, joins, deduplicates or reads the clock
 or a random number; a source that is not Delta, whose feed is off or does not reach back, or
 whose version went back; the first batch; drift) takes the full comparison, with the reason on
-the batch's log. The full comparison stays the proof: every batch of
+the batch's log. A local source whose commits since only appended rows needs no feed: the files
+they added are the change. The full comparison stays the proof: every batch of
 ``tests/test_incremental.py`` equals the model computed from the sources in Python.
 """
 
@@ -88,6 +89,11 @@ def changes(
         if now == before:
             added[src.name] = removed[src.name] = rows
             continue
+        appended = appended_files(src.path, before, now)
+        if appended is not None:  # only appends since: the added files are the change
+            added[src.name] = spark.read.schema(rows.schema).parquet(*appended) if appended else rows
+            removed[src.name] = rows
+            continue
         try:
             feed = (
                 spark.read.format("delta")
@@ -99,12 +105,55 @@ def changes(
             )
             feed.limit(1).collect()  # a feed not recorded for some version fails here, not mid-write
         except Exception as exc:
-            raise NotIncremental(f"source {src.name}'s change data feed is not readable: {brief(exc, 200)}") from None
+            raise NotIncremental(
+                f"source {src.name} changed other than by appends and its change data feed is not readable: "
+                f"{brief(exc, 200)}"
+            ) from None
         kind = F.col("_change_type")
         keep = [c for c in feed.columns if c not in CDF_COLUMNS]
         added[src.name] = feed.where(kind.isin(*ADDED)).select(*keep)
         removed[src.name] = feed.where(~kind.isin(*ADDED)).select(*keep)
     return added, removed
+
+
+# The actions of a commit that only appends rows (``add`` with dataChange); any other action that
+# changes data or the table's shape (``remove``, ``metaData``, ``protocol``, ``cdc``, a deletion
+# vector) makes the commit not an append.
+APPEND_ONLY_ACTIONS = {"add", "commitInfo", "txn", "domainMetadata"}
+
+
+def appended_files(path: str, before: int, now: int) -> list[str] | None:
+    """The data files commits ``before + 1`` to ``now`` of the local Delta table at ``path`` added,
+    when those commits only appended rows to an unpartitioned table (their JSON files read here:
+    no Spark job); else None (a remote store, a partitioned table, a commit that removed, rewrote
+    or restructured anything, a log already cleaned up)."""
+    import json
+    import os
+    from urllib.parse import unquote
+
+    root = path.removeprefix("file:")
+    if "://" in root:
+        return None
+    files: list[str] = []
+    for v in range(before + 1, now + 1):
+        try:
+            with open(os.path.join(root, "_delta_log", f"{v:020d}.json"), encoding="utf-8") as fh:
+                actions = [json.loads(line) for line in fh if line.strip()]
+        except (OSError, ValueError):
+            return None
+        for action in actions:
+            (kind,) = action.keys() if len(action) == 1 else (None,)
+            if kind not in APPEND_ONLY_ACTIONS:
+                return None
+            if kind == "add":
+                add = action["add"]
+                if not add.get("dataChange", True) or add.get("deletionVector") or add.get("partitionValues"):
+                    return None
+                rel = unquote(add["path"])
+                if "://" in rel:
+                    return None
+                files.append(os.path.join(root, rel))
+    return files
 
 
 def run_on(spark: SparkSession, cfg: QuerySink, views: dict[str, DataFrame]) -> DataFrame:
