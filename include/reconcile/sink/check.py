@@ -481,31 +481,43 @@ def verify_source(ledger: Ledger, cfg: SinkConfig, spark, current_verifies: bool
         )
 
     at = f"the shard as of {iso(upper - 1)}"
-    if rows := sample.get("differ"):
-        rep.violations.append(
-            f"{at} differs from the feed's latest command for key(s) {names(rows)}, which no foreign Delta version "
-            "not yet repaired touched: a bug or a lost write (report it)"
-        )
-    if rows := sample.get("repairing"):
-        rep.repairing.append(
-            f"{at} differs from the feed's latest command for key(s) {names(rows)}: foreign Delta versions "
-            f"{versions} changed them, not yet repaired (the next batch recomputes them from the feed)"
-        )
-    if rows := sample.get("never"):
-        rep.repairing.append(
-            f"{at} holds key(s) {names(rows)} that the feed never had: foreign Delta versions {versions} added "
-            "them, not yet repaired (the next batch removes them)"
-        )
-    if rows := sample.get("retained"):
-        rep.findings.append(
-            f"{at} holds key(s) {names(rows)} that the feed holds no command for any more (its retention dropped "
-            "them: the sink's own batches wrote them): not checkable against the source"
-        )
-    if rows := sample.get("unknown"):
-        rep.findings.append(
-            f"{at} holds key(s) {names(rows)} that the feed has no command for: its retention dropped them, or a "
-            f"foreign writer added them (foreign Delta versions {versions}; the versions around them were vacuumed, "
-            "so which cannot be told): the next batch repairs what it can and names the rest"
-        )
+
+    def name(kind: str, into: list[str], says: str) -> None:
+        """One line into ``into`` where the sample holds keys of ``kind``: ``says`` with its
+        ``{keys}`` (the first keys) and ``{versions}`` (the foreign versions) filled in."""
+        if rows := sample.get(kind):
+            into.append(f"{at} " + says.format(keys=names(rows), versions=versions))
+
+    name(
+        "differ",
+        rep.violations,
+        "differs from the feed's latest command for key(s) {keys}, which no foreign Delta version not yet repaired "
+        "touched: a bug or a lost write (report it)",
+    )
+    name(
+        "repairing",
+        rep.repairing,
+        "differs from the feed's latest command for key(s) {keys}: foreign Delta versions {versions} changed them, "
+        "not yet repaired (the next batch recomputes them from the feed)",
+    )
+    name(
+        "never",
+        rep.repairing,
+        "holds key(s) {keys} that the feed never had: foreign Delta versions {versions} added them, not yet "
+        "repaired (the next batch removes them)",
+    )
+    name(
+        "retained",
+        rep.findings,
+        "holds key(s) {keys} that the feed holds no command for any more (its retention dropped them: the sink's "
+        "own batches wrote them): not checkable against the source",
+    )
+    name(
+        "unknown",
+        rep.findings,
+        "holds key(s) {keys} that the feed has no command for: its retention dropped them, or a foreign writer "
+        "added them (foreign Delta versions {versions}; the versions around them were vacuumed, so which cannot "
+        "be told): the next batch repairs what it can and names the rest",
+    )
     ok = "does NOT match" if any(sample.get(k) for k in ("differ", "repairing", "never")) else "matches"
     return rep, f"against the source: {at} {ok} the feed's latest command per key ({n_keys} key(s) with a command)"
