@@ -10,14 +10,13 @@ import json
 import os
 import subprocess
 import sys
-import time
 from collections import Counter
 from pathlib import Path
 
 import pyarrow as pa
 import pytest
 
-from current_readers import READERS, every_reader
+from current_readers import READERS, every_reader, readers_saw, rows_of, start_readers, start_run
 from helpers import make_sink, model_kv, run_stages, shard_as_of, write_json_rows
 from reconcile import cli
 from reconcile.model import COMMITTED
@@ -506,10 +505,6 @@ print("RESULT " + json.dumps(out))
 """
 
 
-def rows_of(counter: Counter) -> list[list]:
-    return sorted(([k, v] for k, v, _ in counter.elements()), key=json.dumps)
-
-
 @pytest.mark.slow  # Spark processes of its own: a run, then a run and two readers at once
 def test_consumers_read_by_name_at_once_while_a_batch_runs(tmp_path):
     """``reconcile run`` registers the tables in the embedded Derby metastore as it writes. Then,
@@ -531,9 +526,7 @@ def test_consumers_read_by_name_at_once_while_a_batch_runs(tmp_path):
     make_sink(tmp_path, "cur_cat", current=True)
 
     def run(frontier: int, rows: list[dict]) -> subprocess.Popen:
-        write_json_rows(tmp_path / "src", rows)
-        argv = [sys.executable, "-m", "reconcile", "run", "cur_cat", "--frontier", str(frontier)]
-        return subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        return start_run(env, "cur_cat", frontier, tmp_path / "src", rows)
 
     first = run(200, QUERY_ROWS[1])
     out, err = first.communicate(timeout=600)
@@ -546,39 +539,15 @@ def test_consumers_read_by_name_at_once_while_a_batch_runs(tmp_path):
     marker.unlink()  # the second run registers again: Derby is booted in its JVM while the readers read
     stop = tmp_path / "stop"
     second = run(300, QUERY_ROWS[2])
-    sql = subprocess.Popen(
-        [sys.executable, "-m", "reconcile", "sql", "SELECT k, v FROM reconcile.cur_cat ORDER BY k, v"],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        cwd=tmp_path,
-    )
-    analyst = subprocess.Popen(
-        [sys.executable, "-c", ANALYST, str(stop)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-    )
-    out, err = second.communicate(timeout=600)
-    ended = time.time()
-    assert second.returncode == 0, out[-2000:] + err[-2000:]
-    stop.touch()
-    sql_out, sql_err = sql.communicate(timeout=600)
-    got_out, got_err = analyst.communicate(timeout=600)
-    assert sql.returncode == 0 and analyst.returncode == 0, sql_err[-3000:] + got_err[-3000:]
-    assert marker.exists() and "could not register" not in out + err
+    readers = start_readers(env, tmp_path, "SELECT k, v FROM reconcile.cur_cat ORDER BY k, v", ANALYST, str(stop))
+    said, ended, got = readers_saw(second, readers, stop, before, after)
+    assert marker.exists() and "could not register" not in said
     # each run's Spark log is its own (two sessions of a user never share one)
     import tempfile
 
     logs = [Path(tempfile.gettempdir()) / f"reconcile-run-spark-{os.getuid()}-{p.pid}.log" for p in (first, second)]
     assert all(log.exists() for log in logs) and logs[0] != logs[1]
-    # the sql command: a header and the rows, the state before or after the batch
-    header, *body = sql_out.splitlines()
-    assert header == "k\tv"
-    shown = sorted(([int(k), None if v == "NULL" else v] for k, v in (ln.split("\t") for ln in body)), key=json.dumps)
-    assert shown in (before, after), sql_out
-    got = json.loads(next(ln for ln in got_out.splitlines() if ln.startswith("RESULT "))[7:])
     assert got["seen"][0]["at"] < ended, "the analyst read while the batch ran"
-    assert all(s["rows"] in (before, after) for s in got["seen"]) and got["seen"][-1]["rows"] == after
-    assert got["model"] == sorted(([v, n] for v, n in Counter(v for _, v in after).items()), key=json.dumps)
     assert got["tables"] == ["cur_cat", "cur_cat_log"] and got["log_rows"] >= len(after)
     # the sink started anew (its tables and ledger deleted): the stale names are registered again
     import shutil

@@ -8,14 +8,13 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 import time
-from collections import Counter
 
 import pytest
 
+from current_readers import readers_saw, rows_of, start_readers, start_run
 from harness.metastore_server import JavaMissing, java, metastore_service
-from helpers import make_sink, model_kv, write_json_rows
+from helpers import make_sink, model_kv
 
 BATCHES = [
     [{"k": 1, "v": "a"}, {"k": 2, "v": "b"}, {"k": 2, "v": "b"}, {"k": 3, "v": None}, {"k": 4, "v": "é ü"}],
@@ -47,10 +46,6 @@ out = {
 }
 print("RESULT " + json.dumps(out))
 """
-
-
-def rows_of(counter: Counter) -> list[list]:
-    return sorted(([k, v] for k, v, _ in counter.elements()), key=json.dumps)
 
 
 def need_java() -> None:
@@ -88,9 +83,7 @@ def test_consumers_read_by_name_from_a_metastore_service(tmp_path):
         make_sink(tmp_path / "sinks", "orders", current={"database": "marts"}, query=src)
 
         def run(frontier: int, rows: list[dict]) -> subprocess.Popen:
-            write_json_rows(tmp_path / "src", rows)
-            argv = [sys.executable, "-m", "reconcile", "run", "orders", "--frontier", str(frontier)]
-            return subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            return start_run(env, "orders", frontier, tmp_path / "src", rows)
 
         first = run(200, BATCHES[0])
         out, err = first.communicate(timeout=600)
@@ -108,42 +101,17 @@ def test_consumers_read_by_name_from_a_metastore_service(tmp_path):
             "RECONCILE_HOME": str(tmp_path / "reader"),
         }
         stop, ready = tmp_path / "stop", tmp_path / "ready"
-        analyst = subprocess.Popen(
-            [sys.executable, "-c", ANALYST, str(stop), str(ready)],
-            env=reader_env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        sql = subprocess.Popen(
-            [sys.executable, "-m", "reconcile", "sql", "SELECT k, v FROM marts.orders ORDER BY k, v"],
-            env=reader_env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            cwd=tmp_path,
-        )
+        query = "SELECT k, v FROM marts.orders ORDER BY k, v"
+        readers = start_readers(reader_env, tmp_path, query, ANALYST, str(stop), str(ready))
+        analyst = readers[1]
         deadline = time.monotonic() + 600
         while not ready.exists():  # the analyst reads: now the second batch runs
             assert analyst.poll() is None and time.monotonic() < deadline, analyst.communicate()[1][-3000:]
             time.sleep(0.2)
         started = time.time()
         second = run(300, BATCHES[1])
-        out, err = second.communicate(timeout=600)
-        ended = time.time()
-        assert second.returncode == 0, out[-2000:] + err[-2000:]
-        stop.touch()
-        sql_out, sql_err = sql.communicate(timeout=600)
-        got_out, got_err = analyst.communicate(timeout=600)
-        assert sql.returncode == 0 and analyst.returncode == 0, sql_err[-3000:] + got_err[-3000:]
+        _, ended, got = readers_saw(second, readers, stop, before, after)
 
-    header, *body = sql_out.splitlines()
-    assert header == "k\tv"
-    shown = sorted(([int(k), None if v == "NULL" else v] for k, v in (ln.split("\t") for ln in body)), key=json.dumps)
-    assert shown in (before, after), sql_out
-    got = json.loads(next(ln for ln in got_out.splitlines() if ln.startswith("RESULT "))[7:])
     assert got["catalog"] == "hive" and got["tables"] == ["orders", "orders_log"]
     assert any(started < s["at"] < ended for s in got["seen"]), "the analyst read while the batch ran"
-    assert all(s["rows"] in (before, after) for s in got["seen"]) and got["seen"][-1]["rows"] == after
-    assert got["model"] == sorted(([v, n] for v, n in Counter(v for _, v in after).items()), key=json.dumps)
     assert not (tmp_path / "reader" / "metastore_db").exists()  # no Derby of the readers' own
