@@ -16,7 +16,7 @@ import socket
 import subprocess
 import time
 import xml.etree.ElementTree as ET
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar, TypeVar
@@ -41,6 +41,28 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def wait_until_up(
+    proc: subprocess.Popen, answers: Callable[[], bool], timeout: float, failed: Callable[[], str]
+) -> None:
+    """Return once ``answers()`` (asked every half second) says the server ``proc`` is up;
+    RuntimeError(``failed()``) if ``proc`` exits first or ``timeout`` seconds pass."""
+    deadline = time.monotonic() + timeout
+    while not answers():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError(failed())
+        time.sleep(0.5)
+
+
+def terminate(proc: subprocess.Popen, grace: float = 30) -> None:
+    """End the server ``proc``: SIGTERM, then SIGKILL if it is still running ``grace`` seconds later."""
+    proc.terminate()
+    try:
+        proc.wait(timeout=grace)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
 
 
 def die_with_parent() -> None:

@@ -11,11 +11,10 @@ import os
 import shutil
 import socket
 import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from harness.emulator_server import die_with_parent, free_port
+from harness.emulator_server import die_with_parent, free_port, terminate, wait_until_up
 
 
 class JavaMissing(RuntimeError):
@@ -84,17 +83,15 @@ def metastore_service(base: Path, timeout: float = 180.0) -> Iterator[str]:
             server_argv(base, port), stdout=out, stderr=subprocess.STDOUT, cwd=base, env=env, preexec_fn=die_with_parent
         )
     try:
-        deadline = time.monotonic() + timeout
-        while not _answers(port):
-            if proc.poll() is not None or time.monotonic() > deadline:
-                tail = log.read_text(errors="replace")[-3000:]
-                raise RuntimeError(f"the metastore server did not start on port {port} (exit {proc.poll()}): {tail}")
-            time.sleep(0.5)
+        wait_until_up(
+            proc,
+            lambda: _answers(port),
+            timeout,
+            lambda: (
+                f"the metastore server did not start on port {port} (exit {proc.poll()}): "
+                + log.read_text(errors="replace")[-3000:]
+            ),
+        )
         yield f"thrift://127.0.0.1:{port}"
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        terminate(proc)

@@ -14,6 +14,7 @@ from collections import Counter
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 
 import yaml
@@ -313,16 +314,14 @@ def api_server(tmp: Path, password: str, env: dict[str, str] | None = None) -> I
     ``admin``, whose password is ``password``; its log in ``tmp/api-server.log``); yields its
     base URL and a JWT from ``POST /auth/token``. ``env``: extra environment of the server."""
     import os
-    import socket
     import subprocess
     import sys
-    import time
     import urllib.error
     import urllib.request
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    from harness.emulator_server import free_port, terminate, wait_until_up
+
+    port = free_port()
     (tmp / "passwords.json").write_text(json.dumps({"admin": password}))
     full = {k: v for k, v in os.environ.items() if k != "PYSPARK_GATEWAY_PORT"}
     full.update(
@@ -341,18 +340,16 @@ def api_server(tmp: Path, password: str, env: dict[str, str] | None = None) -> I
             stderr=subprocess.STDOUT,
         )
     base = f"http://127.0.0.1:{port}"
+
+    def healthy() -> bool:
+        try:
+            with urllib.request.urlopen(f"{base}/api/v2/monitor/health", timeout=5) as r:
+                return r.status == 200
+        except (urllib.error.URLError, ConnectionError, TimeoutError):
+            return False
+
     try:
-        deadline = time.time() + 120
-        while True:
-            try:
-                with urllib.request.urlopen(f"{base}/api/v2/monitor/health", timeout=5) as r:
-                    if r.status == 200:
-                        break
-            except (urllib.error.URLError, ConnectionError, TimeoutError):
-                pass
-            if server.poll() is not None or time.time() > deadline:
-                raise RuntimeError("the api-server did not come up: " + log_path.read_text()[-3000:])
-            time.sleep(0.5)
+        wait_until_up(server, healthy, 120, lambda: "the api-server did not come up: " + log_path.read_text()[-3000:])
         req = urllib.request.Request(
             f"{base}/auth/token",
             data=json.dumps({"username": "admin", "password": password}).encode(),
@@ -362,12 +359,29 @@ def api_server(tmp: Path, password: str, env: dict[str, str] | None = None) -> I
             token = json.load(r)["access_token"]
         yield base, token
     finally:
-        server.terminate()
-        try:
-            server.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            server.wait()
+        terminate(server)
+
+
+def airflow_task_test(dag_id: str, task: str, logical: datetime, **env: str) -> str:
+    """``airflow tasks test DAG_ID TASK LOGICAL`` through Airflow's CLI, in a process of its own
+    (this environment without ``PYSPARK_GATEWAY_PORT``, plus ``env``); asserts that it succeeded
+    and returns its output (stdout, then stderr)."""
+    import os
+    import subprocess
+    import sys
+
+    full = {k: v for k, v in os.environ.items() if k != "PYSPARK_GATEWAY_PORT"}
+    full.update(env)
+    out = subprocess.run(
+        [str(Path(sys.executable).parent / "airflow"), "tasks", "test", dag_id, task, logical.isoformat()],
+        env=full,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    text = out.stdout + out.stderr
+    assert out.returncode == 0, text[-3000:]
+    return text
 
 
 KV_SCHEMA = [{"name": "k", "type": "bigint", "nullable": False}, {"name": "v", "type": "string"}]

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import daily_sink, json_query, model_kv, shard_as_of, update_log, write_json_rows
+from helpers import airflow_task_test, daily_sink, json_query, model_kv, shard_as_of, update_log, write_json_rows
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.airflow
@@ -355,8 +355,6 @@ def test_a_narrower_winner_leaves_the_wider_run_skipped_with_the_true_reason(
     remedy); a backfill's one-day batch then supersedes its two-day batch and commits. The
     scheduled run's append, rerun, is skipped (not red), saying that the next scheduled run
     appends the day the winner did not cover."""
-    import subprocess
-    import sys
 
     from airflow.utils.state import DagRunState
 
@@ -385,16 +383,7 @@ def test_a_narrower_winner_leaves_the_wider_run_skipped_with_the_true_reason(
     assert ledger.get_shard(name).upper == int(day2.timestamp() * 1000)
 
     # only the append, which runs no Spark stage: the sink's environment is all it needs
-    cli_env = {k: v for k, v in __import__("os").environ.items() if k != "PYSPARK_GATEWAY_PORT"}
-    out = subprocess.run(
-        [str(Path(sys.executable).parent / "airflow"), "tasks", "test", name, "append", day3.isoformat()],
-        env=cli_env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    text = out.stdout + out.stderr
-    assert out.returncode == 0, text[-3000:]
+    text = airflow_task_test(name, "append", day3)
     assert "nothing left for this run" in text and "moved the shard's upper to" in text, text[-3000:]
     rest = f"[{iso(int(day2.timestamp() * 1000))}, {iso(int(day3.timestamp() * 1000))})"
     assert f"the next scheduled run appends {rest}" in text, text[-3000:]

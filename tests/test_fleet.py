@@ -11,7 +11,6 @@ ledger. The sink files are the fleet benchmark's (bench/fleet.py).
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -20,6 +19,8 @@ from pathlib import Path
 
 import pytest
 from bench.fleet import sink_text, write_sinks
+
+from helpers import airflow_task_test
 
 ROOT = Path(__file__).resolve().parents[1]
 AUDITED = ("open", "os.scandir", "os.listdir", "socket.connect", "socket.getaddrinfo", "sqlite3.connect")
@@ -159,17 +160,12 @@ def test_a_real_task_run_parses_only_its_sink(fleet, tmp_path, airflow_db):
     sinks, names = fleet
     target, logical = names[7], datetime(2026, 1, 2, 5, tzinfo=UTC)
     url = f"sqlite:///{tmp_path / 'meta.db'}"
-    env = {k: v for k, v in os.environ.items() if k != "PYSPARK_GATEWAY_PORT"}
-    env.update(RECONCILE_METADATA_URL=url, RECONCILE_SINKS_DIR=str(sinks), RECONCILE_WAREHOUSE=str(tmp_path / "wh"))
-    out = subprocess.run(
-        [str(Path(sys.executable).parent / "airflow"), "tasks", "test", target, "mint", logical.isoformat()],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    text = out.stdout + out.stderr
-    assert out.returncode == 0, text[-3000:]
+    env = {
+        "RECONCILE_METADATA_URL": url,
+        "RECONCILE_SINKS_DIR": str(sinks),
+        "RECONCILE_WAREHOUSE": str(tmp_path / "wh"),
+    }
+    text = airflow_task_test(target, "mint", logical, **env)
     assert f"parsed for a task of DAG {target}: built its DAG alone, from {sinks / f'{target}.yaml'}" in text
     ledger = Ledger(url)
     try:
