@@ -262,7 +262,12 @@ def worth_caching(desired: DataFrame) -> bool:
     jdf = getattr(desired, "_jdf", None)
     if jdf is None:  # Spark Connect
         return False
-    plan = jdf.queryExecution().optimizedPlan()
+    names = plan_nodes(jdf.queryExecution().optimizedPlan())
+    return any(any(n.startswith(c) or n.endswith(c) for c in COSTLY_PLAN_NODES) for n in names)
+
+
+def plan_nodes(plan) -> set[str]:
+    """The names of the nodes of a JVM query plan (a classic session's, through py4j)."""
     names: set[str] = set()
     stack = [plan]
     while stack:
@@ -270,7 +275,7 @@ def worth_caching(desired: DataFrame) -> bool:
         names.add(node.nodeName())
         children = node.children()
         stack += [children.apply(i) for i in range(children.size())]
-    return any(any(n.startswith(c) or n.endswith(c) for c in COSTLY_PLAN_NODES) for n in names)
+    return names
 
 
 # The frames :func:`hash_first` cached, released by :func:`release` once the write is done.

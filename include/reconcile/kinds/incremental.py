@@ -25,6 +25,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from reconcile.config import QuerySink
+from reconcile.differential import plan_nodes
 from reconcile.errors import brief
 from reconcile.kinds.decode import delta_version
 
@@ -42,17 +43,6 @@ class NotIncremental(Exception):
     """Why this batch takes the full comparison (said on the batch's log)."""
 
 
-def _nodes(plan) -> set[str]:
-    names: set[str] = set()
-    stack = [plan]
-    while stack:
-        node = stack.pop()
-        names.add(node.nodeName())
-        children = node.children()
-        stack += [children.apply(i) for i in range(children.size())]
-    return names
-
-
 def require_linear(df: DataFrame) -> None:
     """Raise :class:`NotIncremental` unless the query is projections, filters and ``UNION ALL``
     of its sources, deterministic and without the clock."""
@@ -60,7 +50,7 @@ def require_linear(df: DataFrame) -> None:
     if jdf is None:
         raise NotIncremental("over Spark Connect the query's plan is not inspected here")
     plan = jdf.queryExecution().analyzed()
-    other = sorted(_nodes(plan) - LINEAR_NODES)
+    other = sorted(plan_nodes(plan) - LINEAR_NODES)
     if other:
         raise NotIncremental(f"the query is not only projections, filters and UNION ALL ({', '.join(other)})")
     text = plan.toString().lower()
