@@ -58,7 +58,7 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from reconcile.config import SinkConfig
-from reconcile.differential import HASH_COLUMN, row_columns
+from reconcile.differential import HASH_COLUMN, partition_of, partitioned_by, row_columns
 from reconcile.errors import SinkError
 from reconcile.sql_names import spark_name
 
@@ -185,9 +185,9 @@ class BatchChecks:
         """(``df`` with the row hash and its partition added, :meth:`hashed_aggregates` over them,
         the added columns' names to drop after the observation): for a frame that does not carry
         the hash; the observation the caller makes must then be passed to :meth:`attach`."""
-        hashed = df.withColumn(HASH_COLUMN, row_hash(self.cfg)).withColumn(
-            "_ck_p", F.pmod(F.col(HASH_COLUMN), F.lit(self.cfg.partitions)).cast("int")
-        )
+        by_row = partitioned_by(self.cfg) is None
+        part = F.pmod(F.col(HASH_COLUMN), F.lit(self.cfg.partitions)).cast("int") if by_row else partition_of(self.cfg)
+        hashed = df.withColumn(HASH_COLUMN, row_hash(self.cfg)).withColumn("_ck_p", part)
         return hashed, self.hashed_aggregates(role, "_ck_p", where), [HASH_COLUMN, "_ck_p"]
 
     def hashed_aggregates(self, role: str, part: str = "_part", where: Column | None = None) -> list[Column]:

@@ -6,7 +6,9 @@ the sum of the diffs of its updates with ``_time <= t``. Each kind (``reconcile.
 which updates of desired and persist meet, and at which times; :func:`difference` does the rest.
 
 Both sides carry the same hash partition ``_part = pmod(xxhash64(row, _error), P)``, so updates
-that cancel meet in one partition and each partition's correction is computed independently.
+that cancel meet in one partition and each partition's correction is computed independently. An
+upsert sink's partitions hash its key instead (:func:`partitioned_by`): every update of a key
+lands in one partition, so its files hold narrow key ranges and a key's history is found there.
 """
 
 from __future__ import annotations
@@ -35,11 +37,30 @@ def row_columns(cfg: SinkConfig) -> list[str]:
     return cfg.column_names + ["_error"]
 
 
-def partition_of(cfg: SinkConfig, partitions: int | SCol | None = None) -> SCol:
-    """The hash partition of each row: ``pmod(xxhash64(row, _error), P)``; P defaults to the
-    sink's ``partitions`` (a column when rows of batches with different P are mixed)."""
+KEY = "key"  # an upsert sink's partitions hash its key columns (Manifest.partitioned_by)
+
+
+def partitioned_by(cfg: SinkConfig) -> str | None:
+    """What a batch of this sink writes its hash partitions by: ``"key"`` for an upsert sink
+    (every update of a key in one partition), None for every row's columns (the other kinds,
+    and the upsert batches of releases before the key layout, whose manifests say nothing)."""
+    return KEY if cfg.kind == "upsert" else None
+
+
+def key_order(cfg: SinkConfig) -> list[str]:
+    """The columns a sink's files are sorted by within each hash partition (an upsert sink's
+    key: narrow key ranges per file), or none."""
+    return list(getattr(cfg, "key_columns", ())) if partitioned_by(cfg) == KEY else []
+
+
+def partition_of(cfg: SinkConfig, partitions: int | SCol | None = None, by: str | None = "sink") -> SCol:
+    """The hash partition of each row: ``pmod(xxhash64(row, _error), P)``, or of its key
+    (``by="key"``); P defaults to the sink's ``partitions`` (a column when rows of batches with
+    different P are mixed); ``by`` defaults to what the sink's batches write (:func:`partitioned_by`)."""
     p = partitions if isinstance(partitions, SCol) else F.lit(partitions or cfg.partitions)
-    return F.pmod(F.xxhash64(*[F.col(spark_name(c)) for c in row_columns(cfg)]), p).cast("int")
+    by = partitioned_by(cfg) if by == "sink" else by
+    columns = list(getattr(cfg, "key_columns", ())) if by == KEY else row_columns(cfg)
+    return F.pmod(F.xxhash64(*[F.col(spark_name(c)) for c in columns]), p).cast("int")
 
 
 def consolidate(cfg: SinkConfig, updates: DataFrame, *, partitioned: bool = True) -> DataFrame:

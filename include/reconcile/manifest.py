@@ -68,6 +68,9 @@ class Manifest:
     # the version of each Delta source a query batch read, by the source's name
     sources: dict[str, int] | None = None
     query_digest: str | None = None  # what the sink file said the batch computes (a query's)
+    # what the hash partitions hash (reconcile.differential.partitioned_by): "key" for an upsert
+    # sink's batches written by key, None (every row's columns) otherwise
+    partitioned_by: str | None = None
 
     # -- what it says ---------------------------------------------------------------------------
 
@@ -99,6 +102,11 @@ class Manifest:
 
     # -- serialized -----------------------------------------------------------------------------
 
+    @property
+    def partitioning(self) -> tuple[int, str | None]:
+        """(P, what the partitions hash): the checksums of two batches add up only if both agree."""
+        return self.partitions, self.partitioned_by
+
     def to_dict(self) -> dict[str, Any]:
         feed = FeedProgress.flat(self.feed)
         out: dict[str, Any] = {
@@ -114,6 +122,7 @@ class Manifest:
             "drift": self.drift,
             "sources": self.sources,
             "query_digest": self.query_digest,
+            "partitioned_by": self.partitioned_by,
         }
         return {k: v for k, v in out.items() if v is not None or k in ("stage_id", "read_version", *feed)}
 
@@ -131,6 +140,7 @@ class Manifest:
             "stage_id": self.stage_id,
             "layout": LAYOUT,
             "partitions": self.partitions,
+            **({"partitioned_by": self.partitioned_by} if self.partitioned_by is not None else {}),
             "parts": {
                 str(p): {k: v for k, v in part.to_dict().items() if k in keep} for p, part in sorted(self.parts.items())
             },
@@ -151,6 +161,7 @@ class Manifest:
                 drift=raw.get("drift") if isinstance(raw.get("drift"), dict) else None,
                 sources=source_versions(raw),
                 query_digest=raw.get("query_digest") if isinstance(raw.get("query_digest"), str) else None,
+                partitioned_by=raw.get("partitioned_by") if raw.get("partitioned_by") == "key" else None,
             )
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise ManifestUnreadable(str(exc)) from None

@@ -83,6 +83,10 @@ class Bounds:
     # correction from their change feeds (:mod:`reconcile.kinds.incremental`).
     previous_sources: dict[str, int] | None = None
     previous_digest: str | None = None  # and the query it computed (Correction.query_digest)
+    # The shard as read restricted to the files whose statistics bound ``column`` to a range that
+    # holds one of ``keys`` (sorted): ``(column, keys) -> (frame, files read, files in all)``, or
+    # None where files cannot be told apart (:func:`reconcile.storage.frames.read_files_holding`).
+    files_holding: Callable[[str, list], tuple[DataFrame, int, int] | None] | None = None
 
 
 @dataclass(frozen=True)
@@ -114,6 +118,8 @@ class Correction:
     # what the sink file said the batch computes (a query's SQL, sources and columns), as a digest:
     # a later batch takes the sources' changes only while it is the same
     query_digest: str | None = None
+    # (files read, files in the shard) where the kind read only the files its keys need
+    files_read: tuple[int, int] | None = None
 
     @cached_property
     def progress(self) -> FeedProgress | None:

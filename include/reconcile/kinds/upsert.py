@@ -65,10 +65,45 @@ def correction(spark: SparkSession, cfg: UpsertSink, persist: DataFrame, bounds:
     cmds = commands(cfg, feed, lower, upper, watermark)
     fix = prior = None
     repaired = None
+    files_read = None
     if bounds.repair is not None:
         fix, prior, repaired = _repair(spark, cfg, persist, bounds)
-    updates = upsert_correction(cfg, cmds, persist, lower, bounds.checks, prior=prior, fix=fix)
-    return Correction(updates, lambda: progress(observation, watermark), repaired)
+    elif bounds.checks is None or bounds.checks.carried is not None:
+        narrowed = _files_of_keys(spark, cfg, bounds)
+        if narrowed is not None:
+            persist, *files_read = narrowed
+    if bounds.empty_shard and watermark is None and fix is None:
+        updates = first_load(cfg, cmds, persist, lower, bounds.checks)
+    else:
+        updates = upsert_correction(cfg, cmds, persist, lower, bounds.checks, prior=prior, fix=fix)
+    read = tuple(files_read) if files_read else None
+    return Correction(updates, lambda: progress(observation, watermark), repaired, files_read=read)  # type: ignore[arg-type]
+
+
+# How many distinct keys a batch's commands may touch for it to read only the shard's files that
+# can hold them (each file's key range from its statistics): beyond, the shard is read whole.
+FEW_KEYS = 200_000
+INTEGRAL_KEYS = ("tinyint", "smallint", "int", "bigint")
+
+
+def _files_of_keys(spark: SparkSession, cfg: UpsertSink, bounds: Bounds) -> tuple | None:
+    """(the shard's files that can hold the batch's keys, files read, files in all), from the
+    files' key statistics (an upsert shard's files hold narrow key ranges: sorted by key in each
+    hash partition of the key, split every ``layout.ROWS_PER_FILE`` rows); None when the shard
+    is read whole: no reader of files (:class:`Bounds`), a first key column that is not an
+    integer, or more than :data:`FEW_KEYS` keys. One Spark job reads the
+    commands' first key column (the feed's files pruned as for the batch)."""
+    first = cfg.key_columns[0]
+    types = {c.name: c.type for c in cfg.columns}
+    if bounds.files_holding is None or bounds.empty_shard or types[first] not in INTEGRAL_KEYS:
+        return None
+    raw = read_feed(spark, cfg)
+    keep = could_apply(cfg, bounds.lower, bounds.watermark, _types(raw))
+    cmds = commands(cfg, raw if keep is None else raw.where(keep), bounds.lower, bounds.upper, bounds.watermark)
+    found = cmds.where(~F.col("_unkeyed")).select(_c(first).alias("k")).distinct().limit(FEW_KEYS + 1).collect()
+    if len(found) > FEW_KEYS:
+        return None
+    return bounds.files_holding(first, sorted(r["k"] for r in found))
 
 
 def _repair(spark: SparkSession, cfg: UpsertSink, persist: DataFrame, bounds: Bounds) -> tuple:
@@ -382,8 +417,56 @@ def upsert_correction(
     both = branches[0].select(*order)
     for branch in branches[1:]:
         both = both.unionByName(branch.select(*order))
-    both = both.withColumn("_part", partition_of(cfg))
-    return consolidate(cfg, both.repartition(cfg.partitions, "_part"))
+    both = both.withColumn("_part", partition_of(cfg))  # the key's: one task per partition
+    return consolidate(cfg, both.repartitionById(cfg.partitions, "_part"))
+
+
+def first_load(
+    cfg: UpsertSink, cmds: DataFrame, persist: DataFrame, lower: int, checks: BatchChecks | None = None
+) -> DataFrame:
+    """The first batch of a shard (nothing to retract): each key's last command by one aggregate
+    in the key's hash partition (one shuffle, which the write's partitions reuse), its value
+    written at its time; the per-key path (:func:`upsert_correction`) only for the keys whose
+    commands fall at several times of the batch (their history is kept). The commands that cannot
+    be keyed become their error rows, counted per (time, error). With the shard empty, the
+    correction's checksum is the desired side's: the staged write's observation counts into both."""
+    keys, values = list(cfg.key_columns), cfg.value_columns
+    payload = F.struct(F.col("_time"), F.col("_off"), F.col("_del"), F.col("_error"), *[_c(v) for v in values])
+    unkeyed = F.col("_unkeyed")
+    parted = cmds.withColumn("_part", partition_of(cfg)).repartitionById(cfg.partitions, "_part")
+    last = parted.groupBy(
+        "_part",
+        *[_c(k) for k in keys],
+        F.when(unkeyed, F.col("_error")).alias("_ue"),
+        F.when(unkeyed, F.col("_time")).alias("_ut"),
+    ).agg(F.max(payload).alias("c"), F.min("_time").alias("_first"), F.count(F.lit(1)).cast(INT).alias("_n"))
+    keyed = F.col("_ue").isNull()
+    order = ["_part", *keys, *values, "_error", "_time", "_diff"]
+    single = last.where(keyed & (F.col("_first") == F.col("c._time")) & ~F.col("c._del")).select(
+        "_part",
+        *[_c(k) for k in keys],
+        *[F.col(f"c.{spark_name(v)}").alias(v) for v in values],
+        F.col("c._error").alias("_error"),
+        F.col("c._time").alias("_time"),
+        F.lit(1).cast(INT).alias("_diff"),
+    )
+    types = {c.name: c.type for c in cfg.columns}
+    errors = last.where(~keyed).select(
+        "_part",
+        *[_c(k) for k in keys],
+        *[F.lit(None).cast(types[v]).alias(v) for v in values],
+        F.col("_ue").alias("_error"),
+        F.col("_ut").alias("_time"),
+        F.col("_n").alias("_diff"),
+    )
+    # The keys with commands at several times, found in their partition: the join with the
+    # partitioned commands needs no shuffle of its own (both sides are laid out by ``_part``).
+    several = last.where(keyed & (F.col("_first") != F.col("c._time"))).select("_part", *[_c(k) for k in keys])
+    histories = parted.join(several, on=["_part", *keys], how="left_semi").drop("_part")
+    slow = upsert_correction(cfg, histories, persist, lower)
+    if checks is not None:
+        checks.count_correction_into("desired")
+    return single.select(*order).unionByName(errors.select(*order)).unionByName(slow.select(*order))
 
 
 def violations(

@@ -47,7 +47,7 @@ from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
 from reconcile.config import SinkConfig
-from reconcile.differential import consolidate
+from reconcile.differential import consolidate, key_order, partition_of
 from reconcile.errors import SinkError
 from reconcile.failpoints import failpoint
 from reconcile.log import event, iso
@@ -160,8 +160,18 @@ def _owner_dir(path: str) -> str | None:
 
 def _write_rewrite(table: ShardTable, rewrite, name: str) -> None:
     """Spark writes the rewrite as plain Parquet files into the compaction's directory ``name``."""
-    cols = [spark_name(c) for c in table.cfg.column_names] + ["_error", "_time", "_diff", *ROW_KEYS]
-    rewrite.select(*cols).write.mode("error").parquet(table.compaction_path(name))
+    cfg = table.cfg
+    cols = [spark_name(c) for c in cfg.column_names] + ["_error", "_time", "_diff", *ROW_KEYS]
+    out, writer = rewrite.select(*cols), None
+    if key_order(cfg):  # an upsert shard's layout (a shard of a release before it is relaid here)
+        out = (
+            out.withColumn("_part", partition_of(cfg))
+            .repartitionById(cfg.partitions, "_part")
+            .sortWithinPartitions("_part", *[spark_name(k) for k in key_order(cfg)])
+            .drop("_part")
+        )
+        writer = out.write.option("maxRecordsPerFile", layout.ROWS_PER_FILE)
+    (writer or out.write).mode("error").parquet(table.compaction_path(name))
 
 
 def _written_files(table: ShardTable, name: str) -> list[tuple[str, int, dict]]:

@@ -121,7 +121,7 @@ def commit_differences(spark, table: ShardTable, batches: dict[int, Manifest]) -
 
     rekeyed = table.rekeyed_at()  # batches before a schema rewrite hashed the old columns: not checkable
     batches = {v: m for v, m in batches.items() if rekeyed is None or v > rekeyed}
-    stats = frames.committed_stats(spark, table, {v: m.partitions for v, m in batches.items()})
+    stats = frames.committed_stats(spark, table, {v: m.partitioning for v, m in batches.items()})
     out = []
     for v, got in sorted(stats.items()):
         m = batches[v]
@@ -158,12 +158,12 @@ def checksum_differences(
             todo.append((v, m))
     if not todo:
         return [], counts
-    sums = frames.checksums_by_time(spark, table, [m.partitions for _, m in todo], version)
+    sums = frames.checksums_by_time(spark, table, [m.partitioning for _, m in todo], version)
     out: list[str] = []
     for n, times in sums.items():
         running: dict[int, int] = {}
         i = 0
-        for v, m in sorted((x for x in todo if x[1].partitions == n), key=lambda x: x[1].upper):
+        for v, m in sorted((x for x in todo if x[1].partitioning == n), key=lambda x: x[1].upper):
             upper = m.upper
             while i < len(times) and times[i][0] <= upper - 1:
                 for p, value in times[i][1].items():

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from pyspark.sql import DataFrame, SparkSession
@@ -87,7 +88,7 @@ def carried_checksums(ledger: Ledger, table: ShardTable, lower: int, read_versio
         return None
     try:
         manifest = Manifest.from_json(b.manifest)
-        if manifest.partitions != cfg.partitions:
+        if manifest.partitioning != (cfg.partitions, differential.partitioned_by(cfg)):  # other partitions
             return None
         sums = {p: int(manifest.parts[p].shard_checksum or "", 16) for p in range(cfg.partitions)}
     except (ManifestUnreadable, KeyError, ValueError):
@@ -119,6 +120,7 @@ def batch_correction(
     shard_rows: int | None = None,
     previous_sources: dict[str, int] | None = None,
     previous_digest: str | None = None,
+    files_holding: Callable[[str, list], tuple[DataFrame, int, int] | None] | None = None,
 ) -> kinds.Correction:
     """The correction of ``(lower, upper)`` against ``persist``, for any kind of sink (``checks``:
     observe its checksums while it is computed; ``empty_shard``: persist holds no update;
@@ -126,7 +128,17 @@ def batch_correction(
     kind = kinds.of(cfg)
     wm = ledger.watermark(cfg.name) if kind.reads_feed else None
     bounds = kinds.Bounds(
-        lower, upper, wm, checks, empty_shard, repair, exact, shard_rows, previous_sources, previous_digest
+        lower,
+        upper,
+        wm,
+        checks,
+        empty_shard,
+        repair,
+        exact,
+        shard_rows,
+        previous_sources,
+        previous_digest,
+        files_holding,
     )
     return kind.correction(spark, persist, bounds)
 
@@ -360,6 +372,12 @@ def stage(attempt: Attempt) -> StagedFiles | WriteResult:
     return StagedFiles(corr, stats, sums, read_version, sizes, digests)
 
 
+def desc_version(attempt: Attempt) -> int:
+    """The Delta version the attempt reads the shard at (set by :func:`stage`)."""
+    assert attempt.read_version is not None
+    return attempt.read_version
+
+
 def read_persist(attempt: Attempt, read_version: int) -> DataFrame:
     """The shard as read at ``read_version``: for a kind that compares row keys first, with each
     row's stored key (:func:`reconcile.storage.frames.read_keyed`; what it had to hash is said on
@@ -469,6 +487,9 @@ def _stage_once(
         attempt.shard_rows,
         attempt.previous_sources if incremental else None,
         attempt.previous_digest,
+        lambda column, keys: frames.read_files_holding(
+            attempt.spark, attempt.table, desc_version(attempt), column, keys
+        ),
     )
     try:
         with checksums.observable(attempt.spark):  # the checksums and an upsert feed's progress
@@ -517,6 +538,7 @@ def manifest_of(attempt: Attempt, staged: StagedFiles) -> Manifest:
         drift=attempt.drift.record(attempt.cfg, staged.corr),
         sources=staged.corr.sources,
         query_digest=staged.corr.query_digest,
+        partitioned_by=differential.partitioned_by(attempt.cfg),
     )
 
 
@@ -559,6 +581,7 @@ def record(attempt: Attempt, staged: StagedFiles) -> WriteResult:
         return attempt.lost()
     failpoint("write.after_staged")
     progress = FeedProgress.flat(feed)
-    msg = event(log, "staged batch", **row.summary(), partitions=attempt.cfg.partitions, **progress, **state)
+    read = {"files_read": "{} of {}".format(*staged.corr.files_read)} if staged.corr.files_read else {}
+    msg = event(log, "staged batch", **row.summary(), partitions=attempt.cfg.partitions, **read, **progress, **state)
     parts = manifest.to_dict()["parts"]
     return WriteResult(Outcome.STAGED, msg, manifest.rows_ok, manifest.rows_err, drift, parts, desc.batch_id)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import time
+from bisect import bisect_left
 from collections.abc import Callable
 from typing import Any
 from urllib.parse import unquote
@@ -279,6 +280,25 @@ class ShardTable:
                 other.append(full)
                 n_other += int(rows[i] or 0)
         return keyed, other, n_keyed, n_other
+
+    def files_holding(self, version: int, column: str, keys: list) -> tuple[list[str], int] | None:
+        """The data files at ``version`` (paths as :meth:`plain_files`; None as it) whose
+        statistics bound ``column`` to a range holding one of ``keys`` (sorted, not null), and how
+        many files the table has. A file whose statistics give no range is kept. No row is read."""
+        plain = self.plain_files(version)
+        if plain is None:
+            return None
+        adds = self.snapshot(version).get_add_actions(flatten=True)
+        bounds = [f"min.{column}", f"max.{column}"]
+        if not all(b in adds.column_names for b in bounds):
+            return plain, len(plain)
+        lows, highs = (adds.column(b).to_pylist() for b in bounds)
+        kept = []
+        for full, lo, hi in zip(plain, lows, highs, strict=True):
+            i = bisect_left(keys, lo) if lo is not None else 0
+            if lo is None or hi is None or (i < len(keys) and keys[i] <= hi):
+                kept.append(full)
+        return kept, len(plain)
 
     def row_diffs(self):
         """The ``_diff`` column of the latest snapshot (an Arrow array)."""

@@ -8,17 +8,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import StructType
 
 from reconcile.config import SinkConfig
-from reconcile.differential import HASH_COLUMN, with_row_key
+from reconcile.differential import HASH_COLUMN, key_order, with_row_key
 from reconcile.model import ROW_KEYS
 from reconcile.sql_names import spark_name
 from reconcile.storage.commits import added_files
 from reconcile.storage.delta import ShardTable
-from reconcile.storage.layout import PART_COLUMN
+from reconcile.storage.layout import PART_COLUMN, ROWS_PER_FILE
 
 
 def schema(cfg: SinkConfig, *, with_part: bool = False, keyed: bool = False) -> StructType:
@@ -70,6 +70,22 @@ def read_updates(spark: SparkSession, table: ShardTable, version: int | None = N
     if version is not None:
         reader = reader.option("versionAsOf", version)
     return reader.load(table.path)
+
+
+def read_files_holding(
+    spark: SparkSession, table: ShardTable, version: int, column: str, keys: list
+) -> tuple[DataFrame, int, int] | None:
+    """The shard's update log at ``version`` restricted to the files whose key statistics hold
+    one of ``keys`` (:meth:`ShardTable.files_holding`): every update of those keys, and maybe
+    others. (frame, files read, files in the table); None where the files cannot be told apart."""
+    found = table.files_holding(version, column, keys)
+    if found is None:
+        return None
+    kept, total = found
+    frame = (
+        spark.read.schema(schema(table.cfg)).parquet(*kept) if kept else spark.createDataFrame([], schema(table.cfg))
+    )
+    return frame, len(kept), total
 
 
 @dataclass(frozen=True)
@@ -189,7 +205,12 @@ def write_staged(
         checks.attach(observation, "correction", dict(checks.correction_into))
     corr = corr if all(k in corr.columns for k in ROW_KEYS) else with_row_key(cfg, corr)
     observed = corr.observe(observation, *aggregates).drop(*tmp, HASH_COLUMN)
-    observed.withColumnRenamed("_part", PART_COLUMN).write.mode("error").partitionBy(PART_COLUMN).parquet(path)
+    out = observed.withColumnRenamed("_part", PART_COLUMN)
+    writer = out.write
+    if key_order(cfg):  # an upsert shard's layout: sorted by key, cut into files of narrow key ranges
+        out = out.sortWithinPartitions(PART_COLUMN, *[spark_name(k) for k in key_order(cfg)])
+        writer = out.write.option("maxRecordsPerFile", ROWS_PER_FILE)
+    writer.mode("error").partitionBy(PART_COLUMN).parquet(path)
     got = observation.get
     stats = {p: _stats_of(got, f"_{p}") for p in range(cfg.partitions) if got.get(f"rows_{p}")}
     return path, stats
@@ -247,33 +268,43 @@ def _stats_of(r, suffix: str = "") -> dict:
     return out
 
 
-def committed_stats(spark: SparkSession, table: ShardTable, versions: dict[int, int]) -> dict[int, dict[int, dict]]:
-    """Per Delta version (``{version: its batch's partition count P}``) and hash partition: the
+def _partition_by(cfg: SinkConfig, parts: Column, by: Column) -> Column:
+    """The hash partition of each row under the partitioning its batch recorded (``by``: a
+    column holding ``"key"`` or null), for rows of batches written under different ones."""
+    from reconcile.differential import KEY, partition_of
+
+    row = partition_of(cfg, parts, by=None)
+    if cfg.kind != "upsert":
+        return row
+    return F.when(by == F.lit(KEY), partition_of(cfg, parts, by=KEY)).otherwise(row)
+
+
+def committed_stats(
+    spark: SparkSession, table: ShardTable, versions: dict[int, tuple[int, str | None]]
+) -> dict[int, dict[int, dict]]:
+    """Per Delta version (``{version: its batch's partitioning (P, by)}``: ``Manifest.partitioning``) and hash partition: the
     statistics of the rows that version added, in one Spark job. Versions whose added files are
     no longer all on storage (vacuumed after a compaction) are left out: not verifiable."""
-    from reconcile.differential import partition_of
 
     cfg, root = table.cfg, table.path
     present = set(table.files())
     out: dict[int, dict[int, dict]] = {}
-    owner: list[tuple[str, int, int]] = []
-    for v, parts in versions.items():
+    owner: list[tuple[str, int, int, str | None]] = []
+    for v, (parts, by) in versions.items():
         files = [a["path"] for a in added_files(table.commit_actions(v))]
         if all(f in present for f in files):
             out[v] = {}
-            owner += [(f, v, parts) for f in files]
+            owner += [(f, v, parts, by) for f in files]
     if not owner:
         return out
-    by_file = spark.createDataFrame(
-        [(f, v, parts) for f, v, parts in owner], "_file STRING, _version BIGINT, _parts INT"
-    )
+    by_file = spark.createDataFrame(owner, "_file STRING, _version BIGINT, _parts INT, _by STRING")
     rows = (
         spark.read.schema(schema(cfg))
-        .parquet(*[f"{root}/{f}" for f, _, _ in owner])
+        .parquet(*[f"{root}/{f}" for f, _, _, _ in owner])
         # the path inside the table (Spark names the files of one job alike in every directory)
         .withColumn("_file", F.substring_index(F.col("_metadata.file_path"), f"/{cfg.name}/", -1))
         .join(F.broadcast(by_file), "_file")
-        .withColumn("_part", partition_of(cfg, F.col("_parts")))
+        .withColumn("_part", _partition_by(cfg, F.col("_parts"), F.col("_by")))
         .groupBy("_version", "_part")
         .agg(*_stats_aggregates(cfg))
         .collect()
@@ -284,9 +315,9 @@ def committed_stats(spark: SparkSession, table: ShardTable, versions: dict[int, 
 
 
 def checksums_by_time(
-    spark: SparkSession, table: ShardTable, partition_counts: list[int], version: int
-) -> dict[int, list[tuple[int, dict[int, int]]]]:
-    """Per partition count P: ``[(time, {partition: checksum of the updates at that time})]`` in
+    spark: SparkSession, table: ShardTable, partitionings: list[tuple[int, str | None]], version: int
+) -> dict[tuple[int, str | None], list[tuple[int, dict[int, int]]]]:
+    """Per partitioning ``(P, by)`` (``Manifest.partitioning``): ``[(time, {partition: checksum of the updates at that time})]`` in
     ascending time, of the table as of Delta version ``version``, in one Spark job that returns
     one row per distinct time and partition (:mod:`reconcile.checksums`: the checksum of the
     shard as of ``t`` is the sum over the times ``<= t``)."""
@@ -295,24 +326,29 @@ def checksums_by_time(
     from reconcile.checksums import MOD, WIDE_LIMBS, combine, limbs, row_hash
 
     cfg = table.cfg
-    counts = sorted(set(partition_counts))
+    from reconcile.differential import partition_of
+
+    counts = sorted(set(partitionings), key=lambda x: (x[0], x[1] or ""))
     h, diff = F.col("_h"), F.col("_diff")
-    keys = [f"_p{n}" for n in counts]
+    keys = [f"_p{i}" for i in range(len(counts))]
     sums = [f"_l{i}" for i in range(len(WIDE_LIMBS))]
     rows = (
         read_updates(spark, table, version)
         .where(F.col("_time").isNotNull())
-        .select("_time", row_hash(cfg).alias("_h"), "_diff")
+        .select("_time", row_hash(cfg).alias("_h"), "_diff", *[spark_name(k) for k in getattr(cfg, "key_columns", ())])
         .select(
             "_time",
-            *[F.pmod(h, F.lit(n)).cast("int").alias(k) for n, k in zip(counts, keys, strict=True)],
+            *[
+                (F.pmod(h, F.lit(n)) if by is None else partition_of(cfg, n, by=by)).cast("int").alias(k)
+                for (n, by), k in zip(counts, keys, strict=True)
+            ],
             *[c.alias(s) for c, s in zip(limbs(h, diff, WIDE_LIMBS), sums, strict=True)],
         )
         .groupBy("_time", *keys)
         .agg(*[F.sum(s).alias(s) for s in sums])
         .collect()
     )
-    out: dict[int, list[tuple[int, dict[int, int]]]] = {}
+    out: dict[tuple[int, str | None], list[tuple[int, dict[int, int]]]] = {}
     for n, k in zip(counts, keys, strict=True):
         by_time: dict[int, dict[int, int]] = defaultdict(lambda: defaultdict(int))
         for r in rows:

@@ -21,6 +21,10 @@ import uuid
 BATCHES_DIR = "batches"
 COMPACTIONS_DIR = "compactions"
 PART_COLUMN = "reconcile_part"  # the staged files' hash-partition directory: reconcile_part=<p>/
+# An upsert shard's files are sorted by key in each hash partition of the key and cut every this
+# many rows, so that each file's key statistics bound a narrow range of keys: a batch reads only
+# the files whose range holds one of its keys (reconcile.kinds.upsert).
+ROWS_PER_FILE = 32_768
 
 
 def new_stage_id() -> str:
