@@ -461,3 +461,41 @@ def parse_source(path: Path) -> ast.Module:
     finally:
         if enabled:
             gc.enable()
+
+
+def previous_release(tmp_path: Path, commit: str) -> Path:
+    """The package of an earlier release (a commit of this repository), as ``git archive`` gives it."""
+    import subprocess
+    import tarfile
+    from io import BytesIO
+
+    import pytest
+
+    root = Path(__file__).resolve().parents[1]
+    archive = subprocess.run(
+        ["git", "-C", str(root), "archive", "--format=tar", commit, "include"], capture_output=True, check=False
+    )
+    if archive.returncode != 0:
+        pytest.fail(f"cannot read release {commit} from git: {archive.stderr.decode()[:300]}")
+    out = tmp_path / f"release-{commit}"
+    with tarfile.open(fileobj=BytesIO(archive.stdout)) as tar:
+        tar.extractall(out, filter="data")
+    return out / "include"
+
+
+def run_previous(package: Path, sink: str, frontiers: list[int], env_extra: dict) -> None:
+    """Batches of ``sink`` up to each frontier, by an earlier release's code in a process of its own."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, **env_extra, "PYTHONPATH": str(package)}
+    script = (
+        "import sys\n"
+        "from reconcile import cli\n"
+        f"for f in {frontiers!r}:\n"
+        f"    rc = cli.main(['run', {sink!r}, '--frontier', str(f), '--run-id', f'old-{{f}}'])\n"
+        "    if rc: sys.exit(rc)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]

@@ -14,18 +14,14 @@ tables and ledgers:
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
-import tarfile
 from collections import Counter
-from io import BytesIO
 from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from helpers import make_sink, model_kv, run_stages, shard_as_of, write_json_rows
+from helpers import make_sink, model_kv, previous_release, run_previous, run_stages, shard_as_of, write_json_rows
 from reconcile.differential import KEY_SALT
 from reconcile.model import ROW_KEYS
 from reconcile.storage.delta import ShardTable
@@ -105,35 +101,6 @@ def test_every_written_row_carries_its_key_and_check_deep_reports_a_wrong_one(
     assert f"{data.num_rows} row(s) of {own}" in out and "sink's own file" in out, out
 
 
-def _previous_release(tmp_path: Path) -> Path:
-    """The previous release's package, as ``git archive`` gives it."""
-    archive = subprocess.run(
-        ["git", "-C", str(ROOT), "archive", "--format=tar", PREVIOUS_RELEASE, "include"],
-        capture_output=True,
-        check=False,
-    )
-    if archive.returncode != 0:
-        pytest.fail(f"cannot read release {PREVIOUS_RELEASE} from git: {archive.stderr.decode()[:300]}")
-    out = tmp_path / "previous"
-    with tarfile.open(fileobj=BytesIO(archive.stdout)) as tar:
-        tar.extractall(out, filter="data")
-    return out / "include"
-
-
-def _run_previous(package: Path, sink: str, frontiers: list[int], env_extra: dict) -> None:
-    """Batches of ``sink`` up to each frontier, by the previous release's code in a process of its own."""
-    env = {**os.environ, **env_extra, "PYTHONPATH": str(package)}
-    script = (
-        "import sys\n"
-        "from reconcile import cli\n"
-        f"for f in {frontiers!r}:\n"
-        f"    rc = cli.main(['run', {sink!r}, '--frontier', str(f), '--run-id', f'old-{{f}}'])\n"
-        "    if rc: sys.exit(rc)\n"
-    )
-    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
-
-
 @pytest.mark.slow
 def test_a_shard_of_the_previous_release_is_upgraded_by_its_next_batch(
     spark, warehouse, tmp_path, sqlite_url, monkeypatch
@@ -149,16 +116,16 @@ def test_a_shard_of_the_previous_release_is_upgraded_by_its_next_batch(
     cfg = make_sink(tmp_path, "keys_upgraded", partitions=2)
     first = [{"k": i, "v": f"a{i}"} for i in range(10)]
     write_json_rows(tmp_path / "src", first)
-    old = _previous_release(tmp_path)
+    old = previous_release(tmp_path, PREVIOUS_RELEASE)
     env = {
         "RECONCILE_SINKS_DIR": str(tmp_path),
         "RECONCILE_WAREHOUSE": str(warehouse),
         "RECONCILE_METADATA_URL": os.environ["RECONCILE_METADATA_URL"],
     }
-    _run_previous(old, cfg.name, [200], env)
+    run_previous(old, cfg.name, [200], env)
     second = first[:7] + [{"k": 3, "v": "b3"}, {"k": 11, "v": "b11"}]
     write_json_rows(tmp_path / "src", second)
-    _run_previous(old, cfg.name, [300], env)
+    run_previous(old, cfg.name, [300], env)
     sqlite_ledger = Ledger(sqlite_url)  # this release's: its migrations run on the previous one's ledger
     table = ShardTable(cfg)
     assert not table.keyed  # the previous release's table

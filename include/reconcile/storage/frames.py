@@ -16,9 +16,10 @@ from reconcile.config import SinkConfig
 from reconcile.differential import HASH_COLUMN, key_order, with_row_key
 from reconcile.model import ROW_KEYS
 from reconcile.sql_names import spark_name
+from reconcile.storage import layout
 from reconcile.storage.commits import added_files
 from reconcile.storage.delta import ShardTable
-from reconcile.storage.layout import PART_COLUMN, ROWS_PER_FILE
+from reconcile.storage.layout import PART_COLUMN
 
 
 def schema(cfg: SinkConfig, *, with_part: bool = False, keyed: bool = False) -> StructType:
@@ -209,7 +210,7 @@ def write_staged(
     writer = out.write
     if key_order(cfg):  # an upsert shard's layout: sorted by key, cut into files of narrow key ranges
         out = out.sortWithinPartitions(PART_COLUMN, *[spark_name(k) for k in key_order(cfg)])
-        writer = out.write.option("maxRecordsPerFile", ROWS_PER_FILE)
+        writer = out.write.option("maxRecordsPerFile", layout.ROWS_PER_FILE)
     writer.mode("error").partitionBy(PART_COLUMN).parquet(path)
     got = observation.get
     stats = {p: _stats_of(got, f"_{p}") for p in range(cfg.partitions) if got.get(f"rows_{p}")}
