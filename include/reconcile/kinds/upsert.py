@@ -100,10 +100,11 @@ def _files_of_keys(spark: SparkSession, cfg: UpsertSink, bounds: Bounds) -> tupl
     raw = read_feed(spark, cfg)
     keep = could_apply(cfg, bounds.lower, bounds.watermark, _types(raw))
     cmds = commands(cfg, raw if keep is None else raw.where(keep), bounds.lower, bounds.upper, bounds.watermark)
-    found = cmds.where(~F.col("_unkeyed")).select(_c(first).alias("k")).distinct().limit(FEW_KEYS + 1).collect()
-    if len(found) > FEW_KEYS:
+    found = cmds.where(~F.col("_unkeyed")).select(_c(first).alias("k")).distinct().limit(FEW_KEYS + 1)
+    keys = found.toArrow().column(0).to_pylist()  # Arrow: no Python object per row on the way
+    if len(keys) > FEW_KEYS:
         return None
-    return bounds.files_holding(first, sorted(r["k"] for r in found))
+    return bounds.files_holding(first, sorted(keys))
 
 
 def _repair(spark: SparkSession, cfg: UpsertSink, persist: DataFrame, bounds: Bounds) -> tuple:
