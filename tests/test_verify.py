@@ -34,8 +34,11 @@ from reconcile.storage.delta import ShardTable
 
 
 def partition_of_row(spark, cfg, k, v, error=None) -> int:
+    """The hash partition of a row: of the whole row, or of its key for an upsert sink (whose
+    partitions hash the key: every update of a key in one partition)."""
     row = spark.createDataFrame([(k, v, error)], "k BIGINT, v STRING, _error STRING")
-    return row.selectExpr(f"pmod(xxhash64(k, v, _error), {cfg.partitions}) AS p").first()["p"]
+    hashed = "k" if cfg.kind == "upsert" else "k, v, _error"
+    return row.selectExpr(f"pmod(xxhash64({hashed}), {cfg.partitions}) AS p").first()["p"]
 
 
 def foreign_update(cfg, k, v, time: int, diff: int) -> None:
