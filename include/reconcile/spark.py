@@ -94,6 +94,9 @@ LOCAL_CONF = local_conf()
 LOCAL_SQL_CONF = {
     "spark.sql.shuffle.partitions": shuffle_partitions(machine_cores()),
     "spark.databricks.delta.snapshotPartitions": "4",
+    # A batch reads a shard's files by path (hundreds when laid out by key): a Spark job to list
+    # them costs more than listing them in the driver.
+    "spark.sql.sources.parallelPartitionDiscovery.threshold": "1024",
 }
 
 

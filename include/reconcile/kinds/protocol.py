@@ -84,7 +84,8 @@ class Bounds:
     previous_sources: dict[str, int] | None = None
     previous_digest: str | None = None  # and the query it computed (Correction.query_digest)
     # The shard as read restricted to the files whose statistics bound ``column`` to a range that
-    # holds one of ``keys`` (sorted): ``(column, keys) -> (frame, files read, files in all)``, or
+    # meets one of ``ranges`` (``(lo, hi)``, disjoint, ascending): ``(column, ranges) -> (frame,
+    # files read, files in all)``, or
     # None where files cannot be told apart (:func:`reconcile.storage.frames.read_files_holding`).
     files_holding: Callable[[str, list], tuple[DataFrame, int, int] | None] | None = None
 

@@ -72,10 +72,8 @@ def correction(spark: SparkSession, cfg: UpsertSink, persist: DataFrame, bounds:
         narrowed = _files_of_keys(spark, cfg, bounds)
         if narrowed is not None:
             persist, *files_read = narrowed
-    if bounds.empty_shard and watermark is None and fix is None:
-        updates = first_load(cfg, cmds, persist, lower, bounds.checks)
-    else:
-        updates = upsert_correction(cfg, cmds, persist, lower, bounds.checks, prior=prior, fix=fix)
+    first = bounds.empty_shard and fix is None  # nothing to retract: the commands' updates alone
+    updates = upsert_correction(cfg, cmds, persist, lower, bounds.checks, prior=prior, fix=fix, empty=first)
     read = tuple(files_read) if files_read else None
     return Correction(updates, lambda: progress(observation, watermark), repaired, files_read=read)  # type: ignore[arg-type]
 
@@ -88,23 +86,28 @@ INTEGRAL_KEYS = ("tinyint", "smallint", "int", "bigint")
 
 def _files_of_keys(spark: SparkSession, cfg: UpsertSink, bounds: Bounds) -> tuple | None:
     """(the shard's files that can hold the batch's keys, files read, files in all), from the
-    files' key statistics (an upsert shard's files hold narrow key ranges: sorted by key in each
-    hash partition of the key, split every ``layout.ROWS_PER_FILE`` rows); None when the shard
-    is read whole: no reader of files (:class:`Bounds`), a first key column that is not an
-    integer, or more than :data:`FEW_KEYS` keys. One Spark job reads the
-    commands' first key column (the feed's files pruned as for the batch)."""
+    files' key statistics (:mod:`reconcile.kinds.upsert_files`); None when the shard is read
+    whole: no reader of files (:class:`Bounds`), a first key column that is not an integer, or
+    more than :data:`FEW_KEYS` keys. The batch's keys are bounded by the feed's statistics where
+    it has them (no job), else by one Spark job that reads the commands' first key column (the
+    feed's files pruned as for the batch)."""
+    from reconcile.kinds.upsert_files import feed_key_ranges
+
     first = cfg.key_columns[0]
     types = {c.name: c.type for c in cfg.columns}
     if bounds.files_holding is None or bounds.empty_shard or types[first] not in INTEGRAL_KEYS:
         return None
-    raw = read_feed(spark, cfg)
-    keep = could_apply(cfg, bounds.lower, bounds.watermark, _types(raw))
-    cmds = commands(cfg, raw if keep is None else raw.where(keep), bounds.lower, bounds.upper, bounds.watermark)
-    found = cmds.where(~F.col("_unkeyed")).select(_c(first).alias("k")).distinct().limit(FEW_KEYS + 1)
-    keys = found.toArrow().column(0).to_pylist()  # Arrow: no Python object per row on the way
-    if len(keys) > FEW_KEYS:
-        return None
-    return bounds.files_holding(first, sorted(keys))
+    ranges = feed_key_ranges(cfg, bounds.lower, bounds.watermark)
+    if ranges is None:
+        raw = read_feed(spark, cfg)
+        keep = could_apply(cfg, bounds.lower, bounds.watermark, _types(raw))
+        cmds = commands(cfg, raw if keep is None else raw.where(keep), bounds.lower, bounds.upper, bounds.watermark)
+        found = cmds.where(~F.col("_unkeyed")).select(_c(first).alias("k")).distinct().limit(FEW_KEYS + 1)
+        keys = found.toArrow().column(0).to_pylist()  # Arrow: no Python object per row on the way
+        if len(keys) > FEW_KEYS:
+            return None
+        ranges = [(k, k) for k in sorted(keys)]
+    return bounds.files_holding(first, ranges)
 
 
 def _repair(spark: SparkSession, cfg: UpsertSink, persist: DataFrame, bounds: Bounds) -> tuple:
@@ -304,8 +307,13 @@ def upsert_correction(
     *,
     prior: DataFrame | None = None,
     fix: DataFrame | None = None,
+    empty: bool = False,
 ) -> DataFrame:
     """The batch's updates (update frame plus ``_part``), consolidated per (row, time).
+
+    ``empty``: the shard holds nothing (its first batch): no feedback, and the commands' updates
+    are written as they come out of their one shuffle, in the key's partitions, sorted by key
+    (each (row, time) once: a command that repeats the value before it adds nothing).
 
     ``checks`` observes, on the way, what the kind says the shard holds as of ``upper - 1``: the
     shard as read, each touched key's value as of ``lower - 1`` replaced by its last command's
@@ -318,15 +326,21 @@ def upsert_correction(
     # with the others and are told apart after the aggregation by ``_n``, how many of them share
     # a (time, error), so that every frame below reads the one shuffle (a filter on a column that
     # is not aggregated is not pushed below it: the feed is read once).
-    shuffled = cmds.repartition(*[_c(k) for k in keys])
+    # The first batch's shuffle puts each key in its hash partition of the shard (``_part``, one
+    # task each), which its write keeps; the aggregation and window below group by ``_part`` too,
+    # so that they need no shuffle of their own. A later batch's commands are few: a shuffle by
+    # key that Spark may pack into fewer tasks.
+    parted = cmds.withColumn("_part", partition_of(cfg))
+    shuffled = parted.repartitionById(cfg.partitions, "_part") if empty else parted.repartition(*[_c(k) for k in keys])
     # 2. Highest offset wins per (key, time); ties (a replay) resolve to one command.
     payload = F.struct(F.col("_off"), F.col("_del"), F.col("_error"), *[_c(v) for v in values])
     unkeyed_error = F.when(F.col("_unkeyed"), F.col("_error")).alias("_ue")
-    per_time = shuffled.groupBy(*[_c(k) for k in keys], F.col("_time"), unkeyed_error).agg(
+    per_time = shuffled.groupBy("_part", *[_c(k) for k in keys], F.col("_time"), unkeyed_error).agg(
         F.max(payload).alias("c"), F.sum(F.col("_unkeyed").cast(INT)).alias("_n")
     )
-    by_key = Window.partitionBy(*[_c(k) for k in keys])
+    by_key = Window.partitionBy("_part", *[_c(k) for k in keys])
     ordered = per_time.select(
+        "_part",
         *[_c(k) for k in keys],
         "_time",
         "c",
@@ -353,15 +367,25 @@ def upsert_correction(
         )
 
     final = F.col("_time") == F.col("_last") if checks is not None else F.lit(False)
+    # A command whose value and error are the previous command's changes nothing at its time:
+    # in the first batch (its updates are not consolidated) it adds neither of its two updates.
+    same = F.lit(False)
+    if empty:
+        same = F.col("prev").isNotNull() & ~F.col("c._del") & ~F.col("prev._del")
+        for f in ["_error", *values]:
+            same = same & F.col(f"c.{spark_name(f)}").eqNullSafe(F.col(f"prev.{spark_name(f)}"))
     updates = F.array(
-        F.when(keyed & ~F.col("c._del"), update("c", F.lit(1), final)),
-        F.when(keyed & F.col("prev").isNotNull() & ~F.col("prev._del"), update("prev", F.lit(-1), F.lit(False))),
+        F.when(keyed & ~F.col("c._del") & ~same, update("c", F.lit(1), final)),
+        F.when(
+            keyed & ~same & F.col("prev").isNotNull() & ~F.col("prev._del"), update("prev", F.lit(-1), F.lit(False))
+        ),
         F.when(~keyed, update(None, F.col("_n"), F.lit(True))),
     )
     generated = (
-        ordered.select(*[_c(k) for k in keys], "_time", F.explode(updates).alias("u"))
+        ordered.select("_part", *[_c(k) for k in keys], "_time", F.explode(updates).alias("u"))
         .where(F.col("u").isNotNull())
         .select(
+            "_part",
             *[_c(k) for k in keys],
             *[F.col(f"u.{spark_name(v)}").alias(v) for v in values],
             "u._error",
@@ -370,6 +394,10 @@ def upsert_correction(
             "u._desired",
         )
     )
+    if empty:  # the first batch: its updates are the shard after it, in the key's partitions
+        if checks is not None:
+            checks.count_correction_into("desired")
+        return generated.select("_part", *cols, "_error", "_time", "_diff")
     if checks is not None:
         generated = checks.observe(generated, "commands", {"desired": 1}, where=F.col("_desired"))
 
@@ -379,8 +407,7 @@ def upsert_correction(
     # the same as the other frames', so that Spark reuses them instead of reading the feed again.)
     first = keyed & (F.col("_time") == F.col("_first")) & F.col("c").isNotNull()
     touched = ordered.where(first).select(*[_c(k) for k in keys], "_first")
-    # Only the touched keys' history is consolidated: one join (the touched keys are broadcast),
-    # then the sum per row as of lower - 1 (``_first`` is a function of the key). The join is
+    # Only the touched keys' history is read: one join (the touched keys are broadcast). The join is
     # null-safe (no touched key is null) so that Spark infers no "key is not null" filter to
     # push into the touched keys' side: it stays the shuffle of the feed the other frames read.
     probe = touched.select(*[_c(k).alias(f"_k{i}") for i, k in enumerate(keys)], "_first")
@@ -388,20 +415,17 @@ def upsert_correction(
     on = [feedback[spark_name(k)].eqNullSafe(probe[f"_k{i}"]) for i, k in enumerate(keys)]
     joined = feedback.where(F.col("_time") <= lower - 1).join(probe, on=on, how="inner")
     history = joined.drop(*[f"_k{i}" for i in range(len(keys))])
-    retracted = (
-        history.groupBy(*[_c(c) for c in cols], "_error", "_first")
-        .agg(F.sum("_diff").alias("_diff"))
-        .where(F.col("_diff") != 0)
-        .select(
-            *[_c(c) for c in cols],
-            "_error",
-            F.col("_first").alias("_time"),
-            (-F.col("_diff")).cast(INT).alias("_diff"),
-        )
+    # Each update of that history negated at the key's first command: the consolidation of the
+    # whole correction sums them per row (no shuffle of their own).
+    retracted = history.select(
+        *[_c(c) for c in cols],
+        "_error",
+        F.col("_first").alias("_time"),
+        (-F.col("_diff")).cast(INT).alias("_diff"),
     )
 
     order = [*cols, "_error", "_time", "_diff"]
-    branches = [generated, retracted]
+    branches = [generated.drop("_part"), retracted]
     if fix is not None:
         branches.append(fix if checks is None else checks.observe(fix, "repair", {"desired": 1}))
     if checks is not None:
@@ -420,54 +444,6 @@ def upsert_correction(
         both = both.unionByName(branch.select(*order))
     both = both.withColumn("_part", partition_of(cfg))  # the key's: one task per partition
     return consolidate(cfg, both.repartitionById(cfg.partitions, "_part"))
-
-
-def first_load(
-    cfg: UpsertSink, cmds: DataFrame, persist: DataFrame, lower: int, checks: BatchChecks | None = None
-) -> DataFrame:
-    """The first batch of a shard (nothing to retract): each key's last command by one aggregate
-    in the key's hash partition (one shuffle, which the write's partitions reuse), its value
-    written at its time; the per-key path (:func:`upsert_correction`) only for the keys whose
-    commands fall at several times of the batch (their history is kept). The commands that cannot
-    be keyed become their error rows, counted per (time, error). With the shard empty, the
-    correction's checksum is the desired side's: the staged write's observation counts into both."""
-    keys, values = list(cfg.key_columns), cfg.value_columns
-    payload = F.struct(F.col("_time"), F.col("_off"), F.col("_del"), F.col("_error"), *[_c(v) for v in values])
-    unkeyed = F.col("_unkeyed")
-    parted = cmds.withColumn("_part", partition_of(cfg)).repartitionById(cfg.partitions, "_part")
-    last = parted.groupBy(
-        "_part",
-        *[_c(k) for k in keys],
-        F.when(unkeyed, F.col("_error")).alias("_ue"),
-        F.when(unkeyed, F.col("_time")).alias("_ut"),
-    ).agg(F.max(payload).alias("c"), F.min("_time").alias("_first"), F.count(F.lit(1)).cast(INT).alias("_n"))
-    keyed = F.col("_ue").isNull()
-    order = ["_part", *keys, *values, "_error", "_time", "_diff"]
-    single = last.where(keyed & (F.col("_first") == F.col("c._time")) & ~F.col("c._del")).select(
-        "_part",
-        *[_c(k) for k in keys],
-        *[F.col(f"c.{spark_name(v)}").alias(v) for v in values],
-        F.col("c._error").alias("_error"),
-        F.col("c._time").alias("_time"),
-        F.lit(1).cast(INT).alias("_diff"),
-    )
-    types = {c.name: c.type for c in cfg.columns}
-    errors = last.where(~keyed).select(
-        "_part",
-        *[_c(k) for k in keys],
-        *[F.lit(None).cast(types[v]).alias(v) for v in values],
-        F.col("_ue").alias("_error"),
-        F.col("_ut").alias("_time"),
-        F.col("_n").alias("_diff"),
-    )
-    # The keys with commands at several times, found in their partition: the join with the
-    # partitioned commands needs no shuffle of its own (both sides are laid out by ``_part``).
-    several = last.where(keyed & (F.col("_first") != F.col("c._time"))).select("_part", *[_c(k) for k in keys])
-    histories = parted.join(several, on=["_part", *keys], how="left_semi").drop("_part")
-    slow = upsert_correction(cfg, histories, persist, lower)
-    if checks is not None:
-        checks.count_correction_into("desired")
-    return single.select(*order).unionByName(errors.select(*order)).unionByName(slow.select(*order))
 
 
 def violations(

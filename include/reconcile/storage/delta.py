@@ -281,10 +281,11 @@ class ShardTable:
                 n_other += int(rows[i] or 0)
         return keyed, other, n_keyed, n_other
 
-    def files_holding(self, version: int, column: str, keys: list) -> tuple[list[str], int] | None:
+    def files_holding(self, version: int, column: str, ranges: list) -> tuple[list[str], int] | None:
         """The data files at ``version`` (paths as :meth:`plain_files`; None as it) whose
-        statistics bound ``column`` to a range holding one of ``keys`` (sorted, not null), and how
-        many files the table has. A file whose statistics give no range is kept. No row is read."""
+        statistics bound ``column`` to a range that meets one of ``ranges`` (``(lo, hi)``,
+        disjoint, ascending), and how many files the table has. A file whose statistics give no
+        range is kept. No row is read."""
         plain = self.plain_files(version)
         if plain is None:
             return None
@@ -293,10 +294,11 @@ class ShardTable:
         if not all(b in adds.column_names for b in bounds):
             return plain, len(plain)
         lows, highs = (adds.column(b).to_pylist() for b in bounds)
+        tops = [hi for _, hi in ranges]
         kept = []
         for full, lo, hi in zip(plain, lows, highs, strict=True):
-            i = bisect_left(keys, lo) if lo is not None else 0
-            if lo is None or hi is None or (i < len(keys) and keys[i] <= hi):
+            i = bisect_left(tops, lo) if lo is not None else 0  # the first range ending at or after lo
+            if lo is None or hi is None or (i < len(ranges) and ranges[i][0] <= hi):
                 kept.append(full)
         return kept, len(plain)
 

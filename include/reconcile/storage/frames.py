@@ -74,12 +74,12 @@ def read_updates(spark: SparkSession, table: ShardTable, version: int | None = N
 
 
 def read_files_holding(
-    spark: SparkSession, table: ShardTable, version: int, column: str, keys: list
+    spark: SparkSession, table: ShardTable, version: int, column: str, ranges: list
 ) -> tuple[DataFrame, int, int] | None:
-    """The shard's update log at ``version`` restricted to the files whose key statistics hold
-    one of ``keys`` (:meth:`ShardTable.files_holding`): every update of those keys, and maybe
-    others. (frame, files read, files in the table); None where the files cannot be told apart."""
-    found = table.files_holding(version, column, keys)
+    """The shard's update log at ``version`` restricted to the files whose key statistics meet
+    one of ``ranges`` (:meth:`ShardTable.files_holding`): every update of the keys in them, and
+    maybe others. (frame, files read, files in the table); None where files cannot be told apart."""
+    found = table.files_holding(version, column, ranges)
     if found is None:
         return None
     kept, total = found
