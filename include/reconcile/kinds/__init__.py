@@ -148,7 +148,7 @@ class QueryKind(OwnCollection):
             versions: dict[str, int] = {}
             try:
                 updates = query.incremental_correction(
-                    spark, self.cfg, bounds.previous_sources, bounds.upper, bounds.checks, versions
+                    spark, self.cfg, bounds.previous_sources, bounds.upper, bounds.checks, versions, persist
                 )
             except incremental.NotIncremental as why:
                 log.info("incremental: %s; comparing in full", why)
