@@ -294,9 +294,10 @@ def _grown_sink(directory: Path, name: str, **fields):
     return _sink(directory, name, [*KV, {"name": "c", "type": "int"}], sql=sql, **fields)
 
 
-def run_job_killed_at(stage: str, cfg, run_id: str, point: str) -> None:
+def run_job_killed_at(stage: str, cfg, run_id: str, point: str, remote: str | None = None) -> None:
     """The stage's job for ``run_id`` as its own process, killed at ``point`` (exit 137), as
-    tests/test_crash.py runs it: a write in a local Spark JVM of its own, an append without one."""
+    tests/test_crash.py runs it: a write in a local Spark JVM of its own (or a client of the Spark
+    Connect server at ``remote``), an append without one."""
     import os
     import subprocess
     import sys
@@ -308,6 +309,8 @@ def run_job_killed_at(stage: str, cfg, run_id: str, point: str) -> None:
         cmd = [sys.executable, "-m", "reconcile", "append", cfg.name, "--run-id", run_id]
     env = {**os.environ, "RECONCILE_FAILPOINTS": f"{point}=kill"}
     env.pop("PYSPARK_GATEWAY_PORT", None)
+    if remote:
+        env["RECONCILE_SPARK_REMOTE"] = remote
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 137, f"expected a kill at {point}, got {proc.returncode}: {proc.stderr[-2000:]}"
 
@@ -501,7 +504,7 @@ def test_two_appends_racing_commit_the_schema_change_once(spark, tmp_path, wareh
     assert +as_of(update_log(grown), grown, 299) == _model(rows, ["k", "v", "c"])
 
 
-# --- widened, dropped, renamed, reordered: the shard rewritten, then the batch ----------------------
+# --- widened, dropped, renamed, reordered: the shard rewritten by the batch, in its one version ------
 
 OLD = [
     {"name": "k", "type": "bigint", "nullable": False},
@@ -517,7 +520,7 @@ NEW = [  # n widened, v renamed to w, gone dropped, and the order changed
 
 
 @pytest.mark.slow  # batches through Spark, a rewrite
-def test_a_widening_drop_and_rename_rewrite_the_shard_then_the_batch_corrects(
+def test_a_widening_drop_and_rename_rewrite_the_shard_in_the_batchs_one_version(
     spark, tmp_path, warehouse, sqlite_ledger, monkeypatch, capsys
 ):
     from reconcile.sink import check
@@ -544,11 +547,18 @@ def test_a_widening_drop_and_rename_rewrite_the_shard_then_the_batch_corrects(
         in said
     )
     assert f"{len(before)} update rows rewritten" in said
+    files_before = set(ShardTable(cfg).snapshot_files())
     *_, a = run_stages(spark, ledger, new, "r3", 400)
     assert a.outcome == "committed", a.message
     table = ShardTable(new)
-    assert table.latest_version() == version + 2  # the rewrite's commit, then the batch's
+    assert table.latest_version() == version + 1  # the new schema, the rewrite and the correction: one version
     assert not table.check_schema()
+    actions = table.commit_actions(version + 1)
+    meta = json.loads(next(x["commitInfo"] for x in actions if "commitInfo" in x)["userMetadata"])["reconcile"]
+    assert meta["op"] == "batch" and meta["rekeyed"] and meta["rows_rewritten"] == len(before)
+    assert meta["schema_change"].startswith("column v renamed to w")
+    assert {x["remove"]["path"] for x in actions if "remove" in x} == files_before  # every old file, in it
+    assert any("metaData" in x for x in actions) and {x["txn"]["version"] for x in actions if "txn" in x} == {300}
 
     log = update_log(new)
     for t in (199, 299):  # the older times hold what they held, in the new schema
@@ -577,14 +587,28 @@ def test_a_widening_drop_and_rename_rewrite_the_shard_then_the_batch_corrects(
     assert (counts["verified"], counts["not_verifiable"]) == (1, 2), counts
 
 
-@pytest.mark.slow  # a killed write process with its own JVM, batches through Spark
+REWRITE_CRASHES = [  # a kill at each fail point on the way, each recovered by what comes next
+    ("write", "write.after_partition_staged"),  # before the stage ends: nothing recorded
+    ("write", "write.after_staged"),  # the batch and its rewrite staged, nothing committed
+    ("append", "append.inside_lease"),  # right before the one commit
+    ("append", "append.after_delta_commit"),  # the schema, rewrite and batch committed; the ledger not
+]
+
+
+@pytest.mark.slow  # killed write (Spark Connect clients) and append processes, batches through Spark
 @pytest.mark.parametrize("where", ["local", "s3"])
-def test_a_write_killed_after_the_rewrite_is_retried_to_the_model(
+def test_a_rewrite_killed_anywhere_finds_the_old_table_or_the_new_one(
     spark, tmp_path, sqlite_ledger, monkeypatch, request, where
 ):
-    from reconcile.sink import append, check, mint, write
+    """One batch's write and append killed again and again on the way: each retry finds the old
+    table (and stages the batch anew or goes on with what is staged) or the new one (and goes on);
+    the next run ends at the model with ``check`` clean and the killed attempt's rewrite deleted.
+    On S3 only the appends are killed (a write's kill there needs a Spark JVM of its own)."""
+    from reconcile.sink import check, evolve, mint, write
+    from reconcile.storage import files
 
     request.getfixturevalue("s3_warehouse" if where == "s3" else "warehouse")
+    remote = request.getfixturevalue("connect_url") if where == "local" else None
     ledger = sqlite_ledger
     monkeypatch.setenv("RECONCILE_SINKS_DIR", str(tmp_path))
     rows = [{"k": i, "n": i, "v": f"v{i}", "gone": "g"} for i in range(6)]
@@ -598,19 +622,40 @@ def test_a_write_killed_after_the_rewrite_is_retried_to_the_model(
     write_json_rows(tmp_path / "src", later)
     new = _sink(tmp_path, "killed", NEW, sql="SELECT k, v AS w, CAST(n AS BIGINT) AS n FROM src")
     desc = mint.run_mint(ledger, new, "r2", 1, 300).description
-    run_job_killed_at("write", new, "r2", "write.after_schema_rewrite")
     table = ShardTable(new)
-    assert table.latest_version() == version + 1 and not table.check_schema()  # the rewrite committed alone
-    assert ledger.get_batch(desc.batch_id, "killed").state == "minted"
+    killed: set[str] = set()
+    for stage, point in REWRITE_CRASHES:
+        if stage == "write" and remote is None:
+            continue
+        if stage == "append" and ledger.get_batch(desc.batch_id, "killed").state != "staged":
+            assert write.run_write(spark, ledger, new, desc.batch_id).outcome == "staged"
+        before = set(table.staged_attempts(desc.batch_id))
+        run_job_killed_at(stage, new, "r2", point, remote)
+        killed |= set(table.staged_attempts(desc.batch_id)) - before
+        committed = point == "append.after_delta_commit"
+        assert table.latest_version() == version + committed  # the old table or the new one, never between
+        assert bool(table.check_schema()) is not committed
+        state = ledger.get_batch(desc.batch_id, "killed").state
+        assert state == ("minted" if point == "write.after_partition_staged" else "staged"), point
+    if remote is not None:  # the first write died unrecorded with its rewrite staged; the second recorded
+        assert len(killed) == 2
+        assert all(files.path_exists(f"{table.staging_path(desc.batch_id, s)}/{evolve.REWRITE_DIR}") for s in killed)
 
-    assert write.run_write(spark, ledger, new, desc.batch_id).outcome == "staged"  # the retry: no second rewrite
-    assert append.run_append(ledger, new, desc.batch_id).outcome == "committed"
+    later2 = [*later, {"k": 99, "n": 1, "v": "new", "gone": None}]
+    write_json_rows(tmp_path / "src", later2)
+    *_, a = run_stages(spark, ledger, new, "r3", 400)  # the next run: its sync absorbs the killed commit
+    assert a.outcome == "committed", a.message
+    assert ledger.get_batch(desc.batch_id, "killed").state == "committed"
     assert table.latest_version() == version + 2
     log = update_log(new)
-    assert +as_of(log, new, 199) == _model(rows, ["k", "v", "n"])
-    assert +as_of(log, new, 299) == _model(later, ["k", "v", "n"])
+    cols = ["k", "v", "n"]
+    assert +as_of(log, new, 199) == _model(rows, cols)
+    assert +as_of(log, new, 299) == _model(later, cols)
+    assert +as_of(log, new, 399) == _model(later2, cols)
     assert check.violations(ledger, new, spark=spark) == []
     assert check.verify_checksums(ledger, new, spark)[0] == []
+    committed_stage = ledger.get_batch(desc.batch_id, "killed").stage_id
+    assert table.staged_attempts(desc.batch_id) == [committed_stage]  # every other attempt deleted
 
 
 @pytest.mark.slow  # batches through Spark, a rewrite
@@ -632,15 +677,18 @@ def test_the_guard_stops_a_rewrite_until_approved(spark, tmp_path, warehouse, sq
         tmp_path, "guarded_rw", NEW, sql="SELECT k, v AS w, CAST(n AS BIGINT) AS n FROM src", correction_guard=guard
     )
     desc = mint.run_mint(ledger, new, "r2", 1, 300).description
+    # the correction changes no row's value, the rewrite every row's file: the guard counts those
+    assert write.run_write(spark, ledger, new, desc.batch_id).outcome == "staged"
     with pytest.raises(CorrectionBlocked) as info:
-        write.run_write(spark, ledger, new, desc.batch_id)
+        append.run_append(ledger, new, desc.batch_id)
     text = assert_one_line(info.value, "guarded_rw")
-    assert "rewrites all 6 update rows" in text and f"approve guarded_rw {desc.batch_id}" in text
+    assert "would insert 0 and retract 0" in text and "rewrite all 6 update rows" in text
+    assert f"approve guarded_rw {desc.batch_id}" in text
     assert ShardTable(new).latest_version() == version and ShardTable(new).check_schema().rewrites  # nothing moved
 
-    ledger.approve("guarded_rw", desc.batch_id, "on-call")
-    assert write.run_write(spark, ledger, new, desc.batch_id).outcome == "staged"
-    assert append.run_append(ledger, new, desc.batch_id).outcome == "committed"
+    result = append.run_append(ledger, new, desc.batch_id, approve="on-call")
+    assert result.outcome == "committed", result
+    assert ShardTable(new).latest_version() == version + 1
     assert +as_of(update_log(new), new, 299) == _model(rows, ["k", "v", "n"])
 
 

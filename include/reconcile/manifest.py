@@ -51,6 +51,35 @@ class Part:
 
 
 @dataclass(frozen=True)
+class Rewrite:
+    """The shard rewritten into the sink file's schema, staged with the batch that applies it
+    (:mod:`reconcile.sink.evolve`): the Delta version it projects (the append commits it as the
+    version right after that one, removing every file of it), the schema change, its files
+    (paths relative to the attempt's directory) with sizes and digests, and its rows."""
+
+    read_version: int
+    change: str
+    rows: int
+    files: dict[str, int]
+    digests: dict[str, str] | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: v for k, v in asdict(self).items() if v is not None}
+
+    @classmethod
+    def from_dict(cls, raw: Any) -> Rewrite | None:
+        if not isinstance(raw, dict):
+            return None
+        return cls(
+            int(raw["read_version"]),
+            str(raw["change"]),
+            int(raw["rows"]),
+            {str(k): int(v) for k, v in raw["files"].items()},
+            raw.get("digests"),
+        )
+
+
+@dataclass(frozen=True)
 class Manifest:
     batch_id: str
     lower: int
@@ -68,6 +97,7 @@ class Manifest:
     # the version of each Delta source a query batch read, by the source's name
     sources: dict[str, int] | None = None
     query_digest: str | None = None  # what the sink file said the batch computes (a query's)
+    rewrite: Rewrite | None = None  # the shard rewritten into the sink file's schema, in the batch's commit
 
     # -- what it says ---------------------------------------------------------------------------
 
@@ -92,7 +122,7 @@ class Manifest:
 
     def staged_files(self) -> dict[str, int]:
         """{path relative to the attempt's directory: size} of every file of the batch."""
-        out: dict[str, int] = {}
+        out: dict[str, int] = dict(self.rewrite.files) if self.rewrite else {}
         for part in self.parts.values():
             out.update(part.files or {})
         return out
@@ -114,6 +144,7 @@ class Manifest:
             "drift": self.drift,
             "sources": self.sources,
             "query_digest": self.query_digest,
+            "rewrite": self.rewrite.to_dict() if self.rewrite else None,
         }
         return {k: v for k, v in out.items() if v is not None or k in ("stage_id", "read_version", *feed)}
 
@@ -128,6 +159,9 @@ class Manifest:
         return {
             **({"drift": self.drift} if self.drift is not None else {}),
             **({"sources": self.sources} if self.sources is not None else {}),
+            **(
+                {"rewrite": {k: v for k, v in self.rewrite.to_dict().items() if k != "digests"}} if self.rewrite else {}
+            ),
             "stage_id": self.stage_id,
             "layout": LAYOUT,
             "partitions": self.partitions,
@@ -151,6 +185,7 @@ class Manifest:
                 drift=raw.get("drift") if isinstance(raw.get("drift"), dict) else None,
                 sources=source_versions(raw),
                 query_digest=raw.get("query_digest") if isinstance(raw.get("query_digest"), str) else None,
+                rewrite=Rewrite.from_dict(raw.get("rewrite")),
             )
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise ManifestUnreadable(str(exc)) from None

@@ -23,7 +23,7 @@ from urllib.parse import unquote
 
 from reconcile import settings
 from reconcile.config import SinkConfig
-from reconcile.errors import Retryable, ShardSchemaChanged, SinkError, SinkSchemaChange, brief
+from reconcile.errors import Retryable, ShardSchemaChanged, SinkError, SinkSchemaChange, StagedBatchInvalid, brief
 from reconcile.log import iso
 from reconcile.model import ROW_KEYS
 from reconcile.storage import files, schema_change
@@ -443,6 +443,7 @@ class ShardTable:
         lower: int,
         fence: Callable[[], None] | None = None,
         schema: Any = None,
+        rewrite_of: int | None = None,
     ) -> int | None:
         """Commit ``staged`` (``(path relative to the table, size, stats)``) as one Delta version
         whose commit metadata is ``meta`` and whose application transaction is ``lower``: only if
@@ -455,7 +456,11 @@ class ShardTable:
         lost) ends the commit with nothing committed.
 
         ``schema`` (a delta-rs schema): the table's new schema, committed in the same version (a
-        sink file's schema change, :mod:`.schema_change`).
+        sink file's schema change, :mod:`.schema_change`). ``rewrite_of``: ``staged`` holds the
+        shard rewritten into that schema from Delta version ``rewrite_of``
+        (:mod:`reconcile.sink.evolve`): the commit also removes every file of that version, and
+        is made as the version right after it or not at all (a table that moved since refuses
+        the batch: :class:`StagedBatchInvalid`, its write stages it again).
 
         Returns the new version, or None when the guard skipped the commit (a version at or
         above ``lower`` is recorded: someone committed this lower, or a later one)."""
@@ -464,9 +469,17 @@ class ShardTable:
             recorded = dt.transaction_version(self.app_id)
             if recorded is not None and recorded >= lower:
                 return None
+            if rewrite_of is not None and dt.version() != rewrite_of:
+                raise StagedBatchInvalid(
+                    f"the batch with lower {iso(lower)} rewrites the shard into the sink file's schema as of Delta "
+                    f"version {rewrite_of}, and the table is at version {dt.version()} now",
+                    sink=self.name,
+                    remedy="rerun its write: it stages the batch again against the table as it is.",
+                )
             if fence is not None:
                 fence()
-            version = self._commit_at_next(dt, "append", staged, {"op": "batch", **meta}, lower, "append", schema)
+            mode = "append" if rewrite_of is None else "overwrite"  # an overwrite removes every file of dt
+            version = self._commit_at_next(dt, mode, staged, {"op": "batch", **meta}, lower, "append", schema)
             if version is not None:
                 return version
             time.sleep(min(0.05 * (attempt + 1), 0.5))  # another version took it: check the newer snapshot

@@ -18,7 +18,7 @@ from reconcile.model import ROW_KEYS
 from reconcile.sql_names import spark_name
 from reconcile.storage.commits import added_files
 from reconcile.storage.delta import ShardTable
-from reconcile.storage.layout import PART_COLUMN
+from reconcile.storage.layout import PART_COLUMN, part_of
 
 
 def schema(cfg: SinkConfig, *, with_part: bool = False, keyed: bool = False) -> StructType:
@@ -258,7 +258,8 @@ def committed_stats(spark: SparkSession, table: ShardTable, versions: dict[int, 
     out: dict[int, dict[int, dict]] = {}
     owner: list[tuple[str, int, int]] = []
     for v, parts in versions.items():
-        files = [a["path"] for a in added_files(table.commit_actions(v))]
+        # a partition's files (not the shard rewritten into a new schema in the batch's version)
+        files = [a["path"] for a in added_files(table.commit_actions(v)) if part_of(a["path"]) is not None]
         if all(f in present for f in files):
             out[v] = {}
             owner += [(f, v, parts) for f in files]

@@ -13,9 +13,11 @@ What a run applies (:attr:`SchemaPlan.supported`): a nullable column added, whos
 the new schema and the correction it implies in one Delta version (rows written before read the
 column as null; Spark's ``xxhash64`` skips null values, so every stored row key and carried
 checksum stays the row's: nothing is rewritten); a numeric widening, a drop, a rename or a
-reordering, which change every row's key: the run's write first rewrites the shard's files into
-the new schema with fresh keys (:mod:`reconcile.sink.evolve`). Refused: any other type change, a
-column added ``nullable: false``, an upsert key's change (remedy: a new sink).
+reordering, which change every row's key: the batch's write stages the shard's files rewritten
+into the new schema with fresh keys beside its correction, and its append commits both, the new
+schema and every old file removed, in one Delta version (:mod:`reconcile.sink.evolve`). Refused:
+any other type change, a column added ``nullable: false``, an upsert key's change (remedy: a new
+sink).
 """
 
 from __future__ import annotations
@@ -120,8 +122,8 @@ class SchemaPlan:
         if self.rewrites:
             rows = "every" if self.rows is None else f"{self.rows}"
             return (
-                f"{rows} update rows rewritten (the shard's files, in the new schema with fresh row keys, one commit "
-                "before the batch's; history kept), then the batch's correction"
+                f"{rows} update rows rewritten (the shard's files, in the new schema with fresh row keys, committed "
+                "with the batch's correction in its one Delta version; history kept)"
             )
         return (
             "0 rows rewritten (one metadata change in the next batch's commit; rows written before read "
