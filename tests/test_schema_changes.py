@@ -14,7 +14,7 @@ import pytest
 
 from helpers import as_of, assert_one_line, make_sink, run_stages, update_log, write_json_rows
 from reconcile.cli import main
-from reconcile.errors import ShardSchemaChanged, SinkSchemaChange
+from reconcile.errors import ShardSchemaChanged, SinkSchemaChange, StagedBatchInvalid
 from reconcile.storage import schema_change
 from reconcile.storage.delta import ShardTable
 
@@ -383,9 +383,15 @@ def test_the_guard_stops_a_schema_change_that_rewrites_most_rows_until_approved(
     assert a.outcome == "committed", a.message
     version = ShardTable(cfg).latest_version()
 
+    desc = mint.run_mint(ledger, cfg, "r2", 1, 300).description
+    rows[0]["v"] = "changed"
+    write_json_rows(tmp_path / "src", rows)
+    assert write.run_write(spark, ledger, cfg, desc.batch_id).outcome == "staged"  # before the file changes
     grown = _grown_sink(tmp_path, "guarded", correction_guard=guard)
-    desc = mint.run_mint(ledger, grown, "r2", 1, 300).description
-    write.run_write(spark, ledger, grown, desc.batch_id)
+    with pytest.raises(StagedBatchInvalid) as stale:  # staged without the new column: its write again
+        append.run_append(ledger, grown, desc.batch_id)
+    assert "no column c" in assert_one_line(stale.value, "guarded") and "rerun its write" in str(stale.value.remedy)
+    assert write.run_write(spark, ledger, grown, desc.batch_id).outcome == "staged"  # not kept: staged anew
     with pytest.raises(CorrectionBlocked) as info:
         append.run_append(ledger, grown, desc.batch_id)
     assert "approve" in assert_one_line(info.value, "guarded")

@@ -66,7 +66,7 @@ from reconcile.model import COMMITTED, MINTED, SUPERSEDED, BatchDescription, Out
 from reconcile.sink import guard
 from reconcile.sink.current import CurrentResult, maintain
 from reconcile.sink.sync import gc_staged, sync
-from reconcile.sink.verify import log_differences, parse_manifest, staged_files
+from reconcile.sink.verify import log_differences, missing_columns, parse_manifest, staged_files
 from reconcile.storage import commits, footers, layout
 from reconcile.storage.delta import ShardTable
 from reconcile.storage.ledger import Ledger, feed_of
@@ -335,13 +335,7 @@ def _rewrite_matches(a: Appending) -> None:
 def _staged_with_new_columns(a: Appending) -> None:
     """A batch committing the sink file's schema change must have been written under it (the file
     may have changed between the write and this append): one staged file's columns read."""
-    import pyarrow.parquet as pq
-
-    path = f"{a.table.path}/{a.files[0][0]}"
-    fs, p = footers.fs_of(path)
-    with fs.open(p, "rb") as f:
-        names = {n.lower() for n in pq.ParquetFile(f).schema_arrow.names}
-    missing = [c.name for c in a.cfg.columns if c.name.lower() not in names]
+    missing = missing_columns(a.table, a.files[0][0])
     if missing:
         raise StagedBatchInvalid(
             f"batch {a.batch_id} was written before the sink file's schema change ({a.schema_plan.describe()}): "

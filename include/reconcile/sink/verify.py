@@ -58,6 +58,19 @@ def staged_files(table: ShardTable, batch_id: str, manifest: Manifest) -> tuple[
     return path, expected
 
 
+def missing_columns(table: ShardTable, rel: str) -> list[str]:
+    """The sink file's columns that one staged file (``rel``: its path relative to the table)
+    lacks, from its footer: a batch written before the sink file's schema change."""
+    import pyarrow.parquet as pq
+
+    from reconcile.storage import footers
+
+    fs, p = footers.fs_of(f"{table.path}/{rel}")
+    with fs.open(p, "rb") as f:
+        names = {n.lower() for n in pq.ParquetFile(f).schema_arrow.names}
+    return [c.name for c in table.cfg.columns if c.name.lower() not in names]
+
+
 def differences(
     manifest: Manifest, stats: dict[int, dict], what: str, keys: tuple[str, ...] = ("rows", "checksum")
 ) -> list[str]:

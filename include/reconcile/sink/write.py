@@ -54,7 +54,7 @@ from reconcile.model import COMMITTED, OPEN_STATES, ROW_KEYS, STAGED, BatchDescr
 from reconcile.sink import catalog, evolve
 from reconcile.sink import drift as drift_
 from reconcile.sink.sync import sync
-from reconcile.sink.verify import parse_manifest, staged_files
+from reconcile.sink.verify import missing_columns, parse_manifest, staged_files
 from reconcile.storage import files, frames, layout
 from reconcile.storage.commits import MAINTENANCE
 from reconcile.storage.delta import ShardTable
@@ -203,7 +203,8 @@ class Attempt:
     # the Delta source versions the previous batch read, when its checksums are carried: set by stage()
     previous_sources: dict[str, int] | None = None
     previous_digest: str | None = None  # and what it computed (its manifest's query_digest)
-    rewrite: SchemaPlan | None = None  # the sink file's schema change that rewrites the shard (sink/evolve.py)
+    schema: SchemaPlan = field(default_factory=SchemaPlan)  # the sink file's schema change (falsy: none)
+    rewrite: SchemaPlan | None = None  # the same, when it rewrites the shard (sink/evolve.py)
     rewritten: Rewrite | None = None  # the shard rewritten into the new schema, as staged: set by stage()
     stage_id: str = field(default_factory=layout.new_stage_id)
     # derived once: the sink, the batch, this attempt's directory, the fields of its log lines
@@ -245,8 +246,8 @@ def run_write(spark: SparkSession, ledger: Ledger, cfg: SinkConfig, batch_id: st
     shard = sync(ledger, table)
     if shard.upper > attempt.desc.lower:
         return absorb_outdated(attempt, shard.upper)
-    plan = table.check_schema()  # the sink file's schema change this batch applies (falsy: none)
-    attempt.rewrite = plan if plan.rewrites else None  # ... by rewriting the shard with its correction
+    attempt.schema = table.check_schema()  # the sink file's schema change this batch applies (falsy: none)
+    attempt.rewrite = attempt.schema if attempt.schema.rewrites else None  # ... by rewriting the shard too
     if (kept := keep_intact(attempt)) is not None:
         return kept
     staged = stage(attempt)
@@ -292,7 +293,7 @@ def keep_intact(attempt: Attempt) -> WriteResult | None:
     # Re-read after the sync: another attempt may have staged the batch meanwhile.
     b = attempt.ledger.get_batch(attempt.batch_id, attempt.cfg.name)
     if b.state == STAGED:
-        damage = _damage(attempt.table, b) or _stale_rewrite(attempt, b)
+        damage = _damage(attempt.table, b) or _stale_schema(attempt, b)
         if damage is None:
             msg = event(
                 log,
@@ -321,11 +322,19 @@ def keep_intact(attempt: Attempt) -> WriteResult | None:
     return None
 
 
-def _stale_rewrite(attempt: Attempt, b) -> str | None:
+def _stale_schema(attempt: Attempt, b) -> str | None:
     """Why a staged batch does not apply the sink file's schema change as the table needs it now
-    (None: it does): staged without the shard's rewrite (before the sink file changed), with one
-    of an older Delta version (the table moved since), or with one the table no longer needs."""
-    staged = parse_manifest(attempt.cfg, b.batch_id, b.manifest).rewrite
+    (None: it does): staged before the sink file changed (without the shard's rewrite, or without
+    a new column), with a rewrite of an older Delta version (the table moved since), or with one
+    the table no longer needs."""
+    manifest = parse_manifest(attempt.cfg, b.batch_id, b.manifest)
+    staged = manifest.rewrite
+    if attempt.schema and staged is None and manifest.stage_id:
+        named = sorted(f for f in manifest.staged_files() if layout.part_of(f) is not None)
+        where = layout.staged_relative(b.batch_id, manifest.stage_id, named[0]) if named else None
+        missing = missing_columns(attempt.table, where) if where else []
+        if missing:
+            return f"it was staged before the sink file's schema change: its files have no column {', '.join(missing)}"
     if attempt.rewrite is not None and staged is None:
         return f"it was staged before the sink file's schema change ({attempt.rewrite.describe()})"
     latest = attempt.table.latest_version()
