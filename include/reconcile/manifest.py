@@ -11,6 +11,7 @@ import json
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
+from reconcile.kinds.refresh import Refresh
 from reconcile.model import FeedProgress
 
 LAYOUT = "batches"  # the staged files live inside the table's directory (storage.layout)
@@ -97,6 +98,8 @@ class Manifest:
     # the version of each Delta source a query batch read, by the source's name
     sources: dict[str, int] | None = None
     query_digest: str | None = None  # what the sink file said the batch computes (a query's)
+    # the way a query batch took: from its sources' changes or in full, and why (kinds.refresh)
+    refresh: Refresh | None = None
     rewrite: Rewrite | None = None  # the shard rewritten into the sink file's schema, in the batch's commit
 
     # -- what it says ---------------------------------------------------------------------------
@@ -119,6 +122,14 @@ class Manifest:
             return None
         weight = sum(p.weight or 0 for p in self.parts.values())
         return (weight + self.rows_net) // 2, (weight - self.rows_net) // 2
+
+    def refresh_text(self) -> str | None:
+        """The way the batch took, as one short phrase (:meth:`Refresh.text`; None: not a query
+        batch that recorded it)."""
+        if self.refresh is None:
+            return None
+        weights = [p.weight for p in self.parts.values()]
+        return self.refresh.text(None if None in weights else sum(w or 0 for w in weights))
 
     def staged_files(self) -> dict[str, int]:
         """{path relative to the attempt's directory: size} of every file of the batch."""
@@ -144,6 +155,7 @@ class Manifest:
             "drift": self.drift,
             "sources": self.sources,
             "query_digest": self.query_digest,
+            "refresh": self.refresh.to_dict() if self.refresh is not None else None,
             "rewrite": self.rewrite.to_dict() if self.rewrite else None,
         }
         return {k: v for k, v in out.items() if v is not None or k in ("stage_id", "read_version", *feed)}
@@ -159,6 +171,7 @@ class Manifest:
         return {
             **({"drift": self.drift} if self.drift is not None else {}),
             **({"sources": self.sources} if self.sources is not None else {}),
+            **({"refresh": self.refresh.to_dict()} if self.refresh is not None else {}),
             **(
                 {"rewrite": {k: v for k, v in self.rewrite.to_dict().items() if k != "digests"}} if self.rewrite else {}
             ),
@@ -185,6 +198,7 @@ class Manifest:
                 drift=raw.get("drift") if isinstance(raw.get("drift"), dict) else None,
                 sources=source_versions(raw),
                 query_digest=raw.get("query_digest") if isinstance(raw.get("query_digest"), str) else None,
+                refresh=Refresh.from_dict(raw.get("refresh")),
                 rewrite=Rewrite.from_dict(raw.get("rewrite")),
             )
         except (KeyError, TypeError, ValueError, AttributeError) as exc:

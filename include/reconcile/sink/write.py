@@ -48,6 +48,7 @@ from reconcile.checksums import BatchChecks, SelfCheckFailed
 from reconcile.config import SinkConfig
 from reconcile.errors import StagedBatchInvalid
 from reconcile.failpoints import failpoint
+from reconcile.kinds.refresh import Refresh
 from reconcile.log import event, iso
 from reconcile.manifest import Manifest, ManifestUnreadable, Part, Rewrite, source_versions
 from reconcile.model import COMMITTED, OPEN_STATES, ROW_KEYS, STAGED, BatchDescription, FeedProgress, Outcome, Staged
@@ -121,14 +122,32 @@ def batch_correction(
     shard_rows: int | None = None,
     previous_sources: dict[str, int] | None = None,
     previous_digest: str | None = None,
+    previous_refresh: Refresh | None = None,
+    full_why: tuple[str, bool] | None = None,
 ) -> kinds.Correction:
     """The correction of ``(lower, upper)`` against ``persist``, for any kind of sink (``checks``:
     observe its checksums while it is computed; ``empty_shard``: persist holds no update;
-    ``repair``: foreign writes a keyed kind must repair beyond its commands' keys)."""
+    ``repair``: foreign writes a keyed kind must repair beyond its commands' keys; ``previous_*``:
+    the previous batch's source versions, query digest and way (:mod:`reconcile.kinds.refresh`),
+    when the shard holds exactly what it committed; ``full_why``: why the batch compares in full
+    (without them) and whether ``refresh: incremental`` allows it)."""
     kind = kinds.of(cfg)
     wm = ledger.watermark(cfg.name) if kind.reads_feed else None
+    why, allowed = full_why or (None, False)
     bounds = kinds.Bounds(
-        lower, upper, wm, checks, empty_shard, repair, exact, shard_rows, previous_sources, previous_digest
+        lower,
+        upper,
+        wm,
+        checks,
+        empty_shard,
+        repair,
+        exact,
+        shard_rows,
+        previous_sources,
+        previous_digest,
+        previous_refresh,
+        why,
+        allowed,
     )
     return kind.correction(spark, persist, bounds)
 
@@ -206,6 +225,10 @@ class Attempt:
     schema: SchemaPlan = field(default_factory=SchemaPlan)  # the sink file's schema change (falsy: none)
     rewrite: SchemaPlan | None = None  # the same, when it rewrites the shard (sink/evolve.py)
     rewritten: Rewrite | None = None  # the shard rewritten into the new schema, as staged: set by stage()
+    previous_refresh: Refresh | None = None  # and the way it took (its manifest's refresh)
+    # why this batch cannot take its sources' changes, known before computing it, and whether
+    # ``refresh: incremental`` allows it: set by stage()
+    full_why: tuple[str, bool] | None = None
     stage_id: str = field(default_factory=layout.new_stage_id)
     # derived once: the sink, the batch, this attempt's directory, the fields of its log lines
     cfg: SinkConfig = field(init=False)
@@ -375,7 +398,10 @@ def stage(attempt: Attempt) -> StagedFiles | WriteResult:
         if carried is not None:  # the shard holds exactly what the previous batch committed
             (prev,) = attempt.ledger.committed_ending_at(attempt.cfg.name, attempt.desc.lower)
             attempt.previous_sources = source_versions(prev.manifest)
-            attempt.previous_digest = Manifest.from_json(prev.manifest).query_digest
+            before = Manifest.from_json(prev.manifest)
+            attempt.previous_digest, attempt.previous_refresh = before.query_digest, before.refresh
+        else:
+            attempt.full_why = (not_carried(attempt), False)
         corr, stats, sums = _stage_until_it_adds_up(attempt, persist, carried if checksums.ENABLED else None, empty)
         if attempt.rewrite is not None:  # the projection persist was, staged beside the correction
             stage_rewrite(attempt, read_version)
@@ -389,6 +415,17 @@ def stage(attempt: Attempt) -> StagedFiles | WriteResult:
             raise  # nobody else finished: this attempt's own failure
         return attempt.lost()
     return StagedFiles(corr, stats, sums, read_version, sizes, digests)
+
+
+def not_carried(attempt: Attempt) -> str:
+    """Why the shard's checksums are not carried from the previous batch (so a query batch cannot
+    take its sources' changes)."""
+    if attempt.drift.versions:
+        listed = ", ".join(map(str, attempt.drift.versions[:5]))
+        return f"the shard was written behind the sink's back since the previous batch (Delta version(s) {listed})"
+    if not attempt.ledger.committed_ending_at(attempt.cfg.name, attempt.desc.lower):
+        return "no committed batch ends at this batch's lower"
+    return "the shard's checksums are not carried from the previous batch (a schema rewrite, or none recorded)"
 
 
 def stage_rewrite(attempt: Attempt, read_version: int) -> None:
@@ -523,6 +560,8 @@ def _stage_once(
         attempt.shard_rows,
         attempt.previous_sources if incremental else None,
         attempt.previous_digest,
+        attempt.previous_refresh,
+        attempt.full_why if incremental else ("computed again in full after the batch did not add up", True),
     )
     try:
         with checksums.observable(attempt.spark):  # the checksums and an upsert feed's progress
@@ -572,6 +611,7 @@ def manifest_of(attempt: Attempt, staged: StagedFiles) -> Manifest:
         sources=staged.corr.sources,
         query_digest=staged.corr.query_digest,
         rewrite=_rewrite_of(attempt, staged),
+        refresh=staged.corr.refresh,
     )
 
 
@@ -623,6 +663,7 @@ def record(attempt: Attempt, staged: StagedFiles) -> WriteResult:
         return attempt.lost()
     failpoint("write.after_staged")
     progress = FeedProgress.flat(feed)
-    msg = event(log, "staged batch", **row.summary(), partitions=attempt.cfg.partitions, **progress, **state)
+    way = {"refresh": manifest.refresh_text()} if manifest.refresh is not None else {}
+    msg = event(log, "staged batch", **row.summary(), partitions=attempt.cfg.partitions, **way, **progress, **state)
     parts = manifest.to_dict()["parts"]
     return WriteResult(Outcome.STAGED, msg, manifest.rows_ok, manifest.rows_err, drift, parts, desc.batch_id)
