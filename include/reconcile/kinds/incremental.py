@@ -406,22 +406,51 @@ class KeyFilter:
         return df.alias("_l").join(F.broadcast(self.keys.alias("_t")), on, "left_semi")
 
 
-def readable_at(spark: SparkSession, cfg: QuerySink, name: str, version: int) -> None:
-    """Raise :class:`NotIncremental` unless source ``name`` can be read as of ``version`` (its
-    files not vacuumed), checked before the write."""
+def read_before(spark: SparkSession, cfg: QuerySink, name: str, version: int, now: int) -> DataFrame:
+    """Source ``name`` as of ``version`` (an earlier one than ``now``, read as of now), checked
+    readable before the write (its files not vacuumed; else :class:`NotIncremental`). A local
+    table that has no partitions, column mapping or deletion vectors and the same schema at both
+    versions is read as the Parquet files its log names at ``version`` (the log replayed in this
+    process: no snapshot of Delta's built for the old version); any other through Delta's reader."""
+    import os
+
+    (src,) = [s for s in cfg.sources if s.name == name]
+    root = src.path.removeprefix("file:")
+    gone = f"source {name}'s files as of version {version} are gone (vacuumed)"
     try:
-        files = read_at(spark, cfg, name, version).inputFiles()
-        jvm = spark._jvm
-        assert jvm is not None
-        conf = spark._jsc.hadoopConfiguration()
-        for f in files:
-            p = jvm.org.apache.hadoop.fs.Path(f)
-            if not p.getFileSystem(conf).exists(p):
-                raise NotIncremental(f"source {name}'s files as of version {version} are gone (vacuumed)")
+        if "://" in root:
+            files = read_at(spark, cfg, name, version).inputFiles()
+            jvm = spark._jvm
+            assert jvm is not None
+            conf = spark._jsc.hadoopConfiguration()
+            for f in files:
+                p = jvm.org.apache.hadoop.fs.Path(f)
+                if not p.getFileSystem(conf).exists(p):
+                    raise NotIncremental(gone)
+            return read_at(spark, cfg, name, version)
+        from deltalake import DeltaTable
+
+        then = DeltaTable(root, version=version)
+        files = then.file_uris()
+        if not all(os.path.exists(f.removeprefix("file://")) for f in files):
+            raise NotIncremental(gone)
+        meta = then.metadata()
+        plain = (
+            not meta.partition_columns
+            and meta.configuration.get("delta.columnMapping.mode", "none") == "none"
+            and "deletionVectors" not in (then.protocol().reader_features or [])
+            and then.schema().to_json() == DeltaTable(root, version=now).schema().to_json()
+        )
     except NotIncremental:
         raise
     except Exception as exc:
         raise NotIncremental(f"source {name} is not readable as of version {version}: {brief(exc, 200)}") from None
+    if not plain:
+        return read_at(spark, cfg, name, version)
+    schema = read_at(spark, cfg, name, now).schema
+    if not files:
+        return spark.createDataFrame([], schema)
+    return spark.read.schema(schema).parquet(*files)
 
 
 def may_err(cfg: QuerySink, df: DataFrame) -> bool:
@@ -469,9 +498,8 @@ def keyed_updates(
         old = keys.apply(persist.where(F.col("_time") < upper), [c for c in columns if c is not None])
         whence = "the shard"
     else:
-        for name in shape.keys:
-            readable_at(spark, cfg, name, previous[name])
-        old = run({n: read_at(spark, cfg, n, previous[n]) if n in shape.keys else df for n, df in current.items()})
+        before = {n: read_before(spark, cfg, n, previous[n], versions[n]) for n in shape.keys}
+        old = run({n: before.get(n, df) for n, df in current.items()})
         whence = "the sources as of the previous batch's versions"
     touched_ = "touched key values" if keys.count is None else f"{keys.count} touched key value(s)"
     log.info("incremental: a %s: the %s recomputed, their old rows from %s", shape.what, touched_, whence)
