@@ -161,6 +161,41 @@ def test_validate_says_what_the_next_run_does_and_refuses_the_sink_files_change(
     assert plan and plan.supported and [c.column for c in plan.added] == ["note"]
 
 
+def test_an_upsert_key_change_is_refused_by_validate_and_the_run(spark, tmp_path, warehouse, sqlite_ledger, capsys):
+    """The shard records its upsert key (field metadata): a key column dropped together with its
+    name in ``upsert.key``, or the key changed over the same columns, is the key's change."""
+    from reconcile.sink import mint, write
+
+    sinks = tmp_path / "sinks"
+    sinks.mkdir()
+    upsert = {"source": {"format": "json", "path": "feed"}, "key": ["k", "k2"], "time_column": "ts"}
+    upsert["offset_column"] = "off"
+    schema = [*KV, {"name": "k2", "type": "int"}]
+    for name in ("dropped", "rekeyed"):
+        ShardTable(make_sink(sinks, name, "upsert", schema=schema, upsert=upsert)).ensure()
+    assert schema_change.recorded_key(
+        ShardTable(make_sink(sinks, "dropped", "upsert", schema=schema, upsert=upsert)).snapshot().schema().to_json()
+    ) == ("k", "k2")
+    one_key = {**upsert, "key": "k"}
+    dropped = make_sink(sinks, "dropped", "upsert", schema=KV, upsert=one_key)  # k2 dropped, and from the key
+    make_sink(sinks, "rekeyed", "upsert", schema=schema, upsert=one_key)  # the same columns, k alone the key
+    capsys.readouterr()
+    assert main(["validate", "--dir", str(sinks), "--no-spark"]) == 1
+    out = capsys.readouterr().out
+    for name in ("dropped", "rekeyed"):
+        line = next(x for x in out.splitlines() if x.startswith(f"INVALID {name}:"))
+        assert "upsert.key changed from [k, k2] (the shard's) to [k]" in line and "a new sink" in line, line
+    assert "column k2 dropped: changes the upsert key" in out
+
+    desc = mint.run_mint(sqlite_ledger, dropped, "r1", 1, 200).description
+    with pytest.raises(SinkSchemaChange) as info:
+        write.run_write(spark, sqlite_ledger, dropped, desc.batch_id)
+    text = assert_one_line(info.value, "dropped")
+    assert f"the sink file {dropped.path} changes the shard's upsert key" in text
+    assert "upsert.key changed from [k, k2]" in text and "a new sink" in text
+    assert ShardTable(dropped).latest_version() == 0  # nothing written
+
+
 # --- a nullable column added to a query sink: one batch, one Delta version --------------------------
 
 

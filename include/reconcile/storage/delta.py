@@ -294,14 +294,19 @@ class ShardTable:
         cols += [("_time", "long"), ("_diff", "long"), ("_error", "string")]
         return cols + ([(k, "long") for k in ROW_KEYS] if keyed else [])
 
-    @staticmethod
-    def _fields(columns: list[tuple[str, str]]) -> list[dict]:
-        return [{"name": n, "type": t, "nullable": True, "metadata": {}} for n, t in columns]
+    def _fields(self, columns: list[tuple[str, str]]) -> list[dict]:
+        keys = {k.lower() for k in getattr(self.cfg, "key_columns", ())}
+        marked = {schema_change.KEY_META: True}  # an upsert key column: a change of the key is refused
+        return [
+            {"name": n, "type": t, "nullable": True, "metadata": marked if n.lower() in keys else {}}
+            for n, t in columns
+        ]
 
     def _schema_json(self) -> str:
         """The shard's Delta schema: the sink's columns, then ``_time``, ``_diff``, ``_error`` and
         the row key (:data:`~reconcile.model.ROW_KEYS`). Every column is nullable in the table
-        (error rows null them; files written before the row key was stored hold none)."""
+        (error rows null them; files written before the row key was stored hold none). An upsert
+        sink's key columns carry :data:`.schema_change.KEY_META` in their field metadata."""
         return json.dumps({"type": "struct", "fields": self._fields(self._columns())})
 
     @property
@@ -390,7 +395,9 @@ class ShardTable:
         have = sink_cols + own
         want = [(n.lower(), t) for n, t in self._columns()]
         legacy = [(n.lower(), t) for n, t in self._columns(keyed=False)]  # created before the row key was stored
-        if have in (want, legacy):
+        key = schema_change.recorded_key(schema)
+        same_key = key is None or set(key) == {k.lower() for k in getattr(self.cfg, "key_columns", ())}
+        if have in (want, legacy) and same_key:
             return schema_change.SchemaPlan()
         own_want = [c for c in want if c[0] in schema_change.SHARD_COLUMNS]
         own_legacy = [c for c in legacy if c[0] in schema_change.SHARD_COLUMNS]
@@ -398,10 +405,11 @@ class ShardTable:
             raise ShardSchemaChanged(
                 f"Delta table {self.path} has columns {have}, the sink expects {want}", sink=self.name
             )
-        plan = schema_change.plan(self.cfg, sink_cols)
+        plan = schema_change.plan(self.cfg, sink_cols, key=key)
         if not plan.supported:
+            what = "upsert key" if any(c.key for c in plan.changes) else "columns"
             raise SinkSchemaChange(
-                f"the sink file {self.cfg.path or '(no file)'} changes the shard's columns, which no run "
+                f"the sink file {self.cfg.path or '(no file)'} changes the shard's {what}, which no run "
                 f"applies: {plan.refusal()}.",
                 sink=self.name,
             )
@@ -416,14 +424,15 @@ class ShardTable:
         # the schema alone first (no file list: validate reads every sink's log)
         schema = DeltaTable(self.path, storage_options=self.storage_options, without_files=True).schema().to_json()
         sink_cols, _ = schema_change.table_columns(schema)
-        plan = schema_change.plan(self.cfg, sink_cols)
+        plan = schema_change.plan(self.cfg, sink_cols, key=schema_change.recorded_key(schema))
         if not plan:
             return plan
         dt = self.snapshot()
         schema = dt.schema().to_json()
         counts = dt.get_add_actions(flatten=True).column("num_records").to_pylist()
         rows = None if any(c is None for c in counts) else int(sum(counts))
-        plan = schema_change.plan(self.cfg, schema_change.table_columns(schema)[0], rows)
+        key = schema_change.recorded_key(schema)
+        plan = schema_change.plan(self.cfg, schema_change.table_columns(schema)[0], rows, key)
         if plan and schema_change.who_changed(self, schema) == "foreign":
             return schema_change.SchemaPlan(plan.changes, rows, (*plan.notes, "foreign"))
         return plan
