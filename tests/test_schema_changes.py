@@ -503,7 +503,10 @@ def test_upsert_and_changelog_sinks_take_a_new_value_column(spark, tmp_path, war
 
 
 @pytest.mark.slow  # two append processes racing, batches through Spark
-def test_two_appends_racing_commit_the_schema_change_once(spark, tmp_path, warehouse, sqlite_ledger, monkeypatch):
+@pytest.mark.parametrize("change", ["added", "rewrite"])
+def test_two_appends_racing_commit_the_schema_change_once(
+    spark, tmp_path, warehouse, sqlite_ledger, monkeypatch, change
+):
     import subprocess
     import sys
 
@@ -511,17 +514,25 @@ def test_two_appends_racing_commit_the_schema_change_once(spark, tmp_path, wareh
 
     ledger = sqlite_ledger
     monkeypatch.setenv("RECONCILE_SINKS_DIR", str(tmp_path))
-    rows = [{"k": i, "v": f"v{i}", "c": i} for i in range(5)]
+    name = f"raced_{change}"
+    if change == "added":
+        rows = [{"k": i, "v": f"v{i}", "c": i} for i in range(5)]
+        cfg, cols = _sink(tmp_path, name, KV), ["k", "v", "c"]
+    else:  # n widened, v renamed, gone dropped, reordered: the shard rewritten in the batch's version
+        rows = [{"k": i, "n": i, "v": f"v{i}", "gone": "g"} for i in range(5)]
+        cfg, cols = _sink(tmp_path, name, OLD, sql="SELECT k, CAST(n AS INT) AS n, v, gone FROM src"), ["k", "v", "n"]
     write_json_rows(tmp_path / "src", rows)
-    cfg = _sink(tmp_path, "raced", KV)
     *_, a = run_stages(spark, ledger, cfg, "r1", 200)
     assert a.outcome == "committed", a.message
     version = ShardTable(cfg).latest_version()
-    grown = _grown_sink(tmp_path, "raced")
+    if change == "added":
+        grown = _grown_sink(tmp_path, name)
+    else:
+        grown = _sink(tmp_path, name, NEW, sql="SELECT k, v AS w, CAST(n AS BIGINT) AS n FROM src")
     desc = mint.run_mint(ledger, grown, "r2", 1, 300).description
-    write.run_write(spark, ledger, grown, desc.batch_id)
+    assert write.run_write(spark, ledger, grown, desc.batch_id).outcome == "staged"
 
-    cmd = [sys.executable, "-m", "reconcile", "append", "raced", "--run-id", "r2"]
+    cmd = [sys.executable, "-m", "reconcile", "append", name, "--run-id", "r2"]
     procs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)]
     outs = [p.communicate(timeout=300) for p in procs]
     assert [p.returncode for p in procs] == [0, 0], outs
@@ -529,7 +540,9 @@ def test_two_appends_racing_commit_the_schema_change_once(spark, tmp_path, wareh
     # one appended it; the other found it committed (by the lease's turn or the commit guard)
     assert said.count("appended batch") == 1, said
     other = next(x for x in said if x != "appended batch")
-    assert other == "recovered" or "committed it (Delta version 2)" in other or "already committed" in other, said
+    assert (
+        other == "recovered" or f"committed it (Delta version {version + 1})" in other or "already committed" in other
+    ), said
     table = ShardTable(grown)
     assert table.latest_version() == version + 1  # one commit: the schema and the batch
     metas = [
@@ -537,12 +550,12 @@ def test_two_appends_racing_commit_the_schema_change_once(spark, tmp_path, wareh
         for v in range(version + 1)
         if any(
             "metaData" in json.loads(x)
-            for x in (warehouse / "raced" / "_delta_log" / f"{v:020d}.json").read_text().splitlines()
+            for x in (warehouse / name / "_delta_log" / f"{v:020d}.json").read_text().splitlines()
         )
     ]
     assert metas == [0]  # before the race, only the table's creation set the schema
     assert not table.check_schema()
-    assert +as_of(update_log(grown), grown, 299) == _model(rows, ["k", "v", "c"])
+    assert +as_of(update_log(grown), grown, 299) == _model(rows, cols)
 
 
 # --- widened, dropped, renamed, reordered: the shard rewritten by the batch, in its one version ------

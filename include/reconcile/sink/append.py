@@ -305,7 +305,13 @@ def verify_staged(a: Appending) -> AppendResult | None:
             sink=a.cfg.name,
             remedy="the task retries by itself and appends (or finds appended) what is staged now.",
         ) from None
-    _rewrite_matches(a)
+    try:
+        _rewrite_matches(a)
+    except StagedBatchInvalid:
+        sync(a.ledger, a.table)  # another attempt may have committed it (and the table's schema) meanwhile
+        if (now_b := a.reread()).state == COMMITTED:
+            return _committed_meanwhile(a.ledger, a.table, now_b, a.state, "verified its staged files")
+        raise
     if a.schema_plan and a.files:
         _staged_with_new_columns(a)
     return None
