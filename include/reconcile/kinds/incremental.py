@@ -172,7 +172,7 @@ def run_on(spark: SparkSession, cfg: QuerySink, views: dict[str, DataFrame]) -> 
 # it on each source's side (one source, its columns traced through these by their expression ids).
 ABOVE_NODES = {"Project", "Filter", "SubqueryAlias", "Sort"}
 SIDE_NODES = {"Project", "Filter", "SubqueryAlias", "View", "LogicalRelation"}
-JOINS = {"Inner": "inner", "LeftOuter": "left outer"}
+JOINS = {"Inner": "an inner", "LeftOuter": "a left outer"}
 # Touched key values up to this many are filtered by literal values (IN lists: the sources' data
 # skipping prunes files); more, by a broadcast semi-join. Literal values only of these types.
 FEW_KEYS = 1000
@@ -313,7 +313,7 @@ def _grouped(top, agg, origin: dict[int, tuple[str, str]], above: dict[int, int]
         if i is not None and output[i] is None:
             output[i] = str(a.name())
     whole = None if any(o is None for o in output) else [o for o in output if o is not None]
-    return Keyed("GROUP BY", {source: columns}, whole)
+    return Keyed("a GROUP BY", {source: columns}, whole)
 
 
 def _conjuncts(expr) -> list:
@@ -326,7 +326,7 @@ def _joined(join, origin: dict[int, tuple[str, str]]) -> Keyed:
     aliases: dict[int, int] = {}
     how = str(join.joinType().toString())
     if how not in JOINS:
-        raise NotIncremental(f"the query's join is {how}, not inner or left")
+        raise NotIncremental(f"the query's join is {how}, not an inner or left outer join")
     left, right = (_side(join.left(), origin, aliases), _side(join.right(), origin, aliases))
     if left == right:
         raise NotIncremental(f"the query joins source {left} with itself")
@@ -502,5 +502,5 @@ def keyed_updates(
         old = run({n: before.get(n, df) for n, df in current.items()})
         whence = "the sources as of the previous batch's versions"
     touched_ = "touched key values" if keys.count is None else f"{keys.count} touched key value(s)"
-    log.info("incremental: a %s: the %s recomputed, their old rows from %s", shape.what, touched_, whence)
+    log.info("incremental: %s: the %s recomputed, their old rows from %s", shape.what, touched_, whence)
     return new, old
