@@ -9,12 +9,14 @@ is a Delta table whose change data feed covers the versions since, the correctio
     consolidate( Q(inserts and update postimages since) * +1  +  Q(deletes and update preimages since) * -1 )
 
 stamped at ``upper - 1``, computed from the changes alone: the sources are not scanned and the
-shard is not read. Anything else (a query that aggregates, joins, deduplicates or reads the clock
-or a random number; a source that is not Delta, whose feed is off or does not reach back, or
-whose version went back; the first batch; drift) takes the full comparison, with the reason on
-the batch's log. A local source whose commits since only appended rows needs no feed: the files
-they added are the change. The full comparison stays the proof: every batch of
-``tests/test_incremental.py`` equals the model computed from the sources in Python.
+shard is not read. A query partitioned by a key (one GROUP BY over one source, an inner or left
+join of two, on plain columns: :func:`keyed`) is recomputed for the key values the changes touch
+(:func:`keyed_updates`). Anything else (a window, a limit, a subquery, the clock or a random
+number; a source that is not Delta, whose feed is off or does not reach back, or whose version
+went back; the first batch; drift) takes the full comparison, with the reason on the batch's log.
+A local source whose commits since only appended rows needs no feed: the files they added are
+the change. The full comparison stays the proof: every batch of ``tests/test_incremental.py``
+and ``tests/test_incremental_keyed.py`` equals the model computed from the sources in Python.
 """
 
 from __future__ import annotations
