@@ -761,7 +761,7 @@ def test_reads_while_a_change_waits_for_its_run_are_in_the_sink_files_columns(
     cfg = _sink(tmp_path, "pending", OLD, sql="SELECT k, CAST(n AS INT) AS n, v, gone FROM src")
     *_, a = run_stages(spark, sqlite_ledger, cfg, "r1", 200)
     assert a.outcome == "committed", a.message
-    _sink(
+    pending = _sink(
         tmp_path,
         "pending",
         [*NEW, {"name": "extra", "type": "string"}],
@@ -782,6 +782,13 @@ def test_reads_while_a_change_waits_for_its_run_are_in_the_sink_files_columns(
     versions = cli("history", "pending", "--json")["versions"]
     assert sorted((r["k"], r["w"]) for r in versions) == [(r["k"], r["v"]) for r in rows]
     assert "0 update(s)" in cli("dry-run", "pending")  # the rewrite changes no row's value: nothing to correct
+    # a compaction (it reads and writes in the sink file's columns) waits for the batch that applies it
+    from reconcile.sink.compact import run_compact
+
+    version = ShardTable(cfg).latest_version()
+    done = run_compact(spark, sqlite_ledger, pending, since=150)
+    assert done.outcome == "nothing" and "schema change" in done.message and "waits" in done.message, done
+    assert ShardTable(cfg).latest_version() == version and sqlite_ledger.get_shard("pending").since < 150
 
 
 @pytest.mark.slow  # batches through Spark, a rewrite
