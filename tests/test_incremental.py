@@ -230,7 +230,7 @@ def test_refresh_incremental_fails_a_batch_the_changes_do_not_determine(
     run_stages(spark, sqlite_ledger, cfg, "r1", 300)
     assert shard_as_of(cfg, 299) == _model(rows, [])
     assert _ways(sqlite_ledger, cfg) == [
-        "full comparison: the first batch (the shard holds nothing yet)",
+        "full comparison: the shard holds nothing yet",
         "incremental (1 source version, 2 rows changed)",
     ]
 
@@ -299,7 +299,7 @@ def test_refresh_full_and_full_every_take_the_full_comparison_when_said(
     periodic = "full comparison: the periodic one (full_every.batches: 3)"
     ways = _ways(sqlite_ledger, every)
     assert [w.split(" (")[0] if w.startswith("incr") else w for w in ways] == [
-        "full comparison: the first batch (the shard holds nothing yet)",
+        "full comparison: the shard holds nothing yet",
         "incremental",
         "incremental",
         periodic,

@@ -174,7 +174,7 @@ class QueryKind(OwnCollection):
 
         cfg = self.cfg
         if bounds.empty_shard:
-            return "the first batch (the shard holds nothing yet)", True
+            return "the shard holds nothing yet", True
         if cfg.query.refresh == "full":
             return "refresh: full", True
         other = [s.name for s in cfg.sources if s.format != "delta"]
