@@ -192,6 +192,10 @@ CASES = {
     "decimal scale over precision": (variant(QUERY, **{"schema.1.type": "decimal(5,7)"}), "schema[1].type"),
     "type with sql": (variant(QUERY, **{"schema.1.type": "string) --"}), "schema[1].type"),
     "bad schedule": (variant(QUERY, schedule="every day"), "schedule"),
+    "unknown refresh": (variant(QUERY, **{"query.refresh": "incremntal"}), "query.refresh"),
+    "incremental refresh over json": (variant(QUERY, **{"query.refresh": "incremental"}), "query.refresh"),
+    "negative full_every": (variant(QUERY, **{"query.full_every": {"batches": -1}}), "query.full_every.batches"),
+    "unknown full_every field": (variant(QUERY, **{"query.full_every": {"days": 1}}), "query.full_every.days"),
     "partitions 0": (variant(QUERY, partitions=0), "partitions"),
     "partitions 5000": (variant(QUERY, partitions=5000), "partitions"),
     "negative retries": (variant(QUERY, retries=-1), "retries"),
@@ -571,7 +575,13 @@ def test_schema_accepts_every_example_and_test_config(tmp_path, schema_check):
 
 
 FULL = {  # every field of each kind present
-    "query": variant(QUERY, catchup=True, correction_guard={"max_share": 0.2, "min_rows": 5}, alert={"lag_minutes": 9}),
+    "query": variant(
+        QUERY,
+        catchup=True,
+        correction_guard={"max_share": 0.2, "min_rows": 5},
+        alert={"lag_minutes": 9},
+        **{"query.refresh": "full", "query.full_every": {"batches": 3, "hours": 0}},
+    ),
     "changelog": variant(CHANGELOG, description="d", partitions=2, as_of=5, retries=1, read_only=False),
     "upsert": variant(UPSERT, compaction={"every_batches": 0}, retention={"vacuum_hours": 1, "history_hours": 2}),
 }
@@ -635,7 +645,7 @@ LOADER_ONLY = {
     "reserved _time", "reserved _diff", "reserved any case", "duplicate column", "duplicate column any case",
     "bad schedule", "upsert key not in schema", "upsert key twice", "upsert time column in schema",
     "upsert offset equals time", "upsert delete column in schema", "upsert key-only without delete",
-    "upsert empty key", "decimal precision over 38", "decimal scale over precision",
+    "upsert empty key", "decimal precision over 38", "decimal scale over precision", "incremental refresh over json",
 }  # fmt: skip
 
 

@@ -28,7 +28,8 @@ def _create(spark, path: str, cdf: bool = True) -> None:
 
 
 def _said(caplog, text: str) -> int:
-    return sum(text in r.getMessage() for r in caplog.records)
+    """How many log lines say ``text``, but the batch's "staged batch" line (which repeats the way)."""
+    return sum(text in r.getMessage() for r in caplog.records if not r.getMessage().startswith("staged batch"))
 
 
 @pytest.mark.slow  # eleven batches through Spark
@@ -123,7 +124,7 @@ def test_batches_from_the_sources_change_feeds_equal_the_model(spark, warehouse,
 
 
 def test_what_the_changes_do_not_determine_is_compared_in_full(spark, warehouse, tmp_path, sqlite_ledger, caplog):
-    """A query that aggregates, and a source without a change data feed: every batch compares in
+    """A query with a window, and a source without a change data feed: every batch compares in
     full, says why on its log, and equals the model."""
     on, off = str(tmp_path / "on"), str(tmp_path / "off")
     _create(spark, on)
@@ -135,7 +136,7 @@ def test_what_the_changes_do_not_determine_is_compared_in_full(spark, warehouse,
         "incr_grouped",
         query={
             "sources": {"a": {"format": "delta", "path": on}},
-            "sql": "SELECT k, cast(count(*) AS STRING) AS v FROM a GROUP BY k",
+            "sql": "SELECT k, cast(row_number() OVER (PARTITION BY k ORDER BY v) AS STRING) AS v FROM a",
         },
     )
     no_feed = make_sink(
@@ -151,10 +152,12 @@ def test_what_the_changes_do_not_determine_is_compared_in_full(spark, warehouse,
         caplog.clear()
         for cfg in (grouped, no_feed):
             run_stages(spark, sqlite_ledger, cfg, "r1", 300)
-    assert _said(caplog, "not only projections, filters and UNION ALL (Aggregate)") == 1
+    assert _said(caplog, "nor one GROUP BY or join under projections and filters (Window)") == 1
     assert _said(caplog, "change data feed is not readable") == 1
     assert _said(caplog, "incremental: the correction") == 0
-    assert shard_as_of(grouped, 299) == Counter({(1, "2", None): 1, (2, "2", None): 1, (3, "1", None): 1})
+    assert shard_as_of(grouped, 299) == Counter(
+        (k, n, None) for k, n in [(1, "1"), (1, "2"), (2, "1"), (2, "2"), (3, "1")]
+    )
     assert shard_as_of(no_feed, 299) == Counter({(1, "x", None): 1})
 
 
@@ -187,3 +190,133 @@ def test_a_source_that_only_grew_needs_no_change_feed(spark, warehouse, tmp_path
         run_stages(spark, sqlite_ledger, cfg, "r4", 600)
         assert _said(caplog, "changed other than by appends") == 1
         assert shard_as_of(cfg, 599) == _model(rows, [])
+
+
+def _ways(ledger, cfg) -> list[str]:
+    """The way each committed batch took, oldest first, as status --json says it."""
+    from reconcile.report import status_data
+
+    return [b["refresh"]["text"] for b in status_data(ledger, cfg.name, limit=100)["batches"]]
+
+
+def test_refresh_incremental_fails_a_batch_the_changes_do_not_determine(
+    spark, warehouse, tmp_path, sqlite_ledger, monkeypatch, capsys
+):
+    """``refresh: incremental`` over a source without a change feed: the first batch compares in
+    full, a batch of appends is taken from the changes, an UPDATE of the source fails the write
+    final in one line (the sink, why, what to do), nothing staged; set to auto, the rerun write
+    compares in full and the shard equals the model. Status (text and JSON), history and the
+    run's line say each batch's way."""
+    from helpers import assert_one_line, snapshot
+    from reconcile.airflow import tasks
+    from reconcile.errors import SinkError
+    from reconcile.model import FINAL
+    from reconcile.report import print_status, status_data
+    from reconcile.sink import append, history, history_print, mint
+    from reconcile.storage import files
+    from reconcile.storage.delta import ShardTable
+
+    monkeypatch.setenv("RECONCILE_SINKS_DIR", str(tmp_path))
+    path = str(tmp_path / "n")
+    _create(spark, path, cdf=False)
+    rows = [(1, "x"), (2, "y")]
+    spark.createDataFrame(rows, "k BIGINT, v STRING").write.format("delta").mode("append").save(path)
+    query = {"sources": {"n": {"format": "delta", "path": path}}, "sql": "SELECT k, v FROM n WHERE k % 3 <> 0"}
+    cfg = make_sink(tmp_path, "pol_incr", query={**query, "refresh": "incremental"})
+    run_stages(spark, sqlite_ledger, cfg, "r0", 200)
+    more = [(4, "w"), (5, "v")]
+    spark.createDataFrame(more, "k BIGINT, v STRING").write.format("delta").mode("append").save(path)
+    rows += more
+    run_stages(spark, sqlite_ledger, cfg, "r1", 300)
+    assert shard_as_of(cfg, 299) == _model(rows, [])
+    assert _ways(sqlite_ledger, cfg) == [
+        "full comparison: the shard holds nothing yet",
+        "incremental (1 source version, 2 rows changed)",
+    ]
+
+    spark.sql(f"UPDATE delta.`{path}` SET v = 'u' WHERE k = 4")
+    rows = [(k, "u" if k == 4 else v) for k, v in rows]
+    desc = mint.run_mint(sqlite_ledger, cfg, "r2", 1, 400).description
+    before = snapshot(spark, sqlite_ledger, cfg)
+    with pytest.raises(SinkError) as info:
+        tasks.stage_for_run(cfg.name, "r2", spark=spark)
+    line = assert_one_line(info.value, "pol_incr")
+    assert "refresh: incremental, and this batch cannot be computed from its sources' changes" in line
+    assert "source n changed other than by appends" in line
+    assert "enable the change data feed on source n" in line and "set query.refresh: auto" in line
+    assert snapshot(spark, sqlite_ledger, cfg) == before  # nothing committed
+    assert files.list_files(ShardTable(cfg).staging_path(desc.batch_id)) == {}  # nothing staged
+    assert tasks.failure_verdict(cfg.name, "r2") == (True, str(info.value))
+    assert sqlite_ledger.get_batch(desc.batch_id).failure_kind == FINAL
+
+    cfg = make_sink(tmp_path, "pol_incr", query={**query, "refresh": "auto"})
+    tasks.stage_for_run(cfg.name, "r2", spark=spark)
+    assert append.run_append(sqlite_ledger, cfg, desc.batch_id).outcome == "committed"
+    assert shard_as_of(cfg, 399) == _model(rows, [])
+    third = "full comparison: source n changed other than by appends and its change data feed is not readable"
+    assert _ways(sqlite_ledger, cfg)[2] == third
+
+    # where the way is said: status (JSON and text), history, the run's line (its note)
+    last = status_data(sqlite_ledger, cfg.name)["batches"][-1]
+    assert last["refresh"]["path"] == "full" and last["refresh"]["why"].startswith(third.split(": ", 1)[1])
+    print_status(status_data(sqlite_ledger, cfg.name))
+    text = capsys.readouterr().out
+    assert f"      read n at version 2; {_ways(sqlite_ledger, cfg)[1]}" in text
+    assert f"      read n at version 3; {third}\n" in text
+    history_print.print_history(cfg, history.history_report(sqlite_ledger, cfg))
+    said = capsys.readouterr().out
+    assert "the batch at 1970-01-01T00:00:00.299Z (299) read n at version 2; incremental (1 source version" in said
+    _, note = tasks.batch_line(cfg.name, "r1", None)
+    assert note.endswith("; incremental (1 source version, 2 rows changed)"), note
+
+
+@pytest.mark.slow  # twelve batches through Spark
+def test_refresh_full_and_full_every_take_the_full_comparison_when_said(
+    spark, warehouse, tmp_path, sqlite_ledger, caplog
+):
+    """``refresh: full`` never reads the changes; ``full_every`` makes every Nth batch, and the
+    first batch H hours of the shard's time after the last full one, a full comparison (the
+    batches between from the changes). Every batch equals the model."""
+    path = str(tmp_path / "a")
+    _create(spark, path)
+    rows: list[tuple[int, str]] = []
+    query = {"sources": {"a": {"format": "delta", "path": path}}, "sql": "SELECT k, v FROM a WHERE k % 3 <> 0"}
+    every = make_sink(tmp_path, "pol_every", query={**query, "full_every": {"batches": 3, "hours": 0}})
+    never = make_sink(tmp_path, "pol_full", query={**query, "refresh": "full"})
+
+    def grow(i: int) -> None:
+        new = [(10 * i + 1, "x"), (10 * i + 2, "y")]
+        spark.createDataFrame(new, "k BIGINT, v STRING").write.format("delta").mode("append").save(path)
+        spark.sql(f"UPDATE delta.`{path}` SET v = concat(v, 'u') WHERE k = {10 * i + 1}")
+        rows.extend([(10 * i + 1, "xu"), (10 * i + 2, "y")])
+
+    uppers = [200, 300, 400, 500, 600]
+    for i, upper in enumerate(uppers):
+        grow(i)
+        for cfg in (every, never) if i < 2 else (every,):
+            run_stages(spark, sqlite_ledger, cfg, f"r{i}", upper)
+            assert shard_as_of(cfg, upper - 1) == _model(rows, []), (cfg.name, i)
+    periodic = "full comparison: the periodic one (full_every.batches: 3)"
+    ways = _ways(sqlite_ledger, every)
+    assert [w.split(" (")[0] if w.startswith("incr") else w for w in ways] == [
+        "full comparison: the shard holds nothing yet",
+        "incremental",
+        "incremental",
+        periodic,
+        "incremental",
+    ]
+    assert ways[1] == "incremental (2 source versions, 1 row changed)"  # an append and an update, one row kept
+    assert _ways(sqlite_ledger, never)[1:] == ["full comparison: refresh: full"]
+
+    # by the shard's time: a full comparison once an hour past the last one
+    every = make_sink(tmp_path, "pol_every", query={**query, "full_every": {"batches": 0, "hours": 1}})
+    hour = 3_600_000
+    for i, upper in enumerate([700, 500 + hour // 2, 600 + hour], len(uppers)):
+        grow(i)
+        run_stages(spark, sqlite_ledger, every, f"r{i}", upper)
+        assert shard_as_of(every, upper - 1) == _model(rows, []), i
+    assert [w.split(" (")[0] for w in _ways(sqlite_ledger, every)[5:]] == [
+        "incremental",
+        "incremental",
+        "full comparison: the periodic one",
+    ]

@@ -14,7 +14,7 @@ import pytest
 
 from helpers import as_of, assert_one_line, make_sink, run_stages, update_log, write_json_rows
 from reconcile.cli import main
-from reconcile.errors import ShardSchemaChanged, SinkSchemaChange
+from reconcile.errors import ShardSchemaChanged, SinkSchemaChange, StagedBatchInvalid
 from reconcile.storage import schema_change
 from reconcile.storage.delta import ShardTable
 
@@ -161,6 +161,41 @@ def test_validate_says_what_the_next_run_does_and_refuses_the_sink_files_change(
     assert plan and plan.supported and [c.column for c in plan.added] == ["note"]
 
 
+def test_an_upsert_key_change_is_refused_by_validate_and_the_run(spark, tmp_path, warehouse, sqlite_ledger, capsys):
+    """The shard records its upsert key (field metadata): a key column dropped together with its
+    name in ``upsert.key``, or the key changed over the same columns, is the key's change."""
+    from reconcile.sink import mint, write
+
+    sinks = tmp_path / "sinks"
+    sinks.mkdir()
+    upsert = {"source": {"format": "json", "path": "feed"}, "key": ["k", "k2"], "time_column": "ts"}
+    upsert["offset_column"] = "off"
+    schema = [*KV, {"name": "k2", "type": "int"}]
+    for name in ("dropped", "rekeyed"):
+        ShardTable(make_sink(sinks, name, "upsert", schema=schema, upsert=upsert)).ensure()
+    assert schema_change.recorded_key(
+        ShardTable(make_sink(sinks, "dropped", "upsert", schema=schema, upsert=upsert)).snapshot().schema().to_json()
+    ) == ("k", "k2")
+    one_key = {**upsert, "key": "k"}
+    dropped = make_sink(sinks, "dropped", "upsert", schema=KV, upsert=one_key)  # k2 dropped, and from the key
+    make_sink(sinks, "rekeyed", "upsert", schema=schema, upsert=one_key)  # the same columns, k alone the key
+    capsys.readouterr()
+    assert main(["validate", "--dir", str(sinks), "--no-spark"]) == 1
+    out = capsys.readouterr().out
+    for name in ("dropped", "rekeyed"):
+        line = next(x for x in out.splitlines() if x.startswith(f"INVALID {name}:"))
+        assert "upsert.key changed from [k, k2] (the shard's) to [k]" in line and "a new sink" in line, line
+    assert "column k2 dropped: changes the upsert key" in out
+
+    desc = mint.run_mint(sqlite_ledger, dropped, "r1", 1, 200).description
+    with pytest.raises(SinkSchemaChange) as info:
+        write.run_write(spark, sqlite_ledger, dropped, desc.batch_id)
+    text = assert_one_line(info.value, "dropped")
+    assert f"the sink file {dropped.path} changes the shard's upsert key" in text
+    assert "upsert.key changed from [k, k2]" in text and "a new sink" in text
+    assert ShardTable(dropped).latest_version() == 0  # nothing written
+
+
 # --- a nullable column added to a query sink: one batch, one Delta version --------------------------
 
 
@@ -294,9 +329,10 @@ def _grown_sink(directory: Path, name: str, **fields):
     return _sink(directory, name, [*KV, {"name": "c", "type": "int"}], sql=sql, **fields)
 
 
-def run_job_killed_at(stage: str, cfg, run_id: str, point: str) -> None:
+def run_job_killed_at(stage: str, cfg, run_id: str, point: str, remote: str | None = None) -> None:
     """The stage's job for ``run_id`` as its own process, killed at ``point`` (exit 137), as
-    tests/test_crash.py runs it: a write in a local Spark JVM of its own, an append without one."""
+    tests/test_crash.py runs it: a write in a local Spark JVM of its own (or a client of the Spark
+    Connect server at ``remote``), an append without one."""
     import os
     import subprocess
     import sys
@@ -308,6 +344,8 @@ def run_job_killed_at(stage: str, cfg, run_id: str, point: str) -> None:
         cmd = [sys.executable, "-m", "reconcile", "append", cfg.name, "--run-id", run_id]
     env = {**os.environ, "RECONCILE_FAILPOINTS": f"{point}=kill"}
     env.pop("PYSPARK_GATEWAY_PORT", None)
+    if remote:
+        env["RECONCILE_SPARK_REMOTE"] = remote
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 137, f"expected a kill at {point}, got {proc.returncode}: {proc.stderr[-2000:]}"
 
@@ -380,9 +418,15 @@ def test_the_guard_stops_a_schema_change_that_rewrites_most_rows_until_approved(
     assert a.outcome == "committed", a.message
     version = ShardTable(cfg).latest_version()
 
+    desc = mint.run_mint(ledger, cfg, "r2", 1, 300).description
+    rows[0]["v"] = "changed"
+    write_json_rows(tmp_path / "src", rows)
+    assert write.run_write(spark, ledger, cfg, desc.batch_id).outcome == "staged"  # before the file changes
     grown = _grown_sink(tmp_path, "guarded", correction_guard=guard)
-    desc = mint.run_mint(ledger, grown, "r2", 1, 300).description
-    write.run_write(spark, ledger, grown, desc.batch_id)
+    with pytest.raises(StagedBatchInvalid) as stale:  # staged without the new column: its write again
+        append.run_append(ledger, grown, desc.batch_id)
+    assert "no column c" in assert_one_line(stale.value, "guarded") and "rerun its write" in str(stale.value.remedy)
+    assert write.run_write(spark, ledger, grown, desc.batch_id).outcome == "staged"  # not kept: staged anew
     with pytest.raises(CorrectionBlocked) as info:
         append.run_append(ledger, grown, desc.batch_id)
     assert "approve" in assert_one_line(info.value, "guarded")
@@ -459,7 +503,10 @@ def test_upsert_and_changelog_sinks_take_a_new_value_column(spark, tmp_path, war
 
 
 @pytest.mark.slow  # two append processes racing, batches through Spark
-def test_two_appends_racing_commit_the_schema_change_once(spark, tmp_path, warehouse, sqlite_ledger, monkeypatch):
+@pytest.mark.parametrize("change", ["added", "rewrite"])
+def test_two_appends_racing_commit_the_schema_change_once(
+    spark, tmp_path, warehouse, sqlite_ledger, monkeypatch, change
+):
     import subprocess
     import sys
 
@@ -467,17 +514,25 @@ def test_two_appends_racing_commit_the_schema_change_once(spark, tmp_path, wareh
 
     ledger = sqlite_ledger
     monkeypatch.setenv("RECONCILE_SINKS_DIR", str(tmp_path))
-    rows = [{"k": i, "v": f"v{i}", "c": i} for i in range(5)]
+    name = f"raced_{change}"
+    if change == "added":
+        rows = [{"k": i, "v": f"v{i}", "c": i} for i in range(5)]
+        cfg, cols = _sink(tmp_path, name, KV), ["k", "v", "c"]
+    else:  # n widened, v renamed, gone dropped, reordered: the shard rewritten in the batch's version
+        rows = [{"k": i, "n": i, "v": f"v{i}", "gone": "g"} for i in range(5)]
+        cfg, cols = _sink(tmp_path, name, OLD, sql="SELECT k, CAST(n AS INT) AS n, v, gone FROM src"), ["k", "v", "n"]
     write_json_rows(tmp_path / "src", rows)
-    cfg = _sink(tmp_path, "raced", KV)
     *_, a = run_stages(spark, ledger, cfg, "r1", 200)
     assert a.outcome == "committed", a.message
     version = ShardTable(cfg).latest_version()
-    grown = _grown_sink(tmp_path, "raced")
+    if change == "added":
+        grown = _grown_sink(tmp_path, name)
+    else:
+        grown = _sink(tmp_path, name, NEW, sql="SELECT k, v AS w, CAST(n AS BIGINT) AS n FROM src")
     desc = mint.run_mint(ledger, grown, "r2", 1, 300).description
-    write.run_write(spark, ledger, grown, desc.batch_id)
+    assert write.run_write(spark, ledger, grown, desc.batch_id).outcome == "staged"
 
-    cmd = [sys.executable, "-m", "reconcile", "append", "raced", "--run-id", "r2"]
+    cmd = [sys.executable, "-m", "reconcile", "append", name, "--run-id", "r2"]
     procs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)]
     outs = [p.communicate(timeout=300) for p in procs]
     assert [p.returncode for p in procs] == [0, 0], outs
@@ -485,7 +540,9 @@ def test_two_appends_racing_commit_the_schema_change_once(spark, tmp_path, wareh
     # one appended it; the other found it committed (by the lease's turn or the commit guard)
     assert said.count("appended batch") == 1, said
     other = next(x for x in said if x != "appended batch")
-    assert other == "recovered" or "committed it (Delta version 2)" in other or "already committed" in other, said
+    assert (
+        other == "recovered" or f"committed it (Delta version {version + 1})" in other or "already committed" in other
+    ), said
     table = ShardTable(grown)
     assert table.latest_version() == version + 1  # one commit: the schema and the batch
     metas = [
@@ -493,15 +550,15 @@ def test_two_appends_racing_commit_the_schema_change_once(spark, tmp_path, wareh
         for v in range(version + 1)
         if any(
             "metaData" in json.loads(x)
-            for x in (warehouse / "raced" / "_delta_log" / f"{v:020d}.json").read_text().splitlines()
+            for x in (warehouse / name / "_delta_log" / f"{v:020d}.json").read_text().splitlines()
         )
     ]
     assert metas == [0]  # before the race, only the table's creation set the schema
     assert not table.check_schema()
-    assert +as_of(update_log(grown), grown, 299) == _model(rows, ["k", "v", "c"])
+    assert +as_of(update_log(grown), grown, 299) == _model(rows, cols)
 
 
-# --- widened, dropped, renamed, reordered: the shard rewritten, then the batch ----------------------
+# --- widened, dropped, renamed, reordered: the shard rewritten by the batch, in its one version ------
 
 OLD = [
     {"name": "k", "type": "bigint", "nullable": False},
@@ -517,7 +574,7 @@ NEW = [  # n widened, v renamed to w, gone dropped, and the order changed
 
 
 @pytest.mark.slow  # batches through Spark, a rewrite
-def test_a_widening_drop_and_rename_rewrite_the_shard_then_the_batch_corrects(
+def test_a_widening_drop_and_rename_rewrite_the_shard_in_the_batchs_one_version(
     spark, tmp_path, warehouse, sqlite_ledger, monkeypatch, capsys
 ):
     from reconcile.sink import check
@@ -544,11 +601,18 @@ def test_a_widening_drop_and_rename_rewrite_the_shard_then_the_batch_corrects(
         in said
     )
     assert f"{len(before)} update rows rewritten" in said
+    files_before = set(ShardTable(cfg).snapshot_files())
     *_, a = run_stages(spark, ledger, new, "r3", 400)
     assert a.outcome == "committed", a.message
     table = ShardTable(new)
-    assert table.latest_version() == version + 2  # the rewrite's commit, then the batch's
+    assert table.latest_version() == version + 1  # the new schema, the rewrite and the correction: one version
     assert not table.check_schema()
+    actions = table.commit_actions(version + 1)
+    meta = json.loads(next(x["commitInfo"] for x in actions if "commitInfo" in x)["userMetadata"])["reconcile"]
+    assert meta["op"] == "batch" and meta["rekeyed"] and meta["rows_rewritten"] == len(before)
+    assert meta["schema_change"].startswith("column v renamed to w")
+    assert {x["remove"]["path"] for x in actions if "remove" in x} == files_before  # every old file, in it
+    assert any("metaData" in x for x in actions) and {x["txn"]["version"] for x in actions if "txn" in x} == {300}
 
     log = update_log(new)
     for t in (199, 299):  # the older times hold what they held, in the new schema
@@ -577,14 +641,28 @@ def test_a_widening_drop_and_rename_rewrite_the_shard_then_the_batch_corrects(
     assert (counts["verified"], counts["not_verifiable"]) == (1, 2), counts
 
 
-@pytest.mark.slow  # a killed write process with its own JVM, batches through Spark
+REWRITE_CRASHES = [  # a kill at each fail point on the way, each recovered by what comes next
+    ("write", "write.after_partition_staged"),  # before the stage ends: nothing recorded
+    ("write", "write.after_staged"),  # the batch and its rewrite staged, nothing committed
+    ("append", "append.inside_lease"),  # right before the one commit
+    ("append", "append.after_delta_commit"),  # the schema, rewrite and batch committed; the ledger not
+]
+
+
+@pytest.mark.slow  # killed write (Spark Connect clients) and append processes, batches through Spark
 @pytest.mark.parametrize("where", ["local", "s3"])
-def test_a_write_killed_after_the_rewrite_is_retried_to_the_model(
+def test_a_rewrite_killed_anywhere_finds_the_old_table_or_the_new_one(
     spark, tmp_path, sqlite_ledger, monkeypatch, request, where
 ):
-    from reconcile.sink import append, check, mint, write
+    """One batch's write and append killed again and again on the way: each retry finds the old
+    table (and stages the batch anew or goes on with what is staged) or the new one (and goes on);
+    the next run ends at the model with ``check`` clean and the killed attempt's rewrite deleted.
+    On S3 only the appends are killed (a write's kill there needs a Spark JVM of its own)."""
+    from reconcile.sink import check, evolve, mint, write
+    from reconcile.storage import files
 
     request.getfixturevalue("s3_warehouse" if where == "s3" else "warehouse")
+    remote = request.getfixturevalue("connect_url") if where == "local" else None
     ledger = sqlite_ledger
     monkeypatch.setenv("RECONCILE_SINKS_DIR", str(tmp_path))
     rows = [{"k": i, "n": i, "v": f"v{i}", "gone": "g"} for i in range(6)]
@@ -598,19 +676,43 @@ def test_a_write_killed_after_the_rewrite_is_retried_to_the_model(
     write_json_rows(tmp_path / "src", later)
     new = _sink(tmp_path, "killed", NEW, sql="SELECT k, v AS w, CAST(n AS BIGINT) AS n FROM src")
     desc = mint.run_mint(ledger, new, "r2", 1, 300).description
-    run_job_killed_at("write", new, "r2", "write.after_schema_rewrite")
     table = ShardTable(new)
-    assert table.latest_version() == version + 1 and not table.check_schema()  # the rewrite committed alone
-    assert ledger.get_batch(desc.batch_id, "killed").state == "minted"
+    killed: set[str] = set()
+    for stage, point in REWRITE_CRASHES:
+        if stage == "write" and remote is None:
+            continue
+        if stage == "append":  # the write's retry: the staged batch and its rewrite kept while the table is as read
+            was = ledger.get_batch(desc.batch_id, "killed").state
+            assert write.run_write(spark, ledger, new, desc.batch_id).outcome == (
+                "already_staged" if was == "staged" else "staged"
+            )
+        before = set(table.staged_attempts(desc.batch_id))
+        run_job_killed_at(stage, new, "r2", point, remote)
+        killed |= set(table.staged_attempts(desc.batch_id)) - before
+        committed = point == "append.after_delta_commit"
+        assert table.latest_version() == version + committed  # the old table or the new one, never between
+        assert bool(table.check_schema()) is not committed
+        state = ledger.get_batch(desc.batch_id, "killed").state
+        assert state == ("minted" if point == "write.after_partition_staged" else "staged"), point
+    if remote is not None:  # the first write died unrecorded with its rewrite staged; the second recorded
+        assert len(killed) == 2
+        assert all(files.path_exists(f"{table.staging_path(desc.batch_id, s)}/{evolve.REWRITE_DIR}") for s in killed)
 
-    assert write.run_write(spark, ledger, new, desc.batch_id).outcome == "staged"  # the retry: no second rewrite
-    assert append.run_append(ledger, new, desc.batch_id).outcome == "committed"
+    later2 = [*later, {"k": 99, "n": 1, "v": "new", "gone": None}]
+    write_json_rows(tmp_path / "src", later2)
+    *_, a = run_stages(spark, ledger, new, "r3", 400)  # the next run: its sync absorbs the killed commit
+    assert a.outcome == "committed", a.message
+    assert ledger.get_batch(desc.batch_id, "killed").state == "committed"
     assert table.latest_version() == version + 2
     log = update_log(new)
-    assert +as_of(log, new, 199) == _model(rows, ["k", "v", "n"])
-    assert +as_of(log, new, 299) == _model(later, ["k", "v", "n"])
+    cols = ["k", "v", "n"]
+    assert +as_of(log, new, 199) == _model(rows, cols)
+    assert +as_of(log, new, 299) == _model(later, cols)
+    assert +as_of(log, new, 399) == _model(later2, cols)
     assert check.violations(ledger, new, spark=spark) == []
     assert check.verify_checksums(ledger, new, spark)[0] == []
+    committed_stage = ledger.get_batch(desc.batch_id, "killed").stage_id
+    assert table.staged_attempts(desc.batch_id) == [committed_stage]  # every other attempt deleted
 
 
 @pytest.mark.slow  # batches through Spark, a rewrite
@@ -632,15 +734,18 @@ def test_the_guard_stops_a_rewrite_until_approved(spark, tmp_path, warehouse, sq
         tmp_path, "guarded_rw", NEW, sql="SELECT k, v AS w, CAST(n AS BIGINT) AS n FROM src", correction_guard=guard
     )
     desc = mint.run_mint(ledger, new, "r2", 1, 300).description
+    # the correction changes no row's value, the rewrite every row's file: the guard counts those
+    assert write.run_write(spark, ledger, new, desc.batch_id).outcome == "staged"
     with pytest.raises(CorrectionBlocked) as info:
-        write.run_write(spark, ledger, new, desc.batch_id)
+        append.run_append(ledger, new, desc.batch_id)
     text = assert_one_line(info.value, "guarded_rw")
-    assert "rewrites all 6 update rows" in text and f"approve guarded_rw {desc.batch_id}" in text
+    assert "would insert 0 and retract 0" in text and "rewrite all 6 update rows" in text
+    assert f"approve guarded_rw {desc.batch_id}" in text
     assert ShardTable(new).latest_version() == version and ShardTable(new).check_schema().rewrites  # nothing moved
 
-    ledger.approve("guarded_rw", desc.batch_id, "on-call")
-    assert write.run_write(spark, ledger, new, desc.batch_id).outcome == "staged"
-    assert append.run_append(ledger, new, desc.batch_id).outcome == "committed"
+    result = append.run_append(ledger, new, desc.batch_id, approve="on-call")
+    assert result.outcome == "committed", result
+    assert ShardTable(new).latest_version() == version + 1
     assert +as_of(update_log(new), new, 299) == _model(rows, ["k", "v", "n"])
 
 
@@ -656,7 +761,7 @@ def test_reads_while_a_change_waits_for_its_run_are_in_the_sink_files_columns(
     cfg = _sink(tmp_path, "pending", OLD, sql="SELECT k, CAST(n AS INT) AS n, v, gone FROM src")
     *_, a = run_stages(spark, sqlite_ledger, cfg, "r1", 200)
     assert a.outcome == "committed", a.message
-    _sink(
+    pending = _sink(
         tmp_path,
         "pending",
         [*NEW, {"name": "extra", "type": "string"}],
@@ -677,6 +782,13 @@ def test_reads_while_a_change_waits_for_its_run_are_in_the_sink_files_columns(
     versions = cli("history", "pending", "--json")["versions"]
     assert sorted((r["k"], r["w"]) for r in versions) == [(r["k"], r["v"]) for r in rows]
     assert "0 update(s)" in cli("dry-run", "pending")  # the rewrite changes no row's value: nothing to correct
+    # a compaction (it reads and writes in the sink file's columns) waits for the batch that applies it
+    from reconcile.sink.compact import run_compact
+
+    version = ShardTable(cfg).latest_version()
+    done = run_compact(spark, sqlite_ledger, pending, since=150)
+    assert done.outcome == "nothing" and "schema change" in done.message and "waits" in done.message, done
+    assert ShardTable(cfg).latest_version() == version and sqlite_ledger.get_shard("pending").since < 150
 
 
 @pytest.mark.slow  # batches through Spark, a rewrite
@@ -686,16 +798,31 @@ def test_an_upsert_sink_widens_and_drops_a_value_column_by_a_rewrite(spark, tmp_
     old_schema = [KV[0], {"name": "n", "type": "int"}, {"name": "gone", "type": "string"}]
     old = [{"k": k, "n": k * 10, "gone": "g", "ts": 150, "off": k} for k in (1, 2, 3)]
     write_json_rows(tmp_path / "feed", old)
-    cfg = make_sink(tmp_path, "ups_rw", "upsert", schema=old_schema, upsert=upsert)
+    cfg = make_sink(tmp_path, "ups_rw", "upsert", schema=old_schema, upsert=upsert, current=True)
     *_, a = run_stages(spark, ledger, cfg, "r1", 200)
     assert a.outcome == "committed", a.message
 
     new = [{"k": 2, "n": 2**40, "ts": 250, "off": 10}]  # a value only the widened column holds
     write_json_rows(tmp_path / "feed", old + new)
-    grown = make_sink(tmp_path, "ups_rw", "upsert", schema=[KV[0], {"name": "n", "type": "bigint"}], upsert=upsert)
+    new_schema = [KV[0], {"name": "n", "type": "bigint"}]
+    grown = make_sink(tmp_path, "ups_rw", "upsert", schema=new_schema, upsert=upsert, current=True)
+    # the current-state table rebuilt in the file's columns before the run (rebuild-current): the
+    # batch's version, the whole shard rewritten, is then never applied to it as a change
+    from reconcile.sink.current import maintain
+
+    assert maintain(ledger, grown, ShardTable(grown), rebuild="rebuild-current").outcome == "rebuilt"
     *_, a = run_stages(spark, ledger, grown, "r2", 300)
     assert a.outcome == "committed", a.message
+    assert a.current is not None and a.current.outcome == "rebuilt", a.current
     log = update_log(grown)
     assert +as_of(log, grown, 199) == Counter({(k, k * 10, None): 1 for k in (1, 2, 3)})
-    assert +as_of(log, grown, 299) == Counter({(1, 10, None): 1, (2, 2**40, None): 1, (3, 30, None): 1})
+    model = Counter({(1, 10, None): 1, (2, 2**40, None): 1, (3, 30, None): 1})
+    assert +as_of(log, grown, 299) == model
     assert all("gone" not in u for u in log)
+    from deltalake import DeltaTable
+
+    from reconcile.storage.current import current_path
+
+    current = DeltaTable(current_path(grown)).to_pyarrow_table()
+    assert current.column_names == ["k", "n"] and str(current.schema.field("n").type) == "int64"
+    assert Counter(tuple(r.values()) + (None,) for r in current.to_pylist()) == model

@@ -334,11 +334,38 @@ class Alert(_Section):
     )
 
 
+class FullEvery(_Section):
+    batches: NonNegative = Field(
+        default=24,
+        description="a batch compares in full when this many batches ran since the last full comparison "
+        "(counting itself); 0: not by count",
+    )
+    hours: NonNegative = Field(
+        default=168,
+        description="a batch compares in full when its upper is this many hours past the upper of the last full "
+        "comparison; 0: not by time",
+    )
+
+
+REFRESH = ("auto", "incremental", "full")
+
+
 class QuerySpec(_Section):
     sources: dict[Identifier, SourceSpec] = Field(
         default={}, json_schema_extra={"propertyNames": {"pattern": NAME_RE.pattern}}
     )
     sql: StrictStr
+    refresh: Literal["auto", "incremental", "full"] = Field(
+        default="auto",
+        description="auto: a batch is computed from the Delta sources' changes where they determine it, else in full; "
+        "incremental: a batch that cannot be fails (first batches, an edited query and full_every's compare in "
+        "full); full: every batch compares the whole query result with the shard",
+    )
+    full_every: FullEvery = Field(
+        default=FullEvery(),
+        description="the full comparison at least this often (whichever comes first), which repairs what no "
+        "change feed said",
+    )
 
     @field_validator("sql")
     @classmethod
@@ -497,6 +524,19 @@ class QuerySink(SinkConfig):
 
     kind: Literal["query"]
     query: QuerySpec
+
+    @model_validator(mode="after")
+    def _incremental_needs_delta(self) -> QuerySink:
+        if self.query.refresh == "incremental":
+            other = [f"{n} ({s.format})" for n, s in self.query.sources.items() if s.format != "delta"]
+            if other or not self.query.sources:
+                what = f"source {', '.join(other)} is not one" if other else "the query reads none"
+                raise FieldError(
+                    "query.refresh",
+                    f"incremental reads the sources' changes, which Delta tables have, and {what}: make every source "
+                    "a Delta table, or set refresh: auto",
+                )
+        return self
 
     @property
     def sources(self) -> tuple[Source, ...]:

@@ -27,7 +27,6 @@ from reconcile.errors import FailPointHit
 POINTS = (
     "write.after_partition_staged",
     "write.after_staged",
-    "write.after_schema_rewrite",
     "append.after_advance_as_of",
     "append.before_delta_commit",
     "append.inside_delta_commit",

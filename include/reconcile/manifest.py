@@ -11,6 +11,7 @@ import json
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
+from reconcile.kinds.refresh import Refresh
 from reconcile.model import FeedProgress
 
 LAYOUT = "batches"  # the staged files live inside the table's directory (storage.layout)
@@ -51,6 +52,35 @@ class Part:
 
 
 @dataclass(frozen=True)
+class Rewrite:
+    """The shard rewritten into the sink file's schema, staged with the batch that applies it
+    (:mod:`reconcile.sink.evolve`): the Delta version it projects (the append commits it as the
+    version right after that one, removing every file of it), the schema change, its files
+    (paths relative to the attempt's directory) with sizes and digests, and its rows."""
+
+    read_version: int
+    change: str
+    rows: int
+    files: dict[str, int]
+    digests: dict[str, str] | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: v for k, v in asdict(self).items() if v is not None}
+
+    @classmethod
+    def from_dict(cls, raw: Any) -> Rewrite | None:
+        if not isinstance(raw, dict):
+            return None
+        return cls(
+            int(raw["read_version"]),
+            str(raw["change"]),
+            int(raw["rows"]),
+            {str(k): int(v) for k, v in raw["files"].items()},
+            raw.get("digests"),
+        )
+
+
+@dataclass(frozen=True)
 class Manifest:
     batch_id: str
     lower: int
@@ -68,6 +98,9 @@ class Manifest:
     # the version of each Delta source a query batch read, by the source's name
     sources: dict[str, int] | None = None
     query_digest: str | None = None  # what the sink file said the batch computes (a query's)
+    # the way a query batch took: from its sources' changes or in full, and why (kinds.refresh)
+    refresh: Refresh | None = None
+    rewrite: Rewrite | None = None  # the shard rewritten into the sink file's schema, in the batch's commit
     # what the hash partitions hash (reconcile.differential.partitioned_by): "key" for an upsert
     # sink's batches written by key, None (every row's columns) otherwise
     partitioned_by: str | None = None
@@ -93,9 +126,17 @@ class Manifest:
         weight = sum(p.weight or 0 for p in self.parts.values())
         return (weight + self.rows_net) // 2, (weight - self.rows_net) // 2
 
+    def refresh_text(self) -> str | None:
+        """The way the batch took, as one short phrase (:meth:`Refresh.text`; None: not a query
+        batch that recorded it)."""
+        if self.refresh is None:
+            return None
+        weights = [p.weight for p in self.parts.values()]
+        return self.refresh.text(None if None in weights else sum(w or 0 for w in weights))
+
     def staged_files(self) -> dict[str, int]:
         """{path relative to the attempt's directory: size} of every file of the batch."""
-        out: dict[str, int] = {}
+        out: dict[str, int] = dict(self.rewrite.files) if self.rewrite else {}
         for part in self.parts.values():
             out.update(part.files or {})
         return out
@@ -122,6 +163,8 @@ class Manifest:
             "drift": self.drift,
             "sources": self.sources,
             "query_digest": self.query_digest,
+            "refresh": self.refresh.to_dict() if self.refresh is not None else None,
+            "rewrite": self.rewrite.to_dict() if self.rewrite else None,
             "partitioned_by": self.partitioned_by,
         }
         return {k: v for k, v in out.items() if v is not None or k in ("stage_id", "read_version", *feed)}
@@ -137,6 +180,10 @@ class Manifest:
         return {
             **({"drift": self.drift} if self.drift is not None else {}),
             **({"sources": self.sources} if self.sources is not None else {}),
+            **({"refresh": self.refresh.to_dict()} if self.refresh is not None else {}),
+            **(
+                {"rewrite": {k: v for k, v in self.rewrite.to_dict().items() if k != "digests"}} if self.rewrite else {}
+            ),
             "stage_id": self.stage_id,
             "layout": LAYOUT,
             "partitions": self.partitions,
@@ -161,6 +208,8 @@ class Manifest:
                 drift=raw.get("drift") if isinstance(raw.get("drift"), dict) else None,
                 sources=source_versions(raw),
                 query_digest=raw.get("query_digest") if isinstance(raw.get("query_digest"), str) else None,
+                refresh=Refresh.from_dict(raw.get("refresh")),
+                rewrite=Rewrite.from_dict(raw.get("rewrite")),
                 partitioned_by=raw.get("partitioned_by") if raw.get("partitioned_by") == "key" else None,
             )
         except (KeyError, TypeError, ValueError, AttributeError) as exc:

@@ -77,6 +77,7 @@ def status_data(ledger, name: str, limit: int = 10) -> dict:
                 "late_commands": b.late_commands,
                 "source_offset": b.source_offset,
                 "sources": source_versions(b.manifest),
+                "refresh": refresh_of(b.manifest),
                 "failure_kind": b.failure_kind,
                 "message": b.message,
                 "standing": {"tone": how.tone, "note": how.note, "note_tone": how.note_tone},
@@ -265,8 +266,10 @@ def print_status(data: dict) -> None:
         how = b["standing"]
         if how["note"]:
             print(f"      {label[how['note_tone']]}{how['note']}")
-        if b.get("sources"):
-            print(f"      read {source_text(b['sources'])}")
+        read = [f"read {source_text(b['sources'])}"] if b.get("sources") else []
+        way = [b["refresh"]["text"]] if b.get("refresh") else []
+        if read or way:
+            print(f"      {'; '.join(read + way)}")
         for f in b["foreign_versions"]:
             print(f"      repaired foreign Delta version {_foreign_text(f)}")
         if b["approved"]:
@@ -434,6 +437,21 @@ def print_rows(rows: list[dict], total: int) -> None:
         print("  " + "  ".join(c.ljust(w) for c, w in zip(line, widths, strict=True)).rstrip())
     if total > len(rows):
         print(f"  (first {len(rows)} rows; --limit shows more)")
+
+
+def refresh_of(manifest: str | None) -> dict | None:
+    """The way a query batch took, as its manifest (the ledger's text) records it: ``path``
+    (incremental or full), ``why`` (a full comparison's reason) and ``text``, the one short phrase
+    status, history, the note and the pages say (None: not recorded)."""
+    from reconcile.manifest import Manifest, ManifestUnreadable
+
+    try:
+        m = Manifest.from_json(manifest)
+    except ManifestUnreadable:
+        return None
+    if m.refresh is None:
+        return None
+    return {"path": m.refresh.path, "why": m.refresh.why, "text": m.refresh_text()}
 
 
 def source_text(versions: dict[str, int]) -> str:

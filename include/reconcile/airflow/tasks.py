@@ -31,7 +31,7 @@ from reconcile.config_loading import load_sink
 from reconcile.errors import Retryable, SinkError, storage_failure
 from reconcile.log import iso
 from reconcile.model import COMMITTED, FINAL, OPEN_STATES, RETRYABLE, STAGED, SUPERSEDED, Outcome
-from reconcile.report import iso_text
+from reconcile.report import iso_text, refresh_of
 from reconcile.schedule import desired_frontier
 from reconcile.sink.mint import MintResult, run_mint
 from reconcile.storage.ledger import Ledger
@@ -175,12 +175,14 @@ def batch_line(sink: str, run_id: str, batch_id: str | None) -> tuple[int, str]:
             if value is not None
         )
         counts += drift_word(cfg, b)
+        way = refresh_of(b.manifest) if b.state in (COMMITTED, STAGED) else None
         version = f" delta_version={b.delta_version}" if b.delta_version is not None else ""
         settled = how.note_tone in (DONE, OK)
         cause = f" ({how.note})" if how.note and settled else f" cause: {how.note}" if how.note else ""
         level = logging.WARNING if ((how.note and not settled) or b.rows_err or b.drift_rows) else logging.INFO
         return level, (
             f"sink {sink}: batch {b.batch_id} [{iso(b.lower)}, {iso(b.upper)}) is {b.state}{version}{counts}{cause}"
+            + (f"; {way['text']}" if way else "")
         )
 
 

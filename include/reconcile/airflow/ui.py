@@ -371,7 +371,7 @@ def render_sink(name: str, before: tuple[int, str] | None = None, dag_url: str =
     from reconcile.errors import SinkError
     from reconcile.manifest import source_versions
     from reconcile.model import COMMITTED, OPEN_STATES, SUPERSEDED
-    from reconcile.report import source_text
+    from reconcile.report import refresh_of, source_text
     from reconcile.storage.ledger import Ledger
 
     cfg = load_sink(name)
@@ -407,7 +407,10 @@ def render_sink(name: str, before: tuple[int, str] | None = None, dag_url: str =
         )
         drift = _drift_cell(cfg, b, previous.get(b.batch_id), committed_all)
         read = source_versions(b.manifest)
-        sources = f"<br><span class=small>read {e(source_text(read))}</span>" if read else ""
+        way = refresh_of(b.manifest)
+        said = [f"read {source_text(read)}"] if read else []
+        said += [way["text"]] if way else []
+        sources = f"<br><span class=small>{e('; '.join(said))}</span>" if said else ""
         rows.append(
             f"<tr><td>[{_time(b.lower)},<br>{_time(b.upper)}){sources}</td><td class=msg>{_state(b, shard.upper)}</td>"
             f"<td class=n>{_count(b.delta_version)}</td><td class=n>{_count(b.rows_ok)}</td>"

@@ -135,30 +135,59 @@ class QueryKind(OwnCollection):
         return query.desired(spark, self.cfg, versions)
 
     def correction(self, spark: SparkSession, persist: DataFrame, bounds: Bounds) -> Correction:
-        """From the sources' change feeds where it applies (:mod:`reconcile.kinds.incremental`),
-        else the full comparison (:meth:`OwnCollection.correction`)."""
-        from reconcile.kinds import incremental, query
+        """From the sources' change feeds where it applies (:mod:`reconcile.kinds.incremental`)
+        and the sink's ``query.refresh`` allows it, else the full comparison
+        (:meth:`OwnCollection.correction`); the way taken and why on the batch's log and in its
+        :class:`Correction` (:mod:`reconcile.kinds.refresh`)."""
+        from reconcile.kinds import incremental, query, refresh
 
-        digest = query.query_digest(self.cfg)
-        if bounds.previous_sources and not bounds.empty_shard and bounds.previous_digest != digest:
-            log.info(
-                "incremental: the sink file's query, sources or columns changed since the previous batch; comparing in full"
-            )
-        elif bounds.previous_sources and not bounds.empty_shard:
+        cfg, digest = self.cfg, query.query_digest(self.cfg)
+        previous = bounds.previous_refresh
+        why, allowed = self._full_before_trying(bounds, digest)
+        if why is None:
             versions: dict[str, int] = {}
             try:
+                assert bounds.previous_sources is not None
                 updates = query.incremental_correction(
-                    spark, self.cfg, bounds.previous_sources, bounds.upper, bounds.checks, versions
+                    spark, cfg, bounds.previous_sources, bounds.upper, bounds.checks, versions, persist
                 )
-            except incremental.NotIncremental as why:
-                log.info("incremental: %s; comparing in full", why)
+            except incremental.NotIncremental as exc:
+                why = str(exc)
             else:
                 moved = ", ".join(f"{n} {bounds.previous_sources[n]} -> {v}" for n, v in sorted(versions.items()))
                 log.info("incremental: the correction from the sources' change feeds (%s)", moved)
-                return Correction(updates, sources=versions, query_digest=digest)
+                read = sum(max(0, v - bounds.previous_sources.get(n, v)) for n, v in versions.items())
+                way = refresh.incremental(previous, read)
+                return Correction(updates, sources=versions, query_digest=digest, refresh=way)
+        if cfg.query.refresh == "incremental" and not allowed:
+            raise refresh.refused(cfg, why)
+        log.info("incremental: %s; comparing in full", why)
         full = super().correction(spark, persist, bounds)
         full.query_digest = digest
+        full.refresh = refresh.full(bounds.upper, why)
         return full
+
+    def _full_before_trying(self, bounds: Bounds, digest: str) -> tuple[str | None, bool]:
+        """(why the batch compares in full without trying the changes, or None; whether
+        ``refresh: incremental`` allows it)."""
+        from reconcile.kinds import refresh
+
+        cfg = self.cfg
+        if bounds.empty_shard:
+            return "the shard holds nothing yet", True
+        if cfg.query.refresh == "full":
+            return "refresh: full", True
+        other = [s.name for s in cfg.sources if s.format != "delta"]
+        if other:
+            return f"source {other[0]} is not a Delta table", False
+        if bounds.full_why is not None or not bounds.previous_sources:
+            return bounds.full_why or "the previous batch recorded no source versions", bounds.full_allowed
+        if bounds.previous_digest != digest:
+            return "the sink file's query, sources or columns changed since the previous batch", True
+        due = refresh.due(cfg, bounds.previous_refresh, bounds.upper)
+        if due is not None:
+            return due, True
+        return None, False
 
     def difference(
         self, desired: DataFrame, persist: DataFrame, lower: int, upper: int, checks: BatchChecks | None, **how: Any

@@ -9,25 +9,29 @@ is a Delta table whose change data feed covers the versions since, the correctio
     consolidate( Q(inserts and update postimages since) * +1  +  Q(deletes and update preimages since) * -1 )
 
 stamped at ``upper - 1``, computed from the changes alone: the sources are not scanned and the
-shard is not read. Anything else (a query that aggregates, joins, deduplicates or reads the clock
-or a random number; a source that is not Delta, whose feed is off or does not reach back, or
-whose version went back; the first batch; drift) takes the full comparison, with the reason on
-the batch's log. A local source whose commits since only appended rows needs no feed: the files
-they added are the change. The full comparison stays the proof: every batch of
-``tests/test_incremental.py`` equals the model computed from the sources in Python.
+shard is not read. A query partitioned by a key (one GROUP BY over one source, an inner or left
+join of two, on plain columns: :func:`keyed`) is recomputed for the key values the changes touch
+(:func:`keyed_updates`). Anything else (a window, a limit, a subquery, the clock or a random
+number; a source that is not Delta, whose feed is off or does not reach back, or whose version
+went back; the first batch; drift) takes the full comparison, with the reason on the batch's log.
+A local source whose commits since only appended rows needs no feed: the files they added are
+the change. The full comparison stays the proof: every batch of ``tests/test_incremental.py``
+and ``tests/test_incremental_keyed.py`` equals the model computed from the sources in Python.
 """
 
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from reconcile.config import QuerySink
-from reconcile.differential import plan_nodes
+from reconcile.differential import cached, plan_nodes
 from reconcile.errors import brief
 from reconcile.kinds.decode import delta_version
+from reconcile.sql_names import spark_name
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +60,7 @@ def require_linear(df: DataFrame) -> None:
     text = plan.toString().lower()
     if not plan.deterministic() or any(c in text for c in CLOCK):
         raise NotIncremental("the query is not deterministic (a random number, the clock)")
+    _no_subqueries(plan)
 
 
 def changes(
@@ -156,3 +161,348 @@ def run_on(spark: SparkSession, cfg: QuerySink, views: dict[str, DataFrame]) -> 
     except Exception as exc:  # the full comparison says what is wrong in its own words
         raise NotIncremental(f"query.sql does not run over the changes: {brief(exc, 200)}") from None
     return df
+
+
+# ---------------------------------------------------------------------------------------------
+# Queries partitioned by a key: GROUP BY, and equi-joins. Their result, restricted to the rows of
+# some key values, is the query over the sources restricted to those key values; a change
+# reaches only the rows of its own key values. So the correction is the query over the sources
+# filtered to the touched key values, as of now, minus the same as of the previous batch (the
+# shard's rows of those groups, or the query over the sources at the versions it read).
+
+# The analyzed plan's nodes a key-partitioned query may hold above its GROUP BY or join, and below
+# it on each source's side (one source, its columns traced through these by their expression ids).
+ABOVE_NODES = {"Project", "Filter", "SubqueryAlias", "Sort"}
+SIDE_NODES = {"Project", "Filter", "SubqueryAlias", "View", "LogicalRelation"}
+JOINS = {"Inner": "an inner", "LeftOuter": "a left outer"}
+# Touched key values up to this many are filtered by literal values (IN lists: the sources' data
+# skipping prunes files); more, by a broadcast semi-join. Literal values only of these types.
+FEW_KEYS = 1000
+LITERAL_TYPES = ("tinyint", "smallint", "int", "bigint", "string", "date", "boolean", "decimal")
+
+
+@dataclass(frozen=True)
+class Keyed:
+    """A query whose result is partitioned by a key: ``keys`` names, per source, the columns that
+    hold the key (in the key's order); ``output``, the query's output columns that carry it (None
+    when one is not in the output, or the shard cannot be filtered by it); ``what``, for the log."""
+
+    what: str
+    keys: dict[str, list[str]]
+    output: list[str] | None
+
+
+def _seq(seq) -> list:
+    return [seq.apply(i) for i in range(seq.size())]
+
+
+def _kind(expr) -> str:
+    return expr.getClass().getSimpleName()
+
+
+def _xid(expr) -> int:
+    return int(expr.exprId().id())
+
+
+def _renames(node, into: dict[int, int]) -> None:
+    """Record the plain renames (``col AS name``) of a Project ``node``."""
+    if node.nodeName() == "Project":
+        for ne in _seq(node.projectList()):
+            if _kind(ne) == "Alias" and _kind(ne.child()) == "AttributeReference":
+                into[_xid(ne)] = _xid(ne.child())
+
+
+def _resolve(xid: int, aliases: dict[int, int]) -> int:
+    while xid in aliases:
+        xid = aliases[xid]
+    return xid
+
+
+def _side(node, origin: dict[int, tuple[str, str]], aliases: dict[int, int]) -> str:
+    """The one source below ``node``, a chain of projections and filters over its read."""
+    names = set()
+    n = node
+    while True:
+        names.add(n.nodeName())
+        _renames(n, aliases)
+        children = _seq(n.children())
+        if n.nodeName() == "View" or not children:
+            break
+        if len(children) != 1:
+            raise NotIncremental(
+                f"a side of the query is not one source under projections and filters ({n.nodeName()})"
+            )
+        n = children[0]
+    other = sorted(names - SIDE_NODES)
+    if other:
+        raise NotIncremental(
+            f"a side of the query is not one source under projections and filters ({', '.join(other)})"
+        )
+    found = {origin.get(_xid(a), ("", ""))[0] for a in _seq(n.output())}
+    if len(found) != 1 or "" in found:
+        raise NotIncremental("a side of the query does not read one source once (a source read twice, a constant)")
+    return found.pop()
+
+
+def _no_subqueries(plan) -> None:
+    stack = [plan]
+    while stack:
+        n = stack.pop()
+        if n.subqueries().size():
+            raise NotIncremental("the query holds a subquery (IN, EXISTS or a scalar subquery)")
+        stack += _seq(n.children())
+
+
+def keyed(df: DataFrame, sources: dict[str, DataFrame]) -> Keyed:
+    """The key a query's result is partitioned by: a GROUP BY (or DISTINCT) over one source whose
+    grouping keys are its plain columns, or an inner or left join of two sources on equalities of
+    their plain columns, under projections, filters and HAVING; deterministic, without the clock,
+    without a subquery. ``df``: the query analysed over ``sources`` (each source's rows as read).
+    Raises :class:`NotIncremental` saying what does not fit."""
+    jdf = getattr(df, "_jdf", None)
+    if jdf is None:
+        raise NotIncremental("over Spark Connect the query's plan is not inspected here")
+    plan = jdf.queryExecution().analyzed()
+    text = plan.toString().lower()
+    if not plan.deterministic() or any(c in text for c in CLOCK):
+        raise NotIncremental("the query is not deterministic (a random number, the clock)")
+    _no_subqueries(plan)
+    origin = {
+        _xid(a): (name, str(a.name()))
+        for name, src in sources.items()
+        for a in _seq(src._jdf.queryExecution().analyzed().output())
+    }
+    node, above = plan, dict[int, int]()  # the nodes above the GROUP BY or join, and their renames
+    while node.nodeName() in ABOVE_NODES:
+        _renames(node, above)
+        node = node.child()
+    if node.nodeName() in ("Aggregate", "Distinct"):
+        return _grouped(plan, node, origin, above)
+    if node.nodeName() == "Join":
+        return _joined(node, origin)
+    raise NotIncremental(
+        "the query is not projections, filters and UNION ALL, nor one GROUP BY or join under projections and "
+        f"filters ({', '.join(sorted(plan_nodes(plan) - LINEAR_NODES - ABOVE_NODES)) or node.nodeName()})"
+    )
+
+
+def _grouped(top, agg, origin: dict[int, tuple[str, str]], above: dict[int, int]) -> Keyed:
+    child, aliases = agg.child(), dict[int, int]()
+    source = _side(child, origin, aliases)
+    if agg.nodeName() == "Distinct":
+        groups, outputs = _seq(child.output()), _seq(child.output())
+    else:
+        groups, outputs = _seq(agg.groupingExpressions()), _seq(agg.aggregateExpressions())
+    columns, ids = [], []
+    for g in groups:
+        got = origin.get(_resolve(_xid(g), aliases)) if _kind(g) == "AttributeReference" else None
+        if got is None:
+            raise NotIncremental(f"the GROUP BY key {g.sql()} is not a column of a source")
+        columns.append(got[1])
+        ids.append(_xid(g))
+    # the aggregate's outputs that are a grouping key as it is, then the query's that are those
+    carried: dict[int, int] = {}
+    for ne in outputs:
+        e = ne.child() if _kind(ne) == "Alias" else ne
+        if _kind(e) == "AttributeReference" and _xid(e) in ids:
+            carried[_xid(ne)] = ids.index(_xid(e))
+    output: list[str | None] = [None] * len(ids)
+    for a in _seq(top.output()):
+        xid = _xid(a)
+        while xid not in carried and xid in above:
+            xid = above[xid]
+        i = carried.get(xid)
+        if i is not None and output[i] is None:
+            output[i] = str(a.name())
+    whole = None if any(o is None for o in output) else [o for o in output if o is not None]
+    return Keyed("a GROUP BY", {source: columns}, whole)
+
+
+def _conjuncts(expr) -> list:
+    if expr.nodeName() == "And":
+        return _conjuncts(expr.left()) + _conjuncts(expr.right())
+    return [expr]
+
+
+def _joined(join, origin: dict[int, tuple[str, str]]) -> Keyed:
+    aliases: dict[int, int] = {}
+    how = str(join.joinType().toString())
+    if how not in JOINS:
+        raise NotIncremental(f"the query's join is {how}, not an inner or left outer join")
+    left, right = (_side(join.left(), origin, aliases), _side(join.right(), origin, aliases))
+    if left == right:
+        raise NotIncremental(f"the query joins source {left} with itself")
+    sides = {
+        id_: name
+        for name, side in ((left, join.left()), (right, join.right()))
+        for id_ in map(_xid, _seq(side.output()))
+    }
+    keys: dict[str, list[str]] = {left: [], right: []}
+    condition = join.condition()
+    for c in _conjuncts(condition.get()) if condition.isDefined() else []:
+        if c.nodeName() not in ("EqualTo", "EqualNullSafe"):
+            continue
+        a, b = c.left(), c.right()
+        if _kind(a) != "AttributeReference" or _kind(b) != "AttributeReference":
+            continue
+        ends = {sides.get(_xid(a), ""): a, sides.get(_xid(b), ""): b}
+        if set(ends) != {left, right}:
+            continue
+        found = {n: origin.get(_resolve(_xid(e), aliases)) for n, e in ends.items()}
+        if any(f is None or f[0] != n for n, f in found.items()):
+            continue
+        for n, f in found.items():
+            assert f is not None
+            keys[n].append(f[1])
+    if not keys[left]:
+        raise NotIncremental("the query's join has no equality of a column of each source")
+    return Keyed(f"{JOINS[how]} join", keys, None)
+
+
+def read_at(spark: SparkSession, cfg: QuerySink, name: str, version: int) -> DataFrame:
+    """Source ``name`` as of its Delta ``version``."""
+    (src,) = [s for s in cfg.sources if s.name == name]
+    return spark.read.format("delta").options(**dict(src.options)).option("versionAsOf", version).load(src.path)
+
+
+def touched(keyed_: Keyed, added: dict[str, DataFrame], removed: dict[str, DataFrame]) -> DataFrame:
+    """The key values (``_k0``, ``_k1``, ...) of the rows added to or removed from the sources."""
+    sides = [
+        df.select(*[F.col(spark_name(c)).alias(f"_k{i}") for i, c in enumerate(cols)])
+        for name, cols in keyed_.keys.items()
+        for df in (added[name], removed[name])
+    ]
+    out = sides[0]
+    for more in sides[1:]:
+        out = out.unionByName(more)
+    return out.distinct()
+
+
+class KeyFilter:
+    """Rows whose key is among the touched values: for a few, an IN list of each key column's
+    values (a superset of the touched tuples that selects whole keys alike on every side, and that
+    the sources' data skipping prunes by), else a broadcast null-safe semi-join."""
+
+    def __init__(self, keys: DataFrame) -> None:
+        self.keys = keys
+        simple = all(f.dataType.simpleString().startswith(LITERAL_TYPES) for f in keys.schema.fields)
+        rows = keys.limit(FEW_KEYS + 1).collect() if simple else None
+        self.count = len(rows) if rows is not None and len(rows) <= FEW_KEYS else None
+        self.values: list[list] | None = None
+        if self.count is not None and rows is not None:
+            self.values = [sorted({r[i] for r in rows}, key=lambda v: (v is None, v)) for i in range(len(keys.columns))]
+        else:
+            self.keys = cached(keys)
+
+    def empty(self) -> bool:
+        return self.count == 0 or (self.count is None and not self.keys.limit(1).collect())
+
+    def apply(self, df: DataFrame, columns: list[str]) -> DataFrame:
+        if self.values is not None:
+            for c, values in zip(columns, self.values, strict=True):
+                col, present = F.col(spark_name(c)), [v for v in values if v is not None]
+                cond = col.isin(*present) if present else F.lit(False)
+                df = df.where(cond | col.isNull() if None in values else cond)
+            return df
+        on = [F.col(f"_l.{spark_name(c)}").eqNullSafe(F.col(f"_t.`_k{i}`")) for i, c in enumerate(columns)]
+        return df.alias("_l").join(F.broadcast(self.keys.alias("_t")), on, "left_semi")
+
+
+def read_before(spark: SparkSession, cfg: QuerySink, name: str, version: int, now: int) -> DataFrame:
+    """Source ``name`` as of ``version`` (an earlier one than ``now``, read as of now), checked
+    readable before the write (its files not vacuumed; else :class:`NotIncremental`). A local
+    table that has no partitions, column mapping or deletion vectors and the same schema at both
+    versions is read as the Parquet files its log names at ``version`` (the log replayed in this
+    process: no snapshot of Delta's built for the old version); any other through Delta's reader."""
+    import os
+
+    (src,) = [s for s in cfg.sources if s.name == name]
+    root = src.path.removeprefix("file:")
+    gone = f"source {name}'s files as of version {version} are gone (vacuumed)"
+    try:
+        if "://" in root:
+            files = read_at(spark, cfg, name, version).inputFiles()
+            jvm = spark._jvm
+            assert jvm is not None
+            conf = spark._jsc.hadoopConfiguration()
+            for f in files:
+                p = jvm.org.apache.hadoop.fs.Path(f)
+                if not p.getFileSystem(conf).exists(p):
+                    raise NotIncremental(gone)
+            return read_at(spark, cfg, name, version)
+        from deltalake import DeltaTable
+
+        then = DeltaTable(root, version=version)
+        files = then.file_uris()
+        if not all(os.path.exists(f.removeprefix("file://")) for f in files):
+            raise NotIncremental(gone)
+        meta = then.metadata()
+        plain = (
+            not meta.partition_columns
+            and meta.configuration.get("delta.columnMapping.mode", "none") == "none"
+            and "deletionVectors" not in (then.protocol().reader_features or [])
+            and then.schema().to_json() == DeltaTable(root, version=now).schema().to_json()
+        )
+    except NotIncremental:
+        raise
+    except Exception as exc:
+        raise NotIncremental(f"source {name} is not readable as of version {version}: {brief(exc, 200)}") from None
+    if not plain:
+        return read_at(spark, cfg, name, version)
+    schema = read_at(spark, cfg, name, now).schema
+    if not files:
+        return spark.createDataFrame([], schema)
+    return spark.read.schema(schema).parquet(*files)
+
+
+def may_err(cfg: QuerySink, df: DataFrame) -> bool:
+    """Can :func:`~reconcile.kinds.decode.validate` turn a row of ``df`` into an error row (a
+    column not of the sink's type, or one that must not be null)?"""
+    have = {f.name.lower(): f.dataType.simpleString() for f in df.schema.fields}
+    return any(have.get(c.name.lower()) != c.type or not c.nullable for c in cfg.columns)
+
+
+def keyed_updates(
+    spark: SparkSession,
+    cfg: QuerySink,
+    previous: dict[str, int],
+    versions: dict[str, int],
+    changed: tuple[dict[str, DataFrame], dict[str, DataFrame]],
+    persist: DataFrame | None,
+    upper: int,
+) -> tuple[DataFrame, DataFrame]:
+    """(new, old) update frames of a key-partitioned query (:func:`keyed`), each +1: the query over
+    the sources as of ``versions`` filtered to the key values the changes touch, and the rows those
+    keys had: the shard's (``persist`` below ``upper``) where the query's output carries the whole
+    key and no row can be an error row (whose columns are null), else the query over the sources
+    as of ``previous`` filtered alike. Their difference is the correction."""
+    from reconcile.kinds.decode import require_columns, validate
+    from reconcile.kinds.protocol import QUERY_SOURCE
+
+    current = {s.name: read_at(spark, cfg, s.name, versions[s.name]) for s in cfg.sources}
+    query = run_on(spark, cfg, current)
+    shape = keyed(query, current)
+    keys = KeyFilter(touched(shape, *changed))
+    if keys.empty():
+        nothing = spark.createDataFrame([], validate(cfg, query, QUERY_SOURCE, F.lit(1), None).schema)
+        return nothing, nothing
+
+    def run(sources: dict[str, DataFrame]) -> DataFrame:
+        views = {n: keys.apply(df, shape.keys[n]) if n in shape.keys else df for n, df in sources.items()}
+        df = run_on(spark, cfg, views)
+        require_columns(cfg, df, cfg.column_names, QUERY_SOURCE)
+        return validate(cfg, df, QUERY_SOURCE, F.lit(1), None)
+
+    new = run(current)
+    named = {c.name.lower(): c.name for c in cfg.columns}
+    columns = [named.get(o.lower()) for o in shape.output or []]
+    if persist is not None and shape.output is not None and None not in columns and not may_err(cfg, query):
+        old = keys.apply(persist.where(F.col("_time") < upper), [c for c in columns if c is not None])
+        whence = "the shard"
+    else:
+        before = {n: read_before(spark, cfg, n, previous[n], versions[n]) for n in shape.keys}
+        old = run({n: before.get(n, df) for n, df in current.items()})
+        whence = "the sources as of the previous batch's versions"
+    touched_ = "touched key values" if keys.count is None else f"{keys.count} touched key value(s)"
+    log.info("incremental: %s: the %s recomputed, their old rows from %s", shape.what, touched_, whence)
+    return new, old

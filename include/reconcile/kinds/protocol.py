@@ -83,6 +83,12 @@ class Bounds:
     # correction from their change feeds (:mod:`reconcile.kinds.incremental`).
     previous_sources: dict[str, int] | None = None
     previous_digest: str | None = None  # and the query it computed (Correction.query_digest)
+    previous_refresh: Any = None  # and the way it took (kinds.refresh.Refresh; None: not recorded)
+    # Why the write already knows the batch compares in full (without previous_sources: the first
+    # batch, drift, ...), and whether ``refresh: incremental`` allows it (a first batch, a batch
+    # computed again after it did not add up)
+    full_why: str | None = None
+    full_allowed: bool = False
     # The shard as read restricted to the files whose statistics bound ``column`` to a range that
     # meets one of ``ranges`` (``(lo, hi)``, disjoint, ascending): ``(column, ranges) -> (frame,
     # files read, files in all)``, or
@@ -119,6 +125,8 @@ class Correction:
     # what the sink file said the batch computes (a query's SQL, sources and columns), as a digest:
     # a later batch takes the sources' changes only while it is the same
     query_digest: str | None = None
+    # the way a query batch took (kinds.refresh.Refresh): from its sources' changes or in full, and why
+    refresh: Any = None
     # (files read, files in the shard) where the kind read only the files its keys need
     files_read: tuple[int, int] | None = None
 

@@ -103,13 +103,21 @@ def query_digest(cfg: QuerySink) -> str:
 
 
 def incremental_correction(
-    spark: SparkSession, cfg: QuerySink, previous: dict[str, int], upper: int, checks, versions: dict[str, int]
+    spark: SparkSession,
+    cfg: QuerySink,
+    previous: dict[str, int],
+    upper: int,
+    checks,
+    versions: dict[str, int],
+    persist: DataFrame | None = None,
 ) -> DataFrame:
     """The correction of the batch ending at ``upper`` from the sources' change feeds since the
     versions the previous batch read (:mod:`reconcile.kinds.incremental`; raises
-    :class:`~reconcile.kinds.incremental.NotIncremental` where it does not apply). The shard's
-    checksums are carried from the previous batch; the desired side's are those plus the
-    correction's (it is not scanned)."""
+    :class:`~reconcile.kinds.incremental.NotIncremental` where it does not apply): a linear query
+    over the changes alone; a GROUP BY or join over the sources filtered to the keys the changes
+    touch, less those keys' old rows (``persist``: the shard as read). The shard's checksums are
+    carried from the previous batch; the desired side's are those plus the correction's (it is
+    not scanned)."""
     from reconcile.kinds import incremental
     from reconcile.spark import is_remote
 
@@ -120,16 +128,20 @@ def incremental_correction(
     require_query(spark, cfg)  # a command in query.sql is refused before anything runs
     added, removed = incremental.changes(spark, cfg, previous, versions)
     plus = incremental.run_on(spark, cfg, added)
-    incremental.require_linear(plus)
-    minus = incremental.run_on(spark, cfg, removed)
-    for df in (plus, minus):
-        require_columns(cfg, df, cfg.column_names, QUERY_SOURCE)
-    updates = validate(cfg, plus, QUERY_SOURCE, F.lit(1), None).unionByName(
-        validate(cfg, minus, QUERY_SOURCE, F.lit(-1), None)
-    )
-    nothing = spark.createDataFrame([], updates.schema)
+    try:
+        incremental.require_linear(plus)
+    except incremental.NotIncremental:  # a GROUP BY or a join, or it says why not
+        updates, old = incremental.keyed_updates(spark, cfg, previous, versions, (added, removed), persist, upper)
+    else:
+        minus = incremental.run_on(spark, cfg, removed)
+        for df in (plus, minus):
+            require_columns(cfg, df, cfg.column_names, QUERY_SOURCE)
+        updates = validate(cfg, plus, QUERY_SOURCE, F.lit(1), None).unionByName(
+            validate(cfg, minus, QUERY_SOURCE, F.lit(-1), None)
+        )
+        old = spark.createDataFrame([], updates.schema)
     stamp = F.lit(upper - 1).cast("bigint")
-    out = difference(cfg, updates, nothing, stamp, None)
+    out = difference(cfg, updates, old, stamp, None)
     if checks is not None:
         checks.carry({"shard": 1, "desired": 1})
         checks.count_correction_into("desired")

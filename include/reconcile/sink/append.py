@@ -66,7 +66,7 @@ from reconcile.model import COMMITTED, MINTED, SUPERSEDED, BatchDescription, Out
 from reconcile.sink import guard
 from reconcile.sink.current import CurrentResult, maintain
 from reconcile.sink.sync import gc_staged, sync
-from reconcile.sink.verify import log_differences, parse_manifest, staged_files
+from reconcile.sink.verify import log_differences, missing_columns, parse_manifest, staged_files
 from reconcile.storage import commits, footers, layout
 from reconcile.storage.delta import ShardTable
 from reconcile.storage.ledger import Ledger, feed_of
@@ -106,6 +106,13 @@ def inspect_staged(table: ShardTable, batch_id: str, manifest: Manifest) -> list
                 f"staged partition {p} of batch {batch_id} has {rows[p]} rows, the manifest says {want.rows}",
                 sink=cfg.name,
             )
+    rewritten = manifest.rewrite.rows if manifest.rewrite is not None else 0
+    if rows[None] != rewritten:  # the files outside a partition: the shard rewritten into a new schema
+        raise StagedBatchInvalid(
+            f"staged batch {batch_id}: the shard's rewrite into the sink file's schema has {rows[None]} rows, "
+            f"the manifest says {rewritten}",
+            sink=cfg.name,
+        )
     return out
 
 
@@ -298,28 +305,43 @@ def verify_staged(a: Appending) -> AppendResult | None:
             sink=a.cfg.name,
             remedy="the task retries by itself and appends (or finds appended) what is staged now.",
         ) from None
-    if a.schema_plan and a.schema_plan.rewrites:  # a write rewrites the shard first: this one did not
-        raise StagedBatchInvalid(
-            f"batch {a.batch_id} was written before the sink file's schema change ({a.schema_plan.describe()}), "
-            "which rewrites the shard's files first",
-            sink=a.cfg.name,
-            remedy="rerun its write: it rewrites the shard into the sink file's schema, then stages the batch.",
-        )
+    try:
+        _rewrite_matches(a)
+    except StagedBatchInvalid:
+        sync(a.ledger, a.table)  # another attempt may have committed it (and the table's schema) meanwhile
+        if (now_b := a.reread()).state == COMMITTED:
+            return _committed_meanwhile(a.ledger, a.table, now_b, a.state, "verified its staged files")
+        raise
     if a.schema_plan and a.files:
         _staged_with_new_columns(a)
     return None
 
 
+def _rewrite_matches(a: Appending) -> None:
+    """A sink file's schema change that rewrites the shard is committed by the batch that staged
+    the rewrite of the table as it is now (:mod:`reconcile.sink.evolve`), and only by it: else the
+    batch is staged again by its write (the file or the table changed since)."""
+    assert a.manifest is not None
+    staged, needs = a.manifest.rewrite, bool(a.schema_plan and a.schema_plan.rewrites)
+    why = None
+    if needs and staged is None:
+        why = f"was written before the sink file's schema change ({a.schema_plan.describe()}), which rewrites the shard"
+    elif staged is not None and not needs:
+        why = f"rewrites the shard ({staged.change}) into a schema the table has, or the sink file no longer asks for"
+    elif staged is not None and staged.read_version != (latest := a.table.latest_version()):
+        why = f"rewrites the shard as of Delta version {staged.read_version}, and the table is at {latest} now"
+    if why is not None:
+        raise StagedBatchInvalid(
+            f"batch {a.batch_id} {why}",
+            sink=a.cfg.name,
+            remedy="rerun its write: it stages the batch again against the table and the sink file as they are.",
+        )
+
+
 def _staged_with_new_columns(a: Appending) -> None:
     """A batch committing the sink file's schema change must have been written under it (the file
     may have changed between the write and this append): one staged file's columns read."""
-    import pyarrow.parquet as pq
-
-    path = f"{a.table.path}/{a.files[0][0]}"
-    fs, p = footers.fs_of(path)
-    with fs.open(p, "rb") as f:
-        names = {n.lower() for n in pq.ParquetFile(f).schema_arrow.names}
-    missing = [c.name for c in a.cfg.columns if c.name.lower() not in names]
+    missing = missing_columns(a.table, a.files[0][0])
     if missing:
         raise StagedBatchInvalid(
             f"batch {a.batch_id} was written before the sink file's schema change ({a.schema_plan.describe()}): "
@@ -383,13 +405,16 @@ def commit(a: Appending) -> None:
     with a.ledger.commit_lease(a.cfg.name, f"append of batch {a.batch_id} ({a.commit_id})") as lease:
         failpoint("append.inside_lease")
         meta["commit_epoch"] = lease.epoch
-        schema = None
+        schema, rewrite_of = None, None
         if a.schema_plan:  # the sink file's new columns, in this batch's commit (they bring the row key)
             schema = a.table.schema_for_commit()
             meta["schema_change"] = a.schema_plan.describe()
         else:
             a.table.add_row_keys(fence=lease.fence)  # a shard created before the row key was stored
-        a.table.commit_files(a.files, meta, a.desc.lower, fence=lease.fence, schema=schema)
+        if a.manifest.rewrite is not None:  # the shard rewritten with fresh keys: every file of the version read
+            rewrite_of = a.manifest.rewrite.read_version
+            meta.update(rekeyed=True, rows_rewritten=a.manifest.rewrite.rows)
+        a.table.commit_files(a.files, meta, a.desc.lower, fence=lease.fence, schema=schema, rewrite_of=rewrite_of)
     failpoint("append.after_delta_commit")
 
 

@@ -198,6 +198,10 @@ def run_compact(
     shard = sync(ledger, table)
     target = target_since(cfg, shard.upper, shard.since) if since is None else since
     state = dict(sink=cfg.name, upper=shard.upper, since=shard.since, new_since=target)
+    pending = table.check_schema()  # a rewrite reads and writes the sink file's columns: the table's first
+    if pending:
+        msg = f"nothing compacted: the sink file's schema change ({pending.describe()}) waits for the next batch"
+        return CompactResult(Outcome.NOTHING, event(log, msg, **state), shard.since)
     if target >= shard.upper:
         raise SinkError(
             f"cannot compact to since {target}: it would pass the shard's latest readable time "

@@ -14,8 +14,9 @@ reflects (its last commit's application transaction) to the shard's latest:
   (copy-on-write).
 - **Rebuild** (the first time, ``python -m reconcile rebuild-current``, a foreign commit in the
   shard since, a shard file gone, the shard older than the table says, a foreign commit to the
-  current table, or a retraction the table cannot match): the whole collection from the shard's
-  snapshot, committed as an overwrite.
+  current table, a retraction the table cannot match, or the sink file's schema change: its
+  columns differ from the file's, or a batch rewrote the shard into them): the whole collection
+  from the shard's snapshot, committed as an overwrite.
 
 Exactly once: each commit is the version right after the snapshot it was computed from
 (put-if-absent) and records the shard version it reflects; a retry, a second attempt or a zombie
@@ -210,6 +211,8 @@ def _incremental(cfg: SinkConfig, table: ShardTable, ct: CurrentTable, dt, refle
     for v, meta in entries:
         if meta is None:
             return f"a foreign commit to the shard (version {v}) since shard version {reflected}"
+        if meta.get("rekeyed"):  # its files are the whole shard in a new schema, not a change (sink/evolve.py)
+            return f"shard version {v} rewrote the shard into the sink file's schema"
         if meta.get("op") in ("compact", MAINTENANCE):
             continue
         if meta.get("op") != "batch":

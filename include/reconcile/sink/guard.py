@@ -14,7 +14,10 @@ batch that inserts or retracts more than that share of the shard's rows, once th
 
 The batch's inserted and retracted rows come from its manifest (per partition: the sum of
 ``|diff|`` and of ``diff``); the shard's rows are the sum of ``_diff`` over the Delta table's
-current files, read with delta-rs (one column, no JVM). Checked only when the guard is set.
+current files, read with delta-rs (one column, no JVM). A batch that applies a sink file's
+schema change by rewriting the shard (:mod:`reconcile.sink.evolve`) changes the rows it rewrites
+too (its manifest's ``rewrite``): a guard holds it until approved. Checked only when the guard is
+set.
 """
 
 from __future__ import annotations
@@ -32,10 +35,11 @@ class Change:
     inserted: int
     retracted: int
     shard_rows: int
+    rewritten: int = 0  # update rows rewritten into the sink file's new schema
 
     @property
     def share(self) -> float:
-        return max(self.inserted, self.retracted) / max(self.shard_rows, 1)
+        return max(self.inserted, self.retracted, self.rewritten) / max(self.shard_rows, 1)
 
 
 def shard_rows(table: ShardTable) -> int:
@@ -55,7 +59,8 @@ def measure(table: ShardTable, manifest: Manifest) -> Change | None:
     change = manifest.change()
     if change is None:
         return None
-    return Change(*change, shard_rows(table))
+    rewritten = manifest.rewrite.rows if manifest.rewrite is not None else 0
+    return Change(*change, shard_rows(table), rewritten)
 
 
 def stops(cfg, change: Change | None) -> bool:
@@ -68,9 +73,14 @@ def stops(cfg, change: Change | None) -> bool:
 
 def describe(cfg, batch_id: str, lower: int, upper: int, change: Change) -> str:
     """The numbers of a stopped batch, in one line."""
+    rewrites = (
+        f", and rewrite all {change.rewritten:,} update rows into the sink file's new schema"
+        if change.rewritten
+        else ""
+    )
     return (
         f"correction guard: batch {batch_id} [{iso(lower)}, {iso(upper)}) would insert {change.inserted:,} and retract "
-        f"{change.retracted:,} of the shard's {change.shard_rows:,} rows ({change.share:.1%}, more than "
+        f"{change.retracted:,} of the shard's {change.shard_rows:,} rows{rewrites} ({change.share:.1%}, more than "
         f"correction_guard.max_share {cfg.correction_guard.max_share:.1%})"
     )
 

@@ -396,6 +396,7 @@ def _sources_of(ledger, cfg: SinkConfig, versions: list[dict]) -> list[dict]:
     """Per committed batch whose time (``upper - 1``) begins or ends a listed version: the Delta
     source versions it read (a query sink's over Delta sources), oldest first."""
     from reconcile.manifest import source_versions
+    from reconcile.report import refresh_of
 
     n = output_names(cfg)
     times = {v[n[end]]["ms"] for v in versions for end in ("valid_from", "valid_to") if v[n[end]]}
@@ -403,7 +404,15 @@ def _sources_of(ledger, cfg: SinkConfig, versions: list[dict]) -> list[dict]:
     for b in ledger.batches(cfg.name, states=(COMMITTED,)):
         found = source_versions(b.manifest) if b.upper - 1 in times else None
         if found:
-            out.append({"time": stamp(b.upper - 1), "batch_id": b.batch_id, "sources": found})
+            way = refresh_of(b.manifest)
+            out.append(
+                {
+                    "time": stamp(b.upper - 1),
+                    "batch_id": b.batch_id,
+                    "sources": found,
+                    "refresh": way["text"] if way else None,
+                }
+            )
     return out
 
 

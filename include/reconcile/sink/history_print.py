@@ -62,7 +62,8 @@ def print_history(cfg: SinkConfig, report: dict) -> None:
     if report["truncated"]:
         print(f"  (first {len(versions)} versions; --limit shows more)")
     for read in report.get("sources") or []:
-        print(f"  the batch at {iso(read['time']['ms'])} read {source_text(read['sources'])}")
+        way = f"; {read['refresh']}" if read.get("refresh") else ""
+        print(f"  the batch at {iso(read['time']['ms'])} read {source_text(read['sources'])}{way}")
 
 
 def print_diff(cfg: SinkConfig, report: dict) -> None:

@@ -41,8 +41,11 @@ def staged_files(table: ShardTable, batch_id: str, manifest: Manifest) -> tuple[
             f"staged batch {batch_id} does not match its manifest: changed {changed[:3]}, unexpected {unknown[:3]}",
             sink=sink,
         )
-    for part in manifest.parts.values():
-        for rel, want in (part.digests or {}).items():
+    digests = [part.digests or {} for part in manifest.parts.values()]
+    if manifest.rewrite is not None:  # the shard rewritten into the sink file's schema (sink/evolve.py)
+        digests.append(manifest.rewrite.digests or {})
+    for named in digests:
+        for rel, want in named.items():
             try:
                 got = files.digest(f"{path}/{rel}")
             except FileNotFoundError:
@@ -53,6 +56,19 @@ def staged_files(table: ShardTable, batch_id: str, manifest: Manifest) -> tuple[
                     sink=sink,
                 )
     return path, expected
+
+
+def missing_columns(table: ShardTable, rel: str) -> list[str]:
+    """The sink file's columns that one staged file (``rel``: its path relative to the table)
+    lacks, from its footer: a batch written before the sink file's schema change."""
+    import pyarrow.parquet as pq
+
+    from reconcile.storage import footers
+
+    fs, p = footers.fs_of(f"{table.path}/{rel}")
+    with fs.open(p, "rb") as f:
+        names = {n.lower() for n in pq.ParquetFile(f).schema_arrow.names}
+    return [c.name for c in table.cfg.columns if c.name.lower() not in names]
 
 
 def differences(
@@ -96,8 +112,12 @@ def log_differences(table: ShardTable, version: int, manifest: Manifest) -> list
     m = manifest
     what = f"batch {m.batch_id} [{m.lower}, {m.upper}): Delta version {version}"
     parts, loose = added_by_part(table, version)
-    if loose:
-        return [f"{what} added file(s) outside the batch's attempt: {loose[:3]}"]
+    rewritten = m.rewrite.files if m.rewrite is not None and m.stage_id is not None else {}
+    named_loose = {layout.staged_relative(m.batch_id, m.stage_id or "", rel) for rel in rewritten}
+    if set(loose) - named_loose:  # only the shard rewritten into a new schema is outside a partition
+        return [f"{what} added file(s) outside the batch's attempt: {sorted(set(loose) - named_loose)[:3]}"]
+    if named_loose - set(loose):
+        return [f"{what} lacks file(s) of the shard's rewrite: {sorted(named_loose - set(loose))[:3]}"]
     out = differences(m, parts, f"{what}'s partition {{p}}", keys=("rows",))
     for p, want in sorted(m.parts.items()):
         if want.files is None or m.stage_id is None:
@@ -120,7 +140,7 @@ def commit_differences(spark, table: ShardTable, batches: dict[int, Manifest]) -
     from reconcile.storage import frames
 
     rekeyed = table.rekeyed_at()  # batches before a schema rewrite hashed the old columns: not checkable
-    batches = {v: m for v, m in batches.items() if rekeyed is None or v > rekeyed}
+    batches = {v: m for v, m in batches.items() if rekeyed is None or v >= rekeyed}
     stats = frames.committed_stats(spark, table, {v: m.partitioning for v, m in batches.items()})
     out = []
     for v, got in sorted(stats.items()):

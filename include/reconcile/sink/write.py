@@ -40,7 +40,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from pyspark.sql import DataFrame, SparkSession
 
@@ -49,17 +49,19 @@ from reconcile.checksums import BatchChecks, SelfCheckFailed
 from reconcile.config import SinkConfig
 from reconcile.errors import StagedBatchInvalid
 from reconcile.failpoints import failpoint
+from reconcile.kinds.refresh import Refresh
 from reconcile.log import event, iso
-from reconcile.manifest import Manifest, ManifestUnreadable, Part, source_versions
-from reconcile.model import COMMITTED, OPEN_STATES, STAGED, BatchDescription, FeedProgress, Outcome, Staged
+from reconcile.manifest import Manifest, ManifestUnreadable, Part, Rewrite, source_versions
+from reconcile.model import COMMITTED, OPEN_STATES, ROW_KEYS, STAGED, BatchDescription, FeedProgress, Outcome, Staged
 from reconcile.sink import catalog, evolve
 from reconcile.sink import drift as drift_
 from reconcile.sink.sync import sync
-from reconcile.sink.verify import parse_manifest, staged_files
+from reconcile.sink.verify import missing_columns, parse_manifest, staged_files
 from reconcile.storage import files, frames, layout
 from reconcile.storage.commits import MAINTENANCE
 from reconcile.storage.delta import ShardTable
 from reconcile.storage.ledger import Ledger
+from reconcile.storage.schema_change import SchemaPlan
 
 log = logging.getLogger(__name__)
 
@@ -98,7 +100,8 @@ def carried_checksums(ledger: Ledger, table: ShardTable, lower: int, read_versio
         if v > read_version:
             break
         meta = meta or {}
-        if meta.get("rekeyed") or not (  # a schema rewrite changed every row's hash (sink/evolve.py)
+        # a schema rewrite changed every row's hash (sink/evolve.py): the batch that made it recorded the new ones
+        if (meta.get("rekeyed") and meta.get("batch_id") != b.batch_id) or not (
             meta.get("op") in ("compact", MAINTENANCE)
             or (meta.get("op") == "batch" and meta.get("batch_id") == b.batch_id)
         ):
@@ -120,13 +123,19 @@ def batch_correction(
     shard_rows: int | None = None,
     previous_sources: dict[str, int] | None = None,
     previous_digest: str | None = None,
+    previous_refresh: Refresh | None = None,
+    full_why: tuple[str, bool] | None = None,
     files_holding: Callable[[str, list], tuple[DataFrame, int, int] | None] | None = None,
 ) -> kinds.Correction:
     """The correction of ``(lower, upper)`` against ``persist``, for any kind of sink (``checks``:
     observe its checksums while it is computed; ``empty_shard``: persist holds no update;
-    ``repair``: foreign writes a keyed kind must repair beyond its commands' keys)."""
+    ``repair``: foreign writes a keyed kind must repair beyond its commands' keys; ``previous_*``:
+    the previous batch's source versions, query digest and way (:mod:`reconcile.kinds.refresh`),
+    when the shard holds exactly what it committed; ``full_why``: why the batch compares in full
+    (without them) and whether ``refresh: incremental`` allows it)."""
     kind = kinds.of(cfg)
     wm = ledger.watermark(cfg.name) if kind.reads_feed else None
+    why, allowed = full_why or (None, False)
     bounds = kinds.Bounds(
         lower,
         upper,
@@ -138,6 +147,9 @@ def batch_correction(
         shard_rows,
         previous_sources,
         previous_digest,
+        previous_refresh,
+        why,
+        allowed,
         files_holding,
     )
     return kind.correction(spark, persist, bounds)
@@ -213,6 +225,13 @@ class Attempt:
     # the Delta source versions the previous batch read, when its checksums are carried: set by stage()
     previous_sources: dict[str, int] | None = None
     previous_digest: str | None = None  # and what it computed (its manifest's query_digest)
+    schema: SchemaPlan = field(default_factory=SchemaPlan)  # the sink file's schema change (falsy: none)
+    rewrite: SchemaPlan | None = None  # the same, when it rewrites the shard (sink/evolve.py)
+    rewritten: Rewrite | None = None  # the shard rewritten into the new schema, as staged: set by stage()
+    previous_refresh: Refresh | None = None  # and the way it took (its manifest's refresh)
+    # why this batch cannot take its sources' changes, known before computing it, and whether
+    # ``refresh: incremental`` allows it: set by stage()
+    full_why: tuple[str, bool] | None = None
     stage_id: str = field(default_factory=layout.new_stage_id)
     # derived once: the sink, the batch, this attempt's directory, the fields of its log lines
     cfg: SinkConfig = field(init=False)
@@ -253,10 +272,9 @@ def run_write(spark: SparkSession, ledger: Ledger, cfg: SinkConfig, batch_id: st
     shard = sync(ledger, table)
     if shard.upper > attempt.desc.lower:
         return absorb_outdated(attempt, shard.upper)
-    if evolve.apply(spark, ledger, table, attempt.state):  # the sink file's schema change rewrote the shard
-        b = ledger.get_batch(batch_id, cfg.name)
-        attempt.replaces = b.stage_id if b.state == STAGED else None  # staged under the old schema: restage
-    elif (kept := keep_intact(attempt)) is not None:
+    attempt.schema = table.check_schema()  # the sink file's schema change this batch applies (falsy: none)
+    attempt.rewrite = attempt.schema if attempt.schema.rewrites else None  # ... by rewriting the shard too
+    if (kept := keep_intact(attempt)) is not None:
         return kept
     staged = stage(attempt)
     if isinstance(staged, WriteResult):
@@ -301,7 +319,7 @@ def keep_intact(attempt: Attempt) -> WriteResult | None:
     # Re-read after the sync: another attempt may have staged the batch meanwhile.
     b = attempt.ledger.get_batch(attempt.batch_id, attempt.cfg.name)
     if b.state == STAGED:
-        damage = _damage(attempt.table, b)
+        damage = _damage(attempt.table, b) or _stale_schema(attempt, b)
         if damage is None:
             msg = event(
                 log,
@@ -330,6 +348,29 @@ def keep_intact(attempt: Attempt) -> WriteResult | None:
     return None
 
 
+def _stale_schema(attempt: Attempt, b) -> str | None:
+    """Why a staged batch does not apply the sink file's schema change as the table needs it now
+    (None: it does): staged before the sink file changed (without the shard's rewrite, or without
+    a new column), with a rewrite of an older Delta version (the table moved since), or with one
+    the table no longer needs."""
+    manifest = parse_manifest(attempt.cfg, b.batch_id, b.manifest)
+    staged = manifest.rewrite
+    if attempt.schema and staged is None and manifest.stage_id:
+        named = sorted(f for f in manifest.staged_files() if layout.part_of(f) is not None)
+        where = layout.staged_relative(b.batch_id, manifest.stage_id, named[0]) if named else None
+        missing = missing_columns(attempt.table, where) if where else []
+        if missing:
+            return f"it was staged before the sink file's schema change: its files have no column {', '.join(missing)}"
+    if attempt.rewrite is not None and staged is None:
+        return f"it was staged before the sink file's schema change ({attempt.rewrite.describe()})"
+    latest = attempt.table.latest_version()
+    if attempt.rewrite is not None and staged is not None and staged.read_version != latest:
+        return f"it rewrites the shard as of Delta version {staged.read_version}, the table is at {latest} now"
+    if attempt.rewrite is None and staged is not None:
+        return "it rewrites the shard into a schema the table has, or the sink file no longer asks for"
+    return None
+
+
 @dataclass
 class StagedFiles:
     """What one attempt staged: the correction, its statistics and checksums per partition, and
@@ -354,12 +395,19 @@ def stage(attempt: Attempt) -> StagedFiles | WriteResult:
         differential.label_jobs(attempt.spark, "reconcile: drift (foreign versions since the last batch)")
         attempt.drift = drift_.find(attempt.spark, attempt.ledger, attempt.table, read_version, attempt.desc.upper)
         differential.label_jobs(attempt.spark, "reconcile: the correction and its staged write")
-        carried = carried_checksums(attempt.ledger, attempt.table, attempt.desc.lower, read_version)
+        carried = None
+        if attempt.rewrite is None:  # a rewrite changes every row's hash: nothing recorded before is carried
+            carried = carried_checksums(attempt.ledger, attempt.table, attempt.desc.lower, read_version)
         if carried is not None:  # the shard holds exactly what the previous batch committed
             (prev,) = attempt.ledger.committed_ending_at(attempt.cfg.name, attempt.desc.lower)
             attempt.previous_sources = source_versions(prev.manifest)
-            attempt.previous_digest = Manifest.from_json(prev.manifest).query_digest
+            before = Manifest.from_json(prev.manifest)
+            attempt.previous_digest, attempt.previous_refresh = before.query_digest, before.refresh
+        else:
+            attempt.full_why = (not_carried(attempt), False)
         corr, stats, sums = _stage_until_it_adds_up(attempt, persist, carried if checksums.ENABLED else None, empty)
+        if attempt.rewrite is not None:  # the projection persist was, staged beside the correction
+            stage_rewrite(attempt, read_version)
         failpoint("write.after_partition_staged")
         sizes = files.list_files(attempt.path)
         digests = {rel: files.digest(f"{attempt.path}/{rel}") for rel in sizes}
@@ -378,10 +426,44 @@ def desc_version(attempt: Attempt) -> int:
     return attempt.read_version
 
 
+def not_carried(attempt: Attempt) -> str:
+    """Why the shard's checksums are not carried from the previous batch (so a query batch cannot
+    take its sources' changes)."""
+    if attempt.drift.versions:
+        listed = ", ".join(map(str, attempt.drift.versions[:5]))
+        return f"the shard was written behind the sink's back since the previous batch (Delta version(s) {listed})"
+    if not attempt.ledger.committed_ending_at(attempt.cfg.name, attempt.desc.lower):
+        return "no committed batch ends at this batch's lower"
+    return "the shard's checksums are not carried from the previous batch (a schema rewrite, or none recorded)"
+
+
+def stage_rewrite(attempt: Attempt, read_version: int) -> None:
+    """Stage the shard rewritten into the sink file's schema beside the correction computed
+    against it (:mod:`reconcile.sink.evolve`); the append commits both in one Delta version."""
+    plan = attempt.rewrite
+    assert plan is not None
+    differential.label_jobs(attempt.spark, "reconcile: the shard rewritten into the sink file's schema")
+    try:
+        rows = evolve.stage_rewrite(attempt.spark, attempt.table, read_version, plan, attempt.path)
+    finally:
+        differential.label_jobs(attempt.spark, None)
+    attempt.rewritten = Rewrite(read_version, plan.describe(), rows, {})
+    event(
+        log,
+        f"staged the shard rewritten into the sink file's schema ({plan.describe()}) with the batch",
+        rows_rewritten=rows,
+        read_version=read_version,
+        **attempt.state,
+    )
+
+
 def read_persist(attempt: Attempt, read_version: int) -> DataFrame:
     """The shard as read at ``read_version``: for a kind that compares row keys first, with each
     row's stored key (:func:`reconcile.storage.frames.read_keyed`; what it had to hash is said on
     the batch's log), else its rows."""
+    if attempt.rewrite is not None:  # the shard as the batch's commit leaves it: the new schema, fresh keys
+        persist = evolve.projected(attempt.spark, attempt.table, read_version, attempt.rewrite)
+        return persist if kinds.of(attempt.cfg).hashes_first else persist.drop(*ROW_KEYS)
     if not kinds.of(attempt.cfg).hashes_first:
         return frames.read_updates(attempt.spark, attempt.table, read_version)
     persist, how = frames.read_keyed(attempt.spark, attempt.table, read_version)
@@ -487,6 +569,8 @@ def _stage_once(
         attempt.shard_rows,
         attempt.previous_sources if incremental else None,
         attempt.previous_digest,
+        attempt.previous_refresh,
+        attempt.full_why if incremental else ("computed again in full after the batch did not add up", True),
         lambda column, keys: frames.read_files_holding(
             attempt.spark, attempt.table, desc_version(attempt), column, keys
         ),
@@ -538,8 +622,19 @@ def manifest_of(attempt: Attempt, staged: StagedFiles) -> Manifest:
         drift=attempt.drift.record(attempt.cfg, staged.corr),
         sources=staged.corr.sources,
         query_digest=staged.corr.query_digest,
+        rewrite=_rewrite_of(attempt, staged),
+        refresh=staged.corr.refresh,
         partitioned_by=differential.partitioned_by(attempt.cfg),
     )
+
+
+def _rewrite_of(attempt: Attempt, staged: StagedFiles) -> Rewrite | None:
+    """The manifest's record of the shard's rewrite staged with the batch (None: none)."""
+    r = attempt.rewritten
+    if r is None:
+        return None
+    mine = sorted(k for k in staged.sizes if k.startswith(f"{evolve.REWRITE_DIR}/"))
+    return replace(r, files={k: staged.sizes[k] for k in mine}, digests={k: staged.digests[k] for k in mine})
 
 
 def record(attempt: Attempt, staged: StagedFiles) -> WriteResult:
@@ -581,7 +676,10 @@ def record(attempt: Attempt, staged: StagedFiles) -> WriteResult:
         return attempt.lost()
     failpoint("write.after_staged")
     progress = FeedProgress.flat(feed)
+    way = {"refresh": manifest.refresh_text()} if manifest.refresh is not None else {}
     read = {"files_read": "{} of {}".format(*staged.corr.files_read)} if staged.corr.files_read else {}
-    msg = event(log, "staged batch", **row.summary(), partitions=attempt.cfg.partitions, **read, **progress, **state)
+    msg = event(
+        log, "staged batch", **row.summary(), partitions=attempt.cfg.partitions, **way, **read, **progress, **state
+    )
     parts = manifest.to_dict()["parts"]
     return WriteResult(Outcome.STAGED, msg, manifest.rows_ok, manifest.rows_err, drift, parts, desc.batch_id)

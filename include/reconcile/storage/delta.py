@@ -24,7 +24,7 @@ from urllib.parse import unquote
 
 from reconcile import settings
 from reconcile.config import SinkConfig
-from reconcile.errors import Retryable, ShardSchemaChanged, SinkError, SinkSchemaChange, brief
+from reconcile.errors import Retryable, ShardSchemaChanged, SinkError, SinkSchemaChange, StagedBatchInvalid, brief
 from reconcile.log import iso
 from reconcile.model import ROW_KEYS
 from reconcile.storage import files, schema_change
@@ -316,14 +316,19 @@ class ShardTable:
         cols += [("_time", "long"), ("_diff", "long"), ("_error", "string")]
         return cols + ([(k, "long") for k in ROW_KEYS] if keyed else [])
 
-    @staticmethod
-    def _fields(columns: list[tuple[str, str]]) -> list[dict]:
-        return [{"name": n, "type": t, "nullable": True, "metadata": {}} for n, t in columns]
+    def _fields(self, columns: list[tuple[str, str]]) -> list[dict]:
+        keys = {k.lower() for k in getattr(self.cfg, "key_columns", ())}
+        marked = {schema_change.KEY_META: True}  # an upsert key column: a change of the key is refused
+        return [
+            {"name": n, "type": t, "nullable": True, "metadata": marked if n.lower() in keys else {}}
+            for n, t in columns
+        ]
 
     def _schema_json(self) -> str:
         """The shard's Delta schema: the sink's columns, then ``_time``, ``_diff``, ``_error`` and
         the row key (:data:`~reconcile.model.ROW_KEYS`). Every column is nullable in the table
-        (error rows null them; files written before the row key was stored hold none)."""
+        (error rows null them; files written before the row key was stored hold none). An upsert
+        sink's key columns carry :data:`.schema_change.KEY_META` in their field metadata."""
         return json.dumps({"type": "struct", "fields": self._fields(self._columns())})
 
     @property
@@ -412,7 +417,9 @@ class ShardTable:
         have = sink_cols + own
         want = [(n.lower(), t) for n, t in self._columns()]
         legacy = [(n.lower(), t) for n, t in self._columns(keyed=False)]  # created before the row key was stored
-        if have in (want, legacy):
+        key = schema_change.recorded_key(schema)
+        same_key = key is None or set(key) == {k.lower() for k in getattr(self.cfg, "key_columns", ())}
+        if have in (want, legacy) and same_key:
             return schema_change.SchemaPlan()
         own_want = [c for c in want if c[0] in schema_change.SHARD_COLUMNS]
         own_legacy = [c for c in legacy if c[0] in schema_change.SHARD_COLUMNS]
@@ -420,10 +427,11 @@ class ShardTable:
             raise ShardSchemaChanged(
                 f"Delta table {self.path} has columns {have}, the sink expects {want}", sink=self.name
             )
-        plan = schema_change.plan(self.cfg, sink_cols)
+        plan = schema_change.plan(self.cfg, sink_cols, key=key)
         if not plan.supported:
+            what = "upsert key" if any(c.key for c in plan.changes) else "columns"
             raise SinkSchemaChange(
-                f"the sink file {self.cfg.path or '(no file)'} changes the shard's columns, which no run "
+                f"the sink file {self.cfg.path or '(no file)'} changes the shard's {what}, which no run "
                 f"applies: {plan.refusal()}.",
                 sink=self.name,
             )
@@ -438,14 +446,15 @@ class ShardTable:
         # the schema alone first (no file list: validate reads every sink's log)
         schema = DeltaTable(self.path, storage_options=self.storage_options, without_files=True).schema().to_json()
         sink_cols, _ = schema_change.table_columns(schema)
-        plan = schema_change.plan(self.cfg, sink_cols)
+        plan = schema_change.plan(self.cfg, sink_cols, key=schema_change.recorded_key(schema))
         if not plan:
             return plan
         dt = self.snapshot()
         schema = dt.schema().to_json()
         counts = dt.get_add_actions(flatten=True).column("num_records").to_pylist()
         rows = None if any(c is None for c in counts) else int(sum(counts))
-        plan = schema_change.plan(self.cfg, schema_change.table_columns(schema)[0], rows)
+        key = schema_change.recorded_key(schema)
+        plan = schema_change.plan(self.cfg, schema_change.table_columns(schema)[0], rows, key)
         if plan and schema_change.who_changed(self, schema) == "foreign":
             return schema_change.SchemaPlan(plan.changes, rows, (*plan.notes, "foreign"))
         return plan
@@ -465,6 +474,7 @@ class ShardTable:
         lower: int,
         fence: Callable[[], None] | None = None,
         schema: Any = None,
+        rewrite_of: int | None = None,
     ) -> int | None:
         """Commit ``staged`` (``(path relative to the table, size, stats)``) as one Delta version
         whose commit metadata is ``meta`` and whose application transaction is ``lower``: only if
@@ -477,7 +487,11 @@ class ShardTable:
         lost) ends the commit with nothing committed.
 
         ``schema`` (a delta-rs schema): the table's new schema, committed in the same version (a
-        sink file's schema change, :mod:`.schema_change`).
+        sink file's schema change, :mod:`.schema_change`). ``rewrite_of``: ``staged`` holds the
+        shard rewritten into that schema from Delta version ``rewrite_of``
+        (:mod:`reconcile.sink.evolve`): the commit also removes every file of that version, and
+        is made as the version right after it or not at all (a table that moved since refuses
+        the batch: :class:`StagedBatchInvalid`, its write stages it again).
 
         Returns the new version, or None when the guard skipped the commit (a version at or
         above ``lower`` is recorded: someone committed this lower, or a later one)."""
@@ -486,9 +500,17 @@ class ShardTable:
             recorded = dt.transaction_version(self.app_id)
             if recorded is not None and recorded >= lower:
                 return None
+            if rewrite_of is not None and dt.version() != rewrite_of:
+                raise StagedBatchInvalid(
+                    f"the batch with lower {iso(lower)} rewrites the shard into the sink file's schema as of Delta "
+                    f"version {rewrite_of}, and the table is at version {dt.version()} now",
+                    sink=self.name,
+                    remedy="rerun its write: it stages the batch again against the table as it is.",
+                )
             if fence is not None:
                 fence()
-            version = self._commit_at_next(dt, "append", staged, {"op": "batch", **meta}, lower, "append", schema)
+            mode = "append" if rewrite_of is None else "overwrite"  # an overwrite removes every file of dt
+            version = self._commit_at_next(dt, mode, staged, {"op": "batch", **meta}, lower, "append", schema)
             if version is not None:
                 return version
             time.sleep(min(0.05 * (attempt + 1), 0.5))  # another version took it: check the newer snapshot

@@ -19,7 +19,7 @@ from reconcile.sql_names import spark_name
 from reconcile.storage import layout
 from reconcile.storage.commits import added_files
 from reconcile.storage.delta import ShardTable
-from reconcile.storage.layout import PART_COLUMN
+from reconcile.storage.layout import PART_COLUMN, part_of
 
 
 def schema(cfg: SinkConfig, *, with_part: bool = False, keyed: bool = False) -> StructType:
@@ -292,7 +292,8 @@ def committed_stats(
     out: dict[int, dict[int, dict]] = {}
     owner: list[tuple[str, int, int, str | None]] = []
     for v, (parts, by) in versions.items():
-        files = [a["path"] for a in added_files(table.commit_actions(v))]
+        # a partition's files (not the shard rewritten into a new schema in the batch's version)
+        files = [a["path"] for a in added_files(table.commit_actions(v)) if part_of(a["path"]) is not None]
         if all(f in present for f in files):
             out[v] = {}
             owner += [(f, v, parts, by) for f in files]

@@ -13,9 +13,14 @@ What a run applies (:attr:`SchemaPlan.supported`): a nullable column added, whos
 the new schema and the correction it implies in one Delta version (rows written before read the
 column as null; Spark's ``xxhash64`` skips null values, so every stored row key and carried
 checksum stays the row's: nothing is rewritten); a numeric widening, a drop, a rename or a
-reordering, which change every row's key: the run's write first rewrites the shard's files into
-the new schema with fresh keys (:mod:`reconcile.sink.evolve`). Refused: any other type change, a
-column added ``nullable: false``, an upsert key's change (remedy: a new sink).
+reordering, which change every row's key: the batch's write stages the shard's files rewritten
+into the new schema with fresh keys beside its correction, and its append commits both, the new
+schema and every old file removed, in one Delta version (:mod:`reconcile.sink.evolve`). Refused:
+any other type change, a column added ``nullable: false``, an upsert key's change (remedy: a new
+sink): a key column added, retyped or renamed, and, on a shard that records its key (the Delta
+field metadata ``reconcile_upsert_key`` of each key column: every upsert shard created, or whose
+schema a batch changed, since), any change of ``upsert.key``, a key column dropped with it
+included.
 """
 
 from __future__ import annotations
@@ -33,6 +38,8 @@ _INTEGRAL = ("byte", "short", "integer", "long")
 _DECIMAL = re.compile(r"^decimal\((\d+),(\d+)\)$")
 
 ADDED, WIDENED, DROPPED, RENAMED, RETYPED, REORDERED = "added", "widened", "dropped", "renamed", "retyped", "reordered"
+KEY = "key"  # an upsert sink's key changed (``old``/``new``: the shard's key and the file's)
+KEY_META = "reconcile_upsert_key"  # the Delta field metadata that marks an upsert shard's key column
 
 
 def widens(old: str, new: str) -> bool:
@@ -67,6 +74,8 @@ class Change:
             return f"column {self.old} renamed to {self.column}"
         if self.what == REORDERED:
             return f"columns reordered ({self.new})"
+        if self.what == KEY:
+            return f"upsert.key changed from [{self.old}] (the shard's) to [{self.new}]"
         return f"column {self.column} dropped"
 
     @property
@@ -120,8 +129,8 @@ class SchemaPlan:
         if self.rewrites:
             rows = "every" if self.rows is None else f"{self.rows}"
             return (
-                f"{rows} update rows rewritten (the shard's files, in the new schema with fresh row keys, one commit "
-                "before the batch's; history kept), then the batch's correction"
+                f"{rows} update rows rewritten (the shard's files, in the new schema with fresh row keys, committed "
+                "with the batch's correction in its one Delta version; history kept)"
             )
         return (
             "0 rows rewritten (one metadata change in the next batch's commit; rows written before read "
@@ -154,14 +163,27 @@ def table_columns(schema_json: str) -> tuple[list[tuple[str, str]], list[tuple[s
     return [c for c in cols if c[0] not in SHARD_COLUMNS], own
 
 
-def plan(cfg: SinkConfig, table_cols: list[tuple[str, str]], rows: int | None = None) -> SchemaPlan:
+def recorded_key(schema_json: str) -> tuple[str, ...] | None:
+    """The upsert key a shard's Delta schema (its JSON) records (:data:`KEY_META` on its key
+    columns' fields), lowercased, in table order; None when it records none (not an upsert shard,
+    or one created before the key was recorded)."""
+    fields = json.loads(schema_json)["fields"]
+    found = tuple(f["name"].lower() for f in fields if (f.get("metadata") or {}).get(KEY_META))
+    return found or None
+
+
+def plan(
+    cfg: SinkConfig, table_cols: list[tuple[str, str]], rows: int | None = None, key: tuple[str, ...] | None = None
+) -> SchemaPlan:
     """The changes from ``table_cols`` (the shard's sink columns, ``(name, Delta type)`` in table
-    order) to the sink file's columns."""
+    order) to the sink file's columns; ``key``: the upsert key the shard records
+    (:func:`recorded_key`), against the file's ``upsert.key``."""
     have = dict(table_cols)
     want = _pairs(cfg)
     declared = {c.name.lower(): (c.renamed_from or "").lower() or None for c in cfg.columns}
     nullable = {c.name.lower(): c.nullable for c in cfg.columns}
     keys = {k.lower() for k in getattr(cfg, "key_columns", ())}
+    old_keys = set(key or ())
     wanted = {n for n, _ in want}
     changes: list[Change] = []
     notes: list[str] = []
@@ -172,7 +194,7 @@ def plan(cfg: SinkConfig, table_cols: list[tuple[str, str]], rows: int | None = 
         if old_name is None and src is not None:
             if src in have and src not in wanted:
                 old_name = src
-                changes.append(Change(RENAMED, name, old=src, key=name in keys))
+                changes.append(Change(RENAMED, name, old=src, key=name in keys or src in old_keys))
             else:
                 notes.append(f"{name}.renamed_from: {src} is not a column of the shard (read as an added column)")
         if old_name is None:
@@ -184,10 +206,13 @@ def plan(cfg: SinkConfig, table_cols: list[tuple[str, str]], rows: int | None = 
             what = WIDENED if widens(old_type, typ) else RETYPED
             changes.append(Change(what, name, old=old_type, new=typ, key=name in keys))
     gone = [n for n, _ in table_cols if n not in kept]
-    changes += [Change(DROPPED, n) for n in gone]
+    changes += [Change(DROPPED, n, key=n in old_keys) for n in gone]
     order = [n for n, _ in table_cols if n in kept]
     if order != kept:
         changes.append(Change(REORDERED, kept[0], new=", ".join(kept)))
+    if key is not None and keys and old_keys != keys:  # the file's upsert.key is not the shard's
+        new_key = ", ".join(k.lower() for k in getattr(cfg, "key_columns", ()))
+        changes.append(Change(KEY, new_key, old=", ".join(key), new=new_key, key=True))
     return SchemaPlan(tuple(changes), rows, tuple(notes))
 
 
