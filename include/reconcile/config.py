@@ -497,6 +497,12 @@ class SinkConfig(BaseModel):
         return Path(self._path).resolve().parent
 
     @property
+    def partition_key(self) -> tuple[str, ...]:
+        """The columns the shard's hash partitions hash instead of every column of a row (an
+        upsert sink's key: every update of a key in one partition); none for the other kinds."""
+        return ()
+
+    @property
     def column_names(self) -> list[str]:
         return [c.name for c in self.columns]
 
@@ -586,6 +592,10 @@ class UpsertSink(SinkConfig):
         names = {c.name.lower(): c.name for c in self.columns}
         keys = [self.upsert.key] if isinstance(self.upsert.key, str) else self.upsert.key
         return tuple(names[k.lower()] for k in keys)
+
+    @property
+    def partition_key(self) -> tuple[str, ...]:
+        return self.key_columns
 
     @property
     def value_columns(self) -> list[str]:

@@ -44,13 +44,13 @@ def partitioned_by(cfg: SinkConfig) -> str | None:
     """What a batch of this sink writes its hash partitions by: ``"key"`` for an upsert sink
     (every update of a key in one partition), None for every row's columns (the other kinds,
     and the upsert batches of releases before the key layout, whose manifests say nothing)."""
-    return KEY if cfg.kind == "upsert" else None
+    return KEY if cfg.partition_key else None
 
 
 def key_order(cfg: SinkConfig) -> list[str]:
     """The columns a sink's files are sorted by within each hash partition (an upsert sink's
     key: narrow key ranges per file), or none."""
-    return list(getattr(cfg, "key_columns", ())) if partitioned_by(cfg) == KEY else []
+    return list(cfg.partition_key)
 
 
 def partition_of(cfg: SinkConfig, partitions: int | SCol | None = None, by: str | None = "sink") -> SCol:
@@ -59,7 +59,7 @@ def partition_of(cfg: SinkConfig, partitions: int | SCol | None = None, by: str 
     different P are mixed); ``by`` defaults to what the sink's batches write (:func:`partitioned_by`)."""
     p = partitions if isinstance(partitions, SCol) else F.lit(partitions or cfg.partitions)
     by = partitioned_by(cfg) if by == "sink" else by
-    columns = list(getattr(cfg, "key_columns", ())) if by == KEY else row_columns(cfg)
+    columns = list(cfg.partition_key) if by == KEY else row_columns(cfg)
     return F.pmod(F.xxhash64(*[F.col(spark_name(c)) for c in columns]), p).cast("int")
 
 

@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
     from reconcile.checksums import BatchChecks
-    from reconcile.config import SinkConfig
+    from reconcile.config import SinkConfig, Source
     from reconcile.kinds.preview import Desired, Updates
 
 
@@ -94,6 +94,9 @@ class Bounds:
     # files read, files in all)``, or
     # None where files cannot be told apart (:func:`reconcile.storage.frames.read_files_holding`).
     files_holding: Callable[[str, list], tuple[DataFrame, int, int] | None] | None = None
+    # ``(feed, key, time, offset) -> the ranges of key`` that hold every key the batch's feed can
+    # touch, from its statistics, or None where not known (:mod:`reconcile.storage.feed_stats`).
+    feed_key_ranges: Callable[[Source, str, str, str], list | None] | None = None
 
 
 @dataclass(frozen=True)

@@ -65,17 +65,16 @@ def correction(spark: SparkSession, cfg: UpsertSink, persist: DataFrame, bounds:
     cmds = commands(cfg, feed, lower, upper, watermark)
     fix = prior = None
     repaired = None
-    files_read = None
+    read: tuple[int, int] | None = None
     if bounds.repair is not None:
         fix, prior, repaired = _repair(spark, cfg, persist, bounds)
     elif bounds.checks is None or bounds.checks.carried is not None:
         narrowed = _files_of_keys(spark, cfg, bounds)
         if narrowed is not None:
-            persist, *files_read = narrowed
+            persist, read = narrowed[0], (narrowed[1], narrowed[2])
     first = bounds.empty_shard and fix is None  # nothing to retract: the commands' updates alone
     updates = upsert_correction(cfg, cmds, persist, lower, bounds.checks, prior=prior, fix=fix, empty=first)
-    read = tuple(files_read) if files_read else None
-    return Correction(updates, lambda: progress(observation, watermark), repaired, files_read=read)  # type: ignore[arg-type]
+    return Correction(updates, lambda: progress(observation, watermark), repaired, files_read=read)
 
 
 # How many distinct keys a batch's commands may touch for it to read only the shard's files that
@@ -86,18 +85,18 @@ INTEGRAL_KEYS = ("tinyint", "smallint", "int", "bigint")
 
 def _files_of_keys(spark: SparkSession, cfg: UpsertSink, bounds: Bounds) -> tuple | None:
     """(the shard's files that can hold the batch's keys, files read, files in all), from the
-    files' key statistics (:mod:`reconcile.kinds.upsert_files`); None when the shard is read
+    files' key statistics (:mod:`reconcile.storage.feed_stats`); None when the shard is read
     whole: no reader of files (:class:`Bounds`), a first key column that is not an integer, or
     more than :data:`FEW_KEYS` keys. The batch's keys are bounded by the feed's statistics where
     it has them (no job), else by one Spark job that reads the commands' first key column (the
     feed's files pruned as for the batch)."""
-    from reconcile.kinds.upsert_files import feed_key_ranges
-
     first = cfg.key_columns[0]
     types = {c.name: c.type for c in cfg.columns}
     if bounds.files_holding is None or bounds.empty_shard or types[first] not in INTEGRAL_KEYS:
         return None
-    ranges = feed_key_ranges(cfg, bounds.lower, bounds.watermark)
+    ranges = None
+    if bounds.feed_key_ranges is not None:
+        ranges = bounds.feed_key_ranges(cfg.source, first, cfg.time_column, cfg.offset_column)
     if ranges is None:
         raw = read_feed(spark, cfg)
         keep = could_apply(cfg, bounds.lower, bounds.watermark, _types(raw))

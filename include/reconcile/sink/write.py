@@ -57,7 +57,7 @@ from reconcile.sink import catalog, evolve
 from reconcile.sink import drift as drift_
 from reconcile.sink.sync import sync
 from reconcile.sink.verify import missing_columns, parse_manifest, staged_files
-from reconcile.storage import files, frames, layout
+from reconcile.storage import feed_stats, files, frames, layout
 from reconcile.storage.commits import MAINTENANCE
 from reconcile.storage.delta import ShardTable
 from reconcile.storage.ledger import Ledger
@@ -151,6 +151,7 @@ def batch_correction(
         why,
         allowed,
         files_holding,
+        lambda src, key, time, offset: feed_stats.feed_key_ranges(src, key, time, offset, lower, wm),
     )
     return kind.correction(spark, persist, bounds)
 

@@ -275,7 +275,7 @@ def _partition_by(cfg: SinkConfig, parts: Column, by: Column) -> Column:
     from reconcile.differential import KEY, partition_of
 
     row = partition_of(cfg, parts, by=None)
-    if cfg.kind != "upsert":
+    if not cfg.partition_key:
         return row
     return F.when(by == F.lit(KEY), partition_of(cfg, parts, by=KEY)).otherwise(row)
 
@@ -337,7 +337,7 @@ def checksums_by_time(
     rows = (
         read_updates(spark, table, version)
         .where(F.col("_time").isNotNull())
-        .select("_time", row_hash(cfg).alias("_h"), "_diff", *[spark_name(k) for k in getattr(cfg, "key_columns", ())])
+        .select("_time", row_hash(cfg).alias("_h"), "_diff", *[spark_name(k) for k in cfg.partition_key])
         .select(
             "_time",
             *[

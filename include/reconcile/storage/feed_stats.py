@@ -1,5 +1,5 @@
-"""Which files of an upsert shard a batch reads (issue 49): only those whose key range can hold
-one of the batch's keys.
+"""The keys an upsert batch can touch, bounded by its feed's statistics (issue 49): a batch reads
+only the shard's files whose key range can hold one of them.
 
 The shard's files are laid out by key (sorted within each hash partition of the key, cut every
 ``layout.ROWS_PER_FILE`` rows), so each file's key statistics bound a narrow range. The batch's
@@ -8,14 +8,15 @@ row groups (or files) whose time and offset statistics say every command in them
 left out, exactly as the batch's own read leaves them out (``upsert.could_apply``), and the key
 ranges of the others are merged (:func:`feed_key_ranges`). Where the feed has no statistics
 (JSON, CSV, a key that is not an integer), the batch's distinct keys are collected by one small
-Spark job instead (``upsert._files_of_keys``).
+Spark job instead (``kinds.upsert._files_of_keys``, which gets :func:`feed_key_ranges` through
+``Bounds.feed_key_ranges``: the kinds do no I/O of their own).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from reconcile.config import UpsertSink
+from reconcile.config import Source
 
 # Past this many feed files, their footers are not read (the batch's keys are collected instead).
 MAX_FEED_FILES = 2_000
@@ -99,15 +100,16 @@ def _delta_units(path: str, columns: list[str]) -> list[dict] | None:
     return units
 
 
-def feed_key_ranges(cfg: UpsertSink, lower: int, watermark: int | None) -> list[tuple[Any, Any]] | None:
-    """The key ranges (of the first key column) that hold every key a batch ``[lower, ...)`` can
-    touch, from the feed's statistics alone (merged, ascending; empty: no command to apply);
-    None where they are not known (a feed format without statistics, a source read at a fixed
-    version, no watermark yet, a column that is not an integer, a file without statistics)."""
-    src = cfg.source
+def feed_key_ranges(
+    src: Source, key: str, time: str, offset: str, lower: int, watermark: int | None
+) -> list[tuple[Any, Any]] | None:
+    """The ranges of ``key`` (merged, ascending; empty: no command to apply) that hold every key
+    a batch ``[lower, ...)`` can touch, from the statistics of the feed ``src`` (its ``time`` and
+    ``offset`` columns) alone; None where they are not known (a feed format without statistics, a
+    source read with options, no watermark yet, a column that is not an integer, a file without
+    statistics)."""
     if watermark is None or src.format not in ("parquet", "delta") or dict(src.options):
         return None
-    key, time, offset = cfg.key_columns[0], cfg.time_column, cfg.offset_column
     columns = [key, time, offset]
     try:
         if src.format == "parquet":
