@@ -710,7 +710,7 @@ def test_a_rewrite_killed_anywhere_finds_the_old_table_or_the_new_one(
 
 
 @pytest.mark.slow  # batches through Spark, a rewrite
-def test_the_guard_stops_a_rewrite_until_approved(spark, tmp_path, warehouse, sqlite_ledger):
+def test_the_guard_stops_a_rewrite_until_approved(spark, tmp_path, warehouse, sqlite_ledger, monkeypatch, capsys):
     from reconcile.errors import CorrectionBlocked
     from reconcile.sink import append, mint, write
 
@@ -727,6 +727,11 @@ def test_the_guard_stops_a_rewrite_until_approved(spark, tmp_path, warehouse, sq
     new = _sink(
         tmp_path, "guarded_rw", NEW, sql="SELECT k, v AS w, CAST(n AS BIGINT) AS n FROM src", correction_guard=guard
     )
+    monkeypatch.setenv("RECONCILE_SINKS_DIR", str(tmp_path))
+    capsys.readouterr()
+    assert main(["dry-run", "guarded_rw"]) == 0  # says so before the run
+    said = capsys.readouterr().out
+    assert "correction guard would STOP" in said and "rewrites all 6 update rows" in said, said
     desc = mint.run_mint(ledger, new, "r2", 1, 300).description
     # the correction changes no row's value, the rewrite every row's file: the guard counts those
     assert write.run_write(spark, ledger, new, desc.batch_id).outcome == "staged"
