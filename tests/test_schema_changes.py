@@ -616,6 +616,19 @@ def test_a_widening_drop_and_rename_rewrite_the_shard_in_the_batchs_one_version(
     cols = ["k", "v", "n"]
     assert +as_of(log, new, 399) == _model(later, cols)
     assert sorted((u["k"], u["_diff"]) for u in log if u["_time"] == 399) == [(3, -1), (3, 1), (9, -1)]
+    # show --as-of, diff and history read across the change, in the new columns (DuckDB over delta-rs)
+    capsys.readouterr()
+    assert main(["show", "evolving", "--as-of", "299", "--json"]) == 0
+    shown = json.loads(capsys.readouterr().out)["rows"]
+    assert Counter((r["k"], r["w"], r["n"]) for r in shown for _ in range(r["count"])) == Counter(
+        (r["k"], r["v"], r["n"]) for r in rows
+    )
+    assert main(["diff", "evolving", "--from", "299", "--to", "399", "--json"]) == 0
+    diff = json.loads(capsys.readouterr().out)["changes"]
+    assert sorted((r["k"], r["n"], r["diff"]) for r in diff) == [(3, 21, -1), (3, 22, 1), (9, 63, -1)]
+    assert main(["history", "evolving", "--json"]) == 0
+    versions = json.loads(capsys.readouterr().out)["versions"]
+    assert {(r["k"], r["n"]) for r in versions if r["valid_to"] is not None} == {(3, 21), (9, 63)}
     # the current-state table followed: the sink file's columns, in its order and types
     from deltalake import DeltaTable
 
