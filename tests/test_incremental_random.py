@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from helpers import append_foreign_row, make_sink, run_stages, shard_as_of
+from helpers import append_foreign_row, make_sink, run_job_killed_at, run_stages, shard_as_of
 from reconcile.manifest import Manifest
 
 Rows = list[tuple[int, int, str | None]]  # a source's rows: (k, g, v)
@@ -377,7 +377,6 @@ def test_a_batch_from_the_changes_killed_then_recovered_is_exact(
     batch's time, check finds nothing, the full comparison nothing to correct, and the batch after
     is taken from the changes again."""
     from reconcile.sink import append, check, mint, write
-    from test_crash import run_job_killed_at
 
     monkeypatch.setenv("RECONCILE_SINKS_DIR", str(tmp_path))
     shape = _shape("filter")
