@@ -274,6 +274,11 @@ def test_refresh_incremental_fails_a_batch_the_changes_do_not_determine(
     assert "the batch at 1970-01-01T00:00:00.299Z (299) read n at version 2; incremental (1 source version" in said
     _, note = tasks.batch_line(cfg.name, "r1", None)
     assert note.endswith("; incremental (1 source version, 2 rows changed)"), note
+    from reconcile.airflow import ui
+
+    page = ui.render_sink(cfg.name)
+    assert "read n at version 2; incremental (1 source version, 2 rows changed)" in page
+    assert f"read n at version 3; {third}" in page
 
 
 @pytest.mark.slow  # twelve batches through Spark
