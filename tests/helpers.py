@@ -10,6 +10,9 @@ from __future__ import annotations
 import ast
 import gc
 import json
+import os
+import subprocess
+import sys
 from collections import Counter
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
@@ -461,6 +464,34 @@ def parse_source(path: Path) -> ast.Module:
     finally:
         if enabled:
             gc.enable()
+
+
+# -- crashes: a stage killed at a fail point -----------------------------------------------------
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def run_job_killed_at(stage: str, cfg, run_id: str, point: str, remote: str | None) -> subprocess.CompletedProcess:
+    """The stage's job killed at ``point``; a write is a client of the Spark Connect server at
+    ``remote`` (every fail point is in the driver's Python, between Spark actions), or with
+    ``remote`` None its own local Spark JVM."""
+    if stage == "write":
+        cmd = [sys.executable, str(ROOT / "jobs" / "write_correction.py"), "--sink", cfg.name, "--run-id", run_id]
+    else:  # the append runs without a JVM: the CLI's append is the DAG's task
+        cmd = [sys.executable, "-m", "reconcile", "append", cfg.name, "--run-id", run_id]
+    env = {**os.environ, "RECONCILE_FAILPOINTS": f"{point}=kill"}
+    env.pop("PYSPARK_GATEWAY_PORT", None)
+    if remote:
+        env["RECONCILE_SPARK_REMOTE"] = remote
+    proc = subprocess.run(
+        cmd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 137, f"expected a kill at {point}, got {proc.returncode}: {proc.stderr[-2000:]}"
+    return proc
 
 
 def previous_release(tmp_path: Path, commit: str) -> Path:

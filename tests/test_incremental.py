@@ -234,6 +234,12 @@ def test_refresh_incremental_fails_a_batch_the_changes_do_not_determine(
         "incremental (1 source version, 2 rows changed)",
     ]
 
+    # `dry-run --spark` is a full comparison, whatever the policy: nothing to correct
+    from reconcile.sink.dry_run import spark_correction
+
+    dry = spark_correction(spark, sqlite_ledger, cfg, ShardTable(cfg), 300, 301)
+    assert (dry.inserts, dry.retractions) == (0, 0)
+
     spark.sql(f"UPDATE delta.`{path}` SET v = 'u' WHERE k = 4")
     rows = [(k, "u" if k == 4 else v) for k, v in rows]
     desc = mint.run_mint(sqlite_ledger, cfg, "r2", 1, 400).description
@@ -268,6 +274,11 @@ def test_refresh_incremental_fails_a_batch_the_changes_do_not_determine(
     assert "the batch at 1970-01-01T00:00:00.299Z (299) read n at version 2; incremental (1 source version" in said
     _, note = tasks.batch_line(cfg.name, "r1", None)
     assert note.endswith("; incremental (1 source version, 2 rows changed)"), note
+    from reconcile.airflow import ui
+
+    page = ui.render_sink(cfg.name)
+    assert "read n at version 2; incremental (1 source version, 2 rows changed)" in page
+    assert f"read n at version 3; {third}" in page
 
 
 @pytest.mark.slow  # twelve batches through Spark

@@ -199,8 +199,9 @@ def test_join_batches_recompute_the_keys_the_changes_touch(
 
 
 def test_what_the_keys_do_not_determine_is_compared_in_full(spark, warehouse, tmp_path, sqlite_ledger, caplog):
-    """A subquery (IN over another source), a window, a GROUP BY of an expression: each batch
-    compares in full, says why, and equals the model."""
+    """A subquery (IN over another source), a window, a GROUP BY of an expression, a table read
+    that is not a source (its changes are not seen): each batch compares in full, says why, and
+    equals the model."""
     a = Source(spark, str(tmp_path / "a"), "id BIGINT, k BIGINT, v STRING")
     b = Source(spark, str(tmp_path / "b"), "id BIGINT, k BIGINT, w STRING")
     sources = {"a": {"format": "delta", "path": a.path}, "b": {"format": "delta", "path": b.path}}
@@ -211,6 +212,7 @@ def test_what_the_keys_do_not_determine_is_compared_in_full(spark, warehouse, tm
             "k bigint, v string, n int",
         ),
         "expr": ("SELECT k % 2 AS odd, count(*) AS n FROM a GROUP BY k % 2", "odd bigint, n bigint"),
+        "other": (f"SELECT k, v FROM a UNION ALL SELECT k, w FROM delta.`{b.path}`", "k bigint, v string"),
     }
     sinks = [
         make_sink(tmp_path, f"full_{n}", schema=_columns(cols), query={"sources": sources, "sql": sql})
@@ -230,6 +232,7 @@ def test_what_the_keys_do_not_determine_is_compared_in_full(spark, warehouse, tm
     assert _said(caplog, "the query holds a subquery") == 1, _lines(caplog)
     assert _said(caplog, "nor one GROUP BY or join under projections and filters (Window)") == 1, _lines(caplog)
     assert _said(caplog, "% CAST(2 AS BIGINT)) is not a column of a source") == 1, _lines(caplog)
+    assert _said(caplog, "the query reads a table that is not one of its sources") == 1, _lines(caplog)
     rows = [(k, v) for _, k, v in a.rows]
     assert shard_as_of(sinks[0], 299) == Counter((k, v, None) for k, v in rows if k in {1, 2})
     by_k = {k: sorted(v for kk, v in rows if kk == k) for k, _ in rows}
@@ -239,3 +242,4 @@ def test_what_the_keys_do_not_determine_is_compared_in_full(spark, warehouse, tm
     assert shard_as_of(sinks[2], 299) == Counter(
         (o, sum(k % 2 == o for k, _ in rows), None) for o in {k % 2 for k, _ in rows}
     )
+    assert shard_as_of(sinks[3], 299) == Counter([(k, v, None) for k, v in rows] + [(k, w, None) for _, k, w in b.rows])

@@ -180,8 +180,10 @@ class QueryKind(OwnCollection):
         other = [s.name for s in cfg.sources if s.format != "delta"]
         if other:
             return f"source {other[0]} is not a Delta table", False
-        if bounds.full_why is not None or not bounds.previous_sources:
-            return bounds.full_why or "the previous batch recorded no source versions", bounds.full_allowed
+        if bounds.full_why is not None:
+            return bounds.full_why, bounds.full_allowed
+        if not bounds.previous_sources:  # not a write that knows the previous batch (dry-run --spark)
+            return "asked for the full comparison", True
         if bounds.previous_digest != digest:
             return "the sink file's query, sources or columns changed since the previous batch", True
         due = refresh.due(cfg, bounds.previous_refresh, bounds.upper)

@@ -44,23 +44,51 @@ ADDED = ("insert", "update_postimage")
 
 
 class NotIncremental(Exception):
-    """Why this batch takes the full comparison (said on the batch's log)."""
+    """Why this batch takes the full comparison (said on the batch's log). ``shape``: the query
+    is not linear for its nodes alone (it may be partitioned by a key: :func:`keyed`)."""
+
+    def __init__(self, why: str, shape: bool = False) -> None:
+        super().__init__(why)
+        self.shape = shape
 
 
-def require_linear(df: DataFrame) -> None:
+def require_linear(df: DataFrame, sources: set[str] | None = None) -> None:
     """Raise :class:`NotIncremental` unless the query is projections, filters and ``UNION ALL``
-    of its sources, deterministic and without the clock."""
+    of its ``sources`` (their views; and constants), deterministic, without the clock or a
+    subquery."""
     jdf = getattr(df, "_jdf", None)
     if jdf is None:
         raise NotIncremental("over Spark Connect the query's plan is not inspected here")
     plan = jdf.queryExecution().analyzed()
     other = sorted(plan_nodes(plan) - LINEAR_NODES)
     if other:
-        raise NotIncremental(f"the query is not only projections, filters and UNION ALL ({', '.join(other)})")
+        raise NotIncremental(f"the query is not only projections, filters and UNION ALL ({', '.join(other)})", True)
     text = plan.toString().lower()
     if not plan.deterministic() or any(c in text for c in CLOCK):
         raise NotIncremental("the query is not deterministic (a random number, the clock)")
     _no_subqueries(plan)
+    if sources is not None:
+        _reads_only(plan, {s.lower() for s in sources})
+
+
+def _reads_only(plan, sources: set[str]) -> None:
+    """Raise :class:`NotIncremental` where the query reads a table other than its sources' views
+    (whose changes the batch does not see): a leaf that is not under one, and not a constant."""
+    stack = [plan]
+    while stack:
+        n = stack.pop()
+        if n.nodeName() == "View":
+            try:
+                name = str(n.desc().identifier().table()).lower()
+            except Exception:  # noqa: BLE001 - a view not known: not a source
+                name = ""
+            if name not in sources:
+                raise NotIncremental(f"the query reads a view that is not one of its sources ({name or '?'})")
+            continue
+        children = _seq(n.children())
+        if not children and n.nodeName() not in ("LocalRelation", "OneRowRelation"):
+            raise NotIncremental("the query reads a table that is not one of its sources (its changes are not seen)")
+        stack += children
 
 
 def changes(
@@ -178,7 +206,12 @@ JOINS = {"Inner": "an inner", "LeftOuter": "a left outer"}
 # Touched key values up to this many are filtered by literal values (IN lists: the sources' data
 # skipping prunes files); more, by a broadcast semi-join. Literal values only of these types.
 FEW_KEYS = 1000
-LITERAL_TYPES = ("tinyint", "smallint", "int", "bigint", "string", "date", "boolean", "decimal")
+LITERAL_TYPES = {"tinyint", "smallint", "int", "bigint", "string", "date", "boolean"}
+
+
+def literal(type_name: str) -> bool:
+    """Are values of this Spark type compared as Python literals exactly (in an IN list)?"""
+    return type_name in LITERAL_TYPES or type_name.startswith("decimal(")
 
 
 @dataclass(frozen=True)
@@ -385,17 +418,24 @@ class KeyFilter:
 
     def __init__(self, keys: DataFrame) -> None:
         self.keys = keys
-        simple = all(f.dataType.simpleString().startswith(LITERAL_TYPES) for f in keys.schema.fields)
-        rows = keys.limit(FEW_KEYS + 1).collect() if simple else None
-        self.count = len(rows) if rows is not None and len(rows) <= FEW_KEYS else None
+        simple = all(literal(f.dataType.simpleString()) for f in keys.schema.fields)
         self.values: list[list] | None = None
-        if self.count is not None and rows is not None:
-            self.values = [sorted({r[i] for r in rows}, key=lambda v: (v is None, v)) for i in range(len(keys.columns))]
-        else:
-            self.keys = cached(keys)
+        self.count: int | None = None
+        try:  # the changes are read here, before the write: a feed not readable is said, not failed
+            rows = keys.limit(FEW_KEYS + 1).collect() if simple else None
+            if rows is not None and len(rows) <= FEW_KEYS:
+                self.count = len(rows)
+                self.values = [
+                    sorted({r[i] for r in rows}, key=lambda v: (v is None, v)) for i in range(len(keys.columns))
+                ]
+            else:
+                self.keys = cached(keys)
+                self.none = not self.keys.limit(1).collect()
+        except Exception as exc:
+            raise NotIncremental(f"the sources' changes are not readable: {brief(exc, 200)}") from None
 
     def empty(self) -> bool:
-        return self.count == 0 or (self.count is None and not self.keys.limit(1).collect())
+        return self.count == 0 if self.count is not None else self.none
 
     def apply(self, df: DataFrame, columns: list[str]) -> DataFrame:
         if self.values is not None:

@@ -129,8 +129,11 @@ def incremental_correction(
     added, removed = incremental.changes(spark, cfg, previous, versions)
     plus = incremental.run_on(spark, cfg, added)
     try:
-        incremental.require_linear(plus)
-    except incremental.NotIncremental:  # a GROUP BY or a join, or it says why not
+        incremental.require_linear(plus, {s.name for s in cfg.sources})
+    except incremental.NotIncremental as why:
+        if not why.shape:
+            raise
+        # a GROUP BY or a join, or it says why not
         updates, old = incremental.keyed_updates(spark, cfg, previous, versions, (added, removed), persist, upper)
     else:
         minus = incremental.run_on(spark, cfg, removed)

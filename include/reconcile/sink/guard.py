@@ -92,9 +92,12 @@ def preview(table: ShardTable, inserted: int, retracted: int) -> str | None:
     guard = cfg.correction_guard
     if guard.max_share is None:
         return None
-    change = Change(inserted, retracted, shard_rows(table))
+    change = Change(inserted, retracted, shard_rows(table), _rewritten(table))
+    rewrites = (
+        f" and rewrites all {change.rewritten:,} update rows into the sink file's schema" if change.rewritten else ""
+    )
     numbers = (
-        f"it inserts {inserted:,} and retracts {retracted:,} of the shard's {change.shard_rows:,} rows "
+        f"it inserts {inserted:,} and retracts {retracted:,} of the shard's {change.shard_rows:,} rows{rewrites} "
         f"({change.share:.1%}; correction_guard.max_share {guard.max_share:.1%}, min_rows {guard.min_rows:,})"
     )
     if stops(cfg, change):
@@ -103,6 +106,15 @@ def preview(table: ShardTable, inserted: int, retracted: int) -> str | None:
             f"run's batch (`python -m reconcile approve {cfg.name} BATCH`), else fix the source"
         )
     return f"the correction guard would let this batch through: {numbers}"
+
+
+def _rewritten(table: ShardTable) -> int:
+    """The update rows the next batch rewrites into the sink file's new schema (0: none)."""
+    if not table.exists():
+        return 0
+    plan = table.schema_plan()
+    applies = plan.rewrites and plan.supported and "foreign" not in plan.notes
+    return (plan.rows or 0) if applies else 0
 
 
 def check(

@@ -404,6 +404,8 @@ def stage(attempt: Attempt) -> StagedFiles | WriteResult:
             attempt.previous_sources = source_versions(prev.manifest)
             before = Manifest.from_json(prev.manifest)
             attempt.previous_digest, attempt.previous_refresh = before.query_digest, before.refresh
+            if not attempt.previous_sources:
+                attempt.full_why = ("the previous batch recorded no source versions", False)
         else:
             attempt.full_why = (not_carried(attempt), False)
         corr, stats, sums = _stage_until_it_adds_up(attempt, persist, carried if checksums.ENABLED else None, empty)
