@@ -9,8 +9,8 @@ is a Delta table whose change data feed covers the versions since, the correctio
     consolidate( Q(inserts and update postimages since) * +1  +  Q(deletes and update preimages since) * -1 )
 
 stamped at ``upper - 1``, computed from the changes alone: the sources are not scanned and the
-shard is not read. A query partitioned by a key (one GROUP BY over one source, an inner or left
-join of two, on plain columns: :func:`keyed`) is recomputed for the key values the changes touch
+shard is not read. A query partitioned by a key (one GROUP BY over one source, of its columns or
+expressions of them; an inner or left join of two on equal columns: :func:`keyed`) is recomputed for the key values the changes touch
 (:func:`keyed_updates`). Anything else (a window, a limit, a subquery, the clock or a random
 number; a source that is not Delta, whose feed is off or does not reach back, or whose version
 went back; the first batch; drift) takes the full comparison, with the reason on the batch's log.
@@ -216,13 +216,19 @@ def literal(type_name: str) -> bool:
 
 @dataclass(frozen=True)
 class Keyed:
-    """A query whose result is partitioned by a key: ``keys`` names, per source, the columns that
-    hold the key (in the key's order); ``output``, the query's output columns that carry it (None
-    when one is not in the output, or the shard cannot be filtered by it); ``what``, for the log."""
+    """A query whose result is partitioned by a key: ``keys`` gives, per source, the key's parts
+    (in order) as Spark SQL over the source's rows (a quoted column, or a deterministic expression
+    of its columns qualified by ``alias``: the source's frame is aliased so); ``output``, the query's
+    output columns that carry them (None when one is not in the output); ``what``, for the log."""
 
     what: str
     keys: dict[str, list[str]]
     output: list[str] | None
+    alias: str = ""
+
+    def frame(self, df: DataFrame) -> DataFrame:
+        """``df`` (a source's rows) as the key's expressions read it."""
+        return df.alias(self.alias) if self.alias else df
 
 
 def _seq(seq) -> list:
@@ -288,8 +294,8 @@ def _no_subqueries(plan) -> None:
 
 def keyed(df: DataFrame, sources: dict[str, DataFrame]) -> Keyed:
     """The key a query's result is partitioned by: a GROUP BY (or DISTINCT) over one source whose
-    grouping keys are its plain columns, or an inner or left join of two sources on equalities of
-    their plain columns, under projections, filters and HAVING; deterministic, without the clock,
+    grouping keys are its columns or deterministic expressions of them (whose SQL reads back as
+    themselves), or an inner or left join of two sources on equalities of their plain columns, under projections, filters and HAVING; deterministic, without the clock,
     without a subquery. ``df``: the query analysed over ``sources`` (each source's rows as read).
     Raises :class:`NotIncremental` saying what does not fit."""
     jdf = getattr(df, "_jdf", None)
@@ -310,7 +316,7 @@ def keyed(df: DataFrame, sources: dict[str, DataFrame]) -> Keyed:
         _renames(node, above)
         node = node.child()
     if node.nodeName() in ("Aggregate", "Distinct"):
-        return _grouped(plan, node, origin, above)
+        return _grouped(plan, node, origin, above, sources)
     if node.nodeName() == "Join":
         return _joined(node, origin)
     raise NotIncremental(
@@ -319,36 +325,70 @@ def keyed(df: DataFrame, sources: dict[str, DataFrame]) -> Keyed:
     )
 
 
-def _grouped(top, agg, origin: dict[int, tuple[str, str]], above: dict[int, int]) -> Keyed:
+def _grouped(
+    top, agg, origin: dict[int, tuple[str, str]], above: dict[int, int], sources: dict[str, DataFrame]
+) -> Keyed:
     child, aliases = agg.child(), dict[int, int]()
     source = _side(child, origin, aliases)
     if agg.nodeName() == "Distinct":
         groups, outputs = _seq(child.output()), _seq(child.output())
     else:
         groups, outputs = _seq(agg.groupingExpressions()), _seq(agg.aggregateExpressions())
-    columns, ids = [], []
+    parts, qualifiers = [], set()
     for g in groups:
         got = origin.get(_resolve(_xid(g), aliases)) if _kind(g) == "AttributeReference" else None
-        if got is None:
-            raise NotIncremental(f"the GROUP BY key {g.sql()} is not a column of a source")
-        columns.append(got[1])
-        ids.append(_xid(g))
+        if got is not None:
+            parts.append(spark_name(got[1]))
+            continue
+        qualifier = _expression_of(g, origin, sources[source])
+        if qualifier is None:
+            raise NotIncremental(f"the GROUP BY key {g.sql()} is not a column or an expression of a source's columns")
+        qualifiers.add(qualifier)
+        parts.append(str(g.sql()))
+    if len(qualifiers - {""}) > 1:
+        raise NotIncremental("the GROUP BY keys name their source's columns under more than one alias")
     # the aggregate's outputs that are a grouping key as it is, then the query's that are those
     carried: dict[int, int] = {}
     for ne in outputs:
         e = ne.child() if _kind(ne) == "Alias" else ne
-        if _kind(e) == "AttributeReference" and _xid(e) in ids:
-            carried[_xid(ne)] = ids.index(_xid(e))
-    output: list[str | None] = [None] * len(ids)
+        for i, g in enumerate(groups):
+            if e.semanticEquals(g):
+                carried[_xid(ne)] = i
+                break
+    output: list[str | None] = [None] * len(groups)
     for a in _seq(top.output()):
         xid = _xid(a)
         while xid not in carried and xid in above:
             xid = above[xid]
-        i = carried.get(xid)
-        if i is not None and output[i] is None:
-            output[i] = str(a.name())
+        at = carried.get(xid)
+        if at is not None and output[at] is None:
+            output[at] = str(a.name())
     whole = None if any(o is None for o in output) else [o for o in output if o is not None]
-    return Keyed("a GROUP BY", {source: columns}, whole)
+    return Keyed("a GROUP BY", {source: parts}, whole, max(qualifiers, default=""))
+
+
+def _expression_of(expr, origin: dict[int, tuple[str, str]], source: DataFrame) -> str | None:
+    """The one-part qualifier under which ``expr``'s Spark SQL (``expr.sql()``) reads the same
+    deterministic expression of the source's columns over its rows ("" for a constant), or None
+    (a column of a projection below, an expression whose SQL does not read back as itself)."""
+    if not expr.deterministic():
+        return None
+    refs = _seq(expr.references().toSeq())
+    if any(_xid(r) not in origin for r in refs):
+        return None
+    qualifiers = {tuple(str(q) for q in _seq(r.qualifier())) for r in refs}
+    if len(qualifiers) > 1 or any(len(q) != 1 for q in qualifiers):
+        return None
+    alias = qualifiers.pop()[0] if qualifiers else ""
+    try:
+        frame = source.alias(alias) if alias else source
+        back = frame.select(F.expr(str(expr.sql())))._jdf.queryExecution().analyzed().projectList().apply(0)
+        back = back.child() if _kind(back) == "Alias" else back
+        if back.semanticEquals(expr):
+            return alias
+    except Exception:  # noqa: BLE001 - its SQL does not read back
+        pass
+    return None
 
 
 def _conjuncts(expr) -> list:
@@ -386,7 +426,7 @@ def _joined(join, origin: dict[int, tuple[str, str]]) -> Keyed:
             continue
         for n, f in found.items():
             assert f is not None
-            keys[n].append(f[1])
+            keys[n].append(spark_name(f[1]))
     if not keys[left]:
         raise NotIncremental("the query's join has no equality of a column of each source")
     return Keyed(f"{JOINS[how]} join", keys, None)
@@ -401,8 +441,8 @@ def read_at(spark: SparkSession, cfg: QuerySink, name: str, version: int) -> Dat
 def touched(keyed_: Keyed, added: dict[str, DataFrame], removed: dict[str, DataFrame]) -> DataFrame:
     """The key values (``_k0``, ``_k1``, ...) of the rows added to or removed from the sources."""
     sides = [
-        df.select(*[F.col(spark_name(c)).alias(f"_k{i}") for i, c in enumerate(cols)])
-        for name, cols in keyed_.keys.items()
+        keyed_.frame(df).select(*[F.expr(e).alias(f"_k{i}") for i, e in enumerate(parts)])
+        for name, parts in keyed_.keys.items()
         for df in (added[name], removed[name])
     ]
     out = sides[0]
@@ -437,15 +477,17 @@ class KeyFilter:
     def empty(self) -> bool:
         return self.count == 0 if self.count is not None else self.none
 
-    def apply(self, df: DataFrame, columns: list[str]) -> DataFrame:
+    def apply(self, df: DataFrame, parts: list[str]) -> DataFrame:
+        """``df``'s rows whose key (``parts``: Spark SQL over ``df``) is among the touched."""
         if self.values is not None:
-            for c, values in zip(columns, self.values, strict=True):
-                col, present = F.col(spark_name(c)), [v for v in values if v is not None]
+            for part, values in zip(parts, self.values, strict=True):
+                col, present = F.expr(part), [v for v in values if v is not None]
                 cond = col.isin(*present) if present else F.lit(False)
                 df = df.where(cond | col.isNull() if None in values else cond)
             return df
-        on = [F.col(f"_l.{spark_name(c)}").eqNullSafe(F.col(f"_t.`_k{i}`")) for i, c in enumerate(columns)]
-        return df.alias("_l").join(F.broadcast(self.keys.alias("_t")), on, "left_semi")
+        keys = self.keys.select(*[F.col(f"_k{i}").alias(f"_reconcile_k{i}") for i in range(len(parts))])
+        on = [F.expr(part).eqNullSafe(F.col(f"_reconcile_k{i}")) for i, part in enumerate(parts)]
+        return df.join(F.broadcast(keys), on, "left_semi")
 
 
 def read_before(spark: SparkSession, cfg: QuerySink, name: str, version: int, now: int) -> DataFrame:
@@ -528,7 +570,7 @@ def keyed_updates(
         return nothing, nothing
 
     def run(sources: dict[str, DataFrame]) -> DataFrame:
-        views = {n: keys.apply(df, shape.keys[n]) if n in shape.keys else df for n, df in sources.items()}
+        views = {n: keys.apply(shape.frame(df), shape.keys[n]) if n in shape.keys else df for n, df in sources.items()}
         df = run_on(spark, cfg, views)
         require_columns(cfg, df, cfg.column_names, QUERY_SOURCE)
         return validate(cfg, df, QUERY_SOURCE, F.lit(1), None)
@@ -537,7 +579,7 @@ def keyed_updates(
     named = {c.name.lower(): c.name for c in cfg.columns}
     columns = [named.get(o.lower()) for o in shape.output or []]
     if persist is not None and shape.output is not None and None not in columns and not may_err(cfg, query):
-        old = keys.apply(persist.where(F.col("_time") < upper), [c for c in columns if c is not None])
+        old = keys.apply(persist.where(F.col("_time") < upper), [spark_name(c) for c in columns if c is not None])
         whence = "the shard"
     else:
         before = {n: read_before(spark, cfg, n, previous[n], versions[n]) for n in shape.keys}
