@@ -280,6 +280,24 @@ def test_refresh_incremental_fails_a_batch_the_changes_do_not_determine(
     assert "read n at version 2; incremental (1 source version, 2 rows changed)" in page
     assert f"read n at version 3; {third}" in page
 
+    # check --verify: the shard against the query over the sources at the versions the last batch
+    # read, compared in full; a foreign write since is a difference the next batch repairs
+    from reconcile.sink import check
+
+    found, line = check.verify_source(sqlite_ledger, cfg, spark)
+    assert (found.violations, found.repairing) == ([], []), found
+    assert line.endswith(
+        "is the query over its sources at the versions the last batch read (n at version 3): compared in full"
+    ), line
+    append_foreign_row(spark, cfg, 350)
+    found, line = check.verify_source(sqlite_ledger, cfg, spark)
+    assert found.violations == [] and len(found.repairing) == 1, found
+    assert (
+        "differs from the query over its sources at the versions the last batch read (n at version 3) in 1 update(s)"
+        in line
+    )
+    assert "the next batch repairs them" in found.repairing[0]
+
 
 @pytest.mark.slow  # twelve batches through Spark
 def test_refresh_full_and_full_every_take_the_full_comparison_when_said(

@@ -395,6 +395,60 @@ def verify_report(
     return rep, counts
 
 
+def _pinned_sources(cfg: SinkConfig, last) -> SinkConfig | None:
+    """A query sink over Delta sources whose last committed batch recorded the version of each:
+    the sink with every source pinned to that version (``versionAsOf``); else None."""
+    from reconcile.config import QuerySink
+    from reconcile.manifest import source_versions
+
+    versions = source_versions(last.manifest) or {}
+    if not isinstance(cfg, QuerySink) or not cfg.sources:
+        return None
+    if any(s.format != "delta" or s.name not in versions for s in cfg.sources):
+        return None
+    spec = cfg.query.sources
+    pinned = {n: s.model_copy(update={"options": {**s.options, "versionAsOf": versions[n]}}) for n, s in spec.items()}
+    return cfg.model_copy(update={"query": cfg.query.model_copy(update={"sources": pinned})})
+
+
+def against_pinned_sources(ledger: Ledger, pinned: SinkConfig, last, spark) -> tuple[CheckReport, str]:
+    """``check --verify`` of a query sink over Delta sources: the full comparison of the shard as
+    of the last batch's ``upper - 1`` with the query over its sources at the versions that batch
+    read (time travel), whichever way the batches took (their changes, or in full). A difference
+    is a violation, unless foreign commits since that batch explain it (the next batch repairs
+    them)."""
+    from reconcile.errors import SourceError
+    from reconcile.report import source_text
+    from reconcile.storage import frames
+
+    table = ShardTable(pinned)
+    at = {s.name: int(dict(s.options)["versionAsOf"]) for s in pinned.sources}  # type: ignore[attr-defined]
+    what = f"the query over its sources at the versions the last batch read ({source_text(at)})"
+    rep = CheckReport([], [])
+    try:
+        persist = frames.read_updates(spark, table)
+        corr = kinds.of(pinned).correction(spark, persist, kinds.Bounds(last.lower, last.upper, exact=True))
+        rows = corr.updates.drop("_part").cache()
+        n = rows.count()
+        sample = [r.asDict() for r in rows.limit(3).collect()]
+        rows.unpersist()
+    except SourceError as exc:
+        line = f"against the source: {what} cannot be read (a source vacuumed since?): {exc.message}"
+        rep.findings.append(line)
+        return rep, line
+    if n == 0:
+        return rep, f"against the source: the shard as of {iso(last.upper - 1)} is {what}: compared in full"
+    _, entries = table.history_since(last.read_version if last.read_version is not None else -1)
+    own = {c.version for c in batch_commits(entries)}
+    foreign = [v for v, meta in entries if v not in own and (meta or {}).get("op") not in ("compact", "maintenance")]
+    said = f"the shard as of {iso(last.upper - 1)} differs from {what} in {n} update(s) to correct (e.g. {sample})"
+    if foreign:
+        rep.repairing.append(f"{said}: foreign Delta version(s) {foreign[:10]} since; the next batch repairs them")
+    else:
+        rep.violations.append(said)
+    return rep, f"against the source: {said}"
+
+
 def verify_source(ledger: Ledger, cfg: SinkConfig, spark, current_verifies: bool = True) -> tuple[CheckReport, str]:
     """(what it found, one line): the shard as of the last committed ``upper - 1`` against what
     the sink's source defines, where that can be computed. Query and change log: the last
@@ -426,6 +480,8 @@ def verify_source(ledger: Ledger, cfg: SinkConfig, spark, current_verifies: bool
     if not committed:
         return rep, "against the source: nothing committed yet"
     upper = committed[-1].upper
+    if (pinned := _pinned_sources(cfg, committed[-1])) is not None:
+        return against_pinned_sources(ledger, pinned, committed[-1], spark)
     if not kinds.repairs_by_key(cfg):
         is_ = "is" if current_verifies else "is NOT"
         line = (
