@@ -31,11 +31,12 @@ def _columns(spec: str) -> list[dict]:
 class Source:
     """A Delta source with a change data feed and its rows, as the model sees them."""
 
-    def __init__(self, spark, path: str, ddl: str) -> None:
+    def __init__(self, spark, path: str, ddl: str, feed: bool = True) -> None:
         self.spark, self.path, self.ddl = spark, path, ddl
         self.rows: list[tuple] = []
         self.next_id = 0
-        spark.sql(f"CREATE TABLE delta.`{path}` ({ddl}) USING delta TBLPROPERTIES (delta.enableChangeDataFeed = true)")
+        on = "true" if feed else "false"
+        spark.sql(f"CREATE TABLE delta.`{path}` ({ddl}) USING delta TBLPROPERTIES (delta.enableChangeDataFeed = {on})")
 
     def insert(self, rows: list[tuple]) -> None:
         """Rows after their id (the first column)."""
@@ -201,10 +202,11 @@ def test_join_batches_recompute_the_keys_the_changes_touch(
 
 def test_what_the_keys_do_not_determine_is_compared_in_full(spark, warehouse, tmp_path, sqlite_ledger, caplog):
     """A subquery (IN over another source), a window, a GROUP BY of a projection's column, a table read
-    that is not a source (its changes are not seen): each batch compares in full, says why, and
-    equals the model."""
+    that is not a source (its changes are not seen), a GROUP BY over a source updated without a
+    change data feed: each batch compares in full, says why, and equals the model."""
     a = Source(spark, str(tmp_path / "a"), "id BIGINT, k BIGINT, v STRING")
     b = Source(spark, str(tmp_path / "b"), "id BIGINT, k BIGINT, w STRING")
+    c = Source(spark, str(tmp_path / "c"), "id BIGINT, k BIGINT, v STRING", feed=False)
     sources = {"a": {"format": "delta", "path": a.path}, "b": {"format": "delta", "path": b.path}}
     queries = {
         "sub": ("SELECT k, v FROM a WHERE k IN (SELECT k FROM b)", "k bigint, v string"),
@@ -222,6 +224,16 @@ def test_what_the_keys_do_not_determine_is_compared_in_full(spark, warehouse, tm
         make_sink(tmp_path, f"full_{n}", schema=_columns(cols), query={"sources": sources, "sql": sql})
         for n, (sql, cols) in queries.items()
     ]
+    no_feed = {"c": {"format": "delta", "path": c.path}}
+    sinks.append(
+        make_sink(
+            tmp_path,
+            "full_no_feed",
+            schema=_columns("k bigint, n bigint"),
+            query={"sources": no_feed, "sql": "SELECT k, count(*) AS n FROM c GROUP BY k"},
+        )
+    )
+    c.insert([(1, "x"), (1, "y"), (2, "z")])
     a.insert([(1, "x"), (2, "y"), (3, "x")])
     b.insert([(1, "m")])
     with caplog.at_level(logging.INFO, logger="reconcile"):
@@ -229,6 +241,7 @@ def test_what_the_keys_do_not_determine_is_compared_in_full(spark, warehouse, tm
             run_stages(spark, sqlite_ledger, cfg, "r0", 200)
         b.insert([(2, "m")])
         a.insert([(2, "w"), (5, "u")])
+        c.update(c.rows[0][0], "k", 1, 2)
         caplog.clear()
         for cfg in sinks:
             run_stages(spark, sqlite_ledger, cfg, "r1", 300)
@@ -237,6 +250,7 @@ def test_what_the_keys_do_not_determine_is_compared_in_full(spark, warehouse, tm
     assert _said(caplog, "nor one GROUP BY or join under projections and filters (Window)") == 1, _lines(caplog)
     assert _said(caplog, "is not a column or an expression of a source's columns") == 1, _lines(caplog)
     assert _said(caplog, "the query reads a table that is not one of its sources") == 1, _lines(caplog)
+    assert _said(caplog, "not readable") == 1, _lines(caplog)
     rows = [(k, v) for _, k, v in a.rows]
     assert shard_as_of(sinks[0], 299) == Counter((k, v, None) for k, v in rows if k in {1, 2})
     by_k = {k: sorted(v for kk, v in rows if kk == k) for k, _ in rows}
@@ -247,3 +261,4 @@ def test_what_the_keys_do_not_determine_is_compared_in_full(spark, warehouse, tm
         (o, sum((k + 1) % 2 == o for k, _ in rows), None) for o in {(k + 1) % 2 for k, _ in rows}
     )
     assert shard_as_of(sinks[3], 299) == Counter([(k, v, None) for k, v in rows] + [(k, w, None) for _, k, w in b.rows])
+    assert shard_as_of(sinks[4], 299) == Counter((k, n, None) for k, n in Counter(k for _, k, _ in c.rows).items())

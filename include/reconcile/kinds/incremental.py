@@ -92,10 +92,17 @@ def _reads_only(plan, sources: set[str]) -> None:
 
 
 def changes(
-    spark: SparkSession, cfg: QuerySink, previous: dict[str, int], versions: dict[str, int]
+    spark: SparkSession,
+    cfg: QuerySink,
+    previous: dict[str, int],
+    versions: dict[str, int],
+    probes: list[tuple[str, DataFrame]] | None = None,
 ) -> tuple[dict[str, DataFrame], dict[str, DataFrame]]:
     """Per source, its rows added and removed since the version the previous batch read (the
-    change data feed, versions ``previous + 1`` to the latest, recorded in ``versions``)."""
+    change data feed, versions ``previous + 1`` to the latest, recorded in ``versions``). Each
+    feed is read for one row here (:func:`probe`: one not recorded for some version fails before
+    the write), or, given ``probes``, there to be probed by the caller (a keyed query reads the
+    feeds whole before the write anyway)."""
     added: dict[str, DataFrame] = {}
     removed: dict[str, DataFrame] = {}
     for src in cfg.sources:
@@ -126,17 +133,31 @@ def changes(
                 .option("endingVersion", now)
                 .load(src.path)
             )
-            feed.limit(1).collect()  # a feed not recorded for some version fails here, not mid-write
         except Exception as exc:
-            raise NotIncremental(
-                f"source {src.name} changed other than by appends and its change data feed is not readable: "
-                f"{brief(exc, 200)}"
-            ) from None
+            raise NotIncremental(unreadable(src.name, exc)) from None
+        if probes is None:
+            probe([(src.name, feed)])
+        else:
+            probes.append((src.name, feed))
         kind = F.col("_change_type")
         keep = [c for c in feed.columns if c not in CDF_COLUMNS]
         added[src.name] = feed.where(kind.isin(*ADDED)).select(*keep)
         removed[src.name] = feed.where(~kind.isin(*ADDED)).select(*keep)
     return added, removed
+
+
+def unreadable(name: str, exc: BaseException) -> str:
+    return f"source {name} changed other than by appends and its change data feed is not readable: {brief(exc, 200)}"
+
+
+def probe(feeds: list[tuple[str, DataFrame]]) -> None:
+    """Read one row of each source's change feed: one not recorded for some version fails here,
+    before the write, not mid-write."""
+    for name, feed in feeds:
+        try:
+            feed.limit(1).collect()
+        except Exception as exc:
+            raise NotIncremental(unreadable(name, exc)) from None
 
 
 # The actions of a commit that only appends rows (``add`` with dataChange); any other action that

@@ -126,7 +126,8 @@ def incremental_correction(
     if is_remote(spark):
         raise incremental.NotIncremental("over Spark Connect the query's plan is not inspected here")
     require_query(spark, cfg)  # a command in query.sql is refused before anything runs
-    added, removed = incremental.changes(spark, cfg, previous, versions)
+    probes: list = []  # a keyed query reads the feeds whole before the write: no probe of a row
+    added, removed = incremental.changes(spark, cfg, previous, versions, probes)
     plus = incremental.run_on(spark, cfg, added)
     try:
         incremental.require_linear(plus, {s.name for s in cfg.sources})
@@ -136,6 +137,7 @@ def incremental_correction(
         # a GROUP BY or a join, or it says why not
         updates, old = incremental.keyed_updates(spark, cfg, previous, versions, (added, removed), persist, upper)
     else:
+        incremental.probe(probes)
         minus = incremental.run_on(spark, cfg, removed)
         for df in (plus, minus):
             require_columns(cfg, df, cfg.column_names, QUERY_SOURCE)
