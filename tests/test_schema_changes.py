@@ -838,3 +838,12 @@ def test_an_upsert_sink_widens_and_drops_a_value_column_by_a_rewrite(spark, tmp_
     current = DeltaTable(current_path(grown)).to_pyarrow_table()
     assert current.column_names == ["k", "n"] and str(current.schema.field("n").type) == "int64"
     assert Counter(tuple(r.values()) + (None,) for r in current.to_pylist()) == model
+    # the next batch reads the rewritten files for its keys (their key ranges), as any shard's
+    write_json_rows(tmp_path / "feed", [*old, *new, {"k": 3, "n": 31, "ts": 350, "off": 11}])
+    *_, a = run_stages(spark, ledger, grown, "r3", 400)
+    assert a.outcome == "committed", a.message
+    model = Counter({(1, 10, None): 1, (2, 2**40, None): 1, (3, 31, None): 1})
+    assert +as_of(update_log(grown), grown, 399) == model
+    from reconcile.sink import check
+
+    assert check.violations(ledger, grown, spark=spark) == []

@@ -574,7 +574,9 @@ def _stage_once(
         attempt.previous_digest,
         attempt.previous_refresh,
         attempt.full_why if incremental else ("computed again in full after the batch did not add up", True),
-        lambda column, keys: frames.read_files_holding(
+        None  # persist is the shard projected into the sink file's new schema, not the table's files
+        if attempt.rewrite is not None
+        else lambda column, keys: frames.read_files_holding(
             attempt.spark, attempt.table, desc_version(attempt), column, keys
         ),
     )
