@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
+from typing import cast
 
 from reconcile import kinds
 from reconcile.config import SinkConfig
@@ -398,11 +399,15 @@ def verify_report(
 def _pinned_sources(cfg: SinkConfig, last) -> SinkConfig | None:
     """A query sink over Delta sources whose last committed batch recorded the version of each:
     the sink with every source pinned to that version (``versionAsOf``); else None."""
+    from reconcile import kinds
     from reconcile.config import QuerySink
     from reconcile.manifest import source_versions
 
     versions = source_versions(last.manifest) or {}
-    if not isinstance(cfg, QuerySink) or not cfg.sources:
+    if not kinds.of(cfg).plans_sql:  # a query sink (the kind that plans SQL over its sources)
+        return None
+    cfg = cast(QuerySink, cfg)
+    if not cfg.sources:
         return None
     if any(s.format != "delta" or s.name not in versions for s in cfg.sources):
         return None
