@@ -83,6 +83,13 @@ def _print(title: str, seconds: float, stages: list[dict]) -> None:
         )
 
 
+def save(out: str, name: str, result: dict) -> None:
+    """The profile as ``<out>/<name>.json``."""
+    path = Path(out)
+    path.mkdir(parents=True, exist_ok=True)
+    (path / f"{name}.json").write_text(json.dumps(result, indent=2, default=str))
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--rows", type=int, default=10_000_000)
@@ -124,9 +131,7 @@ def main() -> int:
         )
     l0, b1 = result["batch0"]["seconds"], result["batch1"]["seconds"]
     print(f"\ninitial load / plain write: {l0 / plain:.2f}; batch / overwrite: {b1 / overwrite:.2f}")
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "profile_query.json").write_text(json.dumps(result, indent=2, default=str))
+    save(args.out, "profile_query", result)
     ledger.dispose()
     return 0
 

@@ -12,7 +12,6 @@ read of the shard's (its log line). Writes ``<out>/profile_upsert.json`` and pri
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
@@ -20,7 +19,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from alternatives import enable_deletion_vectors, expert_upsert, plain_load  # noqa: E402
-from profile_query import Stages, _get, _print  # noqa: E402
+from profile_query import Stages, _get, _print, save  # noqa: E402
 from workload import (  # noqa: E402
     ROOT,
     UPSERT_SCHEMA,
@@ -127,9 +126,7 @@ def main() -> int:
     print(f"\ninitial load / plain write: {l0 / plain:.2f}")
     for b in result["batches"][1:]:
         print(f"{b['commands']} commands: sink {b['seconds']:.2f} s, expert MERGE {b['expert_merge_s']:.2f} s")
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "profile_upsert.json").write_text(json.dumps(result, indent=2, default=str))
+    save(args.out, "profile_upsert", result)
     ledger.dispose()
     return 0
 
