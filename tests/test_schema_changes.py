@@ -139,7 +139,9 @@ def test_validate_says_what_the_next_run_does_and_refuses_the_sink_files_change(
         and "column n widened from integer to long" in lines["widened"]
     )
     assert "0 update rows rewritten" in lines["widened"]
-    assert lines["retyped"].startswith("INVALID retyped: the sink file changes the shard's columns")
+    assert lines["retyped"].startswith(
+        f"INVALID retyped: the sink file {sinks / 'retyped.yaml'} changes the shard's columns"
+    )
     assert "column n retyped from integer to string: only numeric widening keeps every value" in lines["retyped"]
     assert lines["foreign"].startswith("INVALID foreign: the shard's Delta table was changed behind the sink's back")
     assert "the sink file against it: column extra dropped" in lines["foreign"] and "RESTORE" in lines["foreign"]

@@ -7,11 +7,14 @@
   line; the shard equals the model after every batch, ``check`` and ``check --verify`` stay clean;
 - the first batch (one aggregate) keeps the history of keys with commands at several times;
 - a shard written by the previous release (row-hash partitions, its code run in a process of its
-  own) is read and corrected by the next batch with no manual step and relaid by a compaction.
+  own) is read and corrected by the next batch with no manual step and relaid by a compaction;
+  that batch records the upsert key in its own commit (issue 52), so a later change of
+  ``upsert.key`` is refused by ``validate`` and by the run.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from collections import defaultdict
@@ -20,8 +23,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from helpers import previous_release, run_previous, run_stages
+from reconcile import cli
 from reconcile.sink import check
-from reconcile.storage import layout
+from reconcile.storage import layout, schema_change
 from reconcile.storage.delta import ShardTable
 from upsert_model import UpsertModel, check_against, cmd, feed_rows, upsert_sink
 
@@ -119,7 +123,7 @@ def test_an_upsert_shard_is_laid_out_by_key_and_a_batch_reads_only_the_files_its
 
 @pytest.mark.slow
 def test_an_upsert_shard_of_the_previous_release_is_corrected_and_relaid_by_compaction(
-    spark, warehouse, tmp_path, sqlite_url, monkeypatch
+    spark, warehouse, tmp_path, sqlite_url, monkeypatch, capsys
 ):
     from reconcile.sink.compact import run_compact
     from reconcile.storage.ledger import Ledger
@@ -146,10 +150,20 @@ def test_an_upsert_shard_of_the_previous_release_is_corrected_and_relaid_by_comp
     check_against(spark, cfg, model, [199, 299])
 
     ledger = Ledger(sqlite_url)  # this release's, on the previous one's ledger
+    table = ShardTable(cfg)
+    assert schema_change.recorded_key(table.snapshot().schema().to_json()) is None  # that release recorded none
+    before = table.latest_version()
     feed += [cmd(k, f"c{k}", 350, 200 + k) for k in range(1, 45, 5)]
     feed_rows(tmp_path, feed)
     run_stages(spark, ledger, cfg, "new-1", 400)
     model.batch(feed, 300, 400)
+    # this release's first batch records the key in its own commit: one version, no other
+    assert table.latest_version() == before + 1
+    assert schema_change.recorded_key(table.snapshot().schema().to_json()) == ("k",)
+    actions = table.commit_actions(before + 1)
+    meta = json.loads(next(a["commitInfo"] for a in actions if "commitInfo" in a)["userMetadata"])["reconcile"]
+    assert meta["op"] == "batch" and meta["key_recorded"] == ["k"] and "schema_change" not in meta
+    assert sum("metaData" in a for a in actions) == 1 and [a["txn"]["version"] for a in actions if "txn" in a] == [300]
     check_against(spark, cfg, model, [199, 299, 350, 399])
     assert check.violations(ledger, cfg, spark=spark) == []
     lines, counts = check.verify_checksums(ledger, cfg, spark)
@@ -167,4 +181,21 @@ def test_an_upsert_shard_of_the_previous_release_is_corrected_and_relaid_by_comp
     check_against(spark, cfg, model, [399, 450, 499])
     assert check.violations(ledger, cfg, spark=spark) == []
     assert check.verify_checksums(ledger, cfg, spark)[0] == []
+
+    # the key recorded, a change of upsert.key is refused by validate and by the run: nothing committed
+    rekeyed = upsert_sink(tmp_path, name="ups_old", partitions=P, upsert={"key": ["v"]})
+    version = table.latest_version()
+    capsys.readouterr()
+    assert cli.main(["validate", "--dir", str(tmp_path), "--no-spark"]) == 1
+    said = [line for line in capsys.readouterr().out.splitlines() if line.startswith("INVALID")]
+    assert len(said) == 1 and said[0].startswith(f"INVALID ups_old: the sink file {rekeyed.path} changes"), said
+    assert "upsert.key changed from [k] (the shard's) to [v]" in said[0] and "a new sink" in said[0]
+    assert cli.main(["run", "ups_old", "--frontier", "600", "--run-id", "new-3"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and err.startswith("error: sink 'ups_old': "), err
+    assert f"the sink file {rekeyed.path} changes the shard's upsert key" in err
+    assert "upsert.key changed from [k] (the shard's) to [v]" in err and "a new sink" in err
+    assert table.latest_version() == version
+    assert not [b for b in ledger.batches("ups_old", ("committed",)) if b.run_id == "new-3"]
+    check_against(spark, cfg, model, [499])
     ledger.dispose()

@@ -138,10 +138,11 @@ def _schema_change_lines(cfg) -> list[str]:
             "not by the sink file: restore it (Delta RESTORE to the last version the sink committed)",
         ]
     if not plan.supported:
+        what = "upsert key" if any(c.key for c in plan.changes) else "columns"
         return [
             *out,
-            f"INVALID {cfg.name}: the sink file changes the shard's columns, which no run applies: {plan.refusal()}; "
-            f"keep the shard's columns or move the new schema to a new sink",
+            f"INVALID {cfg.name}: the sink file {cfg.path} changes the shard's {what}, which no run applies: "
+            f"{plan.refusal()}; keep the shard's {what} or move the new schema to a new sink",
         ]
     return [
         *out,

@@ -409,6 +409,9 @@ def commit(a: Appending) -> None:
         if a.schema_plan:  # the sink file's new columns, in this batch's commit (they bring the row key)
             schema = a.table.schema_for_commit()
             meta["schema_change"] = a.schema_plan.describe()
+        elif a.table.records_no_key():  # an upsert shard of an earlier release: its key recorded by this commit
+            schema = a.table.schema_for_commit()
+            meta["key_recorded"] = list(getattr(a.cfg, "key_columns", ()))
         else:
             a.table.add_row_keys(fence=lease.fence)  # a shard created before the row key was stored
         if a.manifest.rewrite is not None:  # the shard rewritten with fresh keys: every file of the version read

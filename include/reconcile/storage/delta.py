@@ -459,8 +459,16 @@ class ShardTable:
             return schema_change.SchemaPlan(plan.changes, rows, (*plan.notes, "foreign"))
         return plan
 
+    def records_no_key(self) -> bool:
+        """Whether this upsert shard's schema records no key (:data:`.schema_change.KEY_META`: a
+        shard created before the key was recorded). The next batch's commit records the sink
+        file's ``upsert.key`` (:meth:`schema_for_commit`), so that a later change of it is refused."""
+        keys = getattr(self.cfg, "key_columns", ())
+        return bool(keys) and schema_change.recorded_key(self.snapshot().schema().to_json()) is None
+
     def schema_for_commit(self):
-        """The sink's Delta schema (delta-rs), for the batch that commits a schema change."""
+        """The sink's Delta schema (delta-rs), for the batch that commits a schema change (or
+        records an upsert shard's key: :meth:`records_no_key`)."""
         from deltalake import Schema
 
         return Schema.from_json(self._schema_json())

@@ -18,9 +18,9 @@ into the new schema with fresh keys beside its correction, and its append commit
 schema and every old file removed, in one Delta version (:mod:`reconcile.sink.evolve`). Refused:
 any other type change, a column added ``nullable: false``, an upsert key's change (remedy: a new
 sink): a key column added, retyped or renamed, and, on a shard that records its key (the Delta
-field metadata ``reconcile_upsert_key`` of each key column: every upsert shard created, or whose
-schema a batch changed, since), any change of ``upsert.key``, a key column dropped with it
-included.
+field metadata ``reconcile_upsert_key`` of each key column: every upsert shard created since;
+an older one records it in its next batch's commit), any change of ``upsert.key``, a key column
+dropped with it included.
 """
 
 from __future__ import annotations
