@@ -11,6 +11,7 @@ from collections import Counter
 import pytest
 
 from helpers import append_foreign_row, make_sink, run_stages, shard_as_of
+from reconcile.manifest import Manifest
 
 SQL = "SELECT k, v FROM a WHERE k % 3 <> 0 UNION ALL SELECT k, upper(v) AS v FROM b"
 
@@ -85,7 +86,13 @@ def test_batches_from_the_sources_change_feeds_equal_the_model(spark, warehouse,
                 change(name)
             caplog.clear()
             upper = 200 + 100 * i
-            run_stages(spark, sqlite_ledger, cfg, f"r{i}", upper)
+            jobs = len(spark.sparkContext.statusTracker().getJobIdsForGroup())
+            _, staged, appended = run_stages(spark, sqlite_ledger, cfg, f"r{i}", upper)
+            if not touched:  # neither source changed: committed, nothing staged, no Spark job run
+                assert len(spark.sparkContext.statusTracker().getJobIdsForGroup()) == jobs
+                b = sqlite_ledger.get_batch(staged.batch_id, cfg.name)
+                assert appended.outcome == "committed" and b.state == "committed"
+                assert not Manifest.from_json(b.manifest).staged_files()
             assert _said(caplog, "incremental: the correction from the sources' change feeds") == 1, [
                 r.getMessage() for r in caplog.records if "incremental" in r.getMessage() or "carried" in r.getMessage()
             ]

@@ -158,6 +158,9 @@ class QueryKind(OwnCollection):
                 log.info("incremental: the correction from the sources' change feeds (%s)", moved)
                 read = sum(max(0, v - bounds.previous_sources.get(n, v)) for n, v in versions.items())
                 way = refresh.incremental(previous, read)
+                if updates is None:  # no source changed: nothing to stage
+                    updates = spark.createDataFrame([], f"{cfg.ddl}, `_part` INT")
+                    return Correction(updates, sources=versions, query_digest=digest, refresh=way, nothing=True)
                 return Correction(updates, sources=versions, query_digest=digest, refresh=way)
         if cfg.query.refresh == "incremental" and not allowed:
             raise refresh.refused(cfg, why)

@@ -99,22 +99,17 @@ def changes(
     probes: list[tuple[str, DataFrame]] | None = None,
 ) -> tuple[dict[str, DataFrame], dict[str, DataFrame]]:
     """Per source, its rows added and removed since the version the previous batch read (the
-    change data feed, versions ``previous + 1`` to the latest, recorded in ``versions``). Each
+    change data feed, versions ``previous + 1`` to the latest: ``versions``, read here into it when
+    empty, :func:`latest_versions`). Each
     feed is read for one row here (:func:`probe`: one not recorded for some version fails before
     the write), or, given ``probes``, there to be probed by the caller (a keyed query reads the
     feeds whole before the write anyway)."""
     added: dict[str, DataFrame] = {}
     removed: dict[str, DataFrame] = {}
+    if not versions:
+        versions.update(latest_versions(spark, cfg, previous))
     for src in cfg.sources:
-        field = f"query.sources.{src.name}"
-        if src.format != "delta" or src.name not in previous:
-            raise NotIncremental(f"source {src.name} is not a Delta table read by the previous batch")
-        if {"versionAsOf", "timestampAsOf"} & set(dict(src.options)):
-            raise NotIncremental(f"source {src.name} is read at a fixed version")
-        now, before = delta_version(spark, cfg, src, field), previous[src.name]
-        versions[src.name] = now
-        if now < before:
-            raise NotIncremental(f"source {src.name} went back from version {before} to {now} (a restore)")
+        now, before = versions[src.name], previous[src.name]
         rows = spark.read.format("delta").options(**dict(src.options)).load(src.path).where(F.lit(False))
         if now == before:
             added[src.name] = removed[src.name] = rows
@@ -144,6 +139,22 @@ def changes(
         added[src.name] = feed.where(kind.isin(*ADDED)).select(*keep)
         removed[src.name] = feed.where(~kind.isin(*ADDED)).select(*keep)
     return added, removed
+
+
+def latest_versions(spark: SparkSession, cfg: QuerySink, previous: dict[str, int]) -> dict[str, int]:
+    """Each source's latest Delta version (its log read in this process where delta-rs reads it:
+    no Spark job), checked to follow the version the previous batch read (``previous``)."""
+    out: dict[str, int] = {}
+    for src in cfg.sources:
+        if src.format != "delta" or src.name not in previous:
+            raise NotIncremental(f"source {src.name} is not a Delta table read by the previous batch")
+        if {"versionAsOf", "timestampAsOf"} & set(dict(src.options)):
+            raise NotIncremental(f"source {src.name} is read at a fixed version")
+        now, before = delta_version(spark, cfg, src, f"query.sources.{src.name}"), previous[src.name]
+        if now < before:
+            raise NotIncremental(f"source {src.name} went back from version {before} to {now} (a restore)")
+        out[src.name] = now
+    return out
 
 
 def unreadable(name: str, exc: BaseException) -> str:

@@ -132,6 +132,9 @@ class Correction:
     refresh: Any = None
     # (files read, files in the shard) where the kind read only the files its keys need
     files_read: tuple[int, int] | None = None
+    # known to hold no update without running it (a query whose sources did not change): nothing
+    # is staged and no Spark job runs
+    nothing: bool = False
 
     @cached_property
     def progress(self) -> FeedProgress | None:

@@ -110,14 +110,15 @@ def incremental_correction(
     checks,
     versions: dict[str, int],
     persist: DataFrame | None = None,
-) -> DataFrame:
+) -> DataFrame | None:
     """The correction of the batch ending at ``upper`` from the sources' change feeds since the
     versions the previous batch read (:mod:`reconcile.kinds.incremental`; raises
     :class:`~reconcile.kinds.incremental.NotIncremental` where it does not apply): a linear query
     over the changes alone; a GROUP BY or join over the sources filtered to the keys the changes
     touch, less those keys' old rows (``persist``: the shard as read). The shard's checksums are
     carried from the previous batch; the desired side's are those plus the correction's (it is
-    not scanned)."""
+    not scanned). None: no source has a version since the previous batch's, so the correction
+    holds nothing (known without a Spark job)."""
     from reconcile.kinds import incremental
     from reconcile.spark import is_remote
 
@@ -126,6 +127,11 @@ def incremental_correction(
     if is_remote(spark):
         raise incremental.NotIncremental("over Spark Connect the query's plan is not inspected here")
     require_query(spark, cfg)  # a command in query.sql is refused before anything runs
+    versions.update(incremental.latest_versions(spark, cfg, previous))
+    if all(versions[name] == previous[name] for name in versions):
+        if checks is not None:  # the shard's as carried, and the desired side's the same
+            checks.carry({"shard": 1, "desired": 1})
+        return None
     probes: list = []  # a keyed query reads the feeds whole before the write: no probe of a row
     added, removed = incremental.changes(spark, cfg, previous, versions, probes)
     plus = incremental.run_on(spark, cfg, added)

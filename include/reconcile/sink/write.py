@@ -581,10 +581,14 @@ def _stage_once(
         ),
     )
     try:
-        with checksums.observable(attempt.spark):  # the checksums and an upsert feed's progress
-            _, stats = frames.write_staged(
-                attempt.spark, attempt.table, desc.batch_id, attempt.stage_id, corr.updates, checks
-            )
+        stats: dict[int, dict] = {}
+        if corr.nothing:  # a correction known to hold nothing: its directory, no file, no Spark job
+            files.make_empty_dir(attempt.table.staging_path(desc.batch_id, attempt.stage_id))
+        else:
+            with checksums.observable(attempt.spark):  # the checksums and an upsert feed's progress
+                _, stats = frames.write_staged(
+                    attempt.spark, attempt.table, desc.batch_id, attempt.stage_id, corr.updates, checks
+                )
     finally:
         differential.release()  # what the correction cached
         differential.label_jobs(attempt.spark, None)

@@ -126,6 +126,14 @@ def write_bytes(path: str, data: bytes) -> None:
         f.write(data)
 
 
+def make_empty_dir(path: str) -> None:
+    """Create the directory ``path`` holding only Spark's marker of a finished write (``_SUCCESS``,
+    which :func:`list_files` skips): the staged directory of a write that has no row to write."""
+    fs, p = fs_of(path)
+    fs.makedirs(p, exist_ok=True)
+    write_bytes(f"{path.rstrip('/')}/_SUCCESS", b"")
+
+
 def put_if_absent(path: str, data: bytes) -> bool:
     """Create the file ``path`` with ``data`` only if no file is there (False if one is): atomic
     on a local disk (a hard link of a finished temporary file), on S3 and Azure (a conditional
