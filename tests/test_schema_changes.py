@@ -446,7 +446,7 @@ def test_upsert_and_changelog_sinks_take_a_new_value_column(spark, tmp_path, war
     upsert = {"source": {"format": "json", "path": "feed"}, "key": "k", "time_column": "ts", "offset_column": "off"}
     old = [{"k": k, "v": f"v{k}", "ts": 150, "off": k} for k in (1, 2, 3, 4)]
     write_json_rows(tmp_path / "feed", old)
-    cfg = make_sink(tmp_path, "ups", "upsert", schema=KV, upsert=upsert)
+    cfg = make_sink(tmp_path, "ups", "upsert", schema=KV, upsert=upsert, current=True)
     *_, a = run_stages(spark, ledger, cfg, "r1", 200)
     assert a.outcome == "committed", a.message
     new = [
@@ -455,9 +455,22 @@ def test_upsert_and_changelog_sinks_take_a_new_value_column(spark, tmp_path, war
         {"k": 2, "v": None, "c": None, "ts": 270, "off": 12},  # a delete
     ]
     write_json_rows(tmp_path / "feed", old + new)
-    grown = make_sink(tmp_path, "ups", "upsert", schema=grown_schema, upsert=upsert)
+    grown = make_sink(tmp_path, "ups", "upsert", schema=grown_schema, upsert=upsert, current=True)
+    # rebuild-current before the run: the current-state table in the file's columns (c null), which
+    # the batch that adds the column then changes by key like any batch (nothing rebuilt again)
+    from deltalake import DeltaTable
+
+    from reconcile.sink.current import maintain
+    from reconcile.storage.current import current_path
+
+    done = maintain(ledger, grown, ShardTable(grown), rebuild="rebuilt on request (rebuild-current)")
+    assert done is not None and done.outcome == "rebuilt" and "in the sink file's columns" in done.why, done
+    current = DeltaTable(current_path(grown)).to_pyarrow_table()
+    assert current.column_names == ["k", "v", "c"]
+    assert Counter(map(tuple, map(dict.values, current.to_pylist()))) == Counter((r["k"], r["v"], None) for r in old)
     *_, a = run_stages(spark, ledger, grown, "r2", 300)
     assert a.outcome == "committed", a.message
+    assert a.current is not None and a.current.outcome == "applied", a.current
     # the model: one value per key; keys no command touched keep null in the new column
     state = {r["k"]: (r["v"], None) for r in old}
     before = Counter((k, v, None, None) for k, (v, _) in state.items())
@@ -470,6 +483,13 @@ def test_upsert_and_changelog_sinks_take_a_new_value_column(spark, tmp_path, war
     assert +as_of(log, grown, 199) == before
     assert +as_of(log, grown, 299) == Counter((k, v, c, None) for k, (v, c) in state.items())
     assert not ShardTable(grown).check_schema()
+    current = DeltaTable(current_path(grown)).to_pyarrow_table()
+    assert Counter(map(tuple, map(dict.values, current.to_pylist()))) == Counter(
+        (k, v, c) for k, (v, c) in state.items()
+    )
+    from reconcile.sink import check
+
+    assert check.violations(ledger, grown, spark=spark) == []
 
     # change log: rows (k, v[, c]) with a time and a diff; older rows read c as null
     changelog = {"source": {"format": "json", "path": "log"}, "time_column": "ts", "diff_column": "diff"}
@@ -768,11 +788,17 @@ def test_reads_while_a_change_waits_for_its_run_are_in_the_sink_files_columns(
     spark, tmp_path, warehouse, sqlite_ledger, monkeypatch, capsys
 ):
     """Between the sink file's edit and the run that applies it, show, history and dry-run read
-    the shard in the file's columns (renamed under the new name, dropped left out, added null)."""
+    the shard in the file's columns (renamed under the new name, dropped left out, added null),
+    and ``rebuild-current`` writes the current-state table in them, which the run then follows."""
+    from deltalake import DeltaTable
+
+    from reconcile.sink import check
+    from reconcile.storage.current import current_path
+
     monkeypatch.setenv("RECONCILE_SINKS_DIR", str(tmp_path))
     rows = [{"k": i, "n": i, "v": f"v{i}", "gone": "g"} for i in range(4)]
     write_json_rows(tmp_path / "src", rows)
-    cfg = _sink(tmp_path, "pending", OLD, sql="SELECT k, CAST(n AS INT) AS n, v, gone FROM src")
+    cfg = _sink(tmp_path, "pending", OLD, sql="SELECT k, CAST(n AS INT) AS n, v, gone FROM src", current=True)
     *_, a = run_stages(spark, sqlite_ledger, cfg, "r1", 200)
     assert a.outcome == "committed", a.message
     pending = _sink(
@@ -780,6 +806,7 @@ def test_reads_while_a_change_waits_for_its_run_are_in_the_sink_files_columns(
         "pending",
         [*NEW, {"name": "extra", "type": "string"}],
         sql="SELECT k, v AS w, CAST(n AS BIGINT) AS n, CAST(NULL AS STRING) AS extra FROM src",
+        current=True,
     )
 
     def cli(*argv: str):
@@ -803,6 +830,37 @@ def test_reads_while_a_change_waits_for_its_run_are_in_the_sink_files_columns(
     done = run_compact(spark, sqlite_ledger, pending, since=150)
     assert done.outcome == "nothing" and "schema change" in done.message and "waits" in done.message, done
     assert ShardTable(cfg).latest_version() == version and sqlite_ledger.get_shard("pending").since < 150
+
+    # check --deep reads both the shard and the current-state table (still in the old columns) in the file's
+    # (check --deep and --verify recompute the batches' checksums and row keys under the columns they hashed)
+    assert check.violations(sqlite_ledger, pending, spark=spark) == []
+    lines, counts = check.verify_checksums(sqlite_ledger, pending, spark)
+    assert lines == [] and counts["verified"] == 1, (lines, counts)
+    # rebuild-current: the current-state table in the sink file's columns, the shard's rows read in them
+    said = cli("rebuild-current", "pending")
+    assert "current-state table rebuilt" in said and "in the sink file's columns" in said, said
+    assert ShardTable(cfg).latest_version() == version  # the shard waits for its run
+
+    def current_rows() -> tuple[list[str], str, Counter]:
+        current = DeltaTable(current_path(pending)).to_pyarrow_table()
+        return (
+            current.column_names,
+            str(current.schema.field("n").type),
+            Counter(map(tuple, map(dict.values, current.to_pylist()))),
+        )
+
+    assert current_rows() == (["k", "w", "n", "extra"], "int64", Counter((r["k"], r["v"], r["n"], None) for r in rows))
+    assert check.violations(sqlite_ledger, pending, spark=spark) == []
+    # the run applies the change (the shard rewritten in its batch's version); the current table follows
+    later = [{**r, "n": 100} if r["k"] == 1 else r for r in rows[1:]]  # k 0 gone, k 1 changed
+    write_json_rows(tmp_path / "src", later)
+    *_, a = run_stages(spark, sqlite_ledger, pending, "r2", 300)
+    assert a.outcome == "committed", a.message
+    assert ShardTable(pending).latest_version() == version + 1 and not ShardTable(pending).check_schema()
+    model = Counter((r["k"], r["v"], r["n"], None) for r in later)
+    assert +as_of(update_log(pending), pending, 299) == Counter({(*row, None): n for row, n in model.items()})
+    assert current_rows() == (["k", "w", "n", "extra"], "int64", model)
+    assert check.violations(sqlite_ledger, pending, spark=spark) == []
 
 
 @pytest.mark.slow  # batches through Spark, a rewrite

@@ -16,7 +16,9 @@ reflects (its last commit's application transaction) to the shard's latest:
   shard since, a shard file gone, the shard older than the table says, a foreign commit to the
   current table, a retraction the table cannot match, or the sink file's schema change: its
   columns differ from the file's, or a batch rewrote the shard into them): the whole collection
-  from the shard's snapshot, committed as an overwrite.
+  from the shard's snapshot, committed as an overwrite. Always in the sink file's columns: while
+  the file's schema change waits for its run, the shard's rows are read in them as ``show``
+  reads them (:func:`in_file_columns`), and the batch that applies the change goes on from there.
 
 Exactly once: each commit is the version right after the snapshot it was computed from
 (put-if-absent) and records the shard version it reflects; a retry, a second attempt or a zombie
@@ -120,6 +122,8 @@ def _attempt(ledger, cfg: SinkConfig, table: ShardTable, ct: CurrentTable, rebui
         if isinstance(plan, str):
             rebuild = plan
     if rebuild is not None:
+        if _pending(cfg, table.snapshot(latest)):
+            rebuild += "; in the sink file's columns, which the shard takes with its next batch"
         plan = _rebuilt(cfg, table, ct, dt, latest)
     assert isinstance(plan, _Plan)
     upper = _upper_at(table, latest, ct, dt, reflected)
@@ -388,11 +392,12 @@ def _rebuilt(cfg: SinkConfig, table: ShardTable, ct: CurrentTable, dt, latest: i
     """The whole collection as of shard version ``latest`` (delta-rs reads the snapshot:
     deletion vectors and column mapping applied), to overwrite the table with."""
     import duckdb
-    import pyarrow as pa
 
-    scan = table.snapshot(latest).scan(columns=cfg.column_names + ["_diff", "_error"])
+    snap = table.snapshot(latest)
+    if _pending(cfg, snap):  # the shard's columns are not the file's: a change no run applies is refused here
+        table.check_schema()
     con = duckdb.connect()
-    con.register("updates", pa.RecordBatchReader.from_stream(scan).read_all())
+    con.register("updates", in_file_columns(cfg, snap, ["_diff", "_error"]))
     cols = _cols(cfg)
     con.execute(
         f"CREATE TEMP TABLE net AS SELECT {cols}, sum(_diff)::BIGINT AS _n FROM updates WHERE _error IS NULL "
@@ -400,6 +405,37 @@ def _rebuilt(cfg: SinkConfig, table: ShardTable, ct: CurrentTable, dt, latest: i
     )
     rows = con.execute(f"SELECT {cols} FROM net, range(net._n){_order(cfg)}").to_arrow_table()
     return _Plan(ct.write_rows(rows) if rows.num_rows else [], ct.data_files(dt), rows.num_rows, 0)
+
+
+def _pending(cfg: SinkConfig, dt) -> bool:
+    """Whether the columns of the snapshot ``dt`` are not the sink file's (its schema change waits
+    for the run that applies it)."""
+    from reconcile.storage import schema_change
+
+    return any(src != name for name, src in schema_change.sources(cfg, dt.schema().to_json()))
+
+
+def in_file_columns(cfg: SinkConfig, dt, own: list[str]):
+    """The rows of the delta-rs snapshot ``dt`` (the shard's, or the current table's) in the sink
+    file's columns, then ``own`` as stored (an Arrow table; deletion vectors applied). While the
+    file's schema change waits for its run, as the reads see it (:mod:`reconcile.storage.reads`):
+    a renamed column read from its old name, an added one null, a dropped one left out, each
+    cast to the file's type (a widened one)."""
+    import pyarrow as pa
+
+    from reconcile.storage import schema_change
+
+    sources = schema_change.sources(cfg, dt.schema().to_json())
+    if all(src == name for name, src in sources):
+        return pa.RecordBatchReader.from_stream(dt.scan(columns=cfg.column_names + own)).read_all()
+    read = list(dict.fromkeys([src for _, src in sources if src is not None] + own))
+    got = pa.RecordBatchReader.from_stream(dt.scan(columns=read)).read_all()
+    types = CurrentTable(cfg).arrow_schema()
+    cols = [
+        got.column(src).cast(types.field(name).type) if src else pa.nulls(got.num_rows, types.field(name).type)
+        for name, src in sources
+    ]
+    return pa.table(cols + [got.column(c) for c in own], names=[name for name, _ in sources] + own)
 
 
 def _one(con, sql: str) -> tuple:
@@ -519,10 +555,12 @@ def _shard_totals(cfg: SinkConfig, table: ShardTable, version: int, deep: bool) 
     import duckdb
     import pyarrow as pa
 
-    columns = (cfg.column_names if deep else []) + ["_diff", "_error"]
-    scan = table.snapshot(version).scan(columns=columns)
+    snap = table.snapshot(version)
     con = duckdb.connect()
-    con.register("updates", pa.RecordBatchReader.from_stream(scan).read_all())
+    if deep:
+        con.register("updates", in_file_columns(cfg, snap, ["_diff", "_error"]))
+    else:
+        con.register("updates", pa.RecordBatchReader.from_stream(snap.scan(columns=["_diff", "_error"])).read_all())
     rows = _one(con, "SELECT coalesce(sum(_diff), 0) FROM updates WHERE _error IS NULL")[0]
     if not deep:
         return int(rows), None
@@ -531,9 +569,7 @@ def _shard_totals(cfg: SinkConfig, table: ShardTable, version: int, deep: bool) 
 
 def _current_sum(cfg: SinkConfig) -> int:
     import duckdb
-    import pyarrow as pa
 
-    scan = CurrentTable(cfg).snapshot().scan(columns=cfg.column_names)
     con = duckdb.connect()
-    con.register("current_rows", pa.RecordBatchReader.from_stream(scan).read_all())
+    con.register("current_rows", in_file_columns(cfg, CurrentTable(cfg).snapshot(), []))
     return _hash_total(con, cfg, "current_rows")

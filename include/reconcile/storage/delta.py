@@ -459,6 +459,27 @@ class ShardTable:
             return schema_change.SchemaPlan(plan.changes, rows, (*plan.notes, "foreign"))
         return plan
 
+    def as_stored(self) -> ShardTable:
+        """This shard under the columns its table has, while the sink file's schema change waits
+        for the run that applies it (a copy whose config's columns are the table's: what its
+        batches hashed, for ``check --deep`` to recompute); itself when they are the file's."""
+        import copy
+
+        from reconcile.config import Column
+
+        fields = json.loads(self.snapshot().schema().to_json())["fields"]
+        cols = [f for f in fields if f["name"].lower() not in schema_change.SHARD_COLUMNS]
+        want = [(c.name.lower(), delta_type(c.type)) for c in self.cfg.columns]
+        if [(f["name"].lower(), f["type"]) for f in cols] == want:
+            return self
+        nullable = {c.name.lower(): c.nullable for c in self.cfg.columns}
+        columns = tuple(
+            Column(f["name"], schema_change.spark_type(f["type"]), nullable.get(f["name"].lower(), True)) for f in cols
+        )
+        out = copy.copy(self)
+        out.cfg = self.cfg.model_copy(update={"columns": columns})
+        return out
+
     def records_no_key(self) -> bool:
         """Whether this upsert shard's schema records no key (:data:`.schema_change.KEY_META`: a
         shard created before the key was recorded). The next batch's commit records the sink

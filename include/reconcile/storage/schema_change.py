@@ -151,6 +151,11 @@ def delta_type(spark_type: str) -> str:
     return _DELTA_TYPES.get(t, t)
 
 
+def spark_type(delta: str) -> str:
+    """A Delta schema's type as a sink file names it (:func:`delta_type` reversed)."""
+    return {d: s for s, d in _DELTA_TYPES.items()}.get(delta, delta)
+
+
 def _pairs(cfg: SinkConfig) -> list[tuple[str, str]]:
     return [(c.name.lower(), delta_type(c.type)) for c in cfg.columns]
 
@@ -214,6 +219,17 @@ def plan(
         new_key = ", ".join(k.lower() for k in getattr(cfg, "key_columns", ()))
         changes.append(Change(KEY, new_key, old=", ".join(key), new=new_key, key=True))
     return SchemaPlan(tuple(changes), rows, tuple(notes))
+
+
+def sources(cfg: SinkConfig, schema_json: str) -> list[tuple[str, str | None]]:
+    """Each of the sink file's columns with the column of a table (its Delta schema, JSON) it is
+    read from, as the table names it: its own, or the one its ``renamed_from`` names (None: the
+    table has none, an added column). How a table is read in the sink file's columns while the
+    file's schema change waits for the run that applies it."""
+    have = {f["name"].lower(): f["name"] for f in json.loads(schema_json)["fields"]}
+    changes = plan(cfg, table_columns(schema_json)[0]).changes
+    renamed = {c.column: c.old for c in changes if c.what == RENAMED}
+    return [(c.name, have.get((renamed.get(c.name.lower()) or c.name).lower())) for c in cfg.columns]
 
 
 def who_changed(table, current_schema: str) -> str:
