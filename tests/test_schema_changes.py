@@ -851,16 +851,57 @@ def test_reads_while_a_change_waits_for_its_run_are_in_the_sink_files_columns(
 
     assert current_rows() == (["k", "w", "n", "extra"], "int64", Counter((r["k"], r["v"], r["n"], None) for r in rows))
     assert check.violations(sqlite_ledger, pending, spark=spark) == []
+    # a foreign writer changes the shard (in its columns): a value only the renamed column tells
+    # apart, one only the dropped column does (no difference in the file's columns), a new row
+    foreign = [  # (k, n, v, gone, _time, _diff)
+        (2, 2, "v2", "g", 199, -1),
+        (2, 2, "v2x", "g", 199, 1),
+        (3, 3, "v3", "other", 199, -1),
+        (3, 3, "v3", "g", 199, 1),
+        (50, 5, "f", None, 150, 1),
+    ]
+    _foreign_append(ShardTable(cfg).path, foreign)
     # the run applies the change (the shard rewritten in its batch's version); the current table follows
     later = [{**r, "n": 100} if r["k"] == 1 else r for r in rows[1:]]  # k 0 gone, k 1 changed
     write_json_rows(tmp_path / "src", later)
-    *_, a = run_stages(spark, sqlite_ledger, pending, "r2", 300)
+    m, _, a = run_stages(spark, sqlite_ledger, pending, "r2", 300)
     assert a.outcome == "committed", a.message
-    assert ShardTable(pending).latest_version() == version + 1 and not ShardTable(pending).check_schema()
+    assert ShardTable(pending).latest_version() == version + 2 and not ShardTable(pending).check_schema()
+    # its drift: what the foreign version changed, in the sink file's columns (w read from v)
+    net: Counter = Counter()
+    for k, n, v, _gone, t, d in foreign:
+        net[(k, v, n, t)] += d
+    assert sqlite_ledger.get_batch(m.description.batch_id, "pending").drift_rows == sum(
+        abs(d) for (*_, t), d in net.items() if t < 300
+    )
     model = Counter((r["k"], r["v"], r["n"], None) for r in later)
     assert +as_of(update_log(pending), pending, 299) == Counter({(*row, None): n for row, n in model.items()})
     assert current_rows() == (["k", "w", "n", "extra"], "int64", model)
     assert check.violations(sqlite_ledger, pending, spark=spark) == []
+
+
+def _foreign_append(path: str, rows: list[tuple]) -> None:
+    """A foreign writer (delta-rs) appends ``(k, n, v, gone, _time, _diff)`` rows to a shard of
+    the columns ``OLD``, its stored row key null."""
+    import pyarrow as pa
+    from deltalake import DeltaTable, write_deltalake
+
+    k, n, v, gone, t, d = zip(*rows, strict=True)
+    table = pa.table(
+        {
+            "k": pa.array(k, pa.int64()),
+            "n": pa.array(n, pa.int32()),
+            "v": pa.array(v, pa.string()),
+            "gone": pa.array(gone, pa.string()),
+            "_time": pa.array(t, pa.int64()),
+            "_diff": pa.array(d, pa.int64()),
+            "_error": pa.array([None] * len(k), pa.string()),
+        }
+    )
+    for f in DeltaTable(path).schema().to_arrow():
+        if f.name not in table.column_names:
+            table = table.append_column(f.name, pa.nulls(len(k), pa.field(f).type))
+    write_deltalake(path, table, mode="append")
 
 
 @pytest.mark.slow  # batches through Spark, a rewrite

@@ -94,10 +94,11 @@ def find(spark: SparkSession, ledger: Ledger, table: ShardTable, read_version: i
     measurable = True
     key_cols = list(getattr(cfg, "key_columns", []) or [])
     total = 0
+    read = _reader(spark, table)
     for first, last_v in runs_of(out.versions):
         try:
-            after = frames.read_updates(spark, table, last_v)
-            before = frames.read_updates(spark, table, first - 1)
+            after = read(last_v)
+            before = read(first - 1)
             changed = consolidate(
                 cfg, after.unionByName(before.withColumn("_diff", -F.col("_diff"))), partitioned=False
             ).cache()
@@ -139,6 +140,22 @@ def find(spark: SparkSession, ledger: Ledger, table: ShardTable, read_version: i
     else:
         out.repair = kinds.DriftRepair(touched, before_keys, batches)
     return out
+
+
+def _reader(spark: SparkSession, table: ShardTable):
+    """How the shard's updates at a version are read to compare them: in the sink file's columns.
+    While the file's schema change waits for the batch that applies it (this one), projected from
+    the table's own columns as the batch's rewrite projects them (:func:`.evolve.projected`: a
+    renamed column from its old name, a widened one cast, an added one null, a dropped one left
+    out), so that the drift counts what the batch repairs (read by the file's names, a renamed
+    column would be null on both sides and its changes unseen)."""
+    from reconcile.model import ROW_KEYS
+    from reconcile.sink import evolve
+
+    plan = table.check_schema()
+    if not plan:
+        return lambda version: frames.read_updates(spark, table, version)
+    return lambda version: evolve.projected(spark, table, version, plan).drop(*ROW_KEYS)
 
 
 def _collected(spark: SparkSession, frames_: list[DataFrame], schema) -> DataFrame | None:
