@@ -744,10 +744,16 @@ def test_a_rewrite_killed_anywhere_finds_the_old_table_or_the_new_one(
     assert table.staged_attempts(desc.batch_id) == [committed_stage]  # every other attempt deleted
 
 
-@pytest.mark.slow  # batches through Spark, a rewrite
-def test_the_guard_stops_a_rewrite_until_approved(spark, tmp_path, warehouse, sqlite_ledger, monkeypatch, capsys):
+@pytest.mark.slow  # batches through Spark, a rewrite, a compaction
+def test_a_compaction_before_a_rewrites_append_restages_it_and_the_guard_stops_it_until_approved(
+    spark, tmp_path, warehouse, sqlite_ledger, monkeypatch, capsys
+):
+    """A compaction that lands between a rewrite batch's write and its append (the CLI's compact
+    by a worker still on the sink file from before the edit: the current file's compaction waits
+    for the batch) makes the append refuse, nothing committed; the rerun write stages it against
+    the compacted table, and the correction guard holds it until approved."""
     from reconcile.errors import CorrectionBlocked
-    from reconcile.sink import append, mint, write
+    from reconcile.sink import append, check, mint, write
 
     ledger = sqlite_ledger
     rows = [{"k": i, "n": i, "v": f"v{i}", "gone": None} for i in range(6)]
@@ -768,19 +774,45 @@ def test_the_guard_stops_a_rewrite_until_approved(spark, tmp_path, warehouse, sq
     said = capsys.readouterr().out
     assert "correction guard would STOP" in said and "rewrites all 6 update rows" in said, said
     desc = mint.run_mint(ledger, new, "r2", 1, 300).description
-    # the correction changes no row's value, the rewrite every row's file: the guard counts those
     assert write.run_write(spark, ledger, new, desc.batch_id).outcome == "staged"
+    staged_at = ledger.get_batch(desc.batch_id, "guarded_rw").stage_id
+
+    # the compaction, by a worker whose sink file predates the edit
+    stale_dir = tmp_path / "stale"
+    stale_dir.mkdir()
+    _sink(stale_dir, "guarded_rw", OLD, sql=sql, correction_guard=guard)
+    monkeypatch.setenv("RECONCILE_SINKS_DIR", str(stale_dir))
+    capsys.readouterr()
+    assert main(["compact", "guarded_rw", "--since", "150"]) == 0
+    assert "compacted the shard's history" in capsys.readouterr().out
+    monkeypatch.setenv("RECONCILE_SINKS_DIR", str(tmp_path))
+    assert ShardTable(new).latest_version() == version + 1 and ledger.get_shard("guarded_rw").since == 150
+    with pytest.raises(StagedBatchInvalid) as stale:
+        append.run_append(ledger, new, desc.batch_id)
+    text = assert_one_line(stale.value, "guarded_rw")
+    assert f"rewrites the shard as of Delta version {version}, and the table is at {version + 1} now" in text
+    assert "rerun its write" in text
+    assert ShardTable(new).latest_version() == version + 1 and ShardTable(new).check_schema().rewrites  # nothing moved
+    # the rerun write stages it again against the compacted table
+    assert write.run_write(spark, ledger, new, desc.batch_id).outcome == "staged"
+    assert ledger.get_batch(desc.batch_id, "guarded_rw").stage_id != staged_at
+
+    # the correction changes no row's value, the rewrite every row's file: the guard counts those
     with pytest.raises(CorrectionBlocked) as info:
         append.run_append(ledger, new, desc.batch_id)
     text = assert_one_line(info.value, "guarded_rw")
     assert "would insert 0 and retract 0" in text and "rewrite all 6 update rows" in text
     assert f"approve guarded_rw {desc.batch_id}" in text
-    assert ShardTable(new).latest_version() == version and ShardTable(new).check_schema().rewrites  # nothing moved
+    assert ShardTable(new).latest_version() == version + 1 and ShardTable(new).check_schema().rewrites  # nothing moved
 
     result = append.run_append(ledger, new, desc.batch_id, approve="on-call")
     assert result.outcome == "committed", result
-    assert ShardTable(new).latest_version() == version + 1
-    assert +as_of(update_log(new), new, 299) == _model(rows, ["k", "v", "n"])
+    assert ShardTable(new).latest_version() == version + 2 and not ShardTable(new).check_schema()
+    log = update_log(new)
+    assert +as_of(log, new, 199) == +as_of(log, new, 299) == _model(rows, ["k", "v", "n"])
+    assert check.violations(ledger, new, spark=spark) == []
+    assert check.verify_checksums(ledger, new, spark)[0] == []
+    assert ShardTable(new).staged_attempts(desc.batch_id) == [ledger.get_batch(desc.batch_id, "guarded_rw").stage_id]
 
 
 @pytest.mark.slow  # a batch through Spark
