@@ -42,6 +42,13 @@ or (``-local``) on the most recent 5%; every method applies each batch:
   MERGEd into a table with deletion vectors, ``merge.materializeSource=none`` (the feed is
   immutable Parquet).
 
+Incremental cells (``incremental-filter-10m-0.1%``, ``incremental-group-10m-0.1%``; ``--rows``
+sets their source's rows): one run each of bench/incremental.py's :func:`incremental.measure`,
+projection + filter and GROUP BY (10k groups): a query sink over a Delta source with its change
+feed, its batch after an UPDATE of 0.1% of the rows against a plain overwrite, the incremental
+MERGE a dbt user writes by hand over the change feed and (GROUP BY) the same sink comparing in
+full; a batch with no change. A warm-up of each shape (on 2,000 rows) first; not in the chart.
+
 Initial loads, per kind and size: the sink's first batch (every query repeat has one), a plain
 Delta write, and ``merge_dv`` into an empty table with deletion vectors.
 
@@ -126,6 +133,7 @@ class Cell:
     fraction: float = 0.0  # query: rows changed
     commands: int = 0  # upsert: commands per batch
     local: bool = False  # upsert: on the most recent keys
+    shape: str = ""  # incremental: filter, group
 
 
 CELLS = [
@@ -138,6 +146,8 @@ CELLS = [
     Cell("upsert-10m-10k", "upsert", 10_000_000, commands=10_000),
     Cell("upsert-10m-100k", "upsert", 10_000_000, commands=100_000),
     Cell("upsert-10m-10k-local", "upsert", 10_000_000, commands=10_000, local=True),
+    Cell("incremental-filter-10m-0.1%", "incremental", 10_000_000, fraction=0.001, shape="filter"),
+    Cell("incremental-group-10m-0.1%", "incremental", 10_000_000, fraction=0.001, shape="group"),
 ]
 
 # the targets: query sink / fastest alternative at most this much, per cell
@@ -145,6 +155,11 @@ QUERY_TARGETS = {"query-10m-0.1%": 0.6, "query-10m-1%": 0.8, "query-1m-1%": 1.0}
 UPSERT_TARGET = 1.5  # sink commands/s over the best MERGE's, at least
 LOAD_TARGET = 1.3  # sink's initial load over a plain Delta write, at most (issues 47, 49)
 LOCALITY_TARGET = 1.5  # sink's local 10k batch at 10M keys over the same at 1M keys, at most
+# issue 48: an incremental cell's batch over a plain overwrite / the hand MERGE, at most; a batch
+# whose source did not change: its write (the Spark part beyond mint and append), seconds
+INCREMENTAL_TARGETS = {"filter": {"overwrite": 0.1, "hand_merge": 1.0}, "group": {"overwrite": 0.2}}
+NO_CHANGE_TARGET = 2.0
+INCREMENTAL_GROUPS = 10_000
 
 
 def rotated(methods: list[str], shift: int) -> list[str]:
@@ -524,6 +539,7 @@ class Bench:
         self.say(f"warm-up done ({warmup_s:.1f}s, not reported)")
         query = [c for c in cells if c.kind == "query"]
         upsert = [c for c in cells if c.kind == "upsert"]
+        incremental = [c for c in cells if c.kind == "incremental"]
         preps = {}
         runs: dict[str, list[dict]] = {c.name: [] for c in query}
         skipped: dict[str, int] = {}
@@ -548,6 +564,7 @@ class Bench:
             rows, check = self.upsert_size(keys, mine, "upsert", i, args.batches)
             upsert_rows += rows
             upsert_checks.append({"keys": keys, **check})
+        incremental_rows = self.incremental_cells(incremental)
         for rep in range(1, args.repeat):
             query_round(rep)
         for p in preps.values():
@@ -561,8 +578,31 @@ class Bench:
             "query": [query_result(c, preps[c.name], runs[c.name], skipped.get(c.name, 0)) for c in query],
             "upsert": [upsert_result(c, [r for r in upsert_rows if r["cell"] == c.name]) for c in upsert],
             "upsert_checks": upsert_checks,
+            "incremental": incremental_rows,
             "loads": self.loads,
         }
+
+    def incremental_cells(self, cells: list[Cell]) -> list[dict]:
+        """bench/incremental.py's runs, one a cell, after a warm-up of each shape (not reported)."""
+        from incremental import WARMUP_ROWS, failures, line, measure
+
+        t = time.perf_counter()
+        for shape in dict.fromkeys(c.shape for c in cells):
+            measure(self.spark, self.ledger, self.root / f"incr_warmup_{shape}", shape, WARMUP_ROWS, 0.01, 100)
+        if cells:
+            self.say(f"incremental warm-up done ({time.perf_counter() - t:.1f}s, not reported)")
+        out = []
+        for i, cell in enumerate(cells):
+            rows = self.args.rows or cell.size
+            work = self.root / f"incr_{i}"
+            run = measure(self.spark, self.ledger, work, cell.shape, rows, cell.fraction, INCREMENTAL_GROUPS)
+            failed = failures(run)
+            if failed:
+                raise Mismatch(f"{cell.name}: " + "; ".join(failed))
+            self.say(f"{cell.name}: " + line(run))
+            out.append({"cell": cell.name, **{k: v for k, v in run.items() if k != "machine"}})
+            shutil.rmtree(work, ignore_errors=True)
+        return out
 
 
 # -- results --------------------------------------------------------------------------------------
@@ -650,6 +690,28 @@ def targets(result: dict) -> list[dict]:
                 "met": worst_load[2] <= LOAD_TARGET,
             }
         )
+    for c in result["incremental"]:
+        for other, limit in INCREMENTAL_TARGETS[c["shape"]].items():
+            ratio = round(c["batch"]["sink_s"] / c[f"{other}_s"], 3)
+            name = {"overwrite": "plain overwrite", "hand_merge": "hand-written incremental MERGE"}[other]
+            out.append(
+                {
+                    "target": f"{c['cell']}: sink <= {limit}x the {name}",
+                    "value": ratio,
+                    "detail": f"sink {c['batch']['sink_s']:.2f} s, {name} {c[f'{other}_s']:.2f} s",
+                    "met": ratio <= limit,
+                }
+            )
+    if result["incremental"]:
+        idle = max(result["incremental"], key=lambda c: c["no_change_batch"]["write_s"])
+        out.append(
+            {
+                "target": f"a batch whose source did not change: <= {NO_CHANGE_TARGET:.0f} s beyond mint and append",
+                "value": idle["no_change_batch"]["write_s"],
+                "detail": f"highest at {idle['cell']}: batch {idle['no_change_batch']['sink_s']:.2f} s",
+                "met": idle["no_change_batch"]["write_s"] <= NO_CHANGE_TARGET,
+            }
+        )
     local = {c["keys"]: c for c in result["upsert"] if c["local"] and c["cell"].endswith("10k-local")}
     if len(local) == 2:
         small, big = (local[k] for k in sorted(local))
@@ -701,6 +763,26 @@ def markdown(result: dict) -> str:
                 f"**{c['sink_over_best']:.2f}** ({c['best_merge']})",
             ]
             for c in result["upsert"]
+        ],
+    )
+    lines += section(
+        "Incremental cells (a Delta source and its change feed), seconds (one run each):",
+        ["cell", "rows", "changed", "sink", "overwrite", "hand MERGE", "compared in full", "no change"]
+        + ["sink / overwrite", "sink / hand MERGE"],
+        [
+            [
+                c["cell"],
+                f"{c['rows']:,}",
+                f"{c['changed_rows']:,}",
+                f"{c['batch']['sink_s']:.2f}",
+                f"{c['overwrite_s']:.2f}",
+                f"{c['hand_merge_s']:.2f}",
+                f"{c['full_comparison_batch']['sink_s']:.2f}" if c["full_comparison_batch"] else "",
+                f"{c['no_change_batch']['sink_s']:.2f}",
+                f"**{c['batch_over_overwrite']:.2f}**",
+                f"**{c['batch_over_hand_merge']:.2f}**",
+            ]
+            for c in result["incremental"]
         ],
     )
     lines += section(
@@ -785,10 +867,10 @@ def git_commit() -> str:
 def select_cells(spec: str, scale: float) -> list[Cell]:
     """The cells named (or all), their sizes and command counts multiplied by ``scale``."""
     wanted = spec.split(",")
-    unknown = set(wanted) - {c.name for c in CELLS} - {"all", "query", "upsert"}
+    unknown = set(wanted) - {c.name for c in CELLS} - {"all", "query", "upsert", "incremental"}
     if unknown:
         known = ", ".join(c.name for c in CELLS)
-        raise SystemExit(f"unknown cells {sorted(unknown)}; known: all, query, upsert, {known}")
+        raise SystemExit(f"unknown cells {sorted(unknown)}; known: all, query, upsert, incremental, {known}")
     return [
         replace(c, size=round(c.size * scale), commands=max(1, round(c.commands * scale)) if c.commands else 0)
         for c in CELLS
@@ -798,12 +880,15 @@ def select_cells(spec: str, scale: float) -> list[Cell]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--cells", default="all", help="comma-separated cell names, 'query', 'upsert' or 'all'")
+    ap.add_argument(
+        "--cells", default="all", help="comma-separated cell names, 'query', 'upsert', 'incremental' or 'all'"
+    )
     ap.add_argument("--repeat", type=int, default=3, help="query repeats per cell at most (the budget may run fewer)")
     ap.add_argument("--batches", type=int, default=3, help="upsert batches per cell")
     ap.add_argument("--budget-min", type=float, default=60, help="no further query repeat past this (0: none)")
     ap.add_argument("--scale", type=float, default=1.0, help="multiplies every size (a smoke run: 0.01)")
     ap.add_argument("--partitions", type=int, default=0, help="the sinks' hash partitions (default: shuffle tasks)")
+    ap.add_argument("--rows", type=int, default=0, help="the incremental cells' source rows (default: 10M x scale)")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--out", default=str(ROOT / "bench" / "results"))
     args = ap.parse_args(argv)
