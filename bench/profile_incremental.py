@@ -27,11 +27,43 @@ from incremental import GROUP_SQL, SQL, yaml_query  # noqa: E402
 from profile_query import Stages, _print, save  # noqa: E402
 from workload import ROOT, generate, machine, machine_line, start, upper_of  # noqa: E402
 
+SEEN: set[int] = set()
+
+
+def executions(spark, seen: set[int]) -> list[dict]:
+    """The SQL executions not in ``seen`` (added to it): per execution, its seconds, and the seconds
+    before its first job started (planning) and after its last job ended (the write's commit)."""
+    from profile_query import _get, _ms
+
+    base = spark.sparkContext.uiWebUrl.rstrip("/") + "/api/v1/applications/" + spark.sparkContext.applicationId
+    jobs = {j["jobId"]: j for j in _get(f"{base}/jobs")}
+    out = []
+    for ex in _get(f"{base}/sql?details=false&length=100000"):
+        if ex["id"] in seen:
+            continue
+        seen.add(ex["id"])
+        start, ids = _ms(ex["submissionTime"]), ex.get("successJobIds", []) + ex.get("failedJobIds", [])
+        ran = [jobs[i] for i in ids if i in jobs and jobs[i].get("completionTime")]
+        first = min((_ms(j["submissionTime"]) for j in ran), default=None)
+        last = max((_ms(j["completionTime"]) for j in ran), default=None)
+        out.append(
+            {
+                "execution": ex["id"],
+                "what": (ex.get("description") or "")[:70],
+                "seconds": ex["duration"] / 1000,
+                "jobs": len(ran),
+                "before_jobs_s": None if first is None else (first - start) / 1000,
+                "after_jobs_s": None if last is None else (start + ex["duration"] - last) / 1000,
+            }
+        )
+    return out
+
 
 def profiled_batch(spark, ledger, cfg, batch: int, stages: Stages, driver: bool) -> dict:
     """One batch (mint, write, append) with its stages and, with ``driver``, the write's driver calls."""
     from reconcile.sink.run import run_batch
 
+    executions(spark, SEEN)
     stages.mark()
     prof = cProfile.Profile() if driver else None
     t0 = time.perf_counter()
@@ -47,9 +79,12 @@ def profiled_batch(spark, ledger, cfg, batch: int, stages: Stages, driver: bool)
     spark_s = sum(s["seconds"] or 0 for s in got)
     out = {"wall_s": wall, **{f"{k}_s": v for k, v in r.seconds.items()}, "spark_stages_s": spark_s, "stages": got}
     out["outside_stages_s"] = wall - spark_s
+    out["executions"] = executions(spark, SEEN)
     if prof is not None:
         text = io.StringIO()
-        pstats.Stats(prof, stream=text).sort_stats("cumulative").print_stats(25)
+        pstats.Stats(prof, stream=text).sort_stats("cumulative").print_stats(
+            "reconcile|pyspark/sql/(readwriter|observation|classic/dataframe)", 45
+        )
         out["driver"] = text.getvalue()
     return out
 
@@ -93,6 +128,12 @@ def main() -> int:
             got["stages"],
         )
         print(f"  Spark stages {got['spark_stages_s']:.2f} s; outside them {got['outside_stages_s']:.2f} s")
+        for ex in got["executions"]:
+            print(
+                f"  SQL execution {ex['execution']}: {ex['seconds']:.2f} s, {ex['jobs']} job(s), "
+                f"{ex['before_jobs_s'] or 0:.2f} s before its first, {ex['after_jobs_s'] or 0:.2f} s after its last: "
+                f"{ex['what']}"
+            )
         if "driver" in got:
             print(got["driver"])
     save(args.out, "profile_incremental" + ("_group" if group else ""), result)

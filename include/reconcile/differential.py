@@ -87,7 +87,14 @@ def as_of(cfg: SinkConfig, updates: DataFrame, t: int) -> DataFrame:
 
 
 def difference(
-    cfg: SinkConfig, desired: DataFrame, persist: DataFrame, time: SCol, checks=None, *, consolidated: bool = True
+    cfg: SinkConfig,
+    desired: DataFrame,
+    persist: DataFrame,
+    time: SCol,
+    checks=None,
+    *,
+    consolidated: bool = True,
+    small: bool = False,
 ) -> DataFrame:
     """``consolidate(desired - persist)`` with both sides stamped at ``time`` (a column of each
     side's ``_time``), hash-partitioned: the correction's last step, for any kind.
@@ -103,7 +110,11 @@ def difference(
     initial load's write hashes each row for its checks once).
 
     The correction carries each row's key (:data:`~reconcile.model.ROW_KEYS`): stored where a
-    side carries it (persist read by :func:`reconcile.storage.frames.read_keyed`), else hashed."""
+    side carries it (persist read by :func:`reconcile.storage.frames.read_keyed`), else hashed.
+
+    ``small`` (a correction from the sources' changes, likely small): the shuffle into partitions
+    takes as many tasks as adaptive execution finds worth it (one for a few thousand rows, each
+    writing its rows' partitions), not one task a partition."""
     cols = row_columns(cfg)
     keep = [F.col(spark_name(c)) for c in cols]
     k1, k2 = (F.col(k) for k in ROW_KEYS)
@@ -139,7 +150,8 @@ def difference(
     if not consolidated:
         return both
     # Shuffle once by partition; the aggregation below reuses that distribution.
-    return consolidate(cfg, both.repartition(cfg.partitions, "_part"))
+    by_part = both.repartition("_part") if small else both.repartition(cfg.partitions, "_part")
+    return consolidate(cfg, by_part)
 
 
 # Hash-first: the second, independent 64 bits of a row's 128-bit key (the first are the row hash

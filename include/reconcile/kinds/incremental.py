@@ -130,10 +130,11 @@ def changes(
             )
         except Exception as exc:
             raise NotIncremental(unreadable(src.name, exc)) from None
-        if probes is None:
-            probe([(src.name, feed)])
-        else:
-            probes.append((src.name, feed))
+        if not feed_readable(src.path, before, now):  # else Spark's read of a row says whether it reads
+            if probes is None:
+                probe([(src.name, feed)])
+            else:
+                probes.append((src.name, feed))
         kind = F.col("_change_type")
         keep = [c for c in feed.columns if c not in CDF_COLUMNS]
         added[src.name] = feed.where(kind.isin(*ADDED)).select(*keep)
@@ -177,12 +178,63 @@ def probe(feeds: list[tuple[str, DataFrame]]) -> None:
 APPEND_ONLY_ACTIONS = {"add", "commitInfo", "txn", "domainMetadata"}
 
 
+def _log_actions(root: str, version: int) -> list[dict] | None:
+    """The actions of commit ``version`` of the local Delta table at ``root`` (None: not readable)."""
+    import json
+    import os
+
+    try:
+        with open(os.path.join(root, "_delta_log", f"{version:020d}.json"), encoding="utf-8") as fh:
+            return [json.loads(line) for line in fh if line.strip()]
+    except (OSError, ValueError):
+        return None
+
+
+# The actions a commit whose change data Delta's feed reads may hold (no metaData or protocol: a
+# change of the table's shape or its properties is left to Delta's reader to judge).
+FEED_ACTIONS = {"add", "remove", "cdc", "commitInfo", "txn", "domainMetadata"}
+
+
+def feed_readable(path: str, before: int, now: int) -> bool:
+    """Does the change data feed of versions ``before + 1`` to ``now`` of the local Delta table at
+    ``path`` read, by its log alone (no Spark job): the feed is on (``delta.enableChangeDataFeed``)
+    and no commit since changed the table's metadata or protocol; each commit's log is there, and
+    every file its feed reads (its ``cdc`` files, else the files it added and removed) is there,
+    none with a deletion vector. False: not known here (a remote store; anything else), so Spark's
+    reader is asked (:func:`probe`)."""
+    import os
+    from urllib.parse import unquote
+
+    root = path.removeprefix("file:")
+    if "://" in root:
+        return False
+    try:
+        from deltalake import DeltaTable
+
+        config = DeltaTable(root, version=now).metadata().configuration
+    except Exception:  # noqa: BLE001 - Spark's reader says what is wrong
+        return False
+    if str(config.get("delta.enableChangeDataFeed", "")).lower() != "true":
+        return False
+    for v in range(before + 1, now + 1):
+        actions = _log_actions(root, v)
+        if actions is None or any(len(a) != 1 or next(iter(a)) not in FEED_ACTIONS for a in actions):
+            return False
+        cdc = [a["cdc"] for a in actions if "cdc" in a]
+        read = cdc or [a.get("add") or a.get("remove") for a in actions if "add" in a or "remove" in a]
+        for f in read:
+            if f.get("deletionVector") or "://" in f["path"]:
+                return False
+            if (f.get("dataChange", True) or cdc) and not os.path.exists(os.path.join(root, unquote(f["path"]))):
+                return False
+    return True
+
+
 def appended_files(path: str, before: int, now: int) -> list[str] | None:
     """The data files commits ``before + 1`` to ``now`` of the local Delta table at ``path`` added,
     when those commits only appended rows to an unpartitioned table (their JSON files read here:
     no Spark job); else None (a remote store, a partitioned table, a commit that removed, rewrote
     or restructured anything, a log already cleaned up)."""
-    import json
     import os
     from urllib.parse import unquote
 
@@ -191,10 +243,8 @@ def appended_files(path: str, before: int, now: int) -> list[str] | None:
         return None
     files: list[str] = []
     for v in range(before + 1, now + 1):
-        try:
-            with open(os.path.join(root, "_delta_log", f"{v:020d}.json"), encoding="utf-8") as fh:
-                actions = [json.loads(line) for line in fh if line.strip()]
-        except (OSError, ValueError):
+        actions = _log_actions(root, v)
+        if actions is None:
             return None
         for action in actions:
             (kind,) = action.keys() if len(action) == 1 else (None,)

@@ -152,7 +152,7 @@ def incremental_correction(
         )
         old = spark.createDataFrame([], updates.schema)
     stamp = F.lit(upper - 1).cast("bigint")
-    out = difference(cfg, updates, old, stamp, None)
+    out = difference(cfg, updates, old, stamp, None, small=True)
     if checks is not None:
         checks.carry({"shard": 1, "desired": 1})
         checks.count_correction_into("desired")
