@@ -48,6 +48,7 @@ class Shape:
     sources: tuple[str, ...]
     model: Callable[[dict[str, Rows]], Counter]
     linear: bool = True
+    nullable: bool = False  # k nullable too (no row can be an error row: the shard holds the old rows)
 
 
 def _grouped(rows: dict[str, Rows]) -> Counter:
@@ -61,6 +62,16 @@ def _grouped(rows: dict[str, Rows]) -> Counter:
             values = [v for _, v in members if v is not None]
             out[(g, f"{len(members)}:{sum(k for k, _ in members)}:{min(values) if values else '-'}")] += 1
     return out
+
+
+def _group_max(rows: dict[str, Rows]) -> Counter:
+    groups: dict[int, list[str]] = {}
+    for k, g, v in rows["a"]:
+        if k % 5 != 0:
+            groups.setdefault(g, [])
+            if v is not None:
+                groups[g].append(v)
+    return Counter((g, max(values) if values else None) for g, values in groups.items())
 
 
 def _inner(rows: dict[str, Rows]) -> Counter:
@@ -115,6 +126,14 @@ SHAPES = [
         ("a",),
         _grouped,
         linear=False,
+    ),
+    Shape(  # from the changes' partial aggregates (kinds/incremental_aggregate.py)
+        "group_max",
+        "SELECT g AS k, max(v) AS v FROM a WHERE k % 5 <> 0 GROUP BY g",
+        ("a",),
+        _group_max,
+        linear=False,
+        nullable=True,
     ),
     Shape(
         "inner_join",
@@ -281,7 +300,8 @@ def run_case(
     with a change data feed, or none, else drawn); returns how many batches took each way."""
     case = Case(spark, root or str(tmp_path), seed, shape, feeds)
     sources = {n: {"format": "delta", "path": s.path} for n, s in case.sources.items()}
-    cfg = make_sink(tmp_path, f"rnd_{shape.name}", query={"sources": sources, "sql": shape.sql})
+    schema = [{"name": "k", "type": "bigint", "nullable": shape.nullable}, {"name": "v", "type": "string"}]
+    cfg = make_sink(tmp_path, f"rnd_{shape.name}", schema=schema, query={"sources": sources, "sql": shape.sql})
     for name, src in case.sources.items():
         case.step(name, src, "insert")
     history, ways, written = {}, Counter(), False

@@ -28,7 +28,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from reconcile.config import QuerySink
-from reconcile.differential import cached, plan_nodes
+from reconcile.differential import as_of, cached, plan_nodes
 from reconcile.errors import brief
 from reconcile.kinds.decode import delta_version
 from reconcile.sql_names import spark_name
@@ -646,10 +646,37 @@ def keyed_updates(
     current = {s.name: read_at(spark, cfg, s.name, versions[s.name]) for s in cfg.sources}
     query = run_on(spark, cfg, current)
     shape = keyed(query, current)
-    keys = KeyFilter(touched(shape, *changed))
-    if keys.empty():
-        nothing = spark.createDataFrame([], validate(cfg, query, QUERY_SOURCE, F.lit(1), None).schema)
-        return nothing, nothing
+    named = {c.name.lower(): c.name for c in cfg.columns}
+    columns = [named.get(o.lower()) for o in shape.output or []]
+    from_shard = persist is not None and shape.output is not None and None not in columns and not may_err(cfg, query)
+    partial = None
+    if from_shard:
+        from reconcile.kinds import incremental_aggregate
+
+        partial = incremental_aggregate.aggregated(query, current, shape)
+    if partial is not None:  # each group's new row from its old one and the changes' partial aggregates
+        assert persist is not None
+        old_rows = as_of(cfg, persist.where(F.col("_time") < upper), upper - 1).select(
+            *[F.col(spark_name(named[o.name.lower()])).alias(o.name) for o in partial.outputs]
+        )
+        add, rem = changed[0][partial.source], changed[1][partial.source]
+        try:  # the changes are read here, before the write: a feed not readable is said, not failed
+            settled_new, settled_old, again = incremental_aggregate.partial(partial, add, rem, old_rows)
+        except Exception as exc:
+            raise NotIncremental(f"the sources' changes are not readable: {brief(exc, 200)}") from None
+        keys = KeyFilter(again)
+        new = validate(cfg, settled_new, QUERY_SOURCE, F.lit(1), None)
+        old = validate(cfg, settled_old, QUERY_SOURCE, F.lit(1), None)
+        if keys.empty():
+            log.info(
+                "incremental: %s: each touched group's row from its old one and the changes' aggregates", shape.what
+            )
+            return new, old
+    else:
+        keys = KeyFilter(touched(shape, *changed))
+        if keys.empty():
+            nothing = spark.createDataFrame([], validate(cfg, query, QUERY_SOURCE, F.lit(1), None).schema)
+            return nothing, nothing
 
     def run(sources: dict[str, DataFrame]) -> DataFrame:
         views = {n: keys.apply(shape.frame(df), shape.keys[n]) if n in shape.keys else df for n, df in sources.items()}
@@ -657,16 +684,22 @@ def keyed_updates(
         require_columns(cfg, df, cfg.column_names, QUERY_SOURCE)
         return validate(cfg, df, QUERY_SOURCE, F.lit(1), None)
 
-    new = run(current)
-    named = {c.name.lower(): c.name for c in cfg.columns}
-    columns = [named.get(o.lower()) for o in shape.output or []]
-    if persist is not None and shape.output is not None and None not in columns and not may_err(cfg, query):
-        old = keys.apply(persist.where(F.col("_time") < upper), [spark_name(c) for c in columns if c is not None])
+    recomputed = run(current)
+    if from_shard:
+        old_r = keys.apply(persist.where(F.col("_time") < upper), [spark_name(c) for c in columns if c is not None])
         whence = "the shard"
     else:
         before = {n: read_before(spark, cfg, n, previous[n], versions[n]) for n in shape.keys}
-        old = run({n: before.get(n, df) for n, df in current.items()})
+        old_r = run({n: before.get(n, df) for n, df in current.items()})
         whence = "the sources as of the previous batch's versions"
     touched_ = "touched key values" if keys.count is None else f"{keys.count} touched key value(s)"
+    if partial is not None:
+        log.info(
+            "incremental: %s: each touched group's row from its old one and the changes' aggregates, but "
+            "the %s whose extremes or counts the changes leave unknown, recomputed",
+            shape.what,
+            touched_,
+        )
+        return new.unionByName(recomputed), old.unionByName(old_r.select(*[spark_name(c) for c in old.columns]))
     log.info("incremental: %s: the %s recomputed, their old rows from %s", shape.what, touched_, whence)
-    return new, old
+    return recomputed, old_r
