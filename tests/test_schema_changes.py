@@ -149,6 +149,8 @@ def test_validate_says_what_the_next_run_does_and_refuses_the_sink_files_change(
         line.startswith(("INVALID same", "INVALID newsink", "        same", "        newsink"))
         for line in out.splitlines()
     )
+    ok = {line.split()[1] for line in out.splitlines() if line.startswith("ok ")}
+    assert ok == {"added", "widened", "same", "newsink"}, out  # a sink its next run refuses is not ok
 
     # the stages refuse the same way: the sink file's change, or the table's
     with pytest.raises(SinkSchemaChange) as info:
