@@ -119,6 +119,10 @@ def changes(
             added[src.name] = spark.read.schema(rows.schema).parquet(*appended) if appended else rows
             removed[src.name] = rows
             continue
+        files = feed_files(src.path, before, now)
+        if files is not None and files.direct:  # the feed's files read as Parquet: no Delta planning
+            added[src.name], removed[src.name] = _read_feed_files(spark, rows.schema, files)
+            continue
         try:
             feed = (
                 spark.read.format("delta")
@@ -130,7 +134,7 @@ def changes(
             )
         except Exception as exc:
             raise NotIncremental(unreadable(src.name, exc)) from None
-        if not feed_readable(src.path, before, now):  # else Spark's read of a row says whether it reads
+        if files is None:  # not known from the log: Spark's read of a row says whether the feed reads
             if probes is None:
                 probe([(src.name, feed)])
             else:
@@ -140,6 +144,34 @@ def changes(
         added[src.name] = feed.where(kind.isin(*ADDED)).select(*keep)
         removed[src.name] = feed.where(~kind.isin(*ADDED)).select(*keep)
     return added, removed
+
+
+def _read_feed_files(spark: SparkSession, schema, files: FeedFiles) -> tuple[DataFrame, DataFrame]:
+    """(rows added, rows removed) of the change data feed's ``files``, read as Parquet."""
+    from pyspark.sql.types import StringType, StructField, StructType
+
+    added: list[DataFrame] = []
+    removed: list[DataFrame] = []
+    if files.cdc:
+        with_kind = StructType([*schema.fields, StructField("_change_type", StringType())])
+        cdc = spark.read.schema(with_kind).parquet(*files.cdc)
+        kind = F.col("_change_type")
+        added.append(cdc.where(kind.isin(*ADDED)).drop("_change_type"))
+        removed.append(cdc.where(~kind.isin(*ADDED)).drop("_change_type"))
+    if files.added:
+        added.append(spark.read.schema(schema).parquet(*files.added))
+    if files.removed:
+        removed.append(spark.read.schema(schema).parquet(*files.removed))
+
+    def union(frames: list[DataFrame]) -> DataFrame:
+        if not frames:
+            return spark.createDataFrame([], schema)
+        out = frames[0]
+        for df in frames[1:]:
+            out = out.unionByName(df)
+        return out
+
+    return union(added), union(removed)
 
 
 def latest_versions(spark: SparkSession, cfg: QuerySink, previous: dict[str, int]) -> dict[str, int]:
@@ -195,39 +227,55 @@ def _log_actions(root: str, version: int) -> list[dict] | None:
 FEED_ACTIONS = {"add", "remove", "cdc", "commitInfo", "txn", "domainMetadata"}
 
 
-def feed_readable(path: str, before: int, now: int) -> bool:
-    """Does the change data feed of versions ``before + 1`` to ``now`` of the local Delta table at
-    ``path`` read, by its log alone (no Spark job): the feed is on (``delta.enableChangeDataFeed``)
-    and no commit since changed the table's metadata or protocol; each commit's log is there, and
-    every file its feed reads (its ``cdc`` files, else the files it added and removed) is there,
-    none with a deletion vector. False: not known here (a remote store; anything else), so Spark's
-    reader is asked (:func:`probe`)."""
+@dataclass(frozen=True)
+class FeedFiles:
+    """The files the change data feed of some versions reads (absolute paths): the ``cdc`` files of
+    the commits that wrote some (rows with ``_change_type``), the files the others added (inserts)
+    and removed (deletes); ``direct``: readable as Parquet as they are (the table unpartitioned,
+    without column mapping), else through Delta's reader."""
+
+    cdc: list[str]
+    added: list[str]
+    removed: list[str]
+    direct: bool
+
+
+def feed_files(path: str, before: int, now: int) -> FeedFiles | None:
+    """The files the change data feed of versions ``before + 1`` to ``now`` of the local Delta table
+    at ``path`` reads, by its log alone (no Spark job), when the feed reads: it is on
+    (``delta.enableChangeDataFeed``) and no commit since changed the table's metadata or protocol;
+    each commit's log is there, and every file its feed reads (its ``cdc`` files, else the files it
+    added and removed with a data change) is there, none with a deletion vector. None: not known
+    here (a remote store; anything else), so Spark's reader is asked (:func:`probe`)."""
     import os
     from urllib.parse import unquote
 
     root = path.removeprefix("file:")
     if "://" in root:
-        return False
+        return None
     try:
         from deltalake import DeltaTable
 
-        config = DeltaTable(root, version=now).metadata().configuration
+        meta = DeltaTable(root, version=now).metadata()
     except Exception:  # noqa: BLE001 - Spark's reader says what is wrong
-        return False
+        return None
+    config = meta.configuration
     if str(config.get("delta.enableChangeDataFeed", "")).lower() != "true":
-        return False
+        return None
+    direct = not meta.partition_columns and config.get("delta.columnMapping.mode", "none") == "none"
+    out = FeedFiles([], [], [], direct)
     for v in range(before + 1, now + 1):
         actions = _log_actions(root, v)
         if actions is None or any(len(a) != 1 or next(iter(a)) not in FEED_ACTIONS for a in actions):
-            return False
+            return None
         cdc = [a["cdc"] for a in actions if "cdc" in a]
-        read = cdc or [a.get("add") or a.get("remove") for a in actions if "add" in a or "remove" in a]
-        for f in read:
-            if f.get("deletionVector") or "://" in f["path"]:
-                return False
-            if (f.get("dataChange", True) or cdc) and not os.path.exists(os.path.join(root, unquote(f["path"]))):
-                return False
-    return True
+        changed = [(k, a[k]) for a in actions for k in ("add", "remove") if k in a and a[k].get("dataChange", True)]
+        for kind, f in [("cdc", f) for f in cdc] if cdc else changed:
+            full = os.path.join(root, unquote(f["path"]))
+            if f.get("deletionVector") or "://" in f["path"] or not os.path.exists(full):
+                return None
+            {"cdc": out.cdc, "add": out.added, "remove": out.removed}[kind].append(full)
+    return out
 
 
 def appended_files(path: str, before: int, now: int) -> list[str] | None:

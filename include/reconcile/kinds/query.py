@@ -145,11 +145,10 @@ def incremental_correction(
     else:
         incremental.probe(probes)
         minus = incremental.run_on(spark, cfg, removed)
-        for df in (plus, minus):
-            require_columns(cfg, df, cfg.column_names, QUERY_SOURCE)
-        updates = validate(cfg, plus, QUERY_SOURCE, F.lit(1), None).unionByName(
-            validate(cfg, minus, QUERY_SOURCE, F.lit(-1), None)
-        )
+        sign = "_reconcile_sign"  # the query's rows over the rows added (+1) and removed (-1), validated once
+        both = plus.withColumn(sign, F.lit(1)).unionByName(minus.withColumn(sign, F.lit(-1)))
+        require_columns(cfg, both, cfg.column_names, QUERY_SOURCE)
+        updates = validate(cfg, both, QUERY_SOURCE, F.col(sign), None)
         old = spark.createDataFrame([], updates.schema)
     stamp = F.lit(upper - 1).cast("bigint")
     out = difference(cfg, updates, old, stamp, None, small=True)
