@@ -95,6 +95,7 @@ def difference(
     *,
     consolidated: bool = True,
     small: bool = False,
+    one_task: bool = False,
 ) -> DataFrame:
     """``consolidate(desired - persist)`` with both sides stamped at ``time`` (a column of each
     side's ``_time``), hash-partitioned: the correction's last step, for any kind.
@@ -114,7 +115,8 @@ def difference(
 
     ``small`` (a correction from the sources' changes, likely small): the shuffle into partitions
     takes as many tasks as adaptive execution finds worth it (one for a few thousand rows, each
-    writing its rows' partitions), not one task a partition."""
+    writing its rows' partitions), not one task a partition; ``one_task`` (a correction known to be
+    small): no shuffle, one task consolidates and writes it."""
     cols = row_columns(cfg)
     keep = [F.col(spark_name(c)) for c in cols]
     k1, k2 = (F.col(k) for k in ROW_KEYS)
@@ -150,7 +152,10 @@ def difference(
     if not consolidated:
         return both
     # Shuffle once by partition; the aggregation below reuses that distribution.
-    by_part = both.repartition("_part") if small else both.repartition(cfg.partitions, "_part")
+    if one_task:
+        by_part = both.coalesce(1)  # one partition: the aggregation below needs no exchange
+    else:
+        by_part = both.repartition("_part") if small else both.repartition(cfg.partitions, "_part")
     return consolidate(cfg, by_part)
 
 

@@ -97,13 +97,18 @@ def changes(
     previous: dict[str, int],
     versions: dict[str, int],
     probes: list[tuple[str, DataFrame]] | None = None,
+    sizes: dict[str, int] | None = None,
 ) -> tuple[dict[str, DataFrame], dict[str, DataFrame]]:
     """Per source, its rows added and removed since the version the previous batch read (the
     change data feed, versions ``previous + 1`` to the latest: ``versions``, read here into it when
     empty, :func:`latest_versions`). Each
     feed is read for one row here (:func:`probe`: one not recorded for some version fails before
     the write), or, given ``probes``, there to be probed by the caller (a keyed query reads the
-    feeds whole before the write anyway)."""
+    feeds whole before the write anyway). ``sizes``: the bytes of the files read per source, where
+    known from its log."""
+    import os
+
+    sizes = {} if sizes is None else sizes
     added: dict[str, DataFrame] = {}
     removed: dict[str, DataFrame] = {}
     if not versions:
@@ -113,15 +118,18 @@ def changes(
         rows = spark.read.format("delta").options(**dict(src.options)).load(src.path).where(F.lit(False))
         if now == before:
             added[src.name] = removed[src.name] = rows
+            sizes[src.name] = 0
             continue
         appended = appended_files(src.path, before, now)
         if appended is not None:  # only appends since: the added files are the change
             added[src.name] = spark.read.schema(rows.schema).parquet(*appended) if appended else rows
             removed[src.name] = rows
+            sizes[src.name] = sum(os.path.getsize(f) for f in appended)
             continue
         files = feed_files(src.path, before, now)
         if files is not None and files.direct:  # the feed's files read as Parquet: no Delta planning
             added[src.name], removed[src.name] = _read_feed_files(spark, rows.schema, files)
+            sizes[src.name] = sum(os.path.getsize(f) for f in (*files.cdc, *files.added, *files.removed))
             continue
         try:
             feed = (
@@ -691,9 +699,11 @@ def keyed_updates(
     from reconcile.kinds.decode import require_columns, validate
     from reconcile.kinds.protocol import QUERY_SOURCE
 
-    current = {s.name: read_at(spark, cfg, s.name, versions[s.name]) for s in cfg.sources}
-    query = run_on(spark, cfg, current)
-    shape = keyed(query, current)
+    # the query's shape from the sources as they are (their latest snapshots, which Delta keeps:
+    # no log replayed for an older version); their rows read at ``versions`` only where recomputed
+    latest = {s.name: spark.read.format("delta").options(**dict(s.options)).load(s.path) for s in cfg.sources}
+    query = run_on(spark, cfg, latest)
+    shape = keyed(query, latest)
     named = {c.name.lower(): c.name for c in cfg.columns}
     columns = [named.get(o.lower()) for o in shape.output or []]
     from_shard = persist is not None and shape.output is not None and None not in columns and not may_err(cfg, query)
@@ -701,7 +711,7 @@ def keyed_updates(
     if from_shard:
         from reconcile.kinds import incremental_aggregate
 
-        partial = incremental_aggregate.aggregated(query, current, shape)
+        partial = incremental_aggregate.aggregated(query, latest, shape)
     if partial is not None:  # each group's new row from its old one and the changes' partial aggregates
         assert persist is not None
         old_rows = as_of(cfg, persist.where(F.col("_time") < upper), upper - 1).select(
@@ -725,6 +735,8 @@ def keyed_updates(
         if keys.empty():
             nothing = spark.createDataFrame([], validate(cfg, query, QUERY_SOURCE, F.lit(1), None).schema)
             return nothing, nothing
+
+    current = {s.name: read_at(spark, cfg, s.name, versions[s.name]) for s in cfg.sources}
 
     def run(sources: dict[str, DataFrame]) -> DataFrame:
         views = {n: keys.apply(shape.frame(df), shape.keys[n]) if n in shape.keys else df for n, df in sources.items()}

@@ -23,6 +23,8 @@ from reconcile.kinds.decode import read_source, require_columns, validate
 from reconcile.kinds.protocol import QUERY_SOURCE
 
 log = logging.getLogger(__name__)
+# The files of sources' changes up to this size are read, consolidated and written by one task.
+ONE_TASK_BYTES = 64 * 2**20
 WRITES = ("InsertIntoStatement", "OverwriteByExpression", "AppendData", "ReplaceData", "WriteDelta")
 
 
@@ -133,7 +135,11 @@ def incremental_correction(
             checks.carry({"shard": 1, "desired": 1})
         return None
     probes: list = []  # a keyed query reads the feeds whole before the write: no probe of a row
-    added, removed = incremental.changes(spark, cfg, previous, versions, probes)
+    sizes: dict[str, int] = {}
+    added, removed = incremental.changes(spark, cfg, previous, versions, probes, sizes)
+    # a change known small is consolidated and written by one task (no shuffle), else as adaptive
+    # execution splits it
+    one_task = len(sizes) == len(cfg.sources) and sum(sizes.values()) <= ONE_TASK_BYTES
     plus = incremental.run_on(spark, cfg, added)
     try:
         incremental.require_linear(plus, {s.name for s in cfg.sources})
@@ -151,7 +157,7 @@ def incremental_correction(
         updates = validate(cfg, both, QUERY_SOURCE, F.col(sign), None)
         old = spark.createDataFrame([], updates.schema)
     stamp = F.lit(upper - 1).cast("bigint")
-    out = difference(cfg, updates, old, stamp, None, small=True)
+    out = difference(cfg, updates, old, stamp, None, small=True, one_task=one_task)
     if checks is not None:
         checks.carry({"shard": 1, "desired": 1})
         checks.count_correction_into("desired")
