@@ -194,8 +194,10 @@ class BatchChecks:
         """The aggregates of a frame that carries the row hash (``HASH_COLUMN``) and its partition
         (``part``), of the rows matching ``where``: no column is added around the observation
         (each added column would copy every row once more between Spark's generated stages)."""
+        if where is None:  # as Spark SQL: one parse an aggregate, not a call to the JVM per node
+            return self._hashed_sql(role, part)
         h = F.col(HASH_COLUMN)
-        diff = F.col("_diff") if where is None else F.when(where, F.col("_diff")).otherwise(0)
+        diff = F.when(where, F.col("_diff")).otherwise(0)
         total, times = (F.try_sum, F.try_multiply) if self.guarded else (F.sum, lambda a, b: a * b)
         sums = [
             total(F.when(F.col(part) == p, times(limb, diff)).otherwise(0)).alias(f"{role}_l{i}_{p}")
@@ -205,6 +207,24 @@ class BatchChecks:
         if not self.guarded:
             return sums
         return [F.max((diff >= F.lit(EXACT)) | (diff <= F.lit(-EXACT))).alias(f"{role}_wide"), *sums]
+
+    def _hashed_sql(self, role: str, part: str) -> list[Column]:
+        """:meth:`hashed_aggregates` of every row, each aggregate written in Spark SQL."""
+        h, diff = f"`{HASH_COLUMN}`", "`_diff`"
+        limbs_ = []
+        for shift, bits in LIMBS:
+            limb = f"shiftright({h}, {shift})" if shift else h
+            limbs_.append(f"({limb} & {(1 << bits) - 1})" if bits else limb)
+        total, times = ("try_sum", "try_multiply({}, {})") if self.guarded else ("sum", "{} * {}")
+        sums = [
+            F.expr(f"{total}(CASE WHEN `{part}` = {p} THEN {times.format(limb, diff)} ELSE 0 END) AS `{role}_l{i}_{p}`")
+            for p in range(self.cfg.partitions)
+            for i, limb in enumerate(limbs_)
+        ]
+        if not self.guarded:
+            return sums
+        wide = F.expr(f"max(({diff} >= {EXACT}) OR ({diff} <= {-EXACT})) AS `{role}_wide`")
+        return [wide, *sums]
 
     def observe_hashed(self, df: DataFrame, role: str, into: dict[str, int]) -> DataFrame:
         """:meth:`observe` for a frame that carries ``HASH_COLUMN`` and ``_part``."""

@@ -24,7 +24,7 @@ from reconcile.kinds.protocol import QUERY_SOURCE
 
 log = logging.getLogger(__name__)
 # The files of sources' changes up to this size are read, consolidated and written by one task.
-ONE_TASK_BYTES = 64 * 2**20
+ONE_TASK_BYTES = 1 * 2**20
 WRITES = ("InsertIntoStatement", "OverwriteByExpression", "AppendData", "ReplaceData", "WriteDelta")
 
 

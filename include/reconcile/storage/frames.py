@@ -189,13 +189,7 @@ def write_staged(
     path = table.staging_path(batch_id, stage_id)
     observation = Observation(f"staged-{stage_id}")
     corr = corr.withColumn(STATS_HASH, stats_hash(cfg))  # hashed once a row, not once an aggregate
-    aggregates, tmp = [], [STATS_HASH]
-    for p in range(cfg.partitions):
-        mine = F.col("_part") == p
-        aggregates += [
-            agg.alias(f"{name}_{p}")
-            for name, agg in zip(STAT_COLUMNS, _stats_aggregates(cfg, mine, F.col(STATS_HASH)), strict=True)
-        ]
+    aggregates, tmp = [F.expr(text) for p in range(cfg.partitions) for text in _stats_sql(p)], [STATS_HASH]
     if checks is not None:
         if HASH_COLUMN in corr.columns:  # the row hash the correction carries: nothing to add
             aggregates += checks.hashed_aggregates("correction")
@@ -261,6 +255,19 @@ def _stats_aggregates(cfg: SinkConfig, where=None, h=None) -> list:
 def _checksum_text(low, high) -> str:
     """The sum of the row hashes (signed 64-bit) from its limbs' sums, in decimal."""
     return str(int(low or 0) + (int(high or 0) << 32))
+
+
+def _stats_sql(p: int) -> list[str]:
+    """:func:`_stats_aggregates` of partition ``p`` over a frame carrying ``_part`` and the
+    statistics' row hash (:data:`STATS_HASH`), as Spark SQL (one parse each, not a call to the JVM
+    per node: a write observes six a partition), named as :data:`STAT_COLUMNS` with ``_p``."""
+    mine, h = f"`_part` = {p}", f"`{STATS_HASH}`"
+    values = ("1", "1", "abs(`_diff`)", f"{h} & 4294967295", f"shiftright({h}, 32)", "`_diff`")
+    where = (mine, f"{mine} AND `_error` IS NOT NULL", mine, mine, mine, mine)
+    return [
+        f"sum(CASE WHEN {cond} THEN {value} ELSE 0 END) AS `{name}_{p}`"
+        for name, value, cond in zip(STAT_COLUMNS, values, where, strict=True)
+    ]
 
 
 def _stats_of(r, suffix: str = "") -> dict:
