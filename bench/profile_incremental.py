@@ -17,6 +17,7 @@ import argparse
 import cProfile
 import io
 import pstats
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -138,6 +139,7 @@ def main() -> int:
             print(got["driver"])
     save(args.out, "profile_incremental" + ("_group" if group else ""), result)
     ledger.dispose()
+    shutil.rmtree(root, ignore_errors=True)
     return 0
 
 
