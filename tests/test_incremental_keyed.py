@@ -55,6 +55,15 @@ class Source:
         self.rows = [r for r in self.rows if keep(r)]
 
 
+def _sinks_over(tmp_path, source: Source, specs: dict[str, tuple[str, str]]) -> list:
+    """Query sinks over ``source`` (as ``a``): per name, its columns (:func:`_columns`) and SQL."""
+    sources = {"a": {"format": "delta", "path": source.path}}
+    return [
+        make_sink(tmp_path, name, schema=_columns(columns), query={"sources": sources, "sql": sql})
+        for name, (columns, sql) in specs.items()
+    ]
+
+
 GROUPED = "SELECT g, count(*) AS n, sum(x) AS s, min(x) AS lo, max(x) AS hi FROM a WHERE x >= 0 GROUP BY g HAVING count(*) < 4"
 UNKEYED = "SELECT max(x) AS hi, count(*) AS n FROM a GROUP BY lower(g)"  # an expression, not in the output
 
@@ -82,15 +91,13 @@ def test_group_by_batches_recompute_the_groups_the_changes_touch(spark, warehous
     shard where the output carries the key, else from the source as of the previous batch's
     version; every batch equals the model."""
     a = Source(spark, str(tmp_path / "a"), "id BIGINT, g STRING, x BIGINT")
-    sources = {"a": {"format": "delta", "path": a.path}}
-    by_shard = make_sink(
+    by_shard, by_versions = _sinks_over(
         tmp_path,
-        "grouped",
-        schema=_columns("g string, n bigint, s bigint, lo bigint, hi bigint"),
-        query={"sources": sources, "sql": GROUPED},
-    )
-    by_versions = make_sink(
-        tmp_path, "unkeyed", schema=_columns("hi bigint, n bigint"), query={"sources": sources, "sql": UNKEYED}
+        a,
+        {
+            "grouped": ("g string, n bigint, s bigint, lo bigint, hi bigint", GROUPED),
+            "unkeyed": ("hi bigint, n bigint", UNKEYED),
+        },
     )
     rng = random.Random(11)
     names = ["p", "q", "r", None]
@@ -183,18 +190,13 @@ def test_group_by_batches_add_the_changes_partial_aggregates_to_the_old_rows(
     from decimal import Decimal
 
     a = Source(spark, str(tmp_path / "a"), "id BIGINT, g STRING, x BIGINT, d DECIMAL(10,2)")
-    sources = {"a": {"format": "delta", "path": a.path}}
-    counted = make_sink(
+    counted, uncounted = _sinks_over(
         tmp_path,
-        "counted",
-        schema=_columns("g string, n bigint, c bigint, s bigint, lo bigint, hi bigint, dm decimal(10,2)"),
-        query={"sources": sources, "sql": COUNTED},
-    )
-    uncounted = make_sink(
-        tmp_path,
-        "uncounted",
-        schema=_columns("s bigint, g string, dl decimal(10,2)"),
-        query={"sources": sources, "sql": UNCOUNTED},
+        a,
+        {
+            "counted": ("g string, n bigint, c bigint, s bigint, lo bigint, hi bigint, dm decimal(10,2)", COUNTED),
+            "uncounted": ("s bigint, g string, dl decimal(10,2)", UNCOUNTED),
+        },
     )
     rng = random.Random(23)
     names = ["p", "q", "r", "s", None]
