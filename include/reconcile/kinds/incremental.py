@@ -30,6 +30,16 @@ from pyspark.sql import functions as F
 from reconcile.config import QuerySink
 from reconcile.differential import as_of, cached, plan_nodes
 from reconcile.errors import brief
+from reconcile.kinds.catalyst import (
+    ABOVE_NODES,
+    Keyed,
+    expr_id,
+    expression_qualifier,
+    node_kind,
+    record_renames,
+    resolve_alias,
+    seq_of,
+)
 from reconcile.kinds.decode import delta_version
 from reconcile.sql_names import spark_name
 
@@ -85,7 +95,7 @@ def _reads_only(plan, sources: set[str]) -> None:
             if name not in sources:
                 raise NotIncremental(f"the query reads a view that is not one of its sources ({name or '?'})")
             continue
-        children = _seq(n.children())
+        children = seq_of(n.children())
         if not children and n.nodeName() not in ("LocalRelation", "OneRowRelation"):
             raise NotIncremental("the query reads a table that is not one of its sources (its changes are not seen)")
         stack += children
@@ -336,9 +346,9 @@ def run_on(spark: SparkSession, cfg: QuerySink, views: dict[str, DataFrame]) -> 
 # filtered to the touched key values, as of now, minus the same as of the previous batch (the
 # shard's rows of those groups, or the query over the sources at the versions it read).
 
-# The analyzed plan's nodes a key-partitioned query may hold above its GROUP BY or join, and below
-# it on each source's side (one source, its columns traced through these by their expression ids).
-ABOVE_NODES = {"Project", "Filter", "SubqueryAlias", "Sort"}
+# The analyzed plan's nodes a key-partitioned query may hold on each source's side below its GROUP
+# BY or join (one source, its columns traced through these by their expression ids; above it:
+# catalyst.ABOVE_NODES).
 SIDE_NODES = {"Project", "Filter", "SubqueryAlias", "View", "LogicalRelation"}
 JOINS = {"Inner": "an inner", "LeftOuter": "a left outer"}
 # Touched key values up to this many are filtered by literal values (IN lists: the sources' data
@@ -352,57 +362,14 @@ def literal(type_name: str) -> bool:
     return type_name in LITERAL_TYPES or type_name.startswith("decimal(")
 
 
-@dataclass(frozen=True)
-class Keyed:
-    """A query whose result is partitioned by a key: ``keys`` gives, per source, the key's parts
-    (in order) as Spark SQL over the source's rows (a quoted column, or a deterministic expression
-    of its columns qualified by ``alias``: the source's frame is aliased so); ``output``, the query's
-    output columns that carry them (None when one is not in the output); ``what``, for the log."""
-
-    what: str
-    keys: dict[str, list[str]]
-    output: list[str] | None
-    alias: str = ""
-
-    def frame(self, df: DataFrame) -> DataFrame:
-        """``df`` (a source's rows) as the key's expressions read it."""
-        return df.alias(self.alias) if self.alias else df
-
-
-def _seq(seq) -> list:
-    return [seq.apply(i) for i in range(seq.size())]
-
-
-def _kind(expr) -> str:
-    return expr.getClass().getSimpleName()
-
-
-def _xid(expr) -> int:
-    return int(expr.exprId().id())
-
-
-def _renames(node, into: dict[int, int]) -> None:
-    """Record the plain renames (``col AS name``) of a Project ``node``."""
-    if node.nodeName() == "Project":
-        for ne in _seq(node.projectList()):
-            if _kind(ne) == "Alias" and _kind(ne.child()) == "AttributeReference":
-                into[_xid(ne)] = _xid(ne.child())
-
-
-def _resolve(xid: int, aliases: dict[int, int]) -> int:
-    while xid in aliases:
-        xid = aliases[xid]
-    return xid
-
-
 def _side(node, origin: dict[int, tuple[str, str]], aliases: dict[int, int]) -> str:
     """The one source below ``node``, a chain of projections and filters over its read."""
     names = set()
     n = node
     while True:
         names.add(n.nodeName())
-        _renames(n, aliases)
-        children = _seq(n.children())
+        record_renames(n, aliases)
+        children = seq_of(n.children())
         if n.nodeName() == "View" or not children:
             break
         if len(children) != 1:
@@ -415,7 +382,7 @@ def _side(node, origin: dict[int, tuple[str, str]], aliases: dict[int, int]) -> 
         raise NotIncremental(
             f"a side of the query is not one source under projections and filters ({', '.join(other)})"
         )
-    found = {origin.get(_xid(a), ("", ""))[0] for a in _seq(n.output())}
+    found = {origin.get(expr_id(a), ("", ""))[0] for a in seq_of(n.output())}
     if len(found) != 1 or "" in found:
         raise NotIncremental("a side of the query does not read one source once (a source read twice, a constant)")
     return found.pop()
@@ -427,7 +394,7 @@ def _no_subqueries(plan) -> None:
         n = stack.pop()
         if n.subqueries().size():
             raise NotIncremental("the query holds a subquery (IN, EXISTS or a scalar subquery)")
-        stack += _seq(n.children())
+        stack += seq_of(n.children())
 
 
 def keyed(df: DataFrame, sources: dict[str, DataFrame]) -> Keyed:
@@ -445,13 +412,13 @@ def keyed(df: DataFrame, sources: dict[str, DataFrame]) -> Keyed:
         raise NotIncremental("the query is not deterministic (a random number, the clock)")
     _no_subqueries(plan)
     origin = {
-        _xid(a): (name, str(a.name()))
+        expr_id(a): (name, str(a.name()))
         for name, src in sources.items()
-        for a in _seq(src._jdf.queryExecution().analyzed().output())
+        for a in seq_of(src._jdf.queryExecution().analyzed().output())
     }
     node, above = plan, dict[int, int]()  # the nodes above the GROUP BY or join, and their renames
     while node.nodeName() in ABOVE_NODES:
-        _renames(node, above)
+        record_renames(node, above)
         node = node.child()
     if node.nodeName() in ("Aggregate", "Distinct"):
         return _grouped(plan, node, origin, above, sources)
@@ -469,16 +436,16 @@ def _grouped(
     child, aliases = agg.child(), dict[int, int]()
     source = _side(child, origin, aliases)
     if agg.nodeName() == "Distinct":
-        groups, outputs = _seq(child.output()), _seq(child.output())
+        groups, outputs = seq_of(child.output()), seq_of(child.output())
     else:
-        groups, outputs = _seq(agg.groupingExpressions()), _seq(agg.aggregateExpressions())
+        groups, outputs = seq_of(agg.groupingExpressions()), seq_of(agg.aggregateExpressions())
     parts, qualifiers = [], set()
     for g in groups:
-        got = origin.get(_resolve(_xid(g), aliases)) if _kind(g) == "AttributeReference" else None
+        got = origin.get(resolve_alias(expr_id(g), aliases)) if node_kind(g) == "AttributeReference" else None
         if got is not None:
             parts.append(spark_name(got[1]))
             continue
-        qualifier = _expression_of(g, origin, sources[source])
+        qualifier = expression_qualifier(g, origin, sources[source])
         if qualifier is None:
             raise NotIncremental(f"the GROUP BY key {g.sql()} is not a column or an expression of a source's columns")
         qualifiers.add(qualifier)
@@ -488,14 +455,14 @@ def _grouped(
     # the aggregate's outputs that are a grouping key as it is, then the query's that are those
     carried: dict[int, int] = {}
     for ne in outputs:
-        e = ne.child() if _kind(ne) == "Alias" else ne
+        e = ne.child() if node_kind(ne) == "Alias" else ne
         for i, g in enumerate(groups):
             if e.semanticEquals(g):
-                carried[_xid(ne)] = i
+                carried[expr_id(ne)] = i
                 break
     output: list[str | None] = [None] * len(groups)
-    for a in _seq(top.output()):
-        xid = _xid(a)
+    for a in seq_of(top.output()):
+        xid = expr_id(a)
         while xid not in carried and xid in above:
             xid = above[xid]
         at = carried.get(xid)
@@ -503,30 +470,6 @@ def _grouped(
             output[at] = str(a.name())
     whole = None if any(o is None for o in output) else [o for o in output if o is not None]
     return Keyed("a GROUP BY", {source: parts}, whole, max(qualifiers, default=""))
-
-
-def _expression_of(expr, origin: dict[int, tuple[str, str]], source: DataFrame) -> str | None:
-    """The one-part qualifier under which ``expr``'s Spark SQL (``expr.sql()``) reads the same
-    deterministic expression of the source's columns over its rows ("" for a constant), or None
-    (a column of a projection below, an expression whose SQL does not read back as itself)."""
-    if not expr.deterministic():
-        return None
-    refs = _seq(expr.references().toSeq())
-    if any(_xid(r) not in origin for r in refs):
-        return None
-    qualifiers = {tuple(str(q) for q in _seq(r.qualifier())) for r in refs}
-    if len(qualifiers) > 1 or any(len(q) != 1 for q in qualifiers):
-        return None
-    alias = qualifiers.pop()[0] if qualifiers else ""
-    try:
-        frame = source.alias(alias) if alias else source
-        back = frame.select(F.expr(str(expr.sql())))._jdf.queryExecution().analyzed().projectList().apply(0)
-        back = back.child() if _kind(back) == "Alias" else back
-        if back.semanticEquals(expr):
-            return alias
-    except Exception:  # noqa: BLE001 - its SQL does not read back
-        pass
-    return None
 
 
 def _conjuncts(expr) -> list:
@@ -546,7 +489,7 @@ def _joined(join, origin: dict[int, tuple[str, str]]) -> Keyed:
     sides = {
         id_: name
         for name, side in ((left, join.left()), (right, join.right()))
-        for id_ in map(_xid, _seq(side.output()))
+        for id_ in map(expr_id, seq_of(side.output()))
     }
     keys: dict[str, list[str]] = {left: [], right: []}
     condition = join.condition()
@@ -554,12 +497,12 @@ def _joined(join, origin: dict[int, tuple[str, str]]) -> Keyed:
         if c.nodeName() not in ("EqualTo", "EqualNullSafe"):
             continue
         a, b = c.left(), c.right()
-        if _kind(a) != "AttributeReference" or _kind(b) != "AttributeReference":
+        if node_kind(a) != "AttributeReference" or node_kind(b) != "AttributeReference":
             continue
-        ends = {sides.get(_xid(a), ""): a, sides.get(_xid(b), ""): b}
+        ends = {sides.get(expr_id(a), ""): a, sides.get(expr_id(b), ""): b}
         if set(ends) != {left, right}:
             continue
-        found = {n: origin.get(_resolve(_xid(e), aliases)) for n, e in ends.items()}
+        found = {n: origin.get(resolve_alias(expr_id(e), aliases)) for n, e in ends.items()}
         if any(f is None or f[0] != n for n, f in found.items()):
             continue
         for n, f in found.items():
@@ -746,6 +689,7 @@ def keyed_updates(
 
     recomputed = run(current)
     if from_shard:
+        assert persist is not None
         old_r = keys.apply(persist.where(F.col("_time") < upper), [spark_name(c) for c in columns if c is not None])
         whence = "the shard"
     else:

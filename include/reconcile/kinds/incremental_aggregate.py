@@ -30,15 +30,14 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
 from reconcile.differential import cached
-from reconcile.kinds.incremental import (
+from reconcile.kinds.catalyst import (
     ABOVE_NODES,
     Keyed,
-    NotIncremental,
-    _expression_of,
-    _kind,
-    _renames,
-    _seq,
-    _xid,
+    expr_id,
+    expression_qualifier,
+    node_kind,
+    record_renames,
+    seq_of,
 )
 from reconcile.sql_names import spark_name
 
@@ -88,12 +87,12 @@ def aggregated(query: DataFrame, sources: dict[str, DataFrame], shape: Keyed) ->
         return None  # a global aggregate has a row even over no rows
     plan = query._jdf.queryExecution().analyzed()
     src = sources[source]
-    origin = {_xid(a): (source, str(a.name())) for a in _seq(src._jdf.queryExecution().analyzed().output())}
+    origin = {expr_id(a): (source, str(a.name())) for a in seq_of(src._jdf.queryExecution().analyzed().output())}
     node, above = plan, dict[int, int]()
     while node.nodeName() in ABOVE_NODES:
         if node.nodeName() == "Filter":
             return None  # HAVING: the shard holds no row of the groups it drops
-        _renames(node, above)
+        record_renames(node, above)
         node = node.child()
     if node.nodeName() != "Aggregate":
         return None
@@ -101,24 +100,24 @@ def aggregated(query: DataFrame, sources: dict[str, DataFrame], shape: Keyed) ->
     filters = _filters(node.child(), origin, src, qualifiers)
     if filters is None:
         return None
-    groups = _seq(node.groupingExpressions())
+    groups = seq_of(node.groupingExpressions())
     produced: dict[int, Output] = {}
-    for ne in _seq(node.aggregateExpressions()):
-        e = ne.child() if _kind(ne) == "Alias" else ne
+    for ne in seq_of(node.aggregateExpressions()):
+        e = ne.child() if node_kind(ne) == "Alias" else ne
         name, type_ = str(ne.name()), str(ne.dataType().simpleString())
         at = next((i for i, g in enumerate(groups) if e.semanticEquals(g)), None)
         if at is not None:
-            produced[_xid(ne)] = Output(name, type_, key=at)
+            produced[expr_id(ne)] = Output(name, type_, key=at)
             continue
         out = _aggregate(e, name, type_, origin, src, qualifiers)
         if out is None:
             return None
-        produced[_xid(ne)] = out
+        produced[expr_id(ne)] = out
     if len(qualifiers - {""}) > 1:
         return None
     outputs = []
-    for a in _seq(plan.output()):
-        xid = _xid(a)
+    for a in seq_of(plan.output()):
+        xid = expr_id(a)
         while xid not in produced and xid in above:
             xid = above[xid]
         if xid not in produced:
@@ -131,7 +130,7 @@ def aggregated(query: DataFrame, sources: dict[str, DataFrame], shape: Keyed) ->
 def _readable(expr, origin, src: DataFrame, qualifiers: set[str]) -> bool:
     """Does ``expr``'s Spark SQL read back as itself over the source's rows (its qualifier added
     to ``qualifiers``)?"""
-    alias = _expression_of(expr, origin, src)
+    alias = expression_qualifier(expr, origin, src)
     if alias is None:
         return False
     qualifiers.add(alias)
@@ -147,14 +146,14 @@ def _filters(side, origin, src: DataFrame, qualifiers: set[str]) -> list[str] | 
         name = n.nodeName()
         if name not in SIDE:
             return None
-        if name == "Project" and any(_kind(e) != "AttributeReference" for e in _seq(n.projectList())):
+        if name == "Project" and any(node_kind(e) != "AttributeReference" for e in seq_of(n.projectList())):
             return None
         if name == "Filter":
             cond = n.condition()
             if not _readable(cond, origin, src, qualifiers):
                 return None
             out.append(str(cond.sql()))
-        children = _seq(n.children())
+        children = seq_of(n.children())
         if name == "View" or not children:
             return out
         n = children[0]
@@ -162,15 +161,15 @@ def _filters(side, origin, src: DataFrame, qualifiers: set[str]) -> list[str] | 
 
 def _aggregate(e, name: str, type_: str, origin, src: DataFrame, qualifiers: set[str]) -> Output | None:
     """An aggregate output the batch maintains (:data:`FUNCTIONS`), or None."""
-    if _kind(e) != "AggregateExpression" or e.isDistinct() or e.filter().isDefined():
+    if node_kind(e) != "AggregateExpression" or e.isDistinct() or e.filter().isDefined():
         return None
     fn = e.aggregateFunction()
-    kind = FUNCTIONS.get(_kind(fn))
-    args = _seq(fn.children())
+    kind = FUNCTIONS.get(node_kind(fn))
+    args = seq_of(fn.children())
     if kind is None or len(args) != 1:
         return None
     arg = args[0]
-    if kind == "count" and _kind(arg) == "Literal" and arg.value() is not None:
+    if kind == "count" and node_kind(arg) == "Literal" and arg.value() is not None:
         return Output(name, type_, fn="count_all")
     if kind == "sum" and not str(arg.dataType().simpleString()).startswith(EXACT_SUM):
         return None  # a floating sum is not exact: old + delta is not the sum recomputed
@@ -251,7 +250,7 @@ def partial(
         if o.key is not None:
             values[o.name] = F.col(kcols[o.key])
             continue
-        c = arg_col.get(o.arg or "")
+        c = arg_col.get(o.arg or "", "")
         if o.fn == "count_all":
             values[o.name] = F.coalesce(old_v, F.lit(0)) + rows
         elif o.fn == "count":
@@ -295,4 +294,4 @@ def _non_nulls(o: Output, agg: Aggregated, out_of: dict[str, Column]) -> Column 
     return None
 
 
-__all__ = ["Aggregated", "NotIncremental", "aggregated", "partial"]
+__all__ = ["Aggregated", "aggregated", "partial"]
