@@ -28,7 +28,12 @@ class Keyed:
 
     def frame(self, df: DataFrame) -> DataFrame:
         """``df`` (a source's rows) as the key's expressions read it."""
-        return df.alias(self.alias) if self.alias else df
+        return aliased(df, self.alias)
+
+
+def aliased(df: DataFrame, alias: str) -> DataFrame:
+    """``df`` under ``alias`` (an expression qualified by it then reads its columns), or as it is."""
+    return df.alias(alias) if alias else df
 
 
 def seq_of(seq) -> list:

@@ -33,6 +33,7 @@ from reconcile.differential import cached
 from reconcile.kinds.catalyst import (
     ABOVE_NODES,
     Keyed,
+    aliased,
     expr_id,
     expression_qualifier,
     node_kind,
@@ -73,7 +74,7 @@ class Aggregated:
     outputs: list[Output]
 
     def frame(self, df: DataFrame) -> DataFrame:
-        return df.alias(self.alias) if self.alias else df
+        return aliased(df, self.alias)
 
 
 def aggregated(query: DataFrame, sources: dict[str, DataFrame], shape: Keyed) -> Aggregated | None:
